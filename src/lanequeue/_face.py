@@ -1,0 +1,240 @@
+"""What every in-process lane shows, whatever face it wears (threads or asyncio).
+
+A face class is one of the two *kinds* below (counting or per-key) combined with one way of
+parking waiters (:mod:`lanequeue.lanes` for threads, :mod:`lanequeue.aio` for tasks). The
+kinds own construction, argument checks and the read-only views; the cores in
+:mod:`lanequeue._core` own all state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Generic, TypeVar
+
+from ._core import Clock, CountingCore, LaneStats, SessionCore
+from ._validate import check_count, check_key, check_timeout
+
+__all__ = [
+    "DEFAULT_GLOBAL_CONCURRENCY",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_CONCURRENT",
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_TIMEOUT_S",
+    "CountingKind",
+    "Hold",
+    "LaneKind",
+    "SessionKind",
+]
+
+#: Default wait of a lane, in seconds (the source design's value).
+DEFAULT_TIMEOUT_S = 300.0
+#: Default permits of a counting lane.
+DEFAULT_MAX_CONCURRENT = 4
+#: Permits of the "global" lane made by ``build_default_lanes()``.
+DEFAULT_GLOBAL_CONCURRENCY = 8
+#: Soft cap on the entries of a per-key lane.
+DEFAULT_MAX_SESSIONS = 256
+#: Seconds an idle per-key entry is kept.
+DEFAULT_IDLE_TIMEOUT_S = 3600.0
+
+
+class _Default:
+    """Marker for "use the lane's own timeout"."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<lane default>"
+
+
+LANE_DEFAULT: Any = _Default()
+
+C = TypeVar("C", CountingCore, SessionCore)
+
+
+class LaneKind(Generic[C]):
+    """Name, timeout and read-only views shared by every in-process lane."""
+
+    _core: C
+
+    def __init__(self, name: str, timeout_s: float | None) -> None:
+        self.name = check_key(name, "name")
+        self.timeout_s: float | None = check_timeout(timeout_s)
+
+    def _timeout(self, timeout_s: Any) -> float | None:
+        return self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+
+    @property
+    def active_count(self) -> int:
+        """Permits held now (for a per-key lane: keys held now)."""
+        return self._core.holders()
+
+    @property
+    def waiting(self) -> int:
+        """Callers waiting now, over all keys."""
+        return self._core.waiting
+
+    @property
+    def stats(self) -> LaneStats:
+        """An atomic snapshot of the counters (:class:`LaneStats`)."""
+        return self._core.stats()
+
+    def statistics(self) -> LaneStats:
+        """Same as :attr:`stats` (the trio/anyio spelling)."""
+        return self._core.stats()
+
+    def get_active(self) -> dict[str, float]:
+        """Each key held now -> seconds held so far (oldest hold of the key, on a
+        counting lane). A new ``dict``; thread-safe."""
+        return self._core.held_since()
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready picture of the lane: kind, limits, holders, waiters, counters."""
+        return {
+            "kind": type(self).__name__,
+            "name": self.name,
+            "timeout_s": self.timeout_s,
+            "active": self._core.holders(),
+            "waiting": self._core.waiting,
+            "stats": self._core.stats().to_dict(),
+            **self._limits(),
+        }
+
+    def _limits(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self._limits().items())
+        return (
+            f"<{type(self).__name__} {self.name!r} {extra} active={self._core.holders()} "
+            f"waiting={self._core.waiting}>"
+        )
+
+
+class CountingKind(LaneKind[CountingCore]):
+    """A counting lane: at most ``max_concurrent`` holders over all keys, FIFO."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(name, timeout_s)
+        self._core = CountingCore(self.name, check_count(max_concurrent, "max_concurrent"), clock)
+
+    @property
+    def max_concurrent(self) -> int:
+        """The lane's number of permits."""
+        return self._core.capacity
+
+    @property
+    def available(self) -> int:
+        """Permits free now (``max_concurrent - active_count``)."""
+        return self._core.capacity - self._core.holders()
+
+    def holds_of(self, key: str) -> int:
+        """Permits held now by ``key``."""
+        return self._core.holds_of(check_key(key))
+
+    def _limits(self) -> dict[str, Any]:
+        return {"max_concurrent": self._core.capacity, "available": self.available}
+
+
+class SessionKind(LaneKind[SessionCore]):
+    """A per-key lane: one holder per key, FIFO per key, keys independent."""
+
+    def __init__(
+        self,
+        name: str = "session",
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        super().__init__(name, timeout_s)
+        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
+        self._core = SessionCore(
+            self.name,
+            check_count(max_sessions, "max_sessions"),
+            math.inf if idle is None else idle,
+            clock,
+        )
+
+    @property
+    def max_sessions(self) -> int:
+        """The soft cap on entries (held entries are never evicted to honour it)."""
+        return self._core.max_sessions
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """Seconds an entry with no holder and no waiter is kept."""
+        return self._core.idle_timeout_s
+
+    @property
+    def session_count(self) -> int:
+        """Entries alive now, held or idle (expired idle entries are dropped first)."""
+        return self._core.session_count()
+
+    def cleanup_idle(self) -> int:
+        """Evict the idle entries older than ``idle_timeout_s`` now; return how many.
+
+        Not needed for bounded memory (new keys evict expired entries as they come), but
+        handy for a periodic housekeeping call or a test.
+        """
+        return self._core.cleanup_idle()
+
+    def is_held(self, key: str) -> bool:
+        """True while ``key`` has a holder."""
+        return self._core.is_held(check_key(key))
+
+    def waiting_for(self, key: str) -> int:
+        """Callers in line for ``key`` now."""
+        return self._core.waiting_for(check_key(key))
+
+    def _limits(self) -> dict[str, Any]:
+        return {
+            "max_sessions": self._core.max_sessions,
+            "sessions": self._core.session_count(),
+        }
+
+
+class Hold:
+    """One permit of one lane for one key, from grant to release.
+
+    ``token`` (also ``fencing_token``) is the grant's number: it grows with every grant of
+    the lane, so a downstream store can refuse writes carrying an older token.
+    ``release()`` ends the hold once; a second call returns False (and is logged), and
+    never ends anyone else's hold. Holds are made by ``lane.acquire(key)`` and by a
+    queue's ``acquire_all``; do not build them yourself.
+    """
+
+    __slots__ = ("lane", "key", "token", "_timeout_s")
+
+    lane: Any
+
+    def __init__(self, lane: Any, key: str, timeout_s: float | None, token: int = 0) -> None:
+        self.lane = lane
+        self.key = key
+        self.token = token
+        self._timeout_s = timeout_s
+
+    @property
+    def fencing_token(self) -> int:
+        """The grant's number; 0 before the hold is granted."""
+        return self.token
+
+    def release(self) -> bool:
+        """End this hold. Returns False if it had already ended. Never waits."""
+        if not self.token:
+            return False
+        ok: bool = self.lane._core.release(self.key, self.token)
+        return ok
+
+    def __repr__(self) -> str:
+        kind = type(self).__name__
+        return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token}>"

@@ -1,0 +1,53 @@
+"""Argument checks shared by every face; each raises at the caller's line with the
+argument's name in the message."""
+
+from __future__ import annotations
+
+import math
+from typing import NoReturn
+
+__all__ = ["bad_key", "check_count", "check_key", "check_timeout"]
+
+
+def bad_key(key: object, name: str = "key") -> NoReturn:
+    """Raise the error that explains why ``key`` is not a valid lane key."""
+    if not isinstance(key, str):
+        raise TypeError(f"{name} must be a str, not {type(key).__name__}")
+    raise ValueError(f"{name} must be a non-empty string")
+
+
+def check_key(key: object, name: str = "key") -> str:
+    """Return ``key`` if it is a non-empty ``str``; raise TypeError/ValueError otherwise."""
+    if not isinstance(key, str) or not key:
+        bad_key(key, name)
+    return key
+
+
+def check_timeout(value: object, name: str = "timeout_s") -> float | None:
+    """Validate a timeout in seconds.
+
+    ``None`` (and ``math.inf``) mean "wait without limit" and return ``None``; ``0`` means
+    "do not wait". Negative numbers and NaN raise ValueError; non-numbers (and ``bool``)
+    raise TypeError.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
+    v = float(value)
+    if math.isnan(v):
+        raise ValueError(f"{name} must not be NaN")
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    if math.isinf(v):
+        return None
+    return v
+
+
+def check_count(value: object, name: str) -> int:
+    """Validate a positive integer count (``max_concurrent``, ``max_sessions``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value

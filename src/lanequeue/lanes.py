@@ -1,0 +1,273 @@
+"""The thread face: :class:`Lane` and :class:`SessionLane`.
+
+A thread that must wait parks on a private, already-locked ``threading.Lock``; the
+releaser that hands it the permit unlocks it (under the core's lock, after setting the
+waiter's token). The permit is therefore the waiter's before it even wakes: no newcomer can
+take it in between, and no wake-up can be lost (the waiter may block after the hand-off and
+still returns at once). Everything else (who holds, who is next, eviction, counters) is the
+shared state machine of :mod:`lanequeue._core`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+from ._core import Clock, Core, Waiter
+from ._errors import LaneTimeoutError
+from ._face import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TIMEOUT_S,
+    LANE_DEFAULT,
+    CountingKind,
+    Hold,
+    SessionKind,
+)
+from ._validate import bad_key, check_timeout
+
+__all__ = ["Lane", "SessionLane", "ThreadHold"]
+
+_TIMEOUT_MAX = threading.TIMEOUT_MAX
+
+
+class _ThreadWaiter(Waiter):
+    """A thread in line: parks on its own lock, which the granting releaser unlocks."""
+
+    __slots__ = ("_parking",)
+
+    def __init__(self) -> None:
+        self.token = 0
+        self._parking = threading.Lock()
+        self._parking.acquire()
+
+    def grant(self, token: int) -> bool:
+        # Token first, then unlock: the unlock publishes the token to the parked thread.
+        self.token = token
+        self._parking.release()
+        return True
+
+    def park(self, timeout: float | None) -> bool:
+        """Block until granted (True) or until ``timeout`` seconds pass (False).
+        Interruptible by signals (KeyboardInterrupt) on POSIX."""
+        if timeout is None or timeout > _TIMEOUT_MAX:
+            return self._parking.acquire()
+        return self._parking.acquire(True, timeout)
+
+
+class ThreadHold(Hold):
+    """A hold on a thread lane; a context manager made by ``lane.acquire(key)``.
+
+    ``with lane.acquire(key) as hold:`` waits for the permit (up to the timeout given to
+    ``acquire``), raises :class:`LaneTimeoutError` if it does not come, and releases it
+    when the block ends, whether by return, exception or KeyboardInterrupt. Single use.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> ThreadHold:
+        if self.token:
+            raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
+        token = self.lane._take(self.key, self._timeout_s)
+        if not token:
+            raise LaneTimeoutError(self.lane.name, self.key, self._timeout_s)
+        self.token = token
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.lane._core.release(self.key, self.token)
+
+
+class _ThreadFace:
+    """Acquire/release for threads over either core. Thread-safe: any thread may acquire
+    and any thread may release (the scheduler pattern releases from the job's thread)."""
+
+    _core: Any  # CountingCore or SessionCore: same take/release/withdraw contract
+    name: str
+    timeout_s: float | None
+
+    def _take(self, key: str, timeout: float | None) -> int:
+        """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
+        Returns the grant's token, or 0 if none came. Key already checked."""
+        core: Core = self._core
+        waiter = core.take(key, _ThreadWaiter if timeout != 0 else None)
+        if type(waiter) is int:
+            return waiter
+        if waiter is None:
+            return 0
+        assert isinstance(waiter, _ThreadWaiter)
+        try:
+            granted = waiter.park(timeout)
+        except BaseException:
+            # Interrupted while parked (KeyboardInterrupt, an async exception): leave no
+            # ghost in line; if the permit was handed over meanwhile, pass it on.
+            token = core.withdraw(key, waiter, timed_out=False)
+            if token:
+                core.release(key, token)
+            raise
+        if granted:
+            return waiter.token
+        # Ran out of time; the releaser may still have granted us just now: withdraw
+        # settles that race under the core's lock and returns the token if so.
+        return core.withdraw(key, waiter, timed_out=True)
+
+    def _hold(self, key: str, timeout: float | None) -> ThreadHold | None:
+        token = self._take(key, timeout)
+        return ThreadHold(self, key, timeout, token) if token else None
+
+    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> ThreadHold:
+        """A context manager that holds a permit of this lane for ``key``.
+
+        Args:
+            key: non-empty ``str``; on a SessionLane, the unit of mutual exclusion.
+            timeout_s: seconds to wait; default the lane's ``timeout_s``; ``None`` waits
+                without limit; ``0`` does not wait.
+
+        Returns:
+            a :class:`ThreadHold`; entering it waits and yields the hold (with its
+            ``token``), leaving it releases.
+
+        Raises:
+            TypeError/ValueError: at the call, for a bad key or timeout.
+            LaneTimeoutError: on entering, when no permit came in time (names lane and key).
+
+        Example::
+
+            with lane.acquire("gateway:slack:c1:u1") as hold:
+                reply = call_model(...)
+        """
+        if key.__class__ is not str or not key:
+            bad_key(key)
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        return ThreadHold(self, key, timeout)
+
+    def try_acquire(self, key: str) -> bool:
+        """Take a permit for ``key`` if one is free now; never waits.
+
+        Returns True if taken (release it with :meth:`manual_release`), False if not (the
+        refusal counts in ``stats.timeouts`` and ``stats.rejected``). Raises TypeError /
+        ValueError for a bad key.
+        """
+        if key.__class__ is not str or not key:
+            bad_key(key)
+        return self._take(key, 0) != 0
+
+    def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: no limit, 0: no wait) for a permit.
+
+        Returns True if taken (release it with :meth:`manual_release`), False on timeout.
+        Raises TypeError / ValueError for a bad key or timeout.
+        """
+        if key.__class__ is not str or not key:
+            bad_key(key)
+        return self._take(key, check_timeout(timeout_s)) != 0
+
+    def manual_release(self, key: str) -> bool:
+        """Release a permit taken with try_acquire / acquire_timeout / _raw_acquire.
+
+        On a SessionLane it ends the key's hold; on a Lane, the key's oldest hold. Any
+        thread may call it. Returns False, logs a warning and changes nothing when ``key``
+        holds nothing (a second release, or a key never acquired): capacity is never
+        raised by a stray release. Never waits.
+        """
+        if key.__class__ is not str or not key:
+            bad_key(key)
+        core: Core = self._core
+        return core.release(key, 0)
+
+    def _raw_acquire(self, key: str) -> bool:
+        """The source design's internal acquire: wait the lane's ``timeout_s``."""
+        return self.acquire_timeout(key, self.timeout_s)
+
+    def _raw_release(self, key: str) -> None:
+        """The source design's internal release (see :meth:`manual_release`)."""
+        self.manual_release(key)
+
+
+class Lane(_ThreadFace, CountingKind):
+    """A counting lane for threads: at most ``max_concurrent`` holders over all keys.
+
+    Waiters are served first come, first served across all keys; a release hands its
+    permit straight to the first waiter. The same key may hold several permits; each is
+    tracked (``active_count``, ``get_active()``) and released on its own.
+
+    Args:
+        name: the lane's name (non-empty ``str``).
+        max_concurrent: permits, >= 1.
+        timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
+        clock: monotonic clock in seconds for hold ages (replaceable in tests).
+
+    Raises:
+        TypeError/ValueError: for a bad argument, naming it.
+
+    Thread-safe. Example::
+
+        llm = Lane("global", max_concurrent=8)
+        with llm.acquire("any-key"):
+            ...
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        CountingKind.__init__(
+            self, name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock
+        )
+
+
+class SessionLane(_ThreadFace, SessionKind):
+    """A per-key lane for threads: one holder per key, in arrival order; keys in parallel.
+
+    An entry per key is created on first use and lives while the key has a holder or a
+    waiter; then it stays idle for ``idle_timeout_s`` seconds and is evicted (expired
+    entries are dropped whenever a new key arrives, or by :meth:`cleanup_idle`). When a
+    new key arrives with ``max_sessions`` entries alive, the oldest idle entry goes; held
+    entries are never evicted, so the cap is soft.
+
+    Args:
+        name: the lane's name (default ``"session"``).
+        max_sessions: soft cap on entries, >= 1.
+        idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is needed).
+        timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
+        clock: monotonic clock in seconds for idle and hold ages (replaceable in tests).
+
+    Raises:
+        TypeError/ValueError: for a bad argument, naming it.
+
+    Thread-safe. Example::
+
+        sessions = SessionLane()
+        with sessions.acquire("gateway:slack:c1:u1:t1"):
+            ...   # the next message of this thread waits here; other threads don't
+    """
+
+    def __init__(
+        self,
+        name: str = "session",
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        SessionKind.__init__(
+            self,
+            name,
+            max_sessions=max_sessions,
+            idle_timeout_s=idle_timeout_s,
+            timeout_s=timeout_s,
+            clock=clock,
+        )

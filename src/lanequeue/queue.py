@@ -1,0 +1,343 @@
+"""LaneQueue: named lanes composed per request, all-or-nothing, with roll-back.
+
+``acquire_all(key, ["session", "global"])`` takes the named lanes for ``key`` one after
+another and gives them back in reverse. Three rules make the composition safe:
+
+- **One global order.** Lanes are always taken in the order they were registered with
+  the queue, whatever order the caller lists them in. Two callers can then never each
+  hold a lane the other waits for (no deadlock between ``["a", "b"]`` and ``["b", "a"]``).
+- **One deadline.** The whole call waits at most ``timeout_s`` (else the smallest lane
+  timeout) in total, not one timeout per lane.
+- **All or nothing.** When a lane cannot be had in time, or the wait is interrupted,
+  exactly the holds already taken are released, in reverse, before the error propagates.
+
+The registry part (names, order, status) is shared with the asyncio queue
+(:class:`lanequeue.AsyncLaneQueue`); the two differ only in how a lane is awaited.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from ._core import Clock
+from ._errors import LaneTimeoutError
+from ._face import (
+    DEFAULT_GLOBAL_CONCURRENCY,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TIMEOUT_S,
+    Hold,
+)
+from ._validate import bad_key, check_key, check_timeout
+from .lanes import Lane, SessionLane
+
+__all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
+
+L = TypeVar("L")
+H = TypeVar("H", bound=Hold)
+
+# Distinct lane-name lists remembered with their resolved, ordered lanes.
+_PLAN_CACHE_MAX = 512
+
+
+class _SurfaceHold(Hold):
+    """A hold on a foreign lane object that only has the public lane surface
+    (``acquire_timeout`` / ``manual_release``), such as the source design's own lanes."""
+
+    __slots__ = ()
+
+    def release(self) -> bool:
+        if not self.token:
+            return False
+        self.token = 0
+        return bool(self.lane.manual_release(self.key))
+
+
+class MultiHold(Generic[H]):
+    """The holds taken by one ``acquire_all`` call, in the order they were taken.
+
+    ``multi[name]`` is the hold on the lane called ``name``; iterating yields the holds.
+    Releasing (leaving the ``with`` block) ends them in reverse order.
+    """
+
+    __slots__ = ("holds", "_names")
+
+    def __init__(self, holds: list[H], names: list[str]) -> None:
+        self.holds = holds
+        self._names = names
+
+    def __getitem__(self, name: str) -> H:
+        try:
+            return self.holds[self._names.index(name)]
+        except ValueError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Iterator[H]:
+        return iter(self.holds)
+
+    def __len__(self) -> int:
+        return len(self.holds)
+
+    def release(self) -> None:
+        """Release every hold, last taken first. Safe to call twice."""
+        holds = self.holds
+        while holds:
+            holds.pop().release()
+            self._names.pop()
+
+    def __repr__(self) -> str:
+        return f"<MultiHold {self.holds!r}>"
+
+
+class QueueBase(Generic[L]):
+    """The registry of a queue: names, registration order, plans, status.
+
+    Thread-safe for lookups and acquisitions; add lanes before sharing the queue.
+    """
+
+    def __init__(self) -> None:
+        self._lanes: dict[str, L] = {}
+        self._rank: dict[str, int] = {}
+        self._plans: dict[tuple[str, ...], tuple[list[L], float | None]] = {}
+
+    def _admit(self, lane: Any) -> None:
+        """Face-specific check that ``lane`` can join this queue (TypeError if not)."""
+
+    def add(self, lane: L) -> L:
+        """Register ``lane`` under its ``name``; lanes are taken in registration order.
+
+        Any object with the lane surface is accepted (``name``, ``timeout_s``,
+        ``acquire_timeout(key, timeout_s)``, ``manual_release(key)``).
+
+        Returns ``lane``. Raises ValueError if the name is taken, TypeError if ``lane``
+        lacks the surface or belongs to the other face (threads vs asyncio).
+        """
+        name = getattr(lane, "name", None)
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"lane must have a non-empty str 'name', got {lane!r}")
+        self._admit(lane)
+        if name in self._lanes:
+            raise ValueError(f"a lane named {name!r} is already registered")
+        self._lanes[name] = lane
+        self._rank[name] = len(self._rank)
+        self._plans.clear()
+        return lane
+
+    def get_lane(self, name: str) -> L | None:
+        """The lane called ``name``, or None."""
+        return self._lanes.get(name)
+
+    def __getitem__(self, name: str) -> L:
+        try:
+            return self._lanes[name]
+        except KeyError:
+            raise KeyError(f"lane {name!r} not found") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._lanes
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._lanes))
+
+    def list_lanes(self) -> list[str]:
+        """Lane names in registration order (the order ``acquire_all`` takes them)."""
+        return list(self._lanes)
+
+    def status(self) -> dict[str, Any]:
+        """Each lane's ``status()`` by name (for foreign lanes: name and timeout)."""
+        out: dict[str, Any] = {}
+        for name, lane in self._lanes.items():
+            st = getattr(lane, "status", None)
+            out[name] = st() if callable(st) else {"name": name, "kind": type(lane).__name__}
+        return out
+
+    def _plan(self, key: str, lane_names: Sequence[str]) -> tuple[list[L], float | None]:
+        """Check the arguments of an ``acquire_all``; return its lanes in registration
+        order and the default budget (smallest lane timeout; None: no limit)."""
+        if key.__class__ is not str or not key:
+            bad_key(key)
+        if isinstance(lane_names, str):
+            raise TypeError("lane_names must be a list of lane names, not a str")
+        names = tuple(lane_names)
+        plan = self._plans.get(names)
+        if plan is not None:
+            return plan
+        for n in names:
+            if n not in self._lanes:
+                check_key(n, "lane name")
+                raise KeyError(f"lane {n!r} not found")
+        if len(set(names)) != len(names):
+            raise ValueError(f"lane_names lists a lane twice: {list(names)!r}")
+        if not names:
+            raise ValueError("lane_names must name at least one lane")
+        lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
+        timeouts = [t for t in (getattr(x, "timeout_s", None) for x in lanes) if t is not None]
+        plan = (lanes, min(timeouts) if timeouts else None)
+        if len(self._plans) >= _PLAN_CACHE_MAX:
+            self._plans.clear()
+        self._plans[names] = plan
+        return plan
+
+    @staticmethod
+    def _budget(default: float | None, timeout_s: float | None) -> float | None:
+        return default if timeout_s is None else check_timeout(timeout_s)
+
+
+class _MultiAcquire(MultiHold[Hold]):
+    """What ``LaneQueue.acquire_all`` returns: entering takes every lane."""
+
+    __slots__ = ("_key", "_lanes", "_budget_s")
+
+    def __init__(self, key: str, lanes: list[Any], budget_s: float | None) -> None:
+        super().__init__([], [])
+        self._key = key
+        self._lanes = lanes
+        self._budget_s = budget_s
+
+    def __enter__(self) -> MultiHold[Hold]:
+        if self.holds:
+            raise RuntimeError("acquire_all(...) context entered twice")
+        key, budget = self._key, self._budget_s
+        deadline = None if budget is None else time.monotonic() + budget
+        remaining = budget
+        try:
+            for lane in self._lanes:
+                if deadline is not None:
+                    remaining = max(0.0, deadline - time.monotonic())
+                hold = _hold(lane, key, remaining)
+                if hold is None:
+                    raise LaneTimeoutError(lane.name, key, budget)
+                self.holds.append(hold)
+                self._names.append(lane.name)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
+    take = getattr(lane, "_hold", None)
+    if take is not None:
+        h: Hold | None = take(key, timeout)
+        return h
+    if lane.acquire_timeout(key, timeout):
+        return _SurfaceHold(lane, key, timeout, 1)
+    return None
+
+
+class LaneQueue(QueueBase[Any]):
+    """A registry of named lanes for threads, composed per request by :meth:`acquire_all`.
+
+    Example::
+
+        queue = LaneQueue()
+        queue.add_session_lane("session")
+        queue.add_lane("global", max_concurrent=8)
+        with queue.acquire_all(session_key, ["session", "global"]):
+            reply = call_model(...)
+
+    Thread-safe once its lanes are registered.
+    """
+
+    def _admit(self, lane: Any) -> None:
+        if getattr(lane, "_async_face", False):
+            raise TypeError(f"{type(lane).__name__} is an asyncio lane; use AsyncLaneQueue")
+        for attr in ("acquire_timeout", "manual_release"):
+            if not callable(getattr(lane, attr, None)):
+                raise TypeError(f"lane {lane!r} lacks the lane surface: no {attr}()")
+
+    def add_lane(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> Lane:
+        """Create and register a :class:`Lane`; return it. ValueError if the name is taken."""
+        if name in self._lanes:
+            raise ValueError(f"a lane named {name!r} is already registered")
+        lane: Lane = self.add(
+            Lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock)
+        )
+        return lane
+
+    def add_session_lane(
+        self,
+        name: str = "session",
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> SessionLane:
+        """Create and register a :class:`SessionLane`; return it. ValueError if the name
+        is taken."""
+        if name in self._lanes:
+            raise ValueError(f"a lane named {name!r} is already registered")
+        lane: SessionLane = self.add(
+            SessionLane(
+                name,
+                max_sessions=max_sessions,
+                idle_timeout_s=idle_timeout_s,
+                timeout_s=timeout_s,
+                clock=clock,
+            )
+        )
+        return lane
+
+    def acquire_all(
+        self, key: str, lane_names: Sequence[str], *, timeout_s: float | None = None
+    ) -> _MultiAcquire:
+        """Hold every named lane for ``key``: a context manager, all or nothing.
+
+        Args:
+            key: the request's key (a session key); non-empty ``str``.
+            lane_names: names of registered lanes, in any order; they are taken in
+                registration order.
+            timeout_s: seconds for the WHOLE call; None: the smallest timeout of the named
+                lanes; ``math.inf``: no limit; 0: take them only if all are free now.
+
+        Returns:
+            a context manager; entering waits and yields a :class:`MultiHold`
+            (``holds[name].token``); leaving releases every lane in reverse order.
+
+        Raises:
+            TypeError/ValueError: at the call, for a bad key, list or timeout.
+            KeyError: at the call, for an unknown lane name.
+            LaneTimeoutError: on entering, naming the lane that was not had in time and
+                the key; the lanes taken before it are released first, in reverse.
+        """
+        lanes, default = self._plan(key, lane_names)
+        return _MultiAcquire(key, lanes, self._budget(default, timeout_s))
+
+
+def build_default_lanes() -> LaneQueue:
+    """The source design's default queue, ready for its three call patterns.
+
+    Lanes, in this order: ``"session"`` (:class:`SessionLane`, 256 sessions, 3600 s idle),
+    ``"global"`` (:class:`Lane`, ``DEFAULT_GLOBAL_CONCURRENCY`` = 8), ``"scheduler"``
+    (:class:`Lane`, 2) and ``"subagent"`` (:class:`Lane`, 5); every lane waits up to
+    ``DEFAULT_TIMEOUT_S`` (300 s).
+    """
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    queue.add_lane("global", max_concurrent=DEFAULT_GLOBAL_CONCURRENCY)
+    queue.add_lane("scheduler", max_concurrent=2)
+    queue.add_lane("subagent", max_concurrent=5)
+    return queue
