@@ -5,6 +5,8 @@ parallel, under global caps: for threads, asyncio and several processes (Redis).
 - :class:`SessionLane`: per-key mutual exclusion (same key serial in arrival order,
   different keys parallel), entries created lazily, evicted when idle, soft-capped.
 - :class:`LaneQueue`: named lanes composed per request with ``acquire_all``.
+- :class:`AsyncLane`, :class:`AsyncSessionLane`, :class:`AsyncLaneQueue`: the same for
+  asyncio tasks; ``lanequeue.redis`` has the same lanes shared through Redis.
 
 Example::
 
@@ -32,6 +34,13 @@ from ._face import (
     DEFAULT_TIMEOUT_S,
     Hold,
 )
+from .aio import (
+    AsyncHold,
+    AsyncLane,
+    AsyncLaneQueue,
+    AsyncSessionLane,
+    build_default_async_lanes,
+)
 from .keys import (
     build_gateway_session_key,
     build_scheduler_session_key,
@@ -44,6 +53,11 @@ from .queue import LaneQueue, MultiHold, build_default_lanes
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncHold",
+    "AsyncLane",
+    "AsyncLaneQueue",
+    "AsyncSessionLane",
+    "build_default_async_lanes",
     "DEFAULT_GLOBAL_CONCURRENCY",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONCURRENT",
