@@ -38,11 +38,13 @@ Per-key core (:class:`SessionCore`), the life of one key::
                                                                                |
                  take (key is IDLE): HELD again, no allocation  <--------------+
 
-- ABSENT: no entry. Every other entry is in ``_entries``. IDLE: ``token == 0``, no
-  waiters, and also in ``_idle`` (ordered by the moment it went idle). HELD: a holder
-  token, maybe a FIFO line of waiters, and not in ``_idle``.
-- Only IDLE entries are evicted, so ``max_sessions`` is a soft cap: when every entry is
-  held, it is exceeded. Going IDLE -> HELD reuses the entry (no allocation).
+- ABSENT: no entry. Every other entry is in ``_entries``. IDLE: ``token == 0`` and no
+  waiters. HELD: a holder token, maybe a FIFO line of waiters.
+- ``_order`` lists the IDLE entries in the order they went idle (plus HELD entries the
+  eviction scan has not met yet, which it drops as it meets them); eviction pops from its
+  front. Only IDLE entries are evicted, so ``max_sessions`` is a soft cap: when every
+  entry is held, it is exceeded. Going IDLE -> HELD reuses the entry (no allocation) and
+  does not touch ``_order``; going HELD -> IDLE moves the entry to the end of it.
 - A waiter leaves the line in exactly one of two ways, both under ``_lock``: a releaser
   pops it and grants it (its ``token`` becomes non-zero), or it withdraws itself (timeout,
   cancellation, interrupt) and is removed from the line. :meth:`withdraw` returns the
@@ -87,10 +89,11 @@ class Waiter:
     block and must not call back into the core.
     """
 
-    __slots__ = ("token",)
+    __slots__ = ("token", "left")
 
     def __init__(self) -> None:
         self.token = 0
+        self.left = False  # set once it has withdrawn: a second withdraw is a no-op
 
     def grant(self, token: int) -> bool:
         """Hand the permit over; return False if this waiter can no longer take it
@@ -154,8 +157,6 @@ class _CoreBase:
         "_clock",
         "_token",
         "_waiting",
-        "acquired",
-        "released",
         "timeouts",
         "rejected",
         "cancelled",
@@ -167,10 +168,11 @@ class _CoreBase:
         self.name = name
         self._lock = threading.Lock()
         self._clock = clock
-        self._token = 0  # last token granted; tokens start at 1, 0 means "none"
+        # The last token granted. Tokens start at 1 (0 means "none") and every grant takes
+        # the next one, so this is also the count of grants: acquired == _token and
+        # released == _token - holders, with no counter to bump on the hot path.
+        self._token = 0
         self._waiting = 0  # waiters in line, over all keys
-        self.acquired = 0
-        self.released = 0
         self.timeouts = 0
         self.rejected = 0
         self.cancelled = 0
@@ -188,16 +190,16 @@ class _CoreBase:
         while line:
             waiter, key = line.popitem(last=False)
             self._waiting -= 1
-            self._token += 1
-            if waiter.grant(self._token):
-                self.acquired += 1
-                return self._token, key
+            token = self._token + 1
+            if waiter.grant(token):
+                self._token = token
+                return token, key
         return None
 
     def _stats(self, holders: int, evicted: int) -> LaneStats:
         return LaneStats(
-            acquired=self.acquired,
-            released=self.released,
+            acquired=self._token,
+            released=self._token - holders,
             timeouts=self.timeouts,
             rejected=self.rejected,
             cancelled=self.cancelled,
@@ -221,6 +223,10 @@ def _warn_unmatched(lane: str, key: str, token: int) -> None:
         log.warning("lane %r: release of key %r, which is not held; ignored", lane, key)
 
 
+# Registries smaller than this are never rebuilt: their tables are small anyway.
+_COMPACT_MIN = 1024
+
+
 class _Entry:
     """A key's entry: its holder's token (0 while IDLE), since when it is held or idle
     (clock seconds), and its line of waiters (None when nobody waits)."""
@@ -240,7 +246,7 @@ class SessionCore(_CoreBase):
     blocks inside it.
     """
 
-    __slots__ = ("max_sessions", "idle_timeout_s", "_entries", "_idle")
+    __slots__ = ("max_sessions", "idle_timeout_s", "_entries", "_order", "_held", "_high")
 
     def __init__(
         self,
@@ -254,10 +260,18 @@ class SessionCore(_CoreBase):
         self.idle_timeout_s = idle_timeout_s
         # Every live entry, HELD (token != 0) or IDLE (token == 0).
         self._entries: dict[str, _Entry] = {}
-        # The IDLE entries, in the order they went idle (an entry is re-inserted at the
-        # end each time), so the front is always the oldest: expiry and cap eviction pop
-        # from the front in O(1).
-        self._idle: OrderedDict[str, _Entry] = OrderedDict()
+        # The eviction order: every IDLE entry, in the order it went idle (a release
+        # moves its entry to the end), plus HELD entries not yet noticed. A HELD entry
+        # keeps its place when taken (no work on the hot path); the eviction scan drops
+        # it from the order when it reaches the front (paid once per hold), and its
+        # release puts it back at the end. So the first IDLE entry in the order is the
+        # oldest idle one, and expiry and cap eviction pop from the front.
+        self._order: OrderedDict[str, _Entry] = OrderedDict()
+        self._held = 0  # HELD entries
+        # Most entries alive at once since the tables were last rebuilt. Python dicts
+        # never shrink, so after a burst the tables are rebuilt once the registry falls
+        # to a quarter of this (amortised O(1)): memory returns to the idle level.
+        self._high = 0
 
     # -- transitions -------------------------------------------------------------------
 
@@ -269,35 +283,39 @@ class SessionCore(_CoreBase):
         lock.acquire()
         try:
             entry = self._entries.get(key)
-            if entry is None:
-                now = self._clock()
-                if self._idle:
-                    self._make_room(now)
-                self._token = token = self._token + 1
-                self._entries[key] = _Entry(token, now)
-                self.acquired += 1
-                return token
-            if not entry.token:
-                # IDLE: nobody holds the key, so nobody waits for it either (waiters
-                # exist only behind a holder): granting here cannot overtake anyone.
-                del self._idle[key]
-                self._token = token = self._token + 1
-                entry.token = token
-                entry.since = self._clock()
-                self.acquired += 1
-                return token
-            if make_waiter is None:
-                self.rejected += 1
-                self.timeouts += 1
-                return None
-            waiter = make_waiter()
-            if entry.line is None:
-                entry.line = OrderedDict()
-            # Joined under the same lock hold that saw the holder: the holder's release
-            # must take this lock too, so it will find this waiter in line (no lost wake-up).
-            entry.line[waiter] = key
-            self._waiting += 1
-            return waiter
+            if entry is not None:
+                if not entry.token:
+                    # IDLE: nobody holds the key, so nobody waits for it either (waiters
+                    # exist only behind a holder): granting here cannot overtake anyone.
+                    self._token = token = self._token + 1
+                    entry.token = token
+                    entry.since = self._clock()
+                    self._held += 1
+                    return token
+                if make_waiter is None:
+                    self.rejected += 1
+                    self.timeouts += 1
+                    return None
+                waiter = make_waiter()
+                if entry.line is None:
+                    entry.line = OrderedDict()
+                # Joined under the same lock hold that saw the holder: the holder's
+                # release must take this lock too, so it will find this waiter in line
+                # (no lost wake-up), and the entry cannot go IDLE while it waits.
+                entry.line[waiter] = key
+                self._waiting += 1
+                return waiter
+            # ABSENT: a new entry, after making room for it.
+            now = self._clock()
+            if len(self._entries) > self._held:
+                self._evict(now, room=True)
+            entries = self._entries  # read after _evict: it may rebuild the tables
+            self._token = token = self._token + 1
+            entries[key] = self._order[key] = _Entry(token, now)
+            self._held += 1
+            if len(entries) > self._high:
+                self._high = len(entries)
+            return token
         finally:
             lock.release()
 
@@ -309,39 +327,46 @@ class SessionCore(_CoreBase):
         lock.acquire()
         try:
             entry = self._entries.get(key)
-            if entry is None or not entry.token or (token and entry.token != token):
-                self.unmatched += 1
-                ok = False
-            else:
-                ok = True
-                self.released += 1
+            if entry is not None and entry.token and (entry.token == token or not token):
                 line = entry.line
-                granted = self._hand_off(line) if line else None
-                if granted is not None:
-                    # Hand-off: the entry stays HELD; no instant exists in which it is free.
-                    entry.token = granted[0]
-                    entry.since = self._clock()
-                else:
-                    entry.line = None
-                    entry.token = 0
-                    entry.since = self._clock()
-                    self._idle[key] = entry
+                if line is not None:
+                    granted = self._hand_off(line)
+                    if not line:
+                        entry.line = None
+                    if granted is not None:
+                        # Hand-off: the entry stays HELD; no instant exists in which it
+                        # is free, so no newcomer can overtake the line.
+                        entry.token = granted[0]
+                        entry.since = self._clock()
+                        return True
+                entry.token = 0
+                entry.since = self._clock()
+                self._held -= 1
+                try:
+                    self._order.move_to_end(key)
+                except KeyError:  # the eviction scan dropped it while it was held
+                    self._order[key] = entry
+                return True
+            self.unmatched += 1
         finally:
             lock.release()
-        if not ok:
-            _warn_unmatched(self.name, key, token)
-        return ok
+        _warn_unmatched(self.name, key, token)
+        return False
 
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
         """Take ``waiter`` out of line (its wait ran out, or it was cancelled/interrupted).
 
         Returns the waiter's token if a releaser granted it first: the caller then holds
         the key and must keep it or release it. Returns 0 otherwise; the waiter then holds
-        nothing and is no longer counted anywhere.
+        nothing and is no longer counted anywhere. A second call for the same waiter (a
+        timer withdrew it, then its task was cancelled before resuming) changes nothing.
         """
         with self._lock:
             if waiter.token:
                 return waiter.token
+            if waiter.left:
+                return 0
+            waiter.left = True
             entry = self._entries.get(key)
             if entry is not None and entry.line is not None:
                 if entry.line.pop(waiter, None) is not None:
@@ -356,47 +381,50 @@ class SessionCore(_CoreBase):
 
     # -- eviction ------------------------------------------------------------------------
 
-    def _purge_expired(self, now: float) -> int:
-        """Drop idle entries idle for ``idle_timeout_s`` or longer. Lock held. Pops only
-        expired entries from the front, so the cost is paid once per entry."""
-        idle = self._idle
+    def _evict(self, now: float, *, room: bool) -> int:
+        """Evict from the front of the order (lock held): expired IDLE entries, then, with
+        ``room`` and the registry at the cap, the oldest IDLE entry. Returns how many.
+
+        HELD entries met at the front leave the order (their release re-inserts them), so
+        each step is paid once: O(1) amortised. HELD entries are never evicted: when
+        every entry is held, the cap is exceeded (soft cap).
+        """
+        order, entries = self._order, self._entries
         limit = now - self.idle_timeout_s
         n = 0
-        while idle:
-            key, entry = next(iter(idle.items()))
-            if entry.since > limit:
+        while order:
+            key, entry = next(iter(order.items()))
+            if entry.token:
+                del order[key]
+            elif entry.since <= limit or (room and len(entries) >= self.max_sessions):
+                del order[key]
+                del entries[key]
+                n += 1
+            else:
                 break
-            del idle[key]
-            del self._entries[key]
-            n += 1
         self.evicted += n
+        if n and len(entries) < self._high >> 2 and self._high > _COMPACT_MIN:
+            # Rebuild the tables at their current size.
+            self._entries = dict(entries)
+            self._order = OrderedDict(order)
+            self._high = len(entries)
         return n
-
-    def _make_room(self, now: float) -> None:
-        """Called with the lock held before a NEW entry is created: expired entries go,
-        then, if the registry is still at the cap, the oldest idle entry. Held entries
-        are never touched: if all are held, the cap is exceeded (soft cap)."""
-        self._purge_expired(now)
-        if self._idle and len(self._entries) >= self.max_sessions:
-            key, _ = self._idle.popitem(last=False)
-            del self._entries[key]
-            self.evicted += 1
 
     def cleanup_idle(self) -> int:
         """Evict expired idle entries now; return how many went."""
         with self._lock:
-            return self._purge_expired(self._clock())
+            return self._evict(self._clock(), room=False)
 
     # -- views ---------------------------------------------------------------------------
 
     def session_count(self) -> int:
         """Live entries (held or idle), after dropping the expired ones."""
         with self._lock:
-            self._purge_expired(self._clock())
+            self._evict(self._clock(), room=False)
             return len(self._entries)
 
     def holders(self) -> int:
-        return len(self._entries) - len(self._idle)
+        return self._held
 
     def held_since(self) -> dict[str, float]:
         """Each held key -> seconds it has been held by its current holder."""
@@ -415,36 +443,29 @@ class SessionCore(_CoreBase):
 
     def stats(self) -> LaneStats:
         with self._lock:
-            return self._stats(len(self._entries) - len(self._idle), self.evicted)
+            return self._stats(self._held, self.evicted)
 
     def idle_count(self) -> int:
-        return len(self._idle)
+        return len(self._entries) - self._held
 
 
 class CountingCore(_CoreBase):
     """A counting lane: at most ``capacity`` holders, one FIFO line across all keys.
 
-    Thread-safe: every method takes the core's lock for O(1) amortised work (per key,
-    O(holds of that key)) and never blocks inside it.
+    Thread-safe: every method takes the core's lock and never blocks inside it. Take and
+    release with a token are O(1); a release by key alone, and the views, are
+    O(holders) (at most ``capacity``).
     """
 
-    __slots__ = ("capacity", "_holders", "_active", "_line")
+    __slots__ = ("capacity", "_holds", "_line")
 
     def __init__(self, name: str, capacity: int, clock: Clock = time.monotonic) -> None:
         super().__init__(name, clock)
         self.capacity = capacity
-        self._holders = 0
-        # key -> {token: since}; insertion order is grant order, so the first item of a
-        # key's dict is its oldest hold (the one a key-only release ends).
-        self._active: dict[str, dict[int, float]] = {}
+        # token -> (key, since); insertion order is grant order, so the first hold of a
+        # key found in it is that key's oldest (the one a key-only release ends).
+        self._holds: dict[int, tuple[str, float]] = {}
         self._line: OrderedDict[Waiter, str] = OrderedDict()
-
-    def _add_hold(self, key: str, token: int, now: float) -> None:
-        holds = self._active.get(key)
-        if holds is None:
-            self._active[key] = {token: now}
-        else:
-            holds[token] = now
 
     def take(self, key: str, make_waiter: Callable[[], W] | None) -> int | W | None:
         """Grant a permit now if one is free (returns the token); else put a new waiter
@@ -452,17 +473,12 @@ class CountingCore(_CoreBase):
         lock = self._lock
         lock.acquire()
         try:
-            if self._holders < self.capacity:
+            holds = self._holds
+            if len(holds) < self.capacity:
                 # A free permit means nobody is in line (releases hand permits to waiters
                 # while there are any), so taking it cannot overtake anyone.
-                self._holders += 1
                 self._token = token = self._token + 1
-                holds = self._active.get(key)
-                if holds is None:
-                    self._active[key] = {token: self._clock()}
-                else:
-                    holds[token] = self._clock()
-                self.acquired += 1
+                holds[token] = (key, self._clock())
                 return token
             if make_waiter is None:
                 self.rejected += 1
@@ -482,32 +498,39 @@ class CountingCore(_CoreBase):
         lock = self._lock
         lock.acquire()
         try:
-            holds = self._active.get(key)
-            if holds is None or (token and token not in holds):
-                self.unmatched += 1
-                ok = False
+            holds = self._holds
+            if token:
+                hold = holds.get(token)
+                found = hold is not None and hold[0] == key
             else:
-                ok = True
-                del holds[token or next(iter(holds))]
-                if not holds:
-                    del self._active[key]
-                self.released += 1
-                granted = self._hand_off(self._line) if self._line else None
-                if granted is not None:
-                    self._add_hold(granted[1], granted[0], self._clock())
-                else:
-                    self._holders -= 1
+                token = next((t for t, h in holds.items() if h[0] == key), 0)
+                found = token != 0
+            if found:
+                del holds[token]
+                line = self._line
+                if line:
+                    granted = self._hand_off(line)
+                    if granted is not None:
+                        # Hand-off: the permit goes to the first waiter; the holder count
+                        # never dips, so no newcomer can take it first.
+                        holds[granted[0]] = (granted[1], self._clock())
+                    if not line:
+                        self._line = OrderedDict()  # drop the table a long line grew
+                return True
+            self.unmatched += 1
         finally:
             lock.release()
-        if not ok:
-            _warn_unmatched(self.name, key, token)
-        return ok
+        _warn_unmatched(self.name, key, token)
+        return False
 
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
         """As :meth:`SessionCore.withdraw`."""
         with self._lock:
             if waiter.token:
                 return waiter.token
+            if waiter.left:
+                return 0
+            waiter.left = True
             if self._line.pop(waiter, None) is not None:
                 self._waiting -= 1
             if timed_out:
@@ -517,19 +540,21 @@ class CountingCore(_CoreBase):
             return 0
 
     def holders(self) -> int:
-        return self._holders
+        return len(self._holds)
 
     def held_since(self) -> dict[str, float]:
         """Each key with at least one hold -> seconds its oldest hold has lasted."""
         with self._lock:
             now = self._clock()
-            return {k: now - next(iter(h.values())) for k, h in self._active.items()}
+            out: dict[str, float] = {}
+            for key, since in self._holds.values():
+                out.setdefault(key, now - since)
+            return out
 
     def holds_of(self, key: str) -> int:
         with self._lock:
-            holds = self._active.get(key)
-            return len(holds) if holds else 0
+            return sum(1 for k, _ in self._holds.values() if k == key)
 
     def stats(self) -> LaneStats:
         with self._lock:
-            return self._stats(self._holders, 0)
+            return self._stats(len(self._holds), 0)

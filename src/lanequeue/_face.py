@@ -207,34 +207,59 @@ class Hold:
     """One permit of one lane for one key, from grant to release.
 
     ``token`` (also ``fencing_token``) is the grant's number: it grows with every grant of
-    the lane, so a downstream store can refuse writes carrying an older token.
-    ``release()`` ends the hold once; a second call returns False (and is logged), and
-    never ends anyone else's hold. Holds are made by ``lane.acquire(key)`` and by a
-    queue's ``acquire_all``; do not build them yourself.
+    the lane, so a downstream store can refuse writes carrying an older token. ``held`` is
+    True from the grant to the release. ``release()`` ends the hold once; leaving the
+    ``with`` block after an early ``release()`` changes nothing, and a hold never ends
+    anyone else's hold. Holds are made by ``lane.acquire(key)`` and by a queue's
+    ``acquire_all``; do not build them yourself.
     """
 
-    __slots__ = ("lane", "key", "token", "_timeout_s")
+    __slots__ = ("lane", "key", "_token", "_timeout_s")
 
     lane: Any
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None, token: int = 0) -> None:
         self.lane = lane
         self.key = key
-        self.token = token
+        # The grant's token while held; its negation once released; 0 before the grant.
+        self._token = token
         self._timeout_s = timeout_s
 
     @property
-    def fencing_token(self) -> int:
+    def token(self) -> int:
         """The grant's number; 0 before the hold is granted."""
-        return self.token
+        return abs(self._token)
+
+    @token.setter
+    def token(self, value: int) -> None:
+        self._token = value
+
+    @property
+    def fencing_token(self) -> int:
+        """Same as :attr:`token`: an integer that grows with every grant of the lane (for
+        a per-key lane: with every grant, so also with every grant of this key)."""
+        return abs(self._token)
+
+    @property
+    def held(self) -> bool:
+        """True from the grant until this hold is released."""
+        return self._token > 0
 
     def release(self) -> bool:
-        """End this hold. Returns False if it had already ended. Never waits."""
-        if not self.token:
+        """End this hold. Returns False if it was not held: never granted, or already
+        released (a second release is logged and counted in ``unmatched_releases``, and
+        ends nothing). Never waits."""
+        token = self._token
+        if token < 0:
+            token = -token  # already released: the core refuses it, warns and counts it
+        elif token:
+            self._token = -token
+        else:
             return False
-        ok: bool = self.lane._core.release(self.key, self.token)
+        ok: bool = self.lane._core.release(self.key, token)
         return ok
 
     def __repr__(self) -> str:
         kind = type(self).__name__
-        return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token}>"
+        state = "held" if self._token > 0 else ("released" if self._token else "not granted")
+        return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token} {state}>"

@@ -47,8 +47,8 @@ from ._face import (
     Hold,
     SessionKind,
 )
-from ._validate import bad_key, check_timeout
-from .queue import MultiHold, QueueBase
+from ._validate import check_key, check_timeout
+from .queue import MultiHold, QueueBase, Step, _remaining
 
 __all__ = [
     "AsyncHold",
@@ -66,6 +66,7 @@ class _TaskWaiter(Waiter):
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.token = 0
+        self.left = False
         self.fut = fut
 
     def grant(self, token: int) -> bool:
@@ -89,12 +90,16 @@ class AsyncHold(Hold):
     __slots__ = ()
 
     async def __aenter__(self) -> AsyncHold:
-        if self.token:
+        if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
-        token = await self.lane._take(self.key, self._timeout_s)
-        if not token:
-            raise LaneTimeoutError(self.lane.name, self.key, self._timeout_s)
-        self.token = token
+        lane, key, timeout = self.lane, self.key, self._timeout_s
+        lane._bind()
+        token = lane._core.take(key, lane._new_waiter if timeout != 0 else None)
+        if type(token) is not int:
+            token = await lane._park(key, token, timeout)
+            if not token:
+                raise LaneTimeoutError(lane.name, key, timeout)
+        self._token = token
         return self
 
     async def __aexit__(
@@ -103,17 +108,25 @@ class AsyncHold(Hold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.lane._release(self.key, self.token)
+        token = self._token
+        if token > 0:  # not released early inside the block
+            self._token = -token
+            self.lane._release(self.key, token)
 
     async def _release_async(self) -> bool:
         return self.release()
 
     def release(self) -> bool:
-        """End this hold. Returns False if it had already ended. Never waits; call it from
-        the lane's event loop."""
-        if not self.token:
+        """End this hold. Returns False if it was not held. Never waits; call it from the
+        lane's event loop."""
+        token = self._token
+        if token < 0:
+            token = -token  # already released: the core refuses it, warns and counts it
+        elif token:
+            self._token = -token
+        else:
             return False
-        ok: bool = self.lane._release(self.key, self.token)
+        ok: bool = self.lane._release(self.key, token)
         return ok
 
 
@@ -158,14 +171,21 @@ class _AsyncFace:
     async def _take(self, key: str, timeout: float | None) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
         Returns the grant's token, or 0 if none came. Key already checked."""
-        loop = self._bind()
+        self._bind()
         core: Core = self._core
-        waiter = core.take(key, self._new_waiter if timeout != 0 else None)
-        if type(waiter) is int:
-            return waiter
+        got = core.take(key, self._new_waiter if timeout != 0 else None)
+        if type(got) is int:
+            return got
+        return await self._park(key, got, timeout)
+
+    async def _park(self, key: str, waiter: object, timeout: float | None) -> int:
+        """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
+        it did not grant (a waiter now in line, or None for a refusal)."""
         if waiter is None:
             return 0
         assert isinstance(waiter, _TaskWaiter)
+        core: Core = self._core
+        loop = waiter.fut.get_loop()
         timer = None if timeout is None else loop.call_later(timeout, self._expire, key, waiter)
         try:
             await waiter.fut
@@ -219,7 +239,7 @@ class _AsyncFace:
                 reply = await client.chat(...)
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         return AsyncHold(self, key, timeout)
 
@@ -231,7 +251,7 @@ class _AsyncFace:
         loop, CancelledError if cancelled (holding nothing).
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         return await self._take(key, check_timeout(timeout_s)) != 0
 
     def try_acquire(self, key: str) -> bool:
@@ -241,7 +261,7 @@ class _AsyncFace:
         Raises TypeError/ValueError for a bad key, RuntimeError outside the lane's loop.
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         self._bind()
         return self._core.take(key, None) is not None
 
@@ -253,7 +273,7 @@ class _AsyncFace:
         ``loop.call_soon_threadsafe(lane.manual_release, key)`` from other threads).
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         return self._release(key, 0)
 
     async def _raw_acquire(self, key: str) -> bool:
@@ -330,9 +350,10 @@ class _AsyncSurfaceHold(Hold):
     __slots__ = ()
 
     async def _release_async(self) -> bool:
-        if not self.token:
+        token = self._token
+        if token <= 0:
             return False
-        self.token = 0
+        self._token = -token
         return bool(self.lane.manual_release(self.key))
 
 
@@ -345,33 +366,39 @@ async def _hold(lane: Any, key: str, timeout: float | None) -> Any:
     return None
 
 
-class _AsyncMultiAcquire(MultiHold[Any]):
-    """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane."""
+class _AsyncMultiAcquire(MultiHold):
+    """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
-    __slots__ = ("_key", "_lanes", "_budget_s")
+    __slots__ = ()
 
-    def __init__(self, key: str, lanes: list[Any], budget_s: float | None) -> None:
-        super().__init__([], [])
-        self._key = key
-        self._lanes = lanes
-        self._budget_s = budget_s
-
-    async def __aenter__(self) -> MultiHold[Any]:
-        if self.holds:
+    async def __aenter__(self) -> MultiHold:
+        if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
-        key, budget = self._key, self._budget_s
-        loop = asyncio.get_running_loop()
-        deadline = None if budget is None else loop.time() + budget
-        remaining = budget
+        key, budget, taken = self._key, self._budget_s, self._taken
+        deadline: float | None = None
+        started = False  # the deadline runs from the first step that has to wait
         try:
-            for lane in self._lanes:
-                if deadline is not None:
-                    remaining = max(0.0, deadline - loop.time())
-                hold = await _hold(lane, key, remaining)
-                if hold is None:
-                    raise LaneTimeoutError(lane.name, key, budget)
-                self.holds.append(hold)
-                self._names.append(lane.name)
+            for lane, core in self._steps:
+                if core is not None:
+                    lane._bind()
+                    got = core.take(key, None if budget == 0 else lane._new_waiter)
+                    if type(got) is int:
+                        taken.append(got)
+                        continue
+                now = asyncio.get_running_loop().time()  # the loop's clock, like its timers
+                if not started:
+                    deadline, started = self._deadline(now), True
+                remaining = _remaining(deadline, now)
+                if core is not None:
+                    token = await lane._park(key, got, remaining)
+                    if not token:
+                        raise LaneTimeoutError(lane.name, key, budget)
+                    taken.append(token)
+                else:
+                    hold = await _hold(lane, key, remaining)
+                    if hold is None:
+                        raise LaneTimeoutError(lane.name, key, budget)
+                    taken.append(hold)
         except BaseException:
             await self.release_async()
             raise
@@ -387,11 +414,14 @@ class _AsyncMultiAcquire(MultiHold[Any]):
 
     async def release_async(self) -> None:
         """Release every hold, last taken first. Safe to call twice."""
-        holds = self.holds
-        while holds:
-            hold = holds.pop()
-            self._names.pop()
-            await hold._release_async()
+        key, steps, taken = self._key, self._steps, self._taken
+        while taken:
+            got = taken.pop()
+            core = steps[len(taken)][1]
+            if core is not None:
+                core.release(key, got)
+            else:
+                await got._release_async()
 
 
 class AsyncLaneQueue(QueueBase[Any]):
@@ -407,6 +437,9 @@ class AsyncLaneQueue(QueueBase[Any]):
         async with queue.acquire_all(session_key, ["session", "global"]):
             reply = await client.chat(...)
     """
+
+    def _step(self, lane: Any) -> Step:
+        return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
 
     def _admit(self, lane: Any) -> None:
         if not getattr(lane, "_async_face", False):
@@ -462,8 +495,8 @@ class AsyncLaneQueue(QueueBase[Any]):
         the deadline runs on the loop's clock. Cancelled while waiting for a later lane,
         it releases the lanes already taken, in reverse, then re-raises CancelledError.
         """
-        lanes, default = self._plan(key, lane_names)
-        return _AsyncMultiAcquire(key, lanes, self._budget(default, timeout_s))
+        steps, default = self._plan(key, lane_names)
+        return _AsyncMultiAcquire(key, steps, self._budget(default, timeout_s))
 
 
 def build_default_async_lanes() -> AsyncLaneQueue:

@@ -27,7 +27,7 @@ from ._face import (
     Hold,
     SessionKind,
 )
-from ._validate import bad_key, check_timeout
+from ._validate import check_key, check_timeout
 
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
@@ -41,6 +41,7 @@ class _ThreadWaiter(Waiter):
 
     def __init__(self) -> None:
         self.token = 0
+        self.left = False
         self._parking = threading.Lock()
         self._parking.acquire()
 
@@ -69,12 +70,15 @@ class ThreadHold(Hold):
     __slots__ = ()
 
     def __enter__(self) -> ThreadHold:
-        if self.token:
+        if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
-        token = self.lane._take(self.key, self._timeout_s)
-        if not token:
-            raise LaneTimeoutError(self.lane.name, self.key, self._timeout_s)
-        self.token = token
+        lane, key, timeout = self.lane, self.key, self._timeout_s
+        token = lane._core.take(key, _ThreadWaiter if timeout != 0 else None)
+        if type(token) is not int:
+            token = lane._park(key, token, timeout)
+            if not token:
+                raise LaneTimeoutError(lane.name, key, timeout)
+        self._token = token
         return self
 
     def __exit__(
@@ -83,7 +87,10 @@ class ThreadHold(Hold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.lane._core.release(self.key, self.token)
+        token = self._token
+        if token > 0:  # not released early inside the block
+            self._token = -token
+            self.lane._core.release(self.key, token)
 
 
 class _ThreadFace:
@@ -98,12 +105,18 @@ class _ThreadFace:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
         Returns the grant's token, or 0 if none came. Key already checked."""
         core: Core = self._core
-        waiter = core.take(key, _ThreadWaiter if timeout != 0 else None)
-        if type(waiter) is int:
-            return waiter
+        got = core.take(key, _ThreadWaiter if timeout != 0 else None)
+        if type(got) is int:
+            return got
+        return self._park(key, got, timeout)
+
+    def _park(self, key: str, waiter: object, timeout: float | None) -> int:
+        """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
+        it did not grant (a waiter now in line, or None for a refusal)."""
         if waiter is None:
             return 0
         assert isinstance(waiter, _ThreadWaiter)
+        core: Core = self._core
         try:
             granted = waiter.park(timeout)
         except BaseException:
@@ -145,7 +158,7 @@ class _ThreadFace:
                 reply = call_model(...)
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         return ThreadHold(self, key, timeout)
 
@@ -157,7 +170,7 @@ class _ThreadFace:
         ValueError for a bad key.
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         return self._take(key, 0) != 0
 
     def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
@@ -167,7 +180,7 @@ class _ThreadFace:
         Raises TypeError / ValueError for a bad key or timeout.
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         return self._take(key, check_timeout(timeout_s)) != 0
 
     def manual_release(self, key: str) -> bool:
@@ -179,7 +192,7 @@ class _ThreadFace:
         raised by a stray release. Never waits.
         """
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         core: Core = self._core
         return core.release(key, 0)
 

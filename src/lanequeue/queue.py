@@ -32,13 +32,12 @@ from ._face import (
     DEFAULT_TIMEOUT_S,
     Hold,
 )
-from ._validate import bad_key, check_key, check_timeout
-from .lanes import Lane, SessionLane
+from ._validate import check_key, check_timeout
+from .lanes import Lane, SessionLane, _ThreadFace, _ThreadWaiter
 
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
 L = TypeVar("L")
-H = TypeVar("H", bound=Hold)
 
 # Distinct lane-name lists remembered with their resolved, ordered lanes.
 _PLAN_CACHE_MAX = 512
@@ -51,46 +50,134 @@ class _SurfaceHold(Hold):
     __slots__ = ()
 
     def release(self) -> bool:
-        if not self.token:
+        token = self._token
+        if token <= 0:
             return False
-        self.token = 0
+        self._token = -token
         return bool(self.lane.manual_release(self.key))
 
 
-class MultiHold(Generic[H]):
-    """The holds taken by one ``acquire_all`` call, in the order they were taken.
+# One step of a plan: the lane, and its in-process core when the queue may drive the core
+# directly (the fast path); None for lanes reached through ``_hold`` (Redis, foreign).
+Step = tuple[Any, Any]
 
-    ``multi[name]`` is the hold on the lane called ``name``; iterating yields the holds.
-    Releasing (leaving the ``with`` block) ends them in reverse order.
+
+class MultiHold:
+    """The holds taken by one ``acquire_all`` call, in registration order.
+
+    ``multi[name]`` is the hold on the lane called ``name`` (with its ``token``);
+    iterating yields the holds. Leaving the ``with`` block releases them in reverse.
     """
 
-    __slots__ = ("holds", "_names")
+    __slots__ = ("_key", "_steps", "_taken", "_budget_s")
 
-    def __init__(self, holds: list[H], names: list[str]) -> None:
-        self.holds = holds
-        self._names = names
+    def __init__(self, key: str, steps: list[Step], budget_s: float | None) -> None:
+        self._key = key
+        self._steps = steps
+        # Per step taken so far: its token (in-process core) or its Hold (other lanes).
+        self._taken: list[Any] = []
+        self._budget_s = budget_s
 
-    def __getitem__(self, name: str) -> H:
-        try:
-            return self.holds[self._names.index(name)]
-        except ValueError:
-            raise KeyError(name) from None
+    def _view(self, i: int) -> Hold:
+        lane, core = self._steps[i]
+        got = self._taken[i]
+        hold: Hold = Hold(lane, self._key, None, got) if core is not None else got
+        return hold
 
-    def __iter__(self) -> Iterator[H]:
+    @property
+    def holds(self) -> list[Hold]:
+        """The holds taken, in the order they were taken."""
+        return [self._view(i) for i in range(len(self._taken))]
+
+    def __getitem__(self, name: str) -> Hold:
+        for i in range(len(self._taken)):
+            if self._steps[i][0].name == name:
+                return self._view(i)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[Hold]:
         return iter(self.holds)
 
     def __len__(self) -> int:
-        return len(self.holds)
+        return len(self._taken)
+
+    def _deadline(self, now: float) -> float | None:
+        return None if self._budget_s is None else now + self._budget_s
+
+    def __repr__(self) -> str:
+        return f"<MultiHold key={self._key!r} {self.holds!r}>"
+
+
+def _remaining(deadline: float | None, now: float) -> float | None:
+    return None if deadline is None else max(0.0, deadline - now)
+
+
+class _MultiAcquire(MultiHold):
+    """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> MultiHold:
+        if self._taken:
+            raise RuntimeError("acquire_all(...) context entered twice")
+        key, budget, taken = self._key, self._budget_s, self._taken
+        make = None if budget == 0 else _ThreadWaiter
+        deadline: float | None = None
+        started = False  # the deadline runs from the first step that has to wait
+        try:
+            for lane, core in self._steps:
+                if core is not None:
+                    got = core.take(key, make)
+                    if type(got) is int:
+                        taken.append(got)
+                        continue
+                now = time.monotonic()
+                if not started:
+                    deadline, started = self._deadline(now), True
+                remaining = _remaining(deadline, now)
+                if core is not None:
+                    token = lane._park(key, got, remaining)
+                    if not token:
+                        raise LaneTimeoutError(lane.name, key, budget)
+                    taken.append(token)
+                else:
+                    hold = _hold(lane, key, remaining)
+                    if hold is None:
+                        raise LaneTimeoutError(lane.name, key, budget)
+                    taken.append(hold)
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
 
     def release(self) -> None:
         """Release every hold, last taken first. Safe to call twice."""
-        holds = self.holds
-        while holds:
-            holds.pop().release()
-            self._names.pop()
+        key, steps, taken = self._key, self._steps, self._taken
+        while taken:
+            got = taken.pop()
+            core = steps[len(taken)][1]
+            if core is not None:
+                core.release(key, got)
+            else:
+                got.release()
 
-    def __repr__(self) -> str:
-        return f"<MultiHold {self.holds!r}>"
+
+def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
+    take = getattr(lane, "_hold", None)
+    if take is not None:
+        h: Hold | None = take(key, timeout)
+        return h
+    if lane.acquire_timeout(key, timeout):
+        return _SurfaceHold(lane, key, timeout, 1)
+    return None
 
 
 class QueueBase(Generic[L]):
@@ -102,7 +189,7 @@ class QueueBase(Generic[L]):
     def __init__(self) -> None:
         self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
-        self._plans: dict[tuple[str, ...], tuple[list[L], float | None]] = {}
+        self._plans: dict[tuple[str, ...], tuple[list[Step], float | None]] = {}
 
     def _admit(self, lane: Any) -> None:
         """Face-specific check that ``lane`` can join this queue (TypeError if not)."""
@@ -158,11 +245,16 @@ class QueueBase(Generic[L]):
             out[name] = st() if callable(st) else {"name": name, "kind": type(lane).__name__}
         return out
 
-    def _plan(self, key: str, lane_names: Sequence[str]) -> tuple[list[L], float | None]:
-        """Check the arguments of an ``acquire_all``; return its lanes in registration
+    def _step(self, lane: L) -> Step:
+        """How this queue drives ``lane``: (lane, its core) for an in-process lane of the
+        queue's own face, (lane, None) for lanes reached through their ``_hold``."""
+        return (lane, None)
+
+    def _plan(self, key: str, lane_names: Sequence[str]) -> tuple[list[Step], float | None]:
+        """Check the arguments of an ``acquire_all``; return its steps in registration
         order and the default budget (smallest lane timeout; None: no limit)."""
         if key.__class__ is not str or not key:
-            bad_key(key)
+            key = check_key(key)
         if isinstance(lane_names, str):
             raise TypeError("lane_names must be a list of lane names, not a str")
         names = tuple(lane_names)
@@ -179,7 +271,7 @@ class QueueBase(Generic[L]):
             raise ValueError("lane_names must name at least one lane")
         lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
         timeouts = [t for t in (getattr(x, "timeout_s", None) for x in lanes) if t is not None]
-        plan = (lanes, min(timeouts) if timeouts else None)
+        plan = ([self._step(x) for x in lanes], min(timeouts) if timeouts else None)
         if len(self._plans) >= _PLAN_CACHE_MAX:
             self._plans.clear()
         self._plans[names] = plan
@@ -188,56 +280,6 @@ class QueueBase(Generic[L]):
     @staticmethod
     def _budget(default: float | None, timeout_s: float | None) -> float | None:
         return default if timeout_s is None else check_timeout(timeout_s)
-
-
-class _MultiAcquire(MultiHold[Hold]):
-    """What ``LaneQueue.acquire_all`` returns: entering takes every lane."""
-
-    __slots__ = ("_key", "_lanes", "_budget_s")
-
-    def __init__(self, key: str, lanes: list[Any], budget_s: float | None) -> None:
-        super().__init__([], [])
-        self._key = key
-        self._lanes = lanes
-        self._budget_s = budget_s
-
-    def __enter__(self) -> MultiHold[Hold]:
-        if self.holds:
-            raise RuntimeError("acquire_all(...) context entered twice")
-        key, budget = self._key, self._budget_s
-        deadline = None if budget is None else time.monotonic() + budget
-        remaining = budget
-        try:
-            for lane in self._lanes:
-                if deadline is not None:
-                    remaining = max(0.0, deadline - time.monotonic())
-                hold = _hold(lane, key, remaining)
-                if hold is None:
-                    raise LaneTimeoutError(lane.name, key, budget)
-                self.holds.append(hold)
-                self._names.append(lane.name)
-        except BaseException:
-            self.release()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.release()
-
-
-def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
-    take = getattr(lane, "_hold", None)
-    if take is not None:
-        h: Hold | None = take(key, timeout)
-        return h
-    if lane.acquire_timeout(key, timeout):
-        return _SurfaceHold(lane, key, timeout, 1)
-    return None
 
 
 class LaneQueue(QueueBase[Any]):
@@ -253,6 +295,9 @@ class LaneQueue(QueueBase[Any]):
 
     Thread-safe once its lanes are registered.
     """
+
+    def _step(self, lane: Any) -> Step:
+        return (lane, lane._core if isinstance(lane, _ThreadFace) else None)
 
     def _admit(self, lane: Any) -> None:
         if getattr(lane, "_async_face", False):
@@ -323,8 +368,8 @@ class LaneQueue(QueueBase[Any]):
             LaneTimeoutError: on entering, naming the lane that was not had in time and
                 the key; the lanes taken before it are released first, in reverse.
         """
-        lanes, default = self._plan(key, lane_names)
-        return _MultiAcquire(key, lanes, self._budget(default, timeout_s))
+        steps, default = self._plan(key, lane_names)
+        return _MultiAcquire(key, steps, self._budget(default, timeout_s))
 
 
 def build_default_lanes() -> LaneQueue:
