@@ -1,0 +1,73 @@
+"""Replay a production request trace through real lanes: ``lanequeue replay``.
+
+The pieces, each in its own module:
+
+- :mod:`~lanequeue.replay.trace`: read a trace (Mooncake conversation format, plain or
+  gzip; the bundled one by default), reporting bad lines by number.
+- :mod:`~lanequeue.replay.policy`: which lanes a request takes (``session`` or the
+  original ``global-serial``), as data.
+- :mod:`~lanequeue.replay.simulate`: the exact discrete-event simulation of
+  ``acquire_all`` over those lanes (the ideal schedule).
+- :mod:`~lanequeue.replay.runtime`: runtimes that drive the requests through real lanes
+  (``threads``), with :mod:`~lanequeue.replay.observe` recording what workers see.
+- :mod:`~lanequeue.replay.runner`: :func:`run_replay`, tying them together;
+  :mod:`~lanequeue.replay.report` and :mod:`~lanequeue.replay.plot` present the result.
+
+Example::
+
+    from lanequeue.replay import ReplayConfig, read_trace, run_replay
+
+    trace = read_trace().head(500)            # the bundled trace, first 500 requests
+    result = run_replay(trace, ReplayConfig(speed=600))
+    print(result.report.table())
+"""
+
+from lanequeue.replay.policy import DEFAULT_POLICY, POLICIES, LaneSpec, policy_lanes
+from lanequeue.replay.report import JSON_KEYS, ReplayReport, percentile
+from lanequeue.replay.runner import (
+    ReplayConfig,
+    ReplayResult,
+    make_plan,
+    run_replay,
+    session_key,
+    simulate_trace,
+)
+from lanequeue.replay.runtime import RUNTIMES, ReplayPlan, RunRecord, Runtime, get_runtime
+from lanequeue.replay.simulate import Schedule, simulate
+from lanequeue.replay.trace import (
+    SkippedLine,
+    Trace,
+    TraceError,
+    TraceRequest,
+    parse_trace_lines,
+    read_trace,
+)
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "JSON_KEYS",
+    "POLICIES",
+    "RUNTIMES",
+    "LaneSpec",
+    "ReplayConfig",
+    "ReplayPlan",
+    "ReplayReport",
+    "ReplayResult",
+    "RunRecord",
+    "Runtime",
+    "Schedule",
+    "SkippedLine",
+    "Trace",
+    "TraceError",
+    "TraceRequest",
+    "get_runtime",
+    "make_plan",
+    "parse_trace_lines",
+    "percentile",
+    "policy_lanes",
+    "read_trace",
+    "run_replay",
+    "session_key",
+    "simulate",
+    "simulate_trace",
+]

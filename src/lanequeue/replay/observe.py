@@ -1,0 +1,210 @@
+"""What the workers of a replay observe, independently of the lanes' own statistics.
+
+The lanes are the thing under test, so the replay does not believe their counters: each
+worker reports the moment its work starts and ends to an :class:`Observer`, which keeps,
+under one small lock of its own,
+
+- an occupancy counter per key (how many workers of one conversation are working now;
+  its maximum is ``max_key_concurrency``, which must be 1),
+- a global occupancy counter (its maximum is ``peak_global``, which must not exceed the
+  global cap),
+- the order in which work started (a conversation's requests must start in arrival order;
+  each request that starts after a later request of its conversation is an
+  ``order_violation``).
+
+:class:`ArrivalGate` solves a problem of the harness, not of the lanes: a thread started
+for a request may be scheduled later than a thread started after it, so two requests of
+one conversation that arrive close together could *enter* the session lane in the wrong
+order, and the lane would then rightly serve them in that wrong order. The gate lets a
+request enter the first lane only once every earlier request of the same lane slot (its
+key on a SessionLane, everyone on a shared Lane) that has not finished is already inside
+that lane (holding or in line), as the lane's own ``is_held``/``waiting_for`` (or
+``active_count``/``waiting``) report. The gate never decides who runs first: it only makes
+"arrival order" well-defined for the lane; the lane's FIFO then decides, and the observer
+checks it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+
+__all__ = ["ArrivalGate", "Observer", "count_order_violations"]
+
+
+def count_order_violations(conversations: Sequence[Hashable], start_order: Sequence[int]) -> int:
+    """Requests that started after a later-arriving request of the same conversation.
+
+    Args:
+        conversations: the conversation of each request; requests are indexed in arrival
+            order (index 0 arrived first).
+        start_order: request indices in the order their work started.
+
+    Returns:
+        The number of requests overtaken by a later request of their own conversation
+        (0 when every conversation's requests started in arrival order).
+    """
+    latest: dict[Hashable, int] = {}
+    violations = 0
+    for rid in start_order:
+        conv = conversations[rid]
+        seen = latest.get(conv, -1)
+        if rid < seen:
+            violations += 1
+        else:
+            latest[conv] = rid
+    return violations
+
+
+class Observer:
+    """The workers' own record of a replay: occupancy per key and overall, start order.
+
+    All times are seconds of ``clock`` minus ``epoch_s`` (the start of the replay). Call
+    :meth:`work_started` right after the lanes are held, :meth:`work_ended` right before
+    they are released (so a successor's start can never be counted while this worker still
+    counts itself) and :meth:`completed` after the release. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        *,
+        epoch_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        registry_size: Callable[[], int] | None = None,
+    ) -> None:
+        n = len(keys)
+        self._keys = keys
+        self._epoch = epoch_s
+        self._clock = clock
+        self._registry_size = registry_size
+        self._lock = threading.Lock()
+        self._occupancy: dict[str, int] = {}
+        self._running = 0
+        #: highest number of workers of one key working at once
+        self.max_key_concurrency = 0
+        #: highest number of workers working at once
+        self.peak_global = 0
+        #: highest registry size sampled (None without ``registry_size``)
+        self.registry_peak: int | None = None
+        self.start_s = [math.nan] * n
+        self.end_work_s = [math.nan] * n
+        self.complete_s = [math.nan] * n
+        self.start_order: list[int] = []
+        self.completed_count = 0
+
+    def now(self) -> float:
+        """Seconds since the epoch of the replay."""
+        return self._clock() - self._epoch
+
+    def sample_registry(self) -> int | None:
+        """Sample the registry size now (also folded into ``registry_peak``); None if the
+        policy has no registry."""
+        if self._registry_size is None:
+            return None
+        size = self._registry_size()  # takes the lane's lock: never call it under ours
+        with self._lock:
+            if self.registry_peak is None or size > self.registry_peak:
+                self.registry_peak = size
+        return size
+
+    def work_started(self, rid: int) -> None:
+        """Request ``rid`` holds every lane and starts working now."""
+        key = self._keys[rid]
+        with self._lock:
+            t = self._clock() - self._epoch
+            occ = self._occupancy.get(key, 0) + 1
+            self._occupancy[key] = occ
+            if occ > self.max_key_concurrency:
+                self.max_key_concurrency = occ
+            self._running += 1
+            if self._running > self.peak_global:
+                self.peak_global = self._running
+            self.start_s[rid] = t
+            self.start_order.append(rid)
+        self.sample_registry()
+
+    def work_ended(self, rid: int) -> None:
+        """Request ``rid`` stops working now and is about to release its lanes."""
+        key = self._keys[rid]
+        with self._lock:
+            self.end_work_s[rid] = self._clock() - self._epoch
+            occ = self._occupancy[key] - 1
+            if occ:
+                self._occupancy[key] = occ
+            else:
+                del self._occupancy[key]
+            self._running -= 1
+
+    def completed(self, rid: int) -> None:
+        """Request ``rid`` has released its lanes (its completion time is now)."""
+        with self._lock:
+            self.complete_s[rid] = self._clock() - self._epoch
+            self.completed_count += 1
+        self.sample_registry()
+
+
+class ArrivalGate:
+    """Makes requests enter the first lane in arrival order within each lane slot.
+
+    Args:
+        slots: the slot of each request, indexed in arrival order (its key for a per-key
+            lane; one shared value for a counting lane).
+        inside: ``inside(slot)`` returns how many requests of ``slot`` are inside the lane
+            now (holding or waiting). It must read holders *before* waiters, which is what
+            makes the check below safe (see :meth:`wait_turn`).
+        poll_s: seconds between two checks while a predecessor is not yet inside.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[Hashable],
+        inside: Callable[[Hashable], int],
+        *,
+        poll_s: float = 0.0002,
+    ) -> None:
+        self._slots = slots
+        self._inside = inside
+        self._poll_s = poll_s
+        self._lock = threading.Lock()
+        self._finished: dict[Hashable, int] = {}
+        seen: dict[Hashable, int] = {}
+        self._rank: list[int] = []
+        for slot in slots:
+            r = seen.get(slot, 0)
+            self._rank.append(r)
+            seen[slot] = r + 1
+        #: how many times a request found a predecessor not yet inside and had to wait
+        self.held_back = 0
+
+    def wait_turn(self, rid: int) -> None:
+        """Block until every unfinished earlier request of ``rid``'s slot is inside the lane.
+
+        Why this is safe: no later request of the slot can enter (hence finish) before this
+        one enters, so ``rank - finished`` counts exactly the earlier requests still
+        unfinished (``pending``), read at t0. Everyone inside the lane at t1 >= t0 (holders)
+        or t2 >= t1 (waiters) is one of them, and a holder at t1 cannot be a waiter at t2,
+        so ``inside >= pending`` proves they are all inside; an undercount (a hand-off or a
+        release between the reads) only means one more poll.
+        """
+        slot = self._slots[rid]
+        rank = self._rank[rid]
+        waited = False
+        while True:
+            with self._lock:
+                pending = rank - self._finished.get(slot, 0)
+            if pending <= 0 or self._inside(slot) >= pending:
+                break
+            if not waited:
+                waited = True
+                with self._lock:
+                    self.held_back += 1
+            time.sleep(self._poll_s)
+
+    def finished(self, rid: int) -> None:
+        """Request ``rid`` has left the lanes (call after the release)."""
+        slot = self._slots[rid]
+        with self._lock:
+            self._finished[slot] = self._finished.get(slot, 0) + 1

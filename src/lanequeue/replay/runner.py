@@ -1,0 +1,218 @@
+"""``run_replay``: a trace, a policy and a runtime in; a :class:`ReplayReport` out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from lanequeue import build_gateway_session_key
+from lanequeue.replay.observe import count_order_violations
+from lanequeue.replay.policy import DEFAULT_POLICY, LaneSpec, policy_lanes
+from lanequeue.replay.report import ReplayReport, percentile
+from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, get_runtime
+from lanequeue.replay.simulate import Schedule, simulate
+from lanequeue.replay.trace import Trace
+
+__all__ = [
+    "ReplayConfig",
+    "ReplayResult",
+    "make_plan",
+    "peak_concurrency",
+    "run_replay",
+    "session_key",
+    "simulate_trace",
+]
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """How to replay a trace.
+
+    Attributes:
+        policy: ``"session"`` or ``"global-serial"`` (see :func:`policy_lanes`).
+        global_cap: permits of the "global" lane (requests working at once).
+        speed: trace time is divided by this (60: an hour of trace plays in a minute).
+        tpot_ms: work per output token in trace milliseconds (before dividing by speed).
+        runtime: name of the runtime (:data:`lanequeue.replay.runtime.RUNTIMES`).
+        max_sessions: soft cap of the session lane's registry, entries.
+        idle_timeout_s: seconds of *trace* time an idle session entry is kept (divided by
+            ``speed`` like every other duration); None keeps entries for ever.
+    """
+
+    policy: str = DEFAULT_POLICY
+    global_cap: int = 64
+    speed: float = 60.0
+    tpot_ms: float = 30.0
+    runtime: str = "threads"
+    max_sessions: int = 256
+    idle_timeout_s: float | None = 3600.0
+
+    def __post_init__(self) -> None:
+        if not (self.speed > 0 and math.isfinite(self.speed)):
+            raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
+        if not (self.tpot_ms >= 0 and math.isfinite(self.tpot_ms)):
+            raise ValueError(f"tpot_ms must be a finite number >= 0, got {self.tpot_ms}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
+        if self.idle_timeout_s is not None and not self.idle_timeout_s >= 0:
+            raise ValueError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        policy_lanes(self.policy, self.global_cap)  # validates both
+
+    @property
+    def lanes(self) -> tuple[LaneSpec, ...]:
+        """The policy's lanes, in acquisition order."""
+        return policy_lanes(self.policy, self.global_cap)
+
+
+@dataclass
+class ReplayResult:
+    """A replay's report with the material it was computed from.
+
+    Attributes:
+        report: the figures.
+        plan: what was replayed (scaled seconds).
+        record: what the workers observed.
+        ideal: the exact simulation, in scaled seconds.
+    """
+
+    report: ReplayReport
+    plan: ReplayPlan
+    record: RunRecord
+    ideal: Schedule
+
+
+def session_key(conversation: int) -> str:
+    """The session key of a trace conversation, as a gateway would build it:
+    ``build_gateway_session_key("trace", str(conversation))``, e.g. ``"gateway:trace:42"``."""
+    return build_gateway_session_key("trace", str(conversation))
+
+
+def make_plan(trace: Trace, config: ReplayConfig) -> ReplayPlan:
+    """The trace in scaled seconds: arrival = (timestamp - first timestamp) / 1000 / speed,
+    work = output_length * tpot_ms / 1000 / speed."""
+    reqs = trace.requests
+    t0 = reqs[0].timestamp_ms if reqs else 0
+    scale = 1000.0 * config.speed
+    return ReplayPlan(
+        arrival_s=[(r.timestamp_ms - t0) / scale for r in reqs],
+        work_s=[r.output_length * config.tpot_ms / scale for r in reqs],
+        keys=[session_key(r.conversation) for r in reqs],
+        lanes=config.lanes,
+        max_sessions=config.max_sessions,
+        idle_timeout_s=None
+        if config.idle_timeout_s is None
+        else config.idle_timeout_s / config.speed,
+    )
+
+
+def simulate_trace(trace: Trace, config: ReplayConfig) -> Schedule:
+    """The exact ideal schedule of ``trace`` under ``config``'s policy, in scaled seconds.
+
+    Simulated in trace milliseconds with exact arithmetic, then divided by
+    ``1000 * speed`` (dividing every time by one constant changes no decision).
+    """
+    reqs = trace.requests
+    t0 = Fraction(reqs[0].timestamp_ms) if reqs else Fraction(0)
+    tpot = Fraction(config.tpot_ms)
+    sched = simulate(
+        [Fraction(r.timestamp_ms) - t0 for r in reqs],
+        [r.conversation for r in reqs],
+        [r.output_length * tpot for r in reqs],
+        config.lanes,
+    )
+    scale = 1000 * Fraction(config.speed)
+    return Schedule(
+        arrival=tuple(t / scale for t in sched.arrival),
+        start=tuple(t / scale for t in sched.start),
+        end=tuple(t / scale for t in sched.end),
+        grants=tuple(tuple(t / scale for t in g) for g in sched.grants),
+        start_order=sched.start_order,
+    )
+
+
+def peak_concurrency(starts: Sequence[float | Fraction], ends: Sequence[float | Fraction]) -> int:
+    """Most intervals ``[start, end)`` open at once (an end at t closes before a start at t)."""
+    events = sorted([(float(e), 0) for e in ends] + [(float(s), 1) for s in starts])
+    running = peak = 0
+    for _, kind in events:
+        running += 1 if kind else -1
+        peak = max(peak, running)
+    return peak
+
+
+def run_replay(
+    trace: Trace, config: ReplayConfig | None = None, *, progress: ProgressFn | None = None
+) -> ReplayResult:
+    """Replay ``trace`` through real lanes in real time and measure it.
+
+    Each request arrives at its trace time divided by ``config.speed``, takes the lanes
+    ``["session", "global"]`` with ``acquire_all`` under its conversation's key, works for
+    ``output_length * tpot_ms / speed`` milliseconds, then releases. The same trace is also
+    simulated exactly (:func:`simulate_trace`) for the ``ideal_*`` figures.
+
+    Args:
+        trace: the requests (see :func:`lanequeue.replay.read_trace`).
+        config: the settings; defaults to :class:`ReplayConfig()`.
+        progress: called now and then with (completed, total).
+
+    Returns:
+        The report and the data behind it. Takes about the trace's duration / speed.
+
+    Raises:
+        ValueError: an unknown runtime or policy, or bad settings.
+    """
+    config = config or ReplayConfig()
+    runtime = get_runtime(config.runtime)
+    plan = make_plan(trace, config)
+    ideal = simulate_trace(trace, config)
+    record = runtime.run(plan, progress)
+
+    n = len(trace.requests)
+    pairs = zip(record.start_s, plan.arrival_s, strict=True)
+    waits = [s - a for s, a in pairs if not math.isnan(s)]
+    done = [t for t in record.complete_s if not math.isnan(t)]
+    makespan = (max(done) - plan.arrival_s[0]) if done else 0.0
+    ideal_waits = [float(w) for w in ideal.waits]
+    ideal_makespan = float(ideal.makespan)
+    pairs = zip(record.dispatch_s, plan.arrival_s, strict=True)
+    lags = [d - a for d, a in pairs if not math.isnan(d)]
+    report = ReplayReport(
+        requests=n,
+        conversations=trace.conversations,
+        skipped_lines=len(trace.skipped),
+        wall_s=record.wall_s,
+        throughput_rps=n / record.wall_s if record.wall_s > 0 else 0.0,
+        wait_p50_s=percentile(waits, 50),
+        wait_p95_s=percentile(waits, 95),
+        wait_p99_s=percentile(waits, 99),
+        wait_max_s=max(waits) if waits else math.nan,
+        order_violations=count_order_violations(
+            [r.conversation for r in trace.requests], record.start_order
+        ),
+        max_key_concurrency=record.max_key_concurrency,
+        peak_global=record.peak_global,
+        registry_peak=record.registry_peak,
+        registry_final=record.registry_final,
+        ideal_makespan_s=ideal_makespan,
+        makespan_ratio=makespan / ideal_makespan if ideal_makespan > 0 else None,
+        makespan_s=makespan,
+        ideal_wait_p50_s=percentile(ideal_waits, 50),
+        ideal_wait_p95_s=percentile(ideal_waits, 95),
+        ideal_wait_p99_s=percentile(ideal_waits, 99),
+        ideal_wait_max_s=max(ideal_waits) if ideal_waits else math.nan,
+        ideal_peak_global=peak_concurrency(ideal.start, ideal.end),
+        dispatch_lag_max_s=max(lags) if lags else 0.0,
+        gate_held_back=record.held_back,
+        worker_threads=record.threads,
+        policy=config.policy,
+        runtime=runtime.name,
+        global_cap=config.global_cap,
+        speed=config.speed,
+        tpot_ms=config.tpot_ms,
+        source=trace.source,
+        errors=len(record.errors),
+        lane_stats=record.lane_stats,
+    )
+    return ReplayResult(report=report, plan=plan, record=record, ideal=ideal)

@@ -1,0 +1,528 @@
+"""`lanequeue replay`: trace reader, exact simulation, the real runner and the CLI."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lanequeue import LaneQueue
+from lanequeue.cli import main
+from lanequeue.replay import (
+    JSON_KEYS,
+    ReplayConfig,
+    Trace,
+    TraceError,
+    TraceRequest,
+    parse_trace_lines,
+    percentile,
+    policy_lanes,
+    read_trace,
+    run_replay,
+    session_key,
+    simulate,
+    simulate_trace,
+)
+from lanequeue.replay import runtime as runtime_mod
+from lanequeue.replay.observe import count_order_violations
+from lanequeue.replay.runner import peak_concurrency
+
+
+def fr(*values: int) -> tuple[Fraction, ...]:
+    """Exact times, for comparing with a Schedule."""
+    return tuple(Fraction(v) for v in values)
+
+
+def lanes(policy: str, cap: int) -> Any:
+    return policy_lanes(policy, cap)
+
+
+def line(ts: int, out: int, conv: int, inp: int = 100) -> str:
+    return json.dumps(
+        {"timestamp": ts, "input_length": inp, "output_length": out, "hash_ids": [0, conv, 7]}
+    )
+
+
+def make_trace(rows: Sequence[tuple[int, int, int]]) -> Trace:
+    """A trace from (timestamp_ms, output_length, conversation) rows."""
+    return parse_trace_lines([line(ts, out, conv) for ts, out, conv in rows], source="test")
+
+
+# --------------------------------------------------------------------------------------
+# Simulation against hand-computed schedules
+
+
+@pytest.mark.timeout(10)
+def test_sim_conversation_of_three_turns_behind_a_cap_of_one() -> None:
+    # One conversation, turns at 0, 1, 2, each working 5: strictly one after the other.
+    s = simulate([0, 1, 2], ["a", "a", "a"], [5, 5, 5], lanes("session", 1))
+    assert s.start == fr(0, 5, 10)
+    assert s.end == fr(5, 10, 15)
+    assert s.waits == fr(0, 4, 8)
+    assert s.makespan == 15
+    assert s.start_order == (0, 1, 2)
+    # The session lane is granted at arrival for the first, at each predecessor's end after.
+    assert [g[0] for g in s.grants] == [0, 5, 10]
+
+
+@pytest.mark.timeout(10)
+def test_sim_two_conversations_in_parallel() -> None:
+    s = simulate([0, 1], ["a", "b"], [4, 4], lanes("session", 2))
+    assert s.start == fr(0, 1)
+    assert s.end == fr(4, 5)
+    assert s.makespan == 5
+    # The original single Lane("session", max_concurrent=1) serialises them.
+    g = simulate([0, 1], ["a", "b"], [4, 4], lanes("global-serial", 2))
+    assert g.start == fr(0, 4)
+    assert g.end == fr(4, 8)
+
+
+@pytest.mark.timeout(10)
+def test_sim_cap_makes_the_third_wait() -> None:
+    s = simulate([0, 1, 2], ["a", "b", "c"], [10, 10, 10], lanes("session", 2))
+    assert s.start == fr(0, 1, 10)
+    assert s.end == fr(10, 11, 20)
+    assert s.waits == fr(0, 0, 8)
+    # The third holds its session lane from its arrival while it waits for "global".
+    assert s.grants[2] == fr(2, 10)
+
+
+@pytest.mark.timeout(10)
+def test_sim_session_first_then_global_fifo() -> None:
+    # a1 works 0..10 holding "global" (cap 1). a2 (same conversation) arrives at 1 and waits
+    # on the SESSION lane, holding nothing. b arrives at 2: its session is free, so it
+    # queues on GLOBAL. At 10 a1 releases global first (hand-off to b, the only one queued
+    # there), then its session (a2 takes it and queues on global behind b).
+    s = simulate([0, 1, 2], ["a", "a", "b"], [10, 5, 5], lanes("session", 1))
+    assert s.start == fr(0, 15, 10)
+    assert s.end == fr(10, 20, 15)
+    assert s.start_order == (0, 2, 1)
+    assert s.grants[1] == fr(10, 15)  # session at a1's end, global at b's end
+    assert s.grants[2] == fr(2, 10)
+
+
+@pytest.mark.timeout(10)
+def test_sim_completion_before_arrival_at_the_same_instant() -> None:
+    # a1 ends at 10 exactly when c arrives. Completions come first: a2 (waiting on the
+    # session lane since 5) takes the freed global permit at 10, c queues behind it.
+    s = simulate([0, 5, 10], ["a", "a", "c"], [10, 1, 1], lanes("session", 1))
+    assert s.start == fr(0, 10, 11)
+    assert s.start_order == (0, 1, 2)
+
+
+@pytest.mark.timeout(10)
+def test_sim_simultaneous_arrivals_keep_index_order() -> None:
+    s = simulate([3, 3, 3], ["a", "b", "c"], [2, 2, 2], lanes("session", 1))
+    assert s.start == fr(3, 5, 7)
+    assert s.start_order == (0, 1, 2)
+
+
+@pytest.mark.timeout(10)
+def test_sim_global_serial_orders_every_conversation_by_arrival() -> None:
+    s = simulate([0, 0, 1, 1], ["a", "b", "a", "c"], [3, 1, 2, 1], lanes("global-serial", 64))
+    assert s.start == fr(0, 3, 4, 6)
+    assert s.end == fr(3, 4, 6, 7)
+
+
+@pytest.mark.timeout(10)
+def test_sim_zero_work_and_empty() -> None:
+    s = simulate([0, 0], ["a", "a"], [0, 0], lanes("session", 1))
+    assert s.start == fr(0, 0) and s.end == fr(0, 0)
+    empty = simulate([], [], [], lanes("session", 1))
+    assert empty.start == () and empty.makespan == 0
+
+
+@pytest.mark.timeout(10)
+def test_sim_is_exact_with_fractional_times() -> None:
+    # 0.1 + 0.2 != 0.3 in floats; the simulation converts exactly, so the tie is a tie.
+    s = simulate(
+        [Fraction(1, 10), Fraction(3, 10)], ["a", "b"], [Fraction(2, 10), 1], lanes("session", 1)
+    )
+    assert s.start == (Fraction(1, 10), Fraction(3, 10))
+
+
+@pytest.mark.timeout(10)
+def test_simulate_trace_scales_by_speed_exactly() -> None:
+    trace = make_trace([(0, 100, 1), (1000, 50, 1), (1000, 10, 2), (2500, 30, 3)])
+    slow = simulate_trace(trace, ReplayConfig(speed=1, tpot_ms=30, global_cap=1))
+    fast = simulate_trace(trace, ReplayConfig(speed=60, tpot_ms=30, global_cap=1))
+    assert [t / 60 for t in slow.start] == list(fast.start)
+    assert slow.start[0] == 0 and slow.end[0] == 3  # 100 tokens * 30 ms = 3 s
+    assert slow.start_order == fast.start_order
+
+
+def _check_schedule(
+    arr: list[int], keys: list[int], work: list[int], cap: int, policy: str
+) -> None:
+    s = simulate(arr, keys, work, lanes(policy, cap))
+    n = len(arr)
+    order = sorted(range(n), key=lambda r: (arr[r], r))  # arrival order
+    # Lane 0 ("session"): FIFO with hand-off and no idling -> granted at arrival, or at the
+    # end of the previous request of its slot (its key, or everyone for global-serial).
+    prev_end: dict[object, Fraction] = {}
+    for r in order:
+        slot = keys[r] if policy == "session" else None
+        expected = max(Fraction(arr[r]), prev_end.get(slot, Fraction(arr[r])))
+        assert s.grants[r][0] == expected
+        prev_end[slot] = s.end[r]
+        assert s.end[r] == s.start[r] + work[r]
+        assert s.start[r] == s.grants[r][1]
+    # Lane 1 ("global"): never more than cap at once ...
+    assert peak_concurrency(s.start, s.end) <= cap
+    # ... FIFO by the moment a request asked for it ...
+    for r in range(n):
+        for q in range(n):
+            if s.grants[r][0] < s.grants[q][0]:
+                assert s.start[r] <= s.start[q]
+    # ... and work-conserving: a request waiting for it waits only while it is full, and
+    # gets it at the instant someone releases it.
+    ends = set(s.end)
+    points = sorted({*s.start, *s.end, *s.arrival})
+    for r in range(n):
+        g = s.grants[r][0]
+        if s.start[r] > g:
+            assert s.start[r] in ends
+            for a, b in itertools.pairwise(points):
+                if g <= a and b <= s.start[r]:
+                    mid = (a + b) / 2
+                    running = sum(1 for x in range(n) if s.start[x] <= mid < s.end[x])
+                    assert running == cap
+    # Both policies keep each conversation in arrival order, one at a time.
+    assert count_order_violations(keys, s.start_order) == 0
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 20), st.integers(0, 3), st.integers(0, 8)),
+        min_size=0,
+        max_size=12,
+    ),
+    st.integers(1, 3),
+    st.sampled_from(["session", "global-serial"]),
+)
+def test_sim_properties(rows: list[tuple[int, int, int]], cap: int, policy: str) -> None:
+    rows.sort(key=lambda r: r[0])
+    _check_schedule([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], cap, policy)
+
+
+# --------------------------------------------------------------------------------------
+# Trace reader
+
+
+@pytest.mark.timeout(10)
+def test_reader_reports_malformed_lines_with_numbers() -> None:
+    lines = [
+        line(0, 10, 1),  # 1 ok
+        "{not json",  # 2 bad JSON
+        "",  # 3 blank
+        json.dumps({"timestamp": 5, "input_length": 1, "hash_ids": [0, 2]}),  # 4 no output
+        "   ",  # 5 blank (spaces)
+        json.dumps([1, 2, 3]),  # 6 not an object
+        json.dumps(
+            {"timestamp": "x", "input_length": 1, "output_length": 2, "hash_ids": [0, 2]}
+        ),  # 7 wrong type
+        json.dumps(
+            {"timestamp": 1, "input_length": 1, "output_length": 2, "hash_ids": [0]}
+        ),  # 8 no conversation id
+        line(3, 20, 2),  # 9 ok
+    ]
+    trace = parse_trace_lines(lines)
+    assert [r.line for r in trace.requests] == [1, 9]
+    skipped = {s.line: s.reason for s in trace.skipped}
+    assert sorted(skipped) == [2, 3, 4, 5, 6, 7, 8]
+    assert skipped[2].startswith("invalid JSON")
+    assert skipped[3] == "blank line"
+    assert "missing field 'output_length'" in skipped[4]
+    assert "not a JSON object" in skipped[6]
+    assert "timestamp" in skipped[7]
+    assert "hash_ids" in skipped[8]
+
+
+@pytest.mark.timeout(10)
+def test_reader_sorts_by_time_stably_and_keys_conversations() -> None:
+    trace = make_trace([(50, 1, 9), (10, 2, 8), (50, 3, 7), (10, 4, 9)])
+    assert [(r.timestamp_ms, r.output_length) for r in trace.requests] == [
+        (10, 2),
+        (10, 4),
+        (50, 1),
+        (50, 3),
+    ]
+    assert [r.index for r in trace.requests] == [0, 1, 2, 3]
+    assert trace.conversations == 3
+    assert trace.head(2).requests == trace.requests[:2]
+    assert session_key(42) == "gateway:trace:42"
+
+
+@pytest.mark.timeout(10)
+def test_reader_files_plain_and_gzip(tmp_path: Path) -> None:
+    text = "\n".join([line(0, 1, 1), "oops", line(5, 2, 2)]) + "\n"
+    plain = tmp_path / "t.jsonl"
+    plain.write_text(text)
+    packed = tmp_path / "t.data"  # gzip detected from the content, not the name
+    packed.write_bytes(gzip.compress(text.encode()))
+    for path in (plain, packed):
+        trace = read_trace(path)
+        assert len(trace.requests) == 2
+        assert [(s.line, s.reason.split(":")[0]) for s in trace.skipped] == [(2, "invalid JSON")]
+    bad_utf8 = tmp_path / "u.jsonl"
+    bad_utf8.write_bytes(line(0, 1, 1).encode() + b"\n\xff\xfe\n")
+    assert [s.line for s in read_trace(bad_utf8).skipped] == [2]
+
+
+@pytest.mark.timeout(10)
+def test_reader_errors_for_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot open"):
+        read_trace(tmp_path / "missing.jsonl")
+    corrupt = tmp_path / "c.gz"
+    corrupt.write_bytes(gzip.compress(os.urandom(5000))[:300])  # truncated stream
+    with pytest.raises(TraceError):
+        read_trace(corrupt)
+
+
+@pytest.mark.timeout(30)
+def test_bundled_trace_is_the_default() -> None:
+    trace = read_trace()
+    assert len(trace.requests) == 12031
+    assert trace.conversations == 7373
+    assert trace.skipped == ()
+    assert "bundled" in trace.source
+    first = trace.requests[0]
+    assert isinstance(first, TraceRequest) and first.timestamp_ms == 0
+    assert all(
+        a.timestamp_ms <= b.timestamp_ms
+        for a, b in zip(trace.requests, trace.requests[1:], strict=False)
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Measuring helpers
+
+
+def test_count_order_violations() -> None:
+    convs = ["a", "b", "a", "a"]
+    assert count_order_violations(convs, [0, 1, 2, 3]) == 0
+    assert count_order_violations(convs, [1, 0, 3, 2]) == 1  # 2 overtaken by 3
+    assert count_order_violations(convs, [3, 2, 0, 1]) == 2
+
+
+def test_percentile() -> None:
+    assert percentile([3, 1, 2], 50) == 2
+    assert percentile([0, 10], 95) == pytest.approx(9.5)
+    assert percentile([5], 99) == 5
+
+
+# --------------------------------------------------------------------------------------
+# The real runner: real threads, real lanes
+
+
+@pytest.mark.timeout(60)
+def test_real_replay_of_trace_head_keeps_order_and_caps() -> None:
+    trace = read_trace().head(300)
+    cap = 8
+    # 300 requests span ~90 s of trace; at 3000x they arrive within ~30 ms and work ~0.3
+    # ms per 100 tokens * 10: the cap of 8 is saturated and many wait.
+    result = run_replay(trace, ReplayConfig(global_cap=cap, speed=3000, tpot_ms=300))
+    rep = result.report
+    assert rep.requests == 300 and rep.errors == 0
+    assert rep.order_violations == 0
+    assert rep.max_key_concurrency == 1
+    assert 1 <= rep.peak_global <= cap
+    assert rep.peak_global == cap  # the cap was reached: the test exercised it
+    assert rep.wait_max_s > 0
+    assert rep.failed_checks() == []
+    assert rep.registry_peak is not None and rep.registry_final is not None
+    assert all(
+        rec == 300
+        for rec in (
+            result.report.lane_stats["session"]["acquired"],
+            result.report.lane_stats["global"]["released"],
+        )
+    )
+
+
+@pytest.mark.timeout(60)
+def test_real_replay_of_busy_conversations_keeps_their_order() -> None:
+    # 6 conversations x 15 turns, arriving interleaved within a few ms: deep per-key
+    # lines behind every session, and the global cap (4) binding too.
+    rows = [(t, 20 + (t * 7) % 30, conv) for t in range(15) for conv in range(6)]
+    trace = make_trace(rows)
+    result = run_replay(trace, ReplayConfig(global_cap=4, speed=1000, tpot_ms=50))
+    rep = result.report
+    assert rep.errors == 0
+    assert rep.order_violations == 0
+    assert rep.max_key_concurrency == 1
+    assert rep.peak_global <= 4
+    assert rep.makespan_ratio is not None and rep.makespan_ratio >= 0.99
+
+
+@pytest.mark.timeout(60)
+def test_real_lanes_follow_the_simulated_order() -> None:
+    # The scenario of test_sim_session_first_then_global_fifo in real time (tens of ms
+    # apart): a2 waits on its session lane, b on the global lane; b must go first.
+    trace = make_trace([(0, 20, 1), (20, 5, 1), (40, 5, 2)])
+    result = run_replay(trace, ReplayConfig(global_cap=1, speed=1, tpot_ms=10))
+    assert result.ideal.start_order == (0, 2, 1)
+    assert tuple(result.record.start_order) == (0, 2, 1)
+    assert result.report.makespan_s == pytest.approx(result.report.ideal_makespan_s, abs=0.05)
+
+
+@pytest.mark.timeout(60)
+def test_real_replay_global_serial() -> None:
+    trace = make_trace([(t, 10, t % 3) for t in range(40)])
+    rep = run_replay(trace, ReplayConfig(policy="global-serial", speed=1000, tpot_ms=5)).report
+    assert rep.peak_global == 1
+    assert rep.order_violations == 0 and rep.max_key_concurrency == 1
+    assert rep.registry_peak is None  # no per-key lane in that policy
+    assert rep.ideal_makespan_s == pytest.approx(40 * 10 * 5 / 1000 / 1000)
+
+
+@pytest.mark.timeout(60)
+def test_measurements_come_from_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Swap the session lane for a counting Lane of 3: no per-key exclusion any more. The
+    # workers' own counters must see it (the lanes' stats would look perfectly healthy).
+    def broken(specs: Any, **_: Any) -> LaneQueue:
+        q = LaneQueue()
+        q.add_lane("session", max_concurrent=3, timeout_s=None)
+        q.add_lane("global", max_concurrent=8, timeout_s=None)
+        return q
+
+    monkeypatch.setattr(runtime_mod, "build_thread_queue", broken)
+    trace = make_trace([(0, 200, 1)] * 6)
+    rep = run_replay(trace, ReplayConfig(global_cap=8, speed=1000, tpot_ms=5)).report
+    assert rep.max_key_concurrency == 3
+    assert "max_key_concurrency = 3 (expected <= 1)" in rep.failed_checks()
+
+
+def test_unknown_runtime_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown runtime 'asyncio'; available: threads"):
+        run_replay(make_trace([(0, 1, 1)]), ReplayConfig(runtime="asyncio"))
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+
+
+@pytest.mark.timeout(60)
+def test_cli_json_has_the_documented_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    code = main(
+        [
+            "replay",
+            "--limit",
+            "200",
+            "--speed",
+            "3000",
+            "--global",
+            "16",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert list(data)[: len(JSON_KEYS)] == list(JSON_KEYS)
+    assert data["requests"] == 200
+    assert data["skipped_lines"] == 0
+    assert data["order_violations"] == 0
+    assert data["max_key_concurrency"] == 1
+    assert data["peak_global"] <= 16
+    assert data["ideal_makespan_s"] > 0 and data["makespan_ratio"] > 0
+    printed = capsys.readouterr().out
+    for key in ("order_violations", "max_key_concurrency", "peak_global", "makespan_ratio"):
+        assert key in printed
+    assert "checks passed" in printed
+
+
+@pytest.mark.timeout(60)
+def test_cli_reports_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([line(0, 10, 1), "{bad", "", line(100, 10, 2)]) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--speed", "1000", "--json", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "line 2: invalid JSON" in err
+    assert "line 3: blank line" in err
+    assert "2 invalid lines skipped" in err
+    data = json.loads(out.read_text())
+    assert data["skipped_lines"] == 2 and data["requests"] == 2
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--runtime", "asyncio"]) == 2
+    assert "unknown runtime 'asyncio'; available: threads" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
+    assert "cannot open trace" in capsys.readouterr().err
+    assert main(["replay", "--json", str(tmp_path / "no" / "dir.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["replay", "--speed", "0"])
+    assert main([]) == 2
+
+
+def test_cli_plot_without_matplotlib(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    real = importlib.import_module
+
+    def no_matplotlib(name: str, package: str | None = None) -> Any:
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", no_matplotlib)
+    assert main(["replay", "--limit", "5", "--plot", str(tmp_path / "p.png")]) == 2
+    assert "pip install 'lanequeue[plot]'" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_cli_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    assert (
+        main(["replay", "--limit", "100", "--speed", "3000", "--plot", str(png), "--no-progress"])
+        == 0
+    )
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(60)
+def test_python_dash_m(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lanequeue",
+            "replay",
+            "--limit",
+            "50",
+            "--speed",
+            "3000",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["requests"] == 50
