@@ -314,7 +314,7 @@ class _SessionEntry:
     """Encapsulates a per-key Semaphore and its metadata."""
 
     # __slots__: there may be hundreds of entries, so drop the per-instance __dict__.
-    __slots__ = ("semaphore", "last_used", "held")  # noqa: RUF023 (order as in the note)
+    __slots__ = ("semaphore", "last_used", "held")
 
     def __init__(self) -> None:
         self.semaphore = threading.Semaphore(1)
