@@ -1,0 +1,257 @@
+"""Timeouts on the asyncio face: acquire_timeout, acquire(timeout_s=...), 0 and None.
+
+Deterministic timing uses an event loop whose clock moves only when told to
+(:class:`FakeClockLoop`), driven one iteration at a time: the lane's deadlines are timers
+on the loop's own clock (``loop.call_later``), so advancing that clock is advancing time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+
+from lanequeue import AsyncLane, AsyncSessionLane, LaneTimeoutError
+
+
+class FakeClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose ``time()`` moves only by :meth:`advance`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fake_now = 1000.0
+
+    def time(self) -> float:
+        return self.fake_now
+
+    def run_once(self) -> None:
+        """Run exactly one iteration: the callbacks ready now and the timers now due."""
+        self.call_soon(self.stop)
+        self.run_forever()
+
+    def settle(self, limit: int = 1000) -> None:
+        """Run iterations until nothing is ready (timers in the future stay pending)."""
+        for _ in range(limit):
+            self.run_once()
+            if not self._ready:  # type: ignore[attr-defined]
+                return
+        raise AssertionError("the loop did not settle")
+
+    def advance(self, seconds: float) -> None:
+        self.fake_now += seconds
+        self.settle()
+
+    def shutdown(self) -> None:
+        for task in asyncio.all_tasks(self):
+            task.cancel()
+        self.settle()
+        self.close()
+
+
+def make_lane(kind: str, **kw: Any) -> Any:
+    if kind == "session":
+        return AsyncSessionLane("sess", **kw)
+    return AsyncLane("cnt", max_concurrent=1, **kw)
+
+
+LANE_KINDS = ["session", "counting"]
+
+
+def waiting_on(lane: Any, key: str) -> int:
+    return lane.waiting_for(key) if isinstance(lane, AsyncSessionLane) else lane.waiting
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_acquire_timeout_on_busy_key_returns_false(kind: str) -> None:
+    async def main() -> None:
+        lane = make_lane(kind, timeout_s=None)
+        assert lane.try_acquire("k")
+        before = lane.stats
+        assert await lane.acquire_timeout("k", 0.05) is False
+        after = lane.stats
+        assert after.timeouts == before.timeouts + 1
+        assert after.rejected == before.rejected  # a wait that ran out, not a refusal
+        assert after.cancelled == 0
+        assert lane.waiting == 0 and waiting_on(lane, "k") == 0
+        assert after.holders == 1
+        assert lane.manual_release("k")
+        assert lane.stats.holders == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_acquire_with_timeout_raises_lane_timeout_error(kind: str) -> None:
+    async def main() -> None:
+        lane = make_lane(kind, timeout_s=None)
+        assert lane.try_acquire("conv:1")
+        with pytest.raises(LaneTimeoutError) as info:
+            async with lane.acquire("conv:1", timeout_s=0.05):
+                raise AssertionError("must not enter")
+        err = info.value
+        assert isinstance(err, TimeoutError)
+        assert err.lane == lane.name and err.key == "conv:1" and err.timeout_s == 0.05
+        assert repr(lane.name) in str(err) and "'conv:1'" in str(err)
+        assert lane.waiting == 0 and lane.stats.timeouts == 1 and lane.stats.holders == 1
+        # The lane's own default timeout applies when none is given.
+        lane2 = make_lane(kind, timeout_s=0.02)
+        assert lane2.try_acquire("k")
+        with pytest.raises(LaneTimeoutError) as info2:
+            async with lane2.acquire("k"):
+                pass
+        assert info2.value.timeout_s == 0.02
+        assert lane2.waiting == 0
+
+    asyncio.run(main())
+
+
+def _completes_without_suspending(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Drive ``coro`` one step by hand; it must finish in that step (never await a
+    future). Returns its result."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise AssertionError("the call suspended: it waited")
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_timeout_zero_never_waits(kind: str) -> None:
+    async def main() -> None:
+        lane = make_lane(kind, timeout_s=None)
+        # Free: granted in the first step.
+        assert _completes_without_suspending(lane.acquire_timeout("k", 0)) is True
+        # Busy: refused in the first step, no waiter, counted as a refusal.
+        assert _completes_without_suspending(lane.acquire_timeout("k", 0)) is False
+        assert _completes_without_suspending(lane.acquire_timeout("k", 0.0)) is False
+        hold = lane.acquire("k", timeout_s=0)
+        with pytest.raises(LaneTimeoutError) as info:
+            _completes_without_suspending(hold.__aenter__())
+        assert info.value.timeout_s == 0
+        st = lane.stats
+        assert st.rejected == 3 and st.timeouts == 3 and st.waiters == 0
+        assert lane.waiting == 0
+        assert lane.manual_release("k")
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_timeout_none_waits_without_limit(kind: str) -> None:
+    loop = FakeClockLoop()
+    try:
+        lane = make_lane(kind, timeout_s=None)  # lane default: no limit
+        results: list[Any] = []
+
+        async def holder() -> None:
+            assert lane.try_acquire("k")
+
+        async def explicit_none() -> None:
+            results.append(await lane.acquire_timeout("k", None))
+
+        async def lane_default() -> None:
+            async with lane.acquire("k"):
+                results.append("entered")
+
+        loop.run_until_complete(holder())
+        t1 = loop.create_task(explicit_none())
+        t2 = loop.create_task(lane_default())
+        loop.settle()
+        assert lane.waiting == 2
+        loop.advance(10**9)  # a billion seconds later, both still wait
+        assert lane.waiting == 2 and results == [] and not t1.done() and not t2.done()
+        loop.call_soon(lane.manual_release, "k")
+        loop.settle()
+        assert results == [True] and t1.done()  # FIFO: the first waiter got it
+        loop.call_soon(lane.manual_release, "k")
+        loop.settle()
+        assert results == [True, "entered"] and t2.done()
+        assert lane.stats.timeouts == 0 and lane.stats.holders == 0 and lane.waiting == 0
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_deadline_and_release_in_the_same_iteration(kind: str) -> None:
+    """The deadline timer and a release fall in one loop iteration. Ready callbacks run
+    before the timers that come due in that iteration, so the release hands the permit
+    over first and the timer then finds the waiter granted: it keeps the permit."""
+    loop = FakeClockLoop()
+    try:
+        lane = make_lane(kind, timeout_s=None)
+        out: list[bool] = []
+
+        async def hold() -> None:
+            assert lane.try_acquire("k")
+
+        async def waiter() -> None:
+            out.append(await lane.acquire_timeout("k", 1.0))
+
+        loop.run_until_complete(hold())
+        loop.create_task(waiter())
+        loop.settle()
+        loop.call_soon(lane.manual_release, "k")
+        loop.fake_now += 1.0  # the waiter's deadline is due in the same iteration
+        loop.settle()
+        assert out == [True]
+        st = lane.stats
+        assert st.timeouts == 0 and st.holders == 1 and st.waiters == 0
+        loop.call_soon(lane.manual_release, "k")
+        loop.settle()
+        assert lane.stats.holders == 0
+
+        # The other order: the deadline passes (timer fires) first, release comes after.
+        out.clear()
+        loop.run_until_complete(hold())
+        loop.create_task(waiter())
+        loop.settle()
+        loop.advance(1.0)
+        assert out == [False] and lane.waiting == 0
+        loop.call_soon(lane.manual_release, "k")
+        loop.settle()
+        st = lane.stats
+        assert st.timeouts == 1 and st.holders == 0 and st.waiters == 0
+        assert st.acquired == st.released
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_timed_out_then_cancelled_before_resuming_counts_once(kind: str) -> None:
+    """A waiter's deadline passes (its timer withdraws it), and the task is cancelled
+    before it resumed. It raises CancelledError, holds nothing, and the one failed wait
+    is counted once: LaneStats documents ``cancelled`` as "not counted in timeouts"."""
+    loop = FakeClockLoop()
+    try:
+        lane = make_lane(kind, timeout_s=None)
+
+        async def hold() -> None:
+            assert lane.try_acquire("k")
+
+        async def waiter() -> bool:
+            got: bool = await lane.acquire_timeout("k", 1.0)
+            return got
+
+        loop.run_until_complete(hold())
+        task = loop.create_task(waiter())
+        loop.settle()
+        loop.fake_now += 1.0
+        loop.run_once()  # the deadline timer fires: waiter withdrawn, its future resolved
+        assert lane.waiting == 0
+        task.cancel()  # before the task resumed
+        loop.settle()
+        assert task.cancelled()
+        st = lane.stats
+        assert st.holders == 1 and st.waiters == 0
+        assert st.timeouts + st.cancelled == 1, st
+    finally:
+        loop.shutdown()
