@@ -1,0 +1,120 @@
+"""Shared helpers for the thread-face tests: a fake clock and a hook on the point where a
+waiting thread parks (``_ThreadWaiter.park``), so interleavings are driven by events."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from lanequeue.lanes import _ThreadWaiter
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class ParkHooks:
+    """Run a per-thread function just before a waiting thread blocks.
+
+    ``parked(name)`` is an Event set when the thread called ``name`` reaches ``park`` (it
+    is then in line: joining the line happens before parking). ``on(name, fn)`` runs
+    ``fn(waiter, timeout)`` in that thread before it blocks; ``fn`` may wait on events or
+    raise (KeyboardInterrupt) to stand for a signal arriving in the wait.
+    """
+
+    def __init__(self, original: Callable[[Any, float | None], bool]) -> None:
+        self._original = original
+        self._hooks: dict[str, Callable[[Any, float | None], None]] = {}
+        self._parked: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def parked(self, name: str) -> threading.Event:
+        with self._lock:
+            return self._parked.setdefault(name, threading.Event())
+
+    def on(self, name: str, fn: Callable[[Any, float | None], None]) -> None:
+        self._hooks[name] = fn
+
+    def park(self, waiter: Any, timeout: float | None) -> bool:
+        name = threading.current_thread().name
+        self.parked(name).set()
+        hook = self._hooks.get(name)
+        if hook is not None:
+            hook(waiter, timeout)
+        return self._original(waiter, timeout)
+
+
+@pytest.fixture
+def park_hooks(monkeypatch: pytest.MonkeyPatch) -> ParkHooks:
+    hooks = ParkHooks(_ThreadWaiter.park)
+    monkeypatch.setattr(_ThreadWaiter, "park", lambda self, timeout: hooks.park(self, timeout))
+    return hooks
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    return FakeClock()
+
+
+def run_thread(name: str, target: Callable[[], object], box: dict[str, Any]) -> threading.Thread:
+    """Start ``target`` in a daemon thread called ``name``; its result or the exception it
+    raised (BaseException included) lands in ``box[name]``."""
+
+    def body() -> None:
+        try:
+            box[name] = target()
+        except BaseException as exc:  # KeyboardInterrupt included: the tests look at it
+            box[name] = exc
+
+    t = threading.Thread(target=body, name=name, daemon=True)
+    t.start()
+    return t
+
+
+# =====================================================================================
+# Redis fixtures (for tests/test_redis_*.py). Appended as a separate block; the helper
+# lives in tests/redis_server.py. A real redis-server, never a mock: if the binary is
+# missing, these fixtures FAIL (pytest.fail), they never skip.
+# =====================================================================================
+
+import uuid as _uuid  # noqa: E402
+from collections.abc import Iterator as _Iterator  # noqa: E402
+
+from redis_server import RedisServer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> _Iterator[RedisServer]:
+    """One redis-server for the whole session (127.0.0.1, free port, no persistence)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix of its own for each test, so tests never see each other's keys."""
+    return "t" + _uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> _Iterator[Any]:
+    """A ``redis.Redis`` client of the session server (closed after the test)."""
+    import redis
+
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    yield client
+    client.close()

@@ -1,0 +1,109 @@
+"""Session-key builders: exact values of the source design and normalisation of every part."""
+
+from __future__ import annotations
+
+import pytest
+
+from lanequeue import (
+    build_gateway_session_key,
+    build_scheduler_session_key,
+    build_subagent_session_key,
+    normalize_key_part,
+)
+
+
+def test_gateway_key_of_the_source_design() -> None:
+    key = build_gateway_session_key("slack", "C12345", "U789", thread_id="1234567890.123456")
+    assert key == "gateway:slack:c12345:u789:1234567890_123456"
+
+
+def test_subagent_key_of_the_source_design() -> None:
+    assert build_subagent_session_key("berserk", "reddit_analysis") == (
+        "ip:berserk:pipeline:subagent:reddit_analysis"
+    )
+
+
+def test_scheduler_key() -> None:
+    assert build_scheduler_session_key("Nightly-Report") == "sched:nightly_report"
+    assert build_scheduler_session_key("job_7") == "sched:job_7"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("  Slack ", "slack"),
+        ("C12345", "c12345"),
+        ("1234567890.123456", "1234567890_123456"),
+        ("a:b", "a_b"),
+        ("x y-z/w", "x_y_z_w"),
+        ("ÄB", "_b"),
+        ("under_score", "under_score"),
+        ("\tTAB\n", "tab"),
+        ("", ""),
+    ],
+)
+def test_normalize_key_part(raw: str, expected: str) -> None:
+    assert normalize_key_part(raw) == expected
+
+
+def test_every_gateway_part_is_normalised() -> None:
+    assert build_gateway_session_key(" SLACK ", " C-1 ", " U.7 ", " T:1 ") == (
+        "gateway:slack:c_1:u_7:t_1"
+    )
+    # No part can smuggle in the separator.
+    assert build_gateway_session_key("a:b", "c", "d").count(":") == 3
+
+
+def test_every_subagent_part_is_normalised() -> None:
+    assert build_subagent_session_key(" Berserk ", "Reddit.Analysis", phase="Post-Process") == (
+        "ip:berserk:post_process:subagent:reddit_analysis"
+    )
+
+
+def test_gateway_drops_empty_sender_and_thread() -> None:
+    assert build_gateway_session_key("slack", "C1") == "gateway:slack:c1"
+    assert build_gateway_session_key("slack", "C1", "U1") == "gateway:slack:c1:u1"
+    assert build_gateway_session_key("slack", "C1", "   ") == "gateway:slack:c1"
+    assert build_gateway_session_key("slack", "C1", "U1", "") == "gateway:slack:c1:u1"
+
+
+def test_thread_without_sender_keeps_an_empty_sender_part() -> None:
+    key = build_gateway_session_key("slack", "C1", thread_id="t1")
+    assert key == "gateway:slack:c1::t1"
+    # ... so it never equals the key of a sender called like the thread.
+    assert key != build_gateway_session_key("slack", "C1", "t1")
+    assert build_gateway_session_key("slack", "C1", " ", "t1") == key
+
+
+@pytest.mark.parametrize("bad", [("", "C1"), ("slack", ""), (" ", "C1"), ("slack", "  ")])
+def test_gateway_requires_channel_and_channel_id(bad: tuple[str, str]) -> None:
+    with pytest.raises(ValueError):
+        build_gateway_session_key(*bad)
+
+
+def test_builders_reject_empty_required_parts() -> None:
+    with pytest.raises(ValueError):
+        build_subagent_session_key("", "t")
+    with pytest.raises(ValueError):
+        build_subagent_session_key("ip", " ")
+    with pytest.raises(ValueError):
+        build_subagent_session_key("ip", "t", phase="")
+    with pytest.raises(ValueError):
+        build_scheduler_session_key("")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: build_gateway_session_key(1, "C1"),  # type: ignore[arg-type]
+        lambda: build_gateway_session_key("slack", None),  # type: ignore[arg-type]
+        lambda: build_gateway_session_key("slack", "C1", 5),  # type: ignore[arg-type]
+        lambda: build_gateway_session_key("slack", "C1", "U", 1.5),  # type: ignore[arg-type]
+        lambda: build_subagent_session_key("ip", 3),  # type: ignore[arg-type]
+        lambda: build_scheduler_session_key(7),  # type: ignore[arg-type]
+        lambda: normalize_key_part(b"x"),  # type: ignore[arg-type]
+    ],
+)
+def test_builders_reject_non_str_parts(call: object) -> None:
+    with pytest.raises(TypeError):
+        call()  # type: ignore[operator]

@@ -1,0 +1,335 @@
+"""LaneQueue on the thread face: registration order, one deadline, all-or-nothing, registry."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import ParkHooks, run_thread
+
+from lanequeue import (
+    DEFAULT_GLOBAL_CONCURRENCY,
+    Lane,
+    LaneQueue,
+    LaneTimeoutError,
+    SessionLane,
+    build_default_lanes,
+)
+
+JOIN_S = 10.0
+
+
+class RecordingLane:
+    """A foreign lane with only the public lane surface; records every call in ``log``."""
+
+    def __init__(
+        self,
+        name: str,
+        log: list[tuple[str, str, str]],
+        *,
+        grant: bool = True,
+        timeout_s: float | None = 1.0,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.name = name
+        self.delay_s = delay_s
+        self.timeout_s = timeout_s
+        self.log = log
+        self.grant = grant
+        self.timeouts: list[float | None] = []
+
+    def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
+        self.log.append(("acquire", self.name, key))
+        self.timeouts.append(timeout_s)
+        if self.delay_s:
+            time.sleep(self.delay_s)  # stands for time spent waiting on this lane
+        return self.grant
+
+    def manual_release(self, key: str) -> bool:
+        self.log.append(("release", self.name, key))
+        return True
+
+
+def test_acquire_all_takes_lanes_in_registration_order() -> None:
+    log: list[tuple[str, str, str]] = []
+    queue = LaneQueue()
+    for name in ("x", "y", "z"):
+        queue.add(RecordingLane(name, log))
+    assert queue.list_lanes() == ["x", "y", "z"]
+    with queue.acquire_all("k", ["z", "x", "y"]) as multi:
+        assert [e[1] for e in log] == ["x", "y", "z"]
+        assert len(multi) == 3
+        assert multi["z"].key == "k"
+    assert log == [
+        ("acquire", "x", "k"),
+        ("acquire", "y", "k"),
+        ("acquire", "z", "k"),
+        ("release", "z", "k"),
+        ("release", "y", "k"),
+        ("release", "x", "k"),
+    ]
+    log.clear()
+    with queue.acquire_all("k", ["y", "x"]):
+        pass
+    assert log == [
+        ("acquire", "x", "k"),
+        ("acquire", "y", "k"),
+        ("release", "y", "k"),
+        ("release", "x", "k"),
+    ]
+
+
+def test_acquire_all_rolls_back_foreign_lanes_in_reverse() -> None:
+    log: list[tuple[str, str, str]] = []
+    queue = LaneQueue()
+    queue.add(RecordingLane("x", log))
+    queue.add(RecordingLane("y", log))
+    queue.add(RecordingLane("z", log, grant=False))
+    multi = queue.acquire_all("k", ["x", "y", "z"], timeout_s=0.1)
+    with pytest.raises(LaneTimeoutError) as info:
+        multi.__enter__()
+    assert info.value.lane == "z"
+    assert log == [
+        ("acquire", "x", "k"),
+        ("acquire", "y", "k"),
+        ("acquire", "z", "k"),
+        ("release", "y", "k"),
+        ("release", "x", "k"),
+    ]
+
+
+def test_acquire_all_default_budget_is_smallest_lane_timeout() -> None:
+    log: list[tuple[str, str, str]] = []
+    queue = LaneQueue()
+    x = queue.add(RecordingLane("x", log, timeout_s=7.0, delay_s=0.1))
+    y = queue.add(RecordingLane("y", log, timeout_s=3.0))
+    with queue.acquire_all("k", ["x", "y"]):
+        pass
+    # One budget of 3 s (the smallest lane timeout) for the whole call: the second lane
+    # gets what the first left, not its own 3 s.
+    assert x.timeouts[0] is not None and 2.5 < x.timeouts[0] <= 3.0
+    assert y.timeouts[0] is not None and y.timeouts[0] <= x.timeouts[0] - 0.1
+    log.clear()
+    with queue.acquire_all("k", ["x", "y"], timeout_s=1.0):
+        pass
+    assert x.timeouts[1] is not None and 0.5 < x.timeouts[1] <= 1.0
+    assert y.timeouts[1] is not None and y.timeouts[1] <= x.timeouts[1] - 0.1
+
+
+@pytest.mark.timeout(20)
+def test_acquire_all_applies_one_deadline() -> None:
+    queue = LaneQueue()
+    p = queue.add_lane("p", max_concurrent=1, timeout_s=1.0)
+    queue.add_lane("q", max_concurrent=1, timeout_s=1.0)
+    assert p.try_acquire("blocker-p")
+    assert queue["q"].try_acquire("blocker-q")
+
+    def free_p_later() -> None:
+        while p.waiting == 0:  # until the caller is in line on p
+            time.sleep(0.001)
+        time.sleep(0.3)
+        p.manual_release("blocker-p")
+
+    freer = threading.Thread(target=free_p_later, daemon=True)
+    freer.start()
+    t0 = time.monotonic()
+    multi = queue.acquire_all("k", ["p", "q"], timeout_s=0.6)
+    with pytest.raises(LaneTimeoutError) as info:
+        multi.__enter__()
+    elapsed = time.monotonic() - t0
+    freer.join(JOIN_S)
+    assert info.value.lane == "q"  # p was had after ~0.3 s; q then got what was left
+    # One deadline: ~0.6 s in all. Each lane's own timeout in turn would take ~0.3 + 1.0,
+    # a fresh 0.6 s per lane ~0.3 + 0.6. Generous margins: not a speed figure.
+    assert 0.55 <= elapsed < 0.85
+    assert p.active_count == 0  # p given back
+    assert p.stats.unmatched_releases == 0
+
+
+@pytest.mark.timeout(10)
+def test_acquire_all_zero_budget_does_not_wait() -> None:
+    queue = LaneQueue()
+    a = queue.add_lane("a", max_concurrent=1, timeout_s=5)
+    b = queue.add_lane("b", max_concurrent=1, timeout_s=5)
+    assert b.try_acquire("other")
+    t0 = time.monotonic()
+    with pytest.raises(LaneTimeoutError), queue.acquire_all("k", ["a", "b"], timeout_s=0):
+        pass
+    assert time.monotonic() - t0 < 1.0
+    assert b.stats.rejected == 1
+    assert a.active_count == 0
+    with queue.acquire_all("k", ["a"], timeout_s=0) as multi:
+        assert multi["a"].token > 0
+        assert a.active_count == 1
+
+
+@pytest.mark.timeout(20)
+def test_acquire_all_without_limit_waits_until_released(park_hooks: ParkHooks) -> None:
+    queue = LaneQueue()
+    queue.add_session_lane("session", timeout_s=0.01)
+    g = queue.add_lane("global", max_concurrent=1, timeout_s=0.01)
+    assert g.try_acquire("busy")
+    box: dict[str, Any] = {}
+
+    def caller() -> int:
+        with queue.acquire_all("k", ["session", "global"], timeout_s=math.inf) as multi:
+            return multi["global"].token
+
+    t = run_thread("caller", caller, box)
+    assert park_hooks.parked("caller").wait(JOIN_S)
+    assert g.waiting == 1
+    assert queue["session"].is_held("k")  # session taken first, held while waiting
+    assert g.manual_release("busy")
+    t.join(JOIN_S)
+    assert not t.is_alive()
+    assert box["caller"] > 0
+    assert g.active_count == 0
+    assert not queue["session"].is_held("k")
+
+
+@pytest.mark.timeout(60)
+def test_opposite_lane_orders_never_deadlock() -> None:
+    queue = LaneQueue()
+    a = queue.add_lane("a", max_concurrent=1, timeout_s=30)
+    b = queue.add_lane("b", max_concurrent=1, timeout_s=30)
+    inside = [0]
+    worst = [0]
+    guard = threading.Lock()
+    start = threading.Barrier(8)
+
+    def worker(i: int) -> None:
+        names = ["a", "b"] if i % 2 else ["b", "a"]
+        start.wait()
+        for _ in range(1_000):
+            with queue.acquire_all(f"k{i}", names):
+                with guard:
+                    inside[0] += 1
+                    worst[0] = max(worst[0], inside[0])
+                time.sleep(0)
+                with guard:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(50)
+        assert not t.is_alive(), "deadlock"
+    assert worst[0] == 1
+    for lane in (a, b):
+        st = lane.stats
+        assert st.acquired == st.released == 8_000
+        assert st.timeouts == 0
+
+
+@pytest.mark.timeout(20)
+def test_interrupt_while_waiting_on_second_lane_releases_first(park_hooks: ParkHooks) -> None:
+    queue = LaneQueue()
+    s = queue.add_session_lane("session")
+    g = queue.add_lane("global", max_concurrent=1)
+    assert g.try_acquire("busy")
+
+    def hook(waiter: Any, timeout: float | None) -> None:
+        raise KeyboardInterrupt
+
+    park_hooks.on("caller", hook)
+    box: dict[str, Any] = {}
+
+    def caller() -> None:
+        with queue.acquire_all("k", ["session", "global"], timeout_s=5):
+            pass
+
+    t = run_thread("caller", caller, box)
+    t.join(JOIN_S)
+    assert isinstance(box["caller"], KeyboardInterrupt)
+    assert not s.is_held("k")
+    assert s.stats.holders == 0
+    assert g.waiting == 0
+    assert g.active_count == 1  # only "busy"
+    assert g.stats.cancelled == 1
+    assert s.stats.unmatched_releases == g.stats.unmatched_releases == 0
+
+
+@pytest.mark.parametrize("exc", [RuntimeError("boom"), KeyboardInterrupt()])
+def test_exception_in_body_leaves_no_permit_taken(exc: BaseException) -> None:
+    queue = LaneQueue()
+    s = queue.add_session_lane("session")
+    g = queue.add_lane("global", max_concurrent=2)
+    with pytest.raises(type(exc)), queue.acquire_all("k", ["session", "global"]):
+        assert s.is_held("k")
+        raise exc
+    assert not s.is_held("k")
+    assert g.active_count == 0
+    with pytest.raises(type(exc)), s.acquire("k"):
+        raise exc
+    with pytest.raises(type(exc)), g.acquire("k"):
+        raise exc
+    assert s.stats.holders == g.stats.holders == 0
+    assert s.try_acquire("k")
+    assert g.available == 2
+
+
+def test_registry_surface() -> None:
+    queue = LaneQueue()
+    s = queue.add_session_lane("session", max_sessions=8)
+    g = queue.add_lane("global", max_concurrent=3)
+    assert isinstance(s, SessionLane)
+    assert isinstance(g, Lane)
+    assert queue.get_lane("session") is s
+    assert queue.get_lane("nope") is None
+    assert queue["global"] is g
+    with pytest.raises(KeyError):
+        queue["x"]
+    assert "global" in queue
+    assert "x" not in queue
+    assert len(queue) == 2
+    assert list(queue) == ["session", "global"]
+    with pytest.raises(ValueError):
+        queue.add_lane("global")
+    with pytest.raises(ValueError):
+        queue.add_session_lane("session")
+    with pytest.raises(ValueError):
+        queue.add(Lane("global"))
+    with pytest.raises(TypeError):
+        queue.add(object())  # type: ignore[arg-type]
+    status = queue.status()
+    assert status["global"]["max_concurrent"] == 3
+    assert status["session"]["max_sessions"] == 8
+    assert status["global"]["stats"]["acquired"] == 0
+
+
+def test_acquire_all_argument_errors() -> None:
+    queue = LaneQueue()
+    queue.add_lane("a")
+    queue.add_lane("b")
+    with pytest.raises(KeyError):
+        queue.acquire_all("k", ["a", "nope"])
+    with pytest.raises(TypeError):
+        queue.acquire_all("k", "a")
+    with pytest.raises(ValueError):
+        queue.acquire_all("k", ["a", "a"])
+    with pytest.raises(ValueError):
+        queue.acquire_all("k", [])
+    with pytest.raises(TypeError):
+        queue.acquire_all(1, ["a"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        queue.acquire_all("", ["a"])
+    with pytest.raises(ValueError):
+        queue.acquire_all("k", ["a"], timeout_s=-1)
+    with pytest.raises(ValueError):
+        queue.acquire_all("k", ["a"], timeout_s=float("nan"))
+
+
+def test_build_default_lanes() -> None:
+    queue = build_default_lanes()
+    assert queue.list_lanes() == ["session", "global", "scheduler", "subagent"]
+    assert isinstance(queue["session"], SessionLane)
+    assert queue["session"].max_sessions == 256
+    assert queue["session"].idle_timeout_s == 3600.0
+    assert queue["global"].max_concurrent == DEFAULT_GLOBAL_CONCURRENCY == 8
+    assert queue["scheduler"].max_concurrent == 2
+    assert queue["subagent"].max_concurrent == 5
+    assert all(queue[n].timeout_s == 300.0 for n in queue)
