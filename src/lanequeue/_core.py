@@ -327,7 +327,7 @@ class SessionCore(_CoreBase):
         lock.acquire()
         try:
             entry = self._entries.get(key)
-            if entry is not None and entry.token and (entry.token == token or not token):
+            if entry is not None and (entry.token == token if token else entry.token):
                 line = entry.line
                 if line is not None:
                     granted = self._hand_off(line)

@@ -378,7 +378,7 @@ class _AsyncMultiAcquire(MultiHold):
         deadline: float | None = None
         started = False  # the deadline runs from the first step that has to wait
         try:
-            for lane, core in self._steps:
+            for lane, core in self._plan.steps:
                 if core is not None:
                     lane._bind()
                     got = core.take(key, None if budget == 0 else lane._new_waiter)
@@ -414,7 +414,7 @@ class _AsyncMultiAcquire(MultiHold):
 
     async def release_async(self) -> None:
         """Release every hold, last taken first. Safe to call twice."""
-        key, steps, taken = self._key, self._steps, self._taken
+        key, steps, taken = self._key, self._plan.steps, self._taken
         while taken:
             got = taken.pop()
             core = steps[len(taken)][1]
@@ -495,8 +495,7 @@ class AsyncLaneQueue(QueueBase[Any]):
         the deadline runs on the loop's clock. Cancelled while waiting for a later lane,
         it releases the lanes already taken, in reverse, then re-raises CancelledError.
         """
-        steps, default = self._plan(key, lane_names)
-        return _AsyncMultiAcquire(key, steps, self._budget(default, timeout_s))
+        return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s)
 
 
 def build_default_async_lanes() -> AsyncLaneQueue:

@@ -32,6 +32,7 @@ from ._validate import check_key, check_timeout
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
+_new_hold = object.__new__
 
 
 class _ThreadWaiter(Waiter):
@@ -159,8 +160,12 @@ class _ThreadFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        return ThreadHold(self, key, timeout)
+        hold = _new_hold(ThreadHold)  # no __init__ frame: this is the hot path
+        hold.lane = self
+        hold.key = key
+        hold._token = 0
+        hold._timeout_s = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        return hold
 
     def try_acquire(self, key: str) -> bool:
         """Take a permit for ``key`` if one is free now; never waits.

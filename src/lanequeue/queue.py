@@ -38,6 +38,7 @@ from .lanes import Lane, SessionLane, _ThreadFace, _ThreadWaiter
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
 L = TypeVar("L")
+M = TypeVar("M", bound="MultiHold")
 
 # Distinct lane-name lists remembered with their resolved, ordered lanes.
 _PLAN_CACHE_MAX = 512
@@ -62,6 +63,24 @@ class _SurfaceHold(Hold):
 Step = tuple[Any, Any]
 
 
+class Plan:
+    """How one list of lane names is acquired: the steps in registration order, the
+    default budget (the smallest lane timeout, None: no limit), and, when every lane is
+    an in-process lane of the queue's face, their cores (the fast path)."""
+
+    __slots__ = ("steps", "budget_s", "cores")
+
+    def __init__(self, steps: list[Step], budget_s: float | None) -> None:
+        self.steps = steps
+        self.budget_s = budget_s
+        self.cores: tuple[Any, ...] | None = (
+            tuple(core for _, core in steps) if all(c is not None for _, c in steps) else None
+        )
+
+
+_new = object.__new__
+
+
 class MultiHold:
     """The holds taken by one ``acquire_all`` call, in registration order.
 
@@ -69,17 +88,18 @@ class MultiHold:
     iterating yields the holds. Leaving the ``with`` block releases them in reverse.
     """
 
-    __slots__ = ("_key", "_steps", "_taken", "_budget_s")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s")
 
-    def __init__(self, key: str, steps: list[Step], budget_s: float | None) -> None:
-        self._key = key
-        self._steps = steps
-        # Per step taken so far: its token (in-process core) or its Hold (other lanes).
-        self._taken: list[Any] = []
-        self._budget_s = budget_s
+    # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
+    # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
+    # _taken: per step taken so far, its token (in-process core) or its Hold (others).
+    _key: str
+    _plan: Plan
+    _taken: list[Any]
+    _budget_s: float | None
 
     def _view(self, i: int) -> Hold:
-        lane, core = self._steps[i]
+        lane, core = self._plan.steps[i]
         got = self._taken[i]
         hold: Hold = Hold(lane, self._key, None, got) if core is not None else got
         return hold
@@ -90,8 +110,9 @@ class MultiHold:
         return [self._view(i) for i in range(len(self._taken))]
 
     def __getitem__(self, name: str) -> Hold:
+        steps = self._plan.steps
         for i in range(len(self._taken)):
-            if self._steps[i][0].name == name:
+            if steps[i][0].name == name:
                 return self._view(i)
         raise KeyError(name)
 
@@ -120,14 +141,33 @@ class _MultiAcquire(MultiHold):
     def __enter__(self) -> MultiHold:
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
+        cores = self._plan.cores
+        if cores is not None and self._budget_s != 0:
+            # Fast path: in-process lanes only; take each core in turn until one makes us
+            # wait, then hand over to the general loop with that waiter already in line.
+            key, taken = self._key, self._taken
+            for core in cores:
+                got = core.take(key, _ThreadWaiter)
+                if type(got) is not int:
+                    return self._take_rest(got)
+                taken.append(got)
+            return self
+        return self._take_rest(None)
+
+    def _take_rest(self, pending: Any) -> MultiHold:
+        """The general loop, from the first step not yet taken. ``pending`` is what that
+        step's ``core.take`` already returned (a waiter in line), or None."""
         key, budget, taken = self._key, self._budget_s, self._taken
         make = None if budget == 0 else _ThreadWaiter
         deadline: float | None = None
         started = False  # the deadline runs from the first step that has to wait
         try:
-            for lane, core in self._steps:
+            for lane, core in self._plan.steps[len(taken):]:
                 if core is not None:
-                    got = core.take(key, make)
+                    if pending is None:
+                        got = core.take(key, make)
+                    else:
+                        got, pending = pending, None
                     if type(got) is int:
                         taken.append(got)
                         continue
@@ -156,11 +196,18 @@ class _MultiAcquire(MultiHold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.release()
+        cores, taken = self._plan.cores, self._taken
+        if cores is None:
+            self.release()
+            return
+        key = self._key
+        while taken:  # last taken first
+            token = taken.pop()
+            cores[len(taken)].release(key, token)
 
     def release(self) -> None:
         """Release every hold, last taken first. Safe to call twice."""
-        key, steps, taken = self._key, self._steps, self._taken
+        key, steps, taken = self._key, self._plan.steps, self._taken
         while taken:
             got = taken.pop()
             core = steps[len(taken)][1]
@@ -189,7 +236,7 @@ class QueueBase(Generic[L]):
     def __init__(self) -> None:
         self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
-        self._plans: dict[tuple[str, ...], tuple[list[Step], float | None]] = {}
+        self._plans: dict[tuple[str, ...], Plan] = {}
 
     def _admit(self, lane: Any) -> None:
         """Face-specific check that ``lane`` can join this queue (TypeError if not)."""
@@ -250,14 +297,8 @@ class QueueBase(Generic[L]):
         queue's own face, (lane, None) for lanes reached through their ``_hold``."""
         return (lane, None)
 
-    def _plan(self, key: str, lane_names: Sequence[str]) -> tuple[list[Step], float | None]:
-        """Check the arguments of an ``acquire_all``; return its steps in registration
-        order and the default budget (smallest lane timeout; None: no limit)."""
-        if key.__class__ is not str or not key:
-            key = check_key(key)
-        if isinstance(lane_names, str):
-            raise TypeError("lane_names must be a list of lane names, not a str")
-        names = tuple(lane_names)
+    def _plan(self, names: tuple[str, ...]) -> Plan:
+        """The :class:`Plan` of a tuple of lane names (checked, then cached)."""
         plan = self._plans.get(names)
         if plan is not None:
             return plan
@@ -271,15 +312,28 @@ class QueueBase(Generic[L]):
             raise ValueError("lane_names must name at least one lane")
         lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
         timeouts = [t for t in (getattr(x, "timeout_s", None) for x in lanes) if t is not None]
-        plan = ([self._step(x) for x in lanes], min(timeouts) if timeouts else None)
+        plan = Plan([self._step(x) for x in lanes], min(timeouts) if timeouts else None)
         if len(self._plans) >= _PLAN_CACHE_MAX:
             self._plans.clear()
         self._plans[names] = plan
         return plan
 
-    @staticmethod
-    def _budget(default: float | None, timeout_s: float | None) -> float | None:
-        return default if timeout_s is None else check_timeout(timeout_s)
+    def _multi(self, cls: type[M], key: str, lane_names: Sequence[str], timeout_s: Any) -> M:
+        """A new, not yet entered ``acquire_all`` of class ``cls`` (arguments checked)."""
+        if key.__class__ is not str or not key:
+            key = check_key(key)
+        names = tuple(lane_names)
+        plan = self._plans.get(names)
+        if plan is None:
+            if isinstance(lane_names, str):
+                raise TypeError("lane_names must be a list of lane names, not a str")
+            plan = self._plan(names)
+        multi = _new(cls)
+        multi._key = key
+        multi._plan = plan
+        multi._taken = []
+        multi._budget_s = plan.budget_s if timeout_s is None else check_timeout(timeout_s)
+        return multi
 
 
 class LaneQueue(QueueBase[Any]):
@@ -368,8 +422,7 @@ class LaneQueue(QueueBase[Any]):
             LaneTimeoutError: on entering, naming the lane that was not had in time and
                 the key; the lanes taken before it are released first, in reverse.
         """
-        steps, default = self._plan(key, lane_names)
-        return _MultiAcquire(key, steps, self._budget(default, timeout_s))
+        return self._multi(_MultiAcquire, key, lane_names, timeout_s)
 
 
 def build_default_lanes() -> LaneQueue:
