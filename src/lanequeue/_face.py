@@ -259,6 +259,10 @@ class Hold:
         ok: bool = self.lane._core.release(self.key, token)
         return ok
 
+    async def _release_async(self) -> bool:
+        """What an asyncio queue awaits to end this hold (in-process: a plain release)."""
+        return self.release()
+
     def __repr__(self) -> str:
         kind = type(self).__name__
         state = "held" if self._token > 0 else ("released" if self._token else "not granted")

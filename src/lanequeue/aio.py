@@ -113,9 +113,6 @@ class AsyncHold(Hold):
             self._token = -token
             self.lane._release(self.key, token)
 
-    async def _release_async(self) -> bool:
-        return self.release()
-
     def release(self) -> bool:
         """End this hold. Returns False if it was not held. Never waits; call it from the
         lane's event loop."""
@@ -417,10 +414,9 @@ class _AsyncMultiAcquire(MultiHold):
         key, steps, taken = self._key, self._plan.steps, self._taken
         while taken:
             got = taken.pop()
-            core = steps[len(taken)][1]
-            if core is not None:
-                core.release(key, got)
-            else:
+            if type(got) is int:
+                steps[len(taken)][1].release(key, got)
+            elif got.held:  # a lane's own hold, or a viewed token not released through it
                 await got._release_async()
 
 

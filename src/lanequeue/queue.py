@@ -99,9 +99,12 @@ class MultiHold:
     _budget_s: float | None
 
     def _view(self, i: int) -> Hold:
-        lane, core = self._plan.steps[i]
         got = self._taken[i]
-        hold: Hold = Hold(lane, self._key, None, got) if core is not None else got
+        if type(got) is int:
+            # An in-process token: made into a Hold on first look, and kept in its place,
+            # so a release through the view is seen when the block ends.
+            got = self._taken[i] = Hold(self._plan.steps[i][0], self._key, None, got)
+        hold: Hold = got
         return hold
 
     @property
@@ -146,11 +149,15 @@ class _MultiAcquire(MultiHold):
             # Fast path: in-process lanes only; take each core in turn until one makes us
             # wait, then hand over to the general loop with that waiter already in line.
             key, taken = self._key, self._taken
-            for core in cores:
-                got = core.take(key, _ThreadWaiter)
-                if type(got) is not int:
-                    return self._take_rest(got)
-                taken.append(got)
+            try:
+                for core in cores:
+                    got = core.take(key, _ThreadWaiter)
+                    if type(got) is not int:
+                        return self._take_rest(got)
+                    taken.append(got)
+            except BaseException:  # an interrupt between two takes: give back what we took
+                self.release()
+                raise
             return self
         return self._take_rest(None)
 
@@ -203,17 +210,19 @@ class _MultiAcquire(MultiHold):
         key = self._key
         while taken:  # last taken first
             token = taken.pop()
-            cores[len(taken)].release(key, token)
+            if type(token) is int:
+                cores[len(taken)].release(key, token)
+            elif token.held:  # viewed as a Hold, and not released through it yet
+                token.release()
 
     def release(self) -> None:
-        """Release every hold, last taken first. Safe to call twice."""
+        """Release every hold not released yet, last taken first. Safe to call twice."""
         key, steps, taken = self._key, self._plan.steps, self._taken
         while taken:
             got = taken.pop()
-            core = steps[len(taken)][1]
-            if core is not None:
-                core.release(key, got)
-            else:
+            if type(got) is int:
+                steps[len(taken)][1].release(key, got)
+            elif got.held:
                 got.release()
 
 
