@@ -9,7 +9,7 @@ Every figure of a run is measured in the same process, interleaved with its base
 ratios stay meaningful on a shared, noisy machine. Goals are printed as PASS/MISS and never
 asserted: the exit status is 0 unless a section crashed. See benchmarks/README.md.
 
-To add a section (asyncio, Redis): write ``def section_x(cfg: Config) -> list[Row]`` in a
+To add a section (Redis, say): write ``def section_x(cfg: Config) -> list[Row]`` in a
 ``bench_*.py`` module and register it in :data:`SECTIONS`.
 """
 
@@ -33,6 +33,7 @@ try:
 except ImportError:  # not installed: use the source tree
     sys.path.insert(0, str(_HERE.parent / "src"))
 
+from bench_async import section_asyncio  # noqa: E402
 from bench_common import Config, Row, format_row, format_table_header, machine_info  # noqa: E402
 from bench_threads import (  # noqa: E402
     section_handoff,
@@ -47,6 +48,8 @@ SECTIONS: dict[str, tuple[str, Callable[[Config], list[Row]]]] = {
     "handoff": ("threads: two threads handing one key back and forth", section_handoff),
     "memory": ("threads: registry size under 100k keys, bytes per idle entry",
                section_memory),
+    "asyncio": ("asyncio: ns per uncontended async with, and two tasks handing one key over",
+                section_asyncio),
 }
 
 
@@ -74,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"method:  candidates interleaved in rounds, medians of rounds; uncontended "
           f"{cfg.rounds} rounds x ~{cfg.batch_s * 1000:.0f} ms, hand-off "
           f"{cfg.handoff_rounds} rounds x {cfg.handoff_window_s:.1f} s; cyclic GC paused "
-          f"while timing")
+          f"while timing"
+          + (f"; asyncio: {cfg.rounds} rounds x ~{cfg.batch_s * 1000:.0f} ms (hand-off "
+             f"~{cfg.batch_s * 2000:.0f} ms), all in one event loop run"
+             if "asyncio" in chosen else ""))
     print()
     print(format_table_header(), flush=True)
 

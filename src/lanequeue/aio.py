@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from threading import get_ident
 from types import TracebackType
 from typing import Any
 
@@ -111,7 +112,8 @@ class AsyncHold(Hold):
         token = self._token
         if token > 0:  # not released early inside the block
             self._token = -token
-            self.lane._release(self.key, token)
+            # The exit runs in the task that entered, so on the lane's loop: no check.
+            self.lane._core.release(self.key, token)
 
     def release(self) -> bool:
         """End this hold. Returns False if it was not held. Never waits; call it from the
@@ -135,8 +137,22 @@ class _AsyncFace:
     name: str
     timeout_s: float | None
     _loop: asyncio.AbstractEventLoop | None = None
+    _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
 
-    def _bind(self) -> asyncio.AbstractEventLoop:
+    def _bind(self) -> None:
+        """Check that the caller runs on the lane's event loop (binding it on first use).
+
+        The hot path compares the running thread with the thread the bound loop records
+        while it runs (``BaseEventLoop._thread_id``, None once it stops): equal only on
+        the loop's own thread while it runs, and a thread runs one loop at a time. This
+        avoids ``asyncio.get_running_loop()``, which costs a system call on Python 3.11.
+        Loops without that attribute take the full check every time.
+        """
+        loop = self._fast_loop
+        if loop is None or loop._thread_id != get_ident():
+            self._bind_loop()
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, after checking it is this lane's (binding it on first use)."""
         try:
             loop = asyncio.get_running_loop()
@@ -147,6 +163,7 @@ class _AsyncFace:
             ) from None
         if loop is not self._loop:
             self._rebind(loop)
+            self._fast_loop = loop if hasattr(loop, "_thread_id") else None
         return loop
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -162,8 +179,7 @@ class _AsyncFace:
         self._loop = loop
 
     def _new_waiter(self) -> _TaskWaiter:
-        assert self._loop is not None
-        return _TaskWaiter(self._loop.create_future())
+        return _TaskWaiter(self._bind_loop().create_future())
 
     async def _take(self, key: str, timeout: float | None) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.

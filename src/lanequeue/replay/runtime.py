@@ -2,8 +2,9 @@
 
 A runtime takes a :class:`ReplayPlan` (arrival and work times in scaled seconds, keys, the
 policy's lanes), runs every request through real lanes, and returns a :class:`RunRecord`
-of what its workers observed. Only ``threads`` exists so far; an asyncio runtime and a
-Redis backend plug in by adding an entry to :data:`RUNTIMES`.
+of what its workers observed. Two exist: ``threads`` (here) and ``asyncio``
+(:mod:`lanequeue.replay.runtime_asyncio`); another plugs in by adding an entry to
+:data:`RUNTIMES`.
 
 The thread runtime
 ==================
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from lanequeue import Lane, LaneQueue, SessionLane
 from lanequeue.replay.observe import ArrivalGate, Observer
@@ -39,11 +40,13 @@ from lanequeue.replay.policy import LaneSpec
 
 __all__ = [
     "RUNTIMES",
+    "LaneRegistry",
     "ProgressFn",
     "ReplayPlan",
     "RunRecord",
     "Runtime",
     "ThreadRuntime",
+    "add_plan_lanes",
     "build_thread_queue",
     "get_runtime",
 ]
@@ -119,7 +122,7 @@ class RunRecord:
 
 
 class Runtime(Protocol):
-    """A way to drive a plan through real lanes (threads now; asyncio and Redis later)."""
+    """A way to drive a plan through real lanes (threads or asyncio tasks)."""
 
     name: str
 
@@ -128,16 +131,37 @@ class Runtime(Protocol):
         ...
 
 
-def build_thread_queue(
-    lanes: Sequence[LaneSpec], *, max_sessions: int = 256, idle_timeout_s: float | None = 3600.0
-) -> LaneQueue:
-    """A LaneQueue holding ``lanes`` (registered in order, so taken in order), all of them
-    waiting without limit (``timeout_s=None``).
+class LaneRegistry(Protocol):
+    """What :func:`add_plan_lanes` needs of a queue: :class:`~lanequeue.LaneQueue` and
+    :class:`~lanequeue.AsyncLaneQueue` both have it."""
 
-    A per-key spec becomes a :class:`~lanequeue.SessionLane` (capacity must be 1), a
-    counting spec a :class:`~lanequeue.Lane` of ``capacity`` permits.
+    def add_lane(self, name: str, *, max_concurrent: int, timeout_s: float | None) -> object:
+        """Register a counting lane."""
+        ...
+
+    def add_session_lane(
+        self, name: str, *, max_sessions: int, idle_timeout_s: float, timeout_s: float | None
+    ) -> object:
+        """Register a per-key lane."""
+        ...
+
+
+Q = TypeVar("Q", bound=LaneRegistry)
+
+
+def add_plan_lanes(
+    queue: Q,
+    lanes: Sequence[LaneSpec],
+    *,
+    max_sessions: int = 256,
+    idle_timeout_s: float | None = 3600.0,
+) -> Q:
+    """Register ``lanes`` on ``queue`` in order (so they are taken in that order), all of
+    them waiting without limit (``timeout_s=None``); return ``queue``.
+
+    A per-key spec becomes a session lane (capacity must be 1), a counting spec a lane of
+    ``capacity`` permits, of whichever face ``queue`` builds (threads or asyncio).
     """
-    queue = LaneQueue()
     for spec in lanes:
         if spec.per_key:
             if spec.capacity != 1:
@@ -151,6 +175,20 @@ def build_thread_queue(
         else:
             queue.add_lane(spec.name, max_concurrent=spec.capacity, timeout_s=None)
     return queue
+
+
+def build_thread_queue(
+    lanes: Sequence[LaneSpec], *, max_sessions: int = 256, idle_timeout_s: float | None = 3600.0
+) -> LaneQueue:
+    """A LaneQueue holding ``lanes`` (registered in order, so taken in order), all of them
+    waiting without limit (``timeout_s=None``).
+
+    A per-key spec becomes a :class:`~lanequeue.SessionLane` (capacity must be 1), a
+    counting spec a :class:`~lanequeue.Lane` of ``capacity`` permits.
+    """
+    return add_plan_lanes(
+        LaneQueue(), lanes, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s
+    )
 
 
 def _gate_for(
@@ -353,8 +391,21 @@ class ThreadRuntime:
         )
 
 
-#: Runtime name -> factory. ``lanequeue replay --runtime NAME`` picks one.
-RUNTIMES: dict[str, Callable[[], Runtime]] = {"threads": ThreadRuntime}
+def _asyncio_runtime() -> Runtime:
+    # Imported on use: that module builds on this one (plan, record, lane registration).
+    from lanequeue.replay.runtime_asyncio import AsyncioRuntime
+
+    return AsyncioRuntime()
+
+
+#: Runtime name -> factory. ``lanequeue replay --runtime NAME`` picks one. A runtime
+#: decides how requests wait (threads blocking, tasks awaiting); each builds its own
+#: in-process queue (:func:`build_thread_queue`, ``build_async_queue``), which is the
+#: seam for another lane backend.
+RUNTIMES: dict[str, Callable[[], Runtime]] = {
+    "threads": ThreadRuntime,
+    "asyncio": _asyncio_runtime,
+}
 
 
 def get_runtime(name: str) -> Runtime:
