@@ -426,14 +426,24 @@ class _AsyncMultiAcquire(MultiHold):
         await self.release_async()
 
     async def release_async(self) -> None:
-        """Release every hold, last taken first. Safe to call twice."""
+        """Release every hold, last taken first. Safe to call twice.
+
+        Every hold is released even when one release raises (a Redis hold whose lease was
+        lost raises NotOwnerError); the first such error is raised after the loop.
+        """
         key, steps, taken = self._key, self._plan.steps, self._taken
+        error: BaseException | None = None
         while taken:
             got = taken.pop()
-            if type(got) is int:
-                steps[len(taken)][1].release(key, got)
-            elif got.held:  # a lane's own hold, or a viewed token not released through it
-                await got._release_async()
+            try:
+                if type(got) is int:
+                    steps[len(taken)][1].release(key, got)
+                elif got.held:  # a lane's own hold, or a viewed token not released yet
+                    await got._release_async()
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 class AsyncLaneQueue(QueueBase[Any]):

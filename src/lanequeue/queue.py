@@ -216,14 +216,24 @@ class _MultiAcquire(MultiHold):
                 token.release()
 
     def release(self) -> None:
-        """Release every hold not released yet, last taken first. Safe to call twice."""
+        """Release every hold not released yet, last taken first. Safe to call twice.
+
+        Every hold is released even when one release raises (a Redis hold whose lease was
+        lost raises NotOwnerError); the first such error is raised after the loop.
+        """
         key, steps, taken = self._key, self._plan.steps, self._taken
+        error: BaseException | None = None
         while taken:
             got = taken.pop()
-            if type(got) is int:
-                steps[len(taken)][1].release(key, got)
-            elif got.held:
-                got.release()
+            try:
+                if type(got) is int:
+                    steps[len(taken)][1].release(key, got)
+                elif got.held:
+                    got.release()
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
