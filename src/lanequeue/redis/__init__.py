@@ -1,0 +1,157 @@
+"""The lanes on Redis (or Valkey): per-key FIFO and global caps across processes and hosts.
+
+Install with ``pip install lanequeue[redis]``. Four lanes, each the twin of an in-process
+lane, with its surface, defaults and errors, plus leases and fencing tokens:
+
+- :class:`RedisSessionLane` (twin of ``SessionLane``) and :class:`RedisLane` (twin of
+  ``Lane``) take a ``redis.Redis`` client;
+- :class:`AsyncRedisSessionLane` and :class:`AsyncRedisLane` take a
+  ``redis.asyncio.Redis`` client (twins of the asyncio lanes).
+
+``LaneQueue.add(...)`` (and ``AsyncLaneQueue.add(...)``) accept them, so one
+``acquire_all`` can mix in-process and Redis lanes. Example::
+
+    import redis
+    from lanequeue import LaneQueue
+    from lanequeue.redis import RedisLane, RedisSessionLane
+
+    r = redis.Redis()
+    queue = LaneQueue()
+    queue.add(RedisSessionLane(r, "session"))
+    queue.add(RedisLane(r, "global", max_concurrent=8))
+    with queue.acquire_all(session_key, ["session", "global"]) as holds:
+        reply = call_model(..., fence=holds["session"].fencing_token)
+
+Design
+======
+Every operation is ONE Lua script, so it is atomic on the server and costs one round trip
+on the fast path. Time is the server's (``TIME`` inside the script), never a client clock.
+All keys one script touches share one hash tag, so the lanes work on Redis Cluster.
+
+Keys (``P`` = ``prefix``, default ``"lanequeue"``; ``N`` = lane name; ``K`` = key)::
+
+    per-key lane, one tag per key:  {P:s:N:K}:h   holder: hash o=owner id, f=fence, t=since
+                                    {P:s:N:K}:q   line: list of waiter ids, FIFO
+                                    {P:s:N:K}:w   liveness: zset waiter id -> deadline (ms)
+                                    {P:s:N:K}:f   last fencing token
+                                    {P:s:N:K}:s:<id>  one waiter's wake-up signal (list)
+    counting lane, one tag per lane: {P:c:N}:h    holds: zset hold id -> lease deadline (ms)
+                                    {P:c:N}:i     hold id -> "fence:since:key"
+                                    {P:c:N}:q     line: list of "id:key", FIFO
+                                    {P:c:N}:w, {P:c:N}:f, {P:c:N}:s:<id>  as above
+
+Every key has a TTL: the holder key and the holds zset live as long as the longest lease
+in them, the line and liveness keys as long as the longest waiter liveness, the fence
+counter one lease after the last grant, a signal as long as its waiter's liveness. When
+the work ends and the leases run out, no key of the lane is left. The same key of a
+per-key lane always lands in the same slot; different keys spread over the cluster.
+
+Owner ids. Every acquisition draws its own random id (kept in its hold object, never in
+a thread-local or in the lane object): two threads or tasks sharing one lane object can
+never release each other's hold, and a hold that outlived its lease can never end its
+successor's (the bug of shared lock objects, NOTES §4; cases C15-C17).
+
+States of one key K (per-key lane; the counting lane is the same with ``max_concurrent``
+holds in a zset instead of one holder)::
+
+    FREE --acquire--> HELD(owner, lease) --release: line empty----------------> FREE
+                        |   ^      |
+       acquire (busy):  |   |      +--release / lease ran out + line not empty:
+       join the line    v   |         hand the key to the first LIVE waiter as a CLAIM
+                  HELD + LINE  <------(expires at that waiter's liveness deadline); the
+                                       waiter confirms it into a full lease
+
+- Acquire. If K has no holder, the line goes first (promote): the first live waiter gets
+  it. If nobody live waits, the caller gets K at once with a lease of ``lease_s``. If K
+  is held, the caller joins the tail of the line (RPUSH) and its liveness deadline is
+  set to now + ``live`` (about 3 polls + 1 s). Waiting order is the order in which the
+  acquire scripts ran: FIFO across processes and hosts.
+- Waiting. A waiter blocks on its OWN signal list (BLPOP) for at most
+  ``min(remaining, 1 s, lease_s/3)``, then re-runs acquire. Only the granted waiter is
+  woken (no herd); a lost signal costs one poll of latency, never a hang; each poll
+  refreshes the waiter's liveness and also moves a key whose holder lapsed. The waiter
+  at the head of the line is told (in the acquire reply) when the lease blocking it runs
+  out, and polls right then.
+- Hand-off. Release deletes the holder and, in the same script, pops waiters from the
+  head: a waiter whose liveness ran out (crashed, or frozen too long) is dropped; the
+  first live one becomes holder with a claim that lasts until its liveness deadline,
+  and its signal is pushed. The woken waiter's acquire sees itself as holder and
+  confirms (full lease). A waiter that died after its last refresh therefore blocks K
+  for less than its liveness window, never a whole lease; the next poll of anyone moves
+  K on. No instant exists in which K is free while a live waiter is in line, so a
+  newcomer cannot overtake.
+- Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
+  counting lane's zset). A background renewer (one daemon thread per sync lane object,
+  one task per async lane object) renews each hold every ``lease_s/3`` with one script
+  that extends the lease only if the owner id still matches. A holder whose process dies
+  stops renewing; its lease runs out, and the head waiter, which polls at the moment the
+  lease ends, takes K over: the key reaches the next waiter within ``lease_s`` (counted
+  from the holder's last renewal) plus a round trip.
+- Lease lost. When a renewal finds the hold gone (or cannot reach Redis until the lease
+  must have run out, measured conservatively from before the grant was sent), the hold
+  is marked lost and ``on_lease_lost(hold)`` is called once. Its release then raises
+  :class:`~lanequeue.LeaseLostError` (``manual_release`` returns False and logs).
+- Release. The script ends the hold only if the owner id matches (counting lane: after
+  purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
+  raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already
+  known); ``manual_release(key)`` releases this lane OBJECT's own oldest hold of key and
+  returns False with a warning when it has none (another client's hold is untouched).
+- Withdraw. A waiter that times out, is interrupted or cancelled leaves the line in one
+  script; if a hand-off reached it first, it holds K (the script confirms the lease and
+  returns the token): a timed-out waiter keeps it, an interrupted one releases it.
+- Fencing tokens. Each grant takes ``max(last + 1, server time in µs)``: tokens of a key
+  (per-key lane) or of the lane (counting lane) grow with every grant, also after all
+  keys expired or the server restarted (as long as the server clock does not step back
+  by more than one lease). ``hold.fencing_token`` is that integer.
+- Errors. Any ``redis.exceptions.RedisError`` (connection refused, timeout, a reply of
+  the wrong kind) becomes :class:`~lanequeue.LaneBackendError`, chained. An acquire that
+  raises it holds nothing (the waiter's line entry dies with its liveness; a grant whose
+  reply was lost is never renewed and lapses with its lease); a release that
+  raises it stops renewing, so the hold lapses within ``lease_s``. Scripts are idempotent
+  per owner id, so redis-py retrying a call whose reply was lost is harmless (except that
+  a retried release may then report NotOwnerError). After a restart (no persistence) all
+  holds are gone: their owners learn it from their renewer (lease lost); new work goes on.
+
+Why each interleaving is safe, in one place: (1) all state of K changes only inside
+scripts, which Redis runs one at a time; (2) a grant happens only when the holder key is
+absent (released, or its lease ran out on the server clock) and only to the head of the
+live line, or to the caller when the line holds no live waiter; (3) a release, renewal or
+confirm names an owner id drawn for one acquisition, so it acts only on that acquisition's
+hold; (4) a client's view of its lease is conservative (started before the request was
+sent), so it learns of a loss no later than the server acts on it, unless the process
+itself is frozen (then fencing tokens protect the data: NOTES §4).
+
+Caveats: all clients of one lane must use the same ``prefix``, name and (counting lane)
+``max_concurrent``; ``lease_s`` may differ per process. The global views that need a scan
+of all keys of a per-key lane are per lane object (``active_count``, ``get_active``,
+``session_count`` of a per-key lane count this object's holds); per-key views
+(``is_held``, ``waiting_for``) and the counting lane's views ask Redis. On the asyncio
+lanes every call that needs Redis is a coroutine (``try_acquire``, ``manual_release``,
+``hold.release()``, ``is_held``, ``waiting_for``, ``holds_of``, ``lane_status``), and
+the plain properties describe the lane object.
+"""
+
+from __future__ import annotations
+
+try:
+    import redis as _redis_py  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "lanequeue.redis needs redis-py: pip install 'lanequeue[redis]'"
+    ) from exc
+
+from ._async import AsyncRedisHold, AsyncRedisLane, AsyncRedisSessionLane
+from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, RedisHoldBase
+from ._sync import RedisHold, RedisLane, RedisSessionLane
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "DEFAULT_PREFIX",
+    "AsyncRedisHold",
+    "AsyncRedisLane",
+    "AsyncRedisSessionLane",
+    "RedisHold",
+    "RedisHoldBase",
+    "RedisLane",
+    "RedisSessionLane",
+]

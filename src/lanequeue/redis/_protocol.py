@@ -1,0 +1,562 @@
+"""What the thread and asyncio Redis lanes share: key layout, script arguments, the hold
+object's state, this lane object's registry of holds, counters and renewal bookkeeping.
+
+The faces (:mod:`._sync`, :mod:`._async`) only add the I/O: calling a script, blocking on
+a signal, running the renewer. Nothing here talks to Redis. The registry is guarded by one
+short ``threading.Lock`` (never held across I/O), which is also safe on an event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Generic, TypeVar
+
+from .._core import LaneStats
+from .._errors import LaneBackendError, LeaseLostError, NotOwnerError
+from .._face import DEFAULT_TIMEOUT_S, Hold
+from .._validate import check_count, check_key, check_timeout
+from . import _scripts as lua
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "DEFAULT_PREFIX",
+    "RedisHoldBase",
+    "RedisLaneBase",
+    "log",
+]
+
+log = logging.getLogger("lanequeue.redis")
+
+#: Default lease of a Redis hold, in seconds.
+DEFAULT_LEASE_S = 30.0
+#: Default prefix of every Redis key of a lane.
+DEFAULT_PREFIX = "lanequeue"
+
+# A waiter re-checks at least this often (and at least 3 times per lease), so a lost
+# signal or a lapsed holder costs at most this much latency.
+_MAX_POLL_S = 1.0
+_MIN_LEASE_S = 0.1
+# Shortest blocking wait sent to Redis: BLPOP with a timeout that rounds to 0 ms would
+# block forever.
+_MIN_BLOCK_S = 0.002
+
+PENDING, HELD, ENDED = 0, 1, 2
+
+OnLeaseLost = Callable[[Any], object]
+
+
+def new_owner() -> str:
+    """A fresh owner id for ONE acquisition (80 random bits, hex: no ':' inside)."""
+    return os.urandom(10).hex()
+
+
+class RedisHoldBase(Hold):
+    """One acquisition of a Redis lane for one key, from grant to release.
+
+    Attributes:
+        key: the key.
+        token / fencing_token: the grant's fencing token (0 before the grant): an integer
+            that grows with every grant of the key (per-key lane) or of the lane (counting
+            lane), across processes, idle gaps and server restarts. Pass it to the store
+            you write to, so it can refuse writes carrying an older token.
+        owner: this acquisition's random owner id (what the scripts check on release).
+        held: True from the grant until ``release()``, also once the lease is lost.
+        lost: True once the lease is known to be lost (a renewal found the hold gone, or
+            Redis stayed unreachable until the lease must have run out); the key may
+            belong to someone else: stop working under it.
+
+    Test hook: ``hold._suspend_renewal()`` stops renewing this hold (as a long GC pause or
+    a frozen process would), so its lease runs out while the holder still runs;
+    ``hold._suspend_renewal(False)`` resumes. Used by the C15/C16 tests.
+    """
+
+    __slots__ = ("owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused")
+
+    def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
+        super().__init__(lane, key, timeout_s, 0)
+        self.owner = new_owner()
+        self._state = PENDING
+        self._lost = False
+        self._since = 0.0  # monotonic time the grant was asked for
+        self._expires = 0.0  # conservative local end of the lease (monotonic)
+        self._renew_at = 0.0
+        self._paused = False
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is known to be lost."""
+        return self._lost
+
+    @property
+    def held(self) -> bool:
+        """True from the grant until :meth:`release` (also after the lease was lost:
+        see :attr:`lost`), as on every hold; a queue releases what is ``held``."""
+        return self._state == HELD
+
+    def _suspend_renewal(self, suspended: bool = True) -> None:
+        """Test hook: stop (or resume) renewing this hold's lease. See the class doc."""
+        self._paused = suspended
+
+    def __repr__(self) -> str:
+        state = ("pending", "held", "released")[self._state]
+        if self._lost:
+            state = "lost"
+        return (
+            f"<{type(self).__name__} lane={self.lane.name!r} key={self.key!r} "
+            f"token={self.token} {state}>"
+        )
+
+
+H = TypeVar("H", bound=RedisHoldBase)
+
+Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
+
+
+def _check_name(name: object) -> str:
+    n = check_key(name, "name")
+    if any(c in n for c in ":{}"):
+        raise ValueError(f"a Redis lane name must not contain ':', '{{' or '}}': {n!r}")
+    return n
+
+
+def _check_prefix(prefix: object) -> str:
+    p = check_key(prefix, "prefix")
+    if "{" in p or "}" in p:
+        raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags): {p!r}")
+    return p
+
+
+def _check_lease(lease_s: object) -> float:
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+        raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
+    v = float(lease_s)
+    if not math.isfinite(v) or v < _MIN_LEASE_S:
+        raise ValueError(f"lease_s must be a finite number >= {_MIN_LEASE_S}, got {lease_s!r}")
+    return v
+
+
+def _socket_timeout(client: Any) -> float | None:
+    """The client's socket timeout, if it has one: a blocking wait must stay below it."""
+    try:
+        v = client.connection_pool.connection_kwargs.get("socket_timeout")
+    except AttributeError:
+        return None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def grant_reply(reply: Any) -> tuple[bool, int]:
+    """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted, else
+    ``(False, wake)`` (acquire: ms until the lease blocking a head-of-line caller runs
+    out, or -1)."""
+    return bool(int(reply[0])), int(reply[1])
+
+
+def next_block(poll_s: float, wake_ms: int, deadline: float | None, now: float) -> float:
+    """How long a waiter blocks on its signal before re-checking: at most ``poll_s``, no
+    later than the blocking lease runs out (head of the line), nor past the deadline
+    (then 0: stop waiting)."""
+    block = poll_s
+    if wake_ms >= 0:
+        block = min(block, wake_ms / 1000 + _MIN_BLOCK_S)
+    if deadline is not None:
+        left = deadline - now
+        if left <= 0:
+            return 0.0
+        block = min(block, left)
+    return max(block, _MIN_BLOCK_S)
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class RedisLaneBase(Generic[H]):
+    """State and bookkeeping of one Redis lane object (either kind, either face).
+
+    ``_kind`` is ``"s"`` (per-key) or ``"c"`` (counting); the subclasses set it.
+    """
+
+    _kind: ClassVar[str]
+    _async_face: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        prefix: str = DEFAULT_PREFIX,
+        on_lease_lost: OnLeaseLost | None = None,
+        max_concurrent: int = 1,
+    ) -> None:
+        self.name = _check_name(name)
+        self.timeout_s: float | None = check_timeout(timeout_s)
+        self.lease_s = _check_lease(lease_s)
+        self.prefix = _check_prefix(prefix)
+        if on_lease_lost is not None and not callable(on_lease_lost):
+            raise TypeError("on_lease_lost must be callable or None")
+        self.on_lease_lost = on_lease_lost
+        self._cap = check_count(max_concurrent, "max_concurrent")
+        self._client = client
+        self._lease_ms = max(1, round(self.lease_s * 1000))
+        poll = min(_MAX_POLL_S, self.lease_s / 3)
+        st = _socket_timeout(client)
+        if st is not None:
+            poll = min(poll, st / 2)
+        self._poll_s = poll
+        # A waiter refreshes its liveness at every poll; three missed polls (plus 1 s for
+        # scheduling and network jitter) and it counts as dead, is skipped by the grant,
+        # and rejoins at the tail if it comes back.
+        self._live_ms = round((3 * poll + 1.0) * 1000)
+        self._renew_s = self.lease_s / 3
+        self._fence_ttl_ms = self._lease_ms
+        self._lane_base = f"{{{self.prefix}:c:{self.name}}}:"
+        reg = client.register_script
+        if self._kind == "s":
+            self._s_acquire = reg(lua.SESSION_ACQUIRE)
+            self._s_release = reg(lua.SESSION_RELEASE)
+            self._s_renew = reg(lua.SESSION_RENEW)
+            self._s_withdraw = reg(lua.SESSION_WITHDRAW)
+            self._s_info = reg(lua.SESSION_INFO)
+        else:
+            self._s_acquire = reg(lua.COUNTING_ACQUIRE)
+            self._s_release = reg(lua.COUNTING_RELEASE)
+            self._s_renew = reg(lua.COUNTING_RENEW)
+            self._s_withdraw = reg(lua.COUNTING_WITHDRAW)
+            self._s_info = reg(lua.COUNTING_INFO)
+        # Guards the registry and counters; never held across I/O, so it is also safe on
+        # an event loop.
+        self._lock = threading.Lock()
+        # This object's holds not yet released (lost ones included), per key, oldest
+        # first: manual_release(key) ends the oldest.
+        self._holds: dict[str, list[H]] = {}
+        self._n_live = 0  # held and not known lost
+        self._waiting = 0  # this object's callers waiting now
+        self._renewing = False
+        self._renewer_pid = 0
+        self._idle_since: float | None = None
+        self.acquired = 0
+        self.released = 0
+        self.timeouts = 0
+        self.rejected = 0
+        self.cancelled = 0
+        self.unmatched = 0
+        self.leases_lost = 0
+
+    # -- key layout and script calls ---------------------------------------------------
+
+    def _base(self, key: str) -> str:
+        if self._kind == "s":
+            return f"{{{self.prefix}:s:{self.name}:{key}}}:"
+        return self._lane_base
+
+    def _signal_key(self, hold: RedisHoldBase) -> str:
+        return f"{self._base(hold.key)}s:{hold.owner}"
+
+    def _keys(self, hold: RedisHoldBase, signal: bool) -> list[str]:
+        b = self._base(hold.key)
+        ks = [b + "h", b + "q", b + "w", b + "f"] if self._kind == "s" else [
+            b + "h", b + "i", b + "q", b + "w", b + "f"
+        ]
+        if signal:
+            ks.append(f"{b}s:{hold.owner}")
+        return ks
+
+    def _acquire_call(self, hold: RedisHoldBase, wait: bool) -> Call:
+        args: list[Any] = [
+            hold.owner, self._lease_ms, self._live_ms, 1 if wait else 0, self._fence_ttl_ms
+        ]
+        if self._kind == "c":
+            args += [self._cap, hold.key]
+        return self._s_acquire, self._keys(hold, True), args
+
+    def _release_call(self, hold: RedisHoldBase) -> Call:
+        args: list[Any] = [hold.owner, self._fence_ttl_ms]
+        if self._kind == "c":
+            args.append(self._cap)
+        return self._s_release, self._keys(hold, False), args
+
+    def _renew_call(self, hold: RedisHoldBase) -> Call:
+        if self._kind == "s":
+            return self._s_renew, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
+        args = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap]
+        return self._s_renew, self._keys(hold, False), args
+
+    def _withdraw_call(self, hold: RedisHoldBase) -> Call:
+        args: list[Any] = [hold.owner, self._lease_ms, self._fence_ttl_ms]
+        if self._kind == "c":
+            args += [self._cap, hold.key]
+        return self._s_withdraw, self._keys(hold, True), args
+
+    def _info_call(self, key: str | None) -> Call:
+        b = self._base(key or "")
+        keys = [b + "h", b + "w"] if self._kind == "s" else [b + "h", b + "i", b + "w"]
+        return self._s_info, keys, []
+
+    def _backend(self, op: str, key: str | None, exc: BaseException) -> LaneBackendError:
+        where = f" for key {key!r}" if key is not None else ""
+        if op == "release":
+            what = f"; the hold is no longer renewed and lapses within {self.lease_s} s"
+        elif op == "read":
+            what = ""
+        else:
+            what = "; nothing was granted"
+        return LaneBackendError(
+            f"lane {self.name!r}: Redis {op}{where} failed ({type(exc).__name__}: {exc}){what}"
+        )
+
+    # -- the registry of this object's holds -------------------------------------------
+
+    def _register(self, hold: H, token: int, t0: float) -> bool:
+        """Record a grant; return True if the caller must start a renewer."""
+        with self._lock:
+            hold.token = token
+            hold._state = HELD
+            hold._since = t0
+            hold._expires = t0 + self.lease_s
+            hold._renew_at = t0 + self._renew_s
+            holds = self._holds.get(hold.key)
+            if holds is None:
+                self._holds[hold.key] = [hold]
+            else:
+                holds.append(hold)
+            self._n_live += 1
+            self.acquired += 1
+            if self._renewing and self._renewer_pid == os.getpid():
+                return False
+            # No renewer (never started, exited idle, or we are in a forked child).
+            self._renewing = True
+            self._renewer_pid = os.getpid()
+            self._idle_since = None
+            return True
+
+    def _unlink(self, hold: H) -> None:
+        """Lock held: drop ``hold`` from the registry and mark it ENDED."""
+        hold._state = ENDED
+        holds = self._holds[hold.key]
+        holds.remove(hold)
+        if not holds:
+            del self._holds[hold.key]
+        if not hold._lost:
+            self._n_live -= 1
+
+    def _detach(self, hold: H) -> bool:
+        """Take ``hold`` out of the registry before releasing it; False if it is not held
+        (never granted, or already released)."""
+        with self._lock:
+            if hold._state != HELD:
+                return False
+            self._unlink(hold)
+            return True
+
+    def _detach_oldest(self, key: str) -> H | None:
+        with self._lock:
+            holds = self._holds.get(key)
+            if not holds:
+                self.unmatched += 1
+                hold = None
+            else:
+                hold = holds[0]
+                self._unlink(hold)
+        if hold is None:
+            log.warning(
+                "lane %r: manual_release(%r): key is not held by this client (this lane "
+                "object holds nothing for it); nothing released",
+                self.name, key,
+            )
+        return hold
+
+    def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
+        return LeaseLostError(
+            f"lane {self.name!r}: the lease of key {hold.key!r} (fencing token {hold.token}) "
+            f"was lost (renewal failed or came too late); the key may belong to another "
+            f"holder; nothing was released"
+        )
+
+    def _not_owner_error(self, hold: RedisHoldBase) -> NotOwnerError:
+        return NotOwnerError(
+            f"lane {self.name!r}: key {hold.key!r} is not held by this acquisition any more "
+            f"(fencing token {hold.token}): its lease ran out and the key may belong to "
+            f"another holder; nothing was released"
+        )
+
+    def _release_result(self, hold: H, ok: bool) -> bool:
+        """Account for the reply of a release script; raise NotOwnerError if it failed."""
+        if ok:
+            with self._lock:
+                self.released += 1
+            return True
+        with self._lock:
+            self.unmatched += 1
+        self._notice_lost(hold)
+        raise self._not_owner_error(hold)
+
+    def _lost_release(self, hold: H) -> bool:
+        """Release of a hold already known lost: no round trip, it is not ours."""
+        with self._lock:
+            self.unmatched += 1
+        raise self._lost_error(hold)
+
+    def _notice_lost(self, hold: H) -> None:
+        """Mark ``hold`` lost (once) and call ``on_lease_lost``."""
+        with self._lock:
+            if hold._lost:
+                return
+            hold._lost = True
+            self.leases_lost += 1
+            if hold._state == HELD:
+                self._n_live -= 1
+        log.warning(
+            "lane %r: lease of key %r (fencing token %d) lost", self.name, hold.key, hold.token
+        )
+        cb = self.on_lease_lost
+        if cb is not None:
+            try:
+                cb(hold)
+            except Exception:
+                log.exception("lane %r: on_lease_lost callback failed", self.name)
+
+    # -- renewal bookkeeping -------------------------------------------------------------
+
+    def _renewal_due(self, now: float) -> tuple[list[H], float] | None:
+        """The holds to renew now and how long the renewer may sleep after renewing them;
+        None when the renewer should exit (no live hold for a whole lease).
+
+        The sleep never exceeds ``lease_s/3``, and a new hold is first due ``lease_s/3``
+        after its grant was asked for, so registration needs no wake-up call.
+        """
+        with self._lock:
+            if self._n_live == 0:
+                if self._idle_since is None:
+                    self._idle_since = now
+                elif now - self._idle_since >= self.lease_s:
+                    self._renewing = False
+                    return None
+                return [], self._renew_s
+            self._idle_since = None
+            # When a hold is due, the holds due within the next quarter period are
+            # renewed with it: one wake-up serves many holds.
+            soon = now + self._renew_s / 4
+            batch: list[H] = []
+            first = nxt = now + self._renew_s
+            for holds in self._holds.values():
+                for h in holds:
+                    if h._state != HELD or h._lost or h._paused:
+                        continue
+                    if h._renew_at <= soon:
+                        batch.append(h)
+                        first = min(first, h._renew_at)
+                    elif h._renew_at < nxt:
+                        nxt = h._renew_at
+            if batch and first <= now:
+                return batch, max(0.001, nxt - now)
+            return [], max(0.001, min(first, nxt) - now)
+
+    def _renewed(self, hold: H, ok: bool, t0: float) -> None:
+        if not ok:
+            if hold._state == HELD:
+                self._notice_lost(hold)
+            return
+        with self._lock:
+            # The lease was extended by a script that ran after t0: counting from t0
+            # keeps our idea of the deadline at or before the server's.
+            hold._expires = t0 + self.lease_s
+            hold._renew_at = t0 + self._renew_s
+
+    def _renew_failed(self, hold: H, exc: BaseException, now: float) -> None:
+        log.warning(
+            "lane %r: renewing the lease of key %r failed: %s: %s",
+            self.name, hold.key, type(exc).__name__, exc,
+        )
+        with self._lock:
+            hold._renew_at = now + min(self._renew_s, 0.25)
+            expired = now >= hold._expires and hold._state == HELD
+        if expired:
+            # Unreachable until the lease must have run out: the hold may be someone
+            # else's now (or gone with a restarted server).
+            self._notice_lost(hold)
+
+    # -- views of this lane object -------------------------------------------------------
+
+    @property
+    def stats(self) -> LaneStats:
+        """Counters of THIS lane object (this process), as a :class:`LaneStats`.
+        ``holders``/``waiters`` are this object's; ``unmatched_releases`` counts
+        releases that ended nothing (not owned, lease lost, or nothing held)."""
+        with self._lock:
+            return LaneStats(
+                acquired=self.acquired,
+                released=self.released,
+                timeouts=self.timeouts,
+                rejected=self.rejected,
+                cancelled=self.cancelled,
+                evicted=0,
+                unmatched_releases=self.unmatched,
+                holders=self._n_live,
+                waiters=self._waiting,
+            )
+
+    def statistics(self) -> LaneStats:
+        """Same as :attr:`stats` (the trio/anyio spelling)."""
+        return self.stats
+
+    def _local_active(self) -> dict[str, float]:
+        now = time.monotonic()
+        with self._lock:
+            out: dict[str, float] = {}
+            for key, holds in self._holds.items():
+                for h in holds:
+                    if not h._lost:
+                        out[key] = now - h._since
+                        break
+            return out
+
+    def _count_outcome(self, *, timed_out: bool = False, rejected: bool = False,
+                       cancelled: bool = False) -> None:
+        with self._lock:
+            if rejected:
+                self.rejected += 1
+                self.timeouts += 1
+            elif timed_out:
+                self.timeouts += 1
+            elif cancelled:
+                self.cancelled += 1
+
+    def _wait_delta(self, d: int) -> None:
+        with self._lock:
+            self._waiting += d
+
+    @staticmethod
+    def _parse_counting_info(reply: Any) -> tuple[int, int, int, list[tuple[int, str]]]:
+        """(now_ms, holds, live waiters, [(since_ms, key), ...])."""
+        now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
+        active: list[tuple[int, str]] = []
+        for v in reply[3:]:
+            _fence, since, key = _text(v).split(":", 2)
+            active.append((int(since), key))
+        return now, holds, waiters, active
+
+    @staticmethod
+    def _active_by_key(now: int, active: list[tuple[int, str]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for since, key in active:
+            age = max(0.0, (now - since) / 1000.0)
+            if age > out.get(key, -1.0):
+                out[key] = age
+        return out
+
+    def _limits(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        extra = "".join(f" {k}={v}" for k, v in self._limits().items())
+        return (
+            f"<{type(self).__name__} {self.name!r} prefix={self.prefix!r}{extra} "
+            f"lease_s={self.lease_s} held_here={self._n_live} waiting_here={self._waiting}>"
+        )

@@ -1,0 +1,495 @@
+"""The Redis thread lanes against a real redis-server: surface, defaults, errors, FIFO,
+caps, leases, fencing tokens, clean-up of every key.
+
+Interleavings are driven by what Redis says (``waiting_for``, ``holds_of``) and by events,
+not by sleeps; the only sleeps wait for leases or liveness windows to run out on purpose.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.retry import Retry
+
+from lanequeue import (
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TIMEOUT_S,
+    LaneBackendError,
+    LaneTimeoutError,
+    LeaseLostError,
+    NotOwnerError,
+)
+from lanequeue.redis import RedisHold, RedisLane, RedisSessionLane
+
+
+def wait_until(pred: Any, timeout: float = 5.0, step: float = 0.005) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(step)
+
+
+def lane_keys(client: redis.Redis, prefix: str) -> list[bytes]:
+    return sorted(client.scan_iter(match=f"{{{prefix}:*"))
+
+
+# -- surface and defaults ------------------------------------------------------------------
+
+
+def test_defaults_mirror_the_in_process_twins(redis_client: redis.Redis) -> None:
+    s = RedisSessionLane(redis_client)
+    c = RedisLane(redis_client, "global")
+    assert s.name == "session" and s.timeout_s == DEFAULT_TIMEOUT_S
+    assert s.max_sessions == DEFAULT_MAX_SESSIONS and s.lease_s == 30.0
+    assert s.prefix == "lanequeue" and c.prefix == "lanequeue"
+    assert c.max_concurrent == DEFAULT_MAX_CONCURRENT and c.timeout_s == DEFAULT_TIMEOUT_S
+    for lane in (s, c):
+        for attr in ("acquire", "try_acquire", "acquire_timeout", "manual_release",
+                     "_raw_acquire", "_raw_release", "get_active", "status", "statistics"):
+            assert callable(getattr(lane, attr)), attr
+        assert lane.stats.acquired == 0
+    assert s.session_count == 0 and s.cleanup_idle() == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc"),
+    [
+        ({"name": "a:b"}, ValueError),
+        ({"name": "a{b"}, ValueError),
+        ({"name": ""}, ValueError),
+        ({"prefix": "x{"}, ValueError),
+        ({"prefix": 3}, TypeError),
+        ({"lease_s": 0}, ValueError),
+        ({"lease_s": float("inf")}, ValueError),
+        ({"lease_s": "1"}, TypeError),
+        ({"timeout_s": -1}, ValueError),
+        ({"on_lease_lost": 5}, TypeError),
+    ],
+)
+def test_bad_arguments_raise_at_construction(
+    redis_client: redis.Redis, kwargs: dict[str, Any], exc: type[Exception]
+) -> None:
+    with pytest.raises(exc):
+        RedisSessionLane(redis_client, **kwargs)
+
+
+def test_bad_keys_raise_at_the_call(redis_client: redis.Redis, redis_prefix: str) -> None:
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix)
+    with pytest.raises(TypeError):
+        lane.acquire(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        lane.try_acquire("")
+    with pytest.raises(ValueError):
+        lane.acquire_timeout("k", -1)
+
+
+# -- per-key lane --------------------------------------------------------------------------
+
+
+def test_session_acquire_release_and_no_key_left(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.5)
+    other = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.5)
+    with lane.acquire("k") as hold:
+        assert isinstance(hold, RedisHold) and hold.held
+        assert hold.fencing_token == hold.token > 0
+        assert lane.is_held("k") and not lane.is_held("other")
+        assert not other.try_acquire("k")  # held in "another process"
+        assert other.try_acquire("k2")  # other keys run in parallel
+        assert other.manual_release("k2")
+        assert lane.active_count == 1 and lane.get_active().keys() == {"k"}
+        # Every key of the lane carries a TTL.
+        keys = lane_keys(redis_client, redis_prefix)
+        assert keys and all(redis_client.pttl(k) > 0 for k in keys)
+    assert not hold.held and hold.release() is False  # second release: False
+    assert not lane.is_held("k") and lane.active_count == 0
+    # After the leases (and the fence counter's TTL) run out, nothing of the lane is left.
+    wait_until(lambda: not lane_keys(redis_client, redis_prefix), timeout=3)
+    assert lane.stats.acquired == 1 and lane.stats.released == 1
+
+
+def test_session_timeout_raises_and_leaves_no_waiter(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    a = RedisSessionLane(redis_client, prefix=redis_prefix)
+    b = RedisSessionLane(redis_client, prefix=redis_prefix, timeout_s=0.05)
+    assert a.try_acquire("k")
+    with pytest.raises(LaneTimeoutError) as info, b.acquire("k"):
+        pass
+    assert isinstance(info.value, TimeoutError)
+    assert info.value.lane == "session" and info.value.key == "k"
+    assert not b.acquire_timeout("k", 0.05)
+    assert not b.try_acquire("k")
+    assert b.waiting_for("k") == 0 and b.waiting == 0
+    st = b.stats
+    assert st.timeouts == 3 and st.rejected == 1 and st.acquired == 0
+    assert a.manual_release("k")
+    assert b.try_acquire("k") and b.manual_release("k")
+
+
+def test_session_fifo_across_lane_objects(redis_client: redis.Redis, redis_prefix: str) -> None:
+    """C09 on Redis: W1..W5 queue in that order (each known to be in line before the
+    next arrives), each with its own lane object (its own 'process'); they get the key in
+    that order, and fencing tokens grow in that order."""
+    holder = RedisSessionLane(redis_client, prefix=redis_prefix)
+    assert holder.try_acquire("k")
+    order: list[tuple[int, int]] = []
+    threads = []
+    for i in range(5):
+        lane = RedisSessionLane(redis_client, prefix=redis_prefix)
+
+        def run(i: int = i, lane: RedisSessionLane = lane) -> None:
+            with lane.acquire("k", timeout_s=10) as h:
+                order.append((i, h.fencing_token))
+
+        t = threading.Thread(target=run)
+        t.start()
+        threads.append(t)
+        wait_until(lambda n=i + 1: holder.waiting_for("k") == n)
+    assert holder.manual_release("k")
+    for t in threads:
+        t.join(10)
+    assert [i for i, _ in order] == [0, 1, 2, 3, 4]
+    fences = [f for _, f in order]
+    assert fences == sorted(fences) and len(set(fences)) == 5
+
+
+def test_newcomer_never_overtakes_the_line(redis_client: redis.Redis, redis_prefix: str) -> None:
+    """A release hands the key to the head waiter in the same script: a try_acquire right
+    after the release finds the key held (by the waiter), never free."""
+    a = RedisSessionLane(redis_client, prefix=redis_prefix)
+    w = RedisSessionLane(redis_client, prefix=redis_prefix)
+    n = RedisSessionLane(redis_client, prefix=redis_prefix)
+    for _ in range(20):
+        assert a.try_acquire("k")
+        got, leave = threading.Event(), threading.Event()
+
+        def run(got: threading.Event = got, leave: threading.Event = leave) -> None:
+            with w.acquire("k", timeout_s=10):
+                got.set()
+                leave.wait(10)  # hold until the newcomer has tried
+
+        t = threading.Thread(target=run)
+        t.start()
+        wait_until(lambda: a.waiting_for("k") == 1)
+        assert a.manual_release("k")
+        assert not n.try_acquire("k")  # the waiter's claim (or hold), never a free key
+        leave.set()
+        t.join(10)
+        assert got.is_set()
+    assert n.stats.acquired == 0 and n.stats.rejected == 20
+
+
+def test_fencing_tokens_grow_across_grants_and_expiry(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.2)
+    tokens = []
+    for _ in range(5):
+        with lane.acquire("k") as h:
+            tokens.append(h.fencing_token)
+    # Let every key of the lane expire, fence counter included; tokens still grow.
+    wait_until(lambda: not lane_keys(redis_client, redis_prefix), timeout=3)
+    with lane.acquire("k") as h:
+        tokens.append(h.fencing_token)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+def test_interrupted_waiter_leaves_no_ghost(
+    redis_client: redis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C08 on Redis: T1's wait is interrupted (KeyboardInterrupt in its blocking wait);
+    T1 holds nothing, the line is empty, and T2 acquires at once after T0 releases."""
+    t0 = RedisSessionLane(redis_client, prefix=redis_prefix)
+    t1 = RedisSessionLane(redis_client, prefix=redis_prefix)
+    assert t0.try_acquire("k")
+
+    def interrupted_blpop(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(t1, "_client", redis.Redis(connection_pool=redis_client.connection_pool))
+    monkeypatch.setattr(t1._client, "blpop", interrupted_blpop)
+    with pytest.raises(KeyboardInterrupt):
+        t1.acquire_timeout("k", 5)
+    assert t0.waiting_for("k") == 0 and t1.waiting == 0 and t1.active_count == 0
+    assert t1.stats.cancelled == 1
+    assert t0.manual_release("k")
+    t2 = RedisSessionLane(redis_client, prefix=redis_prefix)
+    assert t2.try_acquire("k")
+    assert t2.manual_release("k")
+
+
+def test_dead_waiter_is_skipped(redis_client: redis.Redis, redis_prefix: str) -> None:
+    """A waiter that stops refreshing its liveness (its process died) is skipped by the
+    hand-off once its liveness window has passed: it costs the next waiter nothing."""
+    holder = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.3)
+    ghost = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.3)
+    assert holder.try_acquire("k")
+    # The ghost joins the line once and never polls again (a crashed waiter).
+    h = RedisHold(ghost, "k", 5.0)
+    script, keys, args = ghost._acquire_call(h, True)
+    assert script(keys=keys, args=args)[0] == 0  # in line, not granted
+    assert holder.waiting_for("k") == 1
+    time.sleep(ghost._live_ms / 1000 + 0.05)  # its liveness ran out
+    assert holder.waiting_for("k") == 0
+    assert holder.manual_release("k")
+    live = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.3)
+    t = time.monotonic()
+    assert live.acquire_timeout("k", 5)
+    assert time.monotonic() - t < 0.5  # not the ghost's claim window (1.3 s)
+    assert live.manual_release("k")
+
+
+def test_keys_of_one_session_key_share_a_slot(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    holder = RedisSessionLane(redis_client, prefix=redis_prefix)
+    waiter = RedisSessionLane(redis_client, prefix=redis_prefix)
+    assert holder.try_acquire("gateway:slack:c1:u1")
+    box: dict[str, bool] = {}
+    t = threading.Thread(
+        target=lambda: box.setdefault("ok", waiter.acquire_timeout("gateway:slack:c1:u1", 5))
+    )
+    t.start()
+    wait_until(lambda: holder.waiting_for("gateway:slack:c1:u1") == 1)
+    # Hand-off pushes a signal key derived inside the script: same slot as the rest.
+    assert holder.manual_release("gateway:slack:c1:u1")
+    t.join(5)
+    assert box["ok"]
+    keys = lane_keys(redis_client, redis_prefix)
+    assert len(keys) >= 2
+    assert len({key_slot(k) for k in keys}) == 1
+    assert waiter.manual_release("gateway:slack:c1:u1")
+
+
+# -- counting lane -------------------------------------------------------------------------
+
+
+def test_counting_lane_cap_and_lane_wide_views(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    a = RedisLane(redis_client, "g", max_concurrent=2, prefix=redis_prefix)
+    b = RedisLane(redis_client, "g", max_concurrent=2, prefix=redis_prefix)
+    assert a.try_acquire("x") and b.try_acquire("x")
+    assert not a.try_acquire("y")  # full, lane-wide
+    # C06: same key twice on a counting lane: both tracked.
+    assert a.active_count == 2 and a.available == 0 and a.holds_of("x") == 2
+    assert set(a.get_active()) == {"x"}
+    assert b.manual_release("x")
+    assert a.active_count == 1 and a.holds_of("x") == 1 and "x" in a.get_active()
+    # C05: a release of nothing is refused and never raises capacity.
+    assert not b.manual_release("x")
+    assert a.available == 1
+    assert b.try_acquire("z")
+    assert not b.try_acquire("z2")
+    st = a.status()
+    assert st["active"] == 2 and st["available"] == 0 and st["max_concurrent"] == 2
+    assert a.manual_release("x") and b.manual_release("z")
+    assert a.available == 2
+
+
+def test_counting_lane_never_over_cap_and_fifo(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    cap = 3
+    lanes = [RedisLane(redis_client, "g", max_concurrent=cap, prefix=redis_prefix)
+             for _ in range(4)]
+    inside = 0
+    peak = 0
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        lane = lanes[i % len(lanes)]
+        nonlocal inside, peak
+        try:
+            for j in range(40):
+                with lane.acquire(f"k{i}-{j % 3}", timeout_s=20):
+                    with lock:
+                        inside += 1
+                        peak = max(peak, inside)
+                    time.sleep(0.0005)
+                    with lock:
+                        inside -= 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert peak == cap
+    assert sum(x.stats.acquired for x in lanes) == 400
+    assert sum(x.stats.released for x in lanes) == 400
+    assert lanes[0].active_count == 0 and lanes[0].waiting == 0
+
+
+def test_counting_lane_fifo_order(redis_client: redis.Redis, redis_prefix: str) -> None:
+    holder = RedisLane(redis_client, "g", max_concurrent=1, prefix=redis_prefix)
+    assert holder.try_acquire("h")
+    order: list[int] = []
+    threads = []
+    for i in range(4):
+        lane = RedisLane(redis_client, "g", max_concurrent=1, prefix=redis_prefix)
+
+        def run(i: int = i, lane: RedisLane = lane) -> None:
+            with lane.acquire(f"key{i}", timeout_s=10):
+                order.append(i)
+
+        t = threading.Thread(target=run)
+        t.start()
+        threads.append(t)
+        wait_until(lambda n=i + 1: holder.waiting == n)
+    assert holder.manual_release("h")
+    for t in threads:
+        t.join(10)
+    assert order == [0, 1, 2, 3]
+
+
+# -- leases --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_renewal_keeps_a_long_hold(redis_client: redis.Redis, redis_prefix: str,
+                                   kind: str) -> None:
+    def make() -> RedisSessionLane | RedisLane:
+        if kind == "session":
+            return RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.5)
+        return RedisLane(redis_client, "g", max_concurrent=1, prefix=redis_prefix,
+                         lease_s=0.5)
+
+    lane, other = make(), make()
+    with lane.acquire("k") as hold:
+        end = time.monotonic() + 1.5  # three leases
+        while time.monotonic() < end:
+            assert not other.try_acquire("k")
+            time.sleep(0.05)
+        assert hold.held
+    assert other.try_acquire("k") and other.manual_release("k")
+
+
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_lost_lease_is_told(redis_client: redis.Redis, redis_prefix: str, kind: str,
+                            caplog: pytest.LogCaptureFixture) -> None:
+    lost: list[Any] = []
+    kw: dict[str, Any] = {"prefix": redis_prefix, "lease_s": 0.3, "on_lease_lost": lost.append}
+    lane: RedisSessionLane | RedisLane
+    if kind == "session":
+        lane = RedisSessionLane(redis_client, **kw)
+    else:
+        lane = RedisLane(redis_client, "g", max_concurrent=1, **kw)
+    hold = lane.acquire("k")
+    hold.__enter__()
+    hold._suspend_renewal()  # test hook: a GC pause longer than the lease
+    time.sleep(0.9)  # lease 0.3 s; room for a renewal already in flight
+    hold._suspend_renewal(False)
+    wait_until(lambda: hold.lost, timeout=2)  # the renewer noticed
+    assert lost == [hold] and lane.leases_lost == 1
+    with pytest.raises(LeaseLostError):
+        hold.release()
+    assert hold.release() is False
+    # manual_release of a lost hold: False and a warning.
+    assert lane.try_acquire("k")
+    lane._holds["k"][0]._suspend_renewal()
+    time.sleep(0.9)  # lease 0.3 s; room for a renewal already in flight
+    lane._holds["k"][0]._suspend_renewal(False)
+    wait_until(lambda: len(lost) == 2, timeout=2)
+    with caplog.at_level(logging.WARNING, logger="lanequeue.redis"):
+        assert lane.manual_release("k") is False
+    assert "lost" in caplog.text
+
+
+def test_release_after_expiry_unknown_to_the_holder(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    """The lease ran out while renewal was paused and nobody noticed yet: the release
+    finds the hold gone and raises NotOwnerError (the callback then fires)."""
+    lost: list[Any] = []
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.2,
+                            on_lease_lost=lost.append)
+    hold = lane.acquire("k").__enter__()
+    hold._suspend_renewal()
+    time.sleep(0.6)  # lease 0.2 s; room for a renewal already in flight
+    with pytest.raises(NotOwnerError) as info:
+        hold.release()
+    assert not isinstance(info.value, LeaseLostError)
+    assert "not held by this acquisition" in str(info.value)
+    assert lost == [hold]
+
+
+def test_with_block_error_is_not_masked_by_release_error(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.2)
+    with pytest.raises(ZeroDivisionError), lane.acquire("k") as hold:
+        hold._suspend_renewal()
+        time.sleep(0.6)
+        1 / 0  # noqa: B018
+
+
+# -- backend errors ------------------------------------------------------------------------
+
+
+def test_unreachable_redis_raises_backend_error(redis_prefix: str) -> None:
+    from redis_server import free_port
+
+    client = redis.Redis(port=free_port(), socket_connect_timeout=0.2,
+                         retry=Retry(NoBackoff(), 0))
+    for lane in (RedisSessionLane(client, prefix=redis_prefix),
+                 RedisLane(client, "g", prefix=redis_prefix)):
+        with pytest.raises(LaneBackendError) as info:
+            lane.try_acquire("k")
+        assert isinstance(info.value.__cause__, redis.exceptions.ConnectionError)
+        assert "nothing was granted" in str(info.value)
+        with pytest.raises(LaneBackendError), lane.acquire("k"):
+            pass
+        assert lane.stats.acquired == 0 and lane.stats.holders == 0
+    with pytest.raises(LaneBackendError):
+        _ = lane.active_count  # the counting lane's lane-wide view asks Redis
+
+
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_lost_signal_costs_one_poll_never_a_hang(
+    redis_client: redis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The waiter listens on a list nobody pushes to (every wake-up signal is lost): it
+    still gets the key, within one bounded poll (lease_s/3) of the release."""
+    lane: RedisSessionLane | RedisLane
+    holder: RedisSessionLane | RedisLane
+    if kind == "session":
+        holder = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.6)
+        lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=0.6)
+    else:
+        holder = RedisLane(redis_client, "g", max_concurrent=1, prefix=redis_prefix,
+                           lease_s=0.6)
+        lane = RedisLane(redis_client, "g", max_concurrent=1, prefix=redis_prefix,
+                         lease_s=0.6)
+    assert lane._poll_s == pytest.approx(0.2)
+    monkeypatch.setattr(lane, "_signal_key", lambda hold: f"{{{redis_prefix}}}:deaf")
+    assert holder.try_acquire("k")
+    box: dict[str, float] = {}
+
+    def run() -> None:
+        if lane.acquire_timeout("k", 10):
+            box["at"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(0.5)  # the waiter is in line, polling
+    released = time.monotonic()
+    assert holder.manual_release("k")
+    t.join(10)
+    assert box["at"] - released < 0.2 + 0.3
+    assert lane.manual_release("k")
