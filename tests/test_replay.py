@@ -407,8 +407,8 @@ def test_measurements_come_from_the_workers(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_unknown_runtime_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="unknown runtime 'asyncio'; available: threads"):
-        run_replay(make_trace([(0, 1, 1)]), ReplayConfig(runtime="asyncio"))
+    with pytest.raises(ValueError, match="unknown runtime 'fibers'; available: asyncio, threads"):
+        run_replay(make_trace([(0, 1, 1)]), ReplayConfig(runtime="fibers"))
 
 
 # --------------------------------------------------------------------------------------
@@ -464,8 +464,8 @@ def test_cli_reports_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["replay", "--runtime", "asyncio"]) == 2
-    assert "unknown runtime 'asyncio'; available: threads" in capsys.readouterr().err
+    assert main(["replay", "--runtime", "fibers"]) == 2
+    assert "unknown runtime 'fibers'; available: asyncio, threads" in capsys.readouterr().err
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 2
     assert "cannot open trace" in capsys.readouterr().err
     assert main(["replay", "--json", str(tmp_path / "no" / "dir.json")]) == 2

@@ -151,6 +151,9 @@ class LaneStats:
 class _CoreBase:
     """State and bookkeeping common to both cores. All fields change under ``_lock``."""
 
+    # Each core removes a waiter from its line (lock held); False if it was not in it.
+    _unlink: Callable[[str, Waiter], bool]
+
     __slots__ = (
         "name",
         "_lock",
@@ -195,6 +198,27 @@ class _CoreBase:
                 self._token = token
                 return token, key
         return None
+
+    def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
+        """Take ``waiter`` out of line (its wait ran out, or it was cancelled/interrupted).
+
+        Returns the waiter's token if a releaser granted it first: the caller then holds
+        the permit and must keep it or release it. Returns 0 otherwise; the waiter then
+        holds nothing and is no longer counted anywhere. A second call for the same waiter
+        (a timer withdrew it, then its task was cancelled before resuming) changes nothing.
+        """
+        with self._lock:
+            if waiter.token:
+                return waiter.token
+            if not waiter.left:
+                waiter.left = True
+                if self._unlink(key, waiter):  # else a releaser already dropped it
+                    self._waiting -= 1
+                if timed_out:
+                    self.timeouts += 1
+                else:
+                    self.cancelled += 1
+            return 0
 
     def _stats(self, holders: int, evicted: int) -> LaneStats:
         return LaneStats(
@@ -353,31 +377,14 @@ class SessionCore(_CoreBase):
         _warn_unmatched(self.name, key, token)
         return False
 
-    def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
-        """Take ``waiter`` out of line (its wait ran out, or it was cancelled/interrupted).
-
-        Returns the waiter's token if a releaser granted it first: the caller then holds
-        the key and must keep it or release it. Returns 0 otherwise; the waiter then holds
-        nothing and is no longer counted anywhere. A second call for the same waiter (a
-        timer withdrew it, then its task was cancelled before resuming) changes nothing.
-        """
-        with self._lock:
-            if waiter.token:
-                return waiter.token
-            if waiter.left:
-                return 0
-            waiter.left = True
-            entry = self._entries.get(key)
-            if entry is not None and entry.line is not None:
-                if entry.line.pop(waiter, None) is not None:
-                    self._waiting -= 1
-                if not entry.line:
-                    entry.line = None
-            if timed_out:
-                self.timeouts += 1
-            else:
-                self.cancelled += 1
-            return 0
+    def _unlink(self, key: str, waiter: Waiter) -> bool:
+        entry = self._entries.get(key)
+        if entry is None or entry.line is None:
+            return False
+        found = entry.line.pop(waiter, None) is not None
+        if not entry.line:
+            entry.line = None
+        return found
 
     # -- eviction ------------------------------------------------------------------------
 
@@ -523,21 +530,8 @@ class CountingCore(_CoreBase):
         _warn_unmatched(self.name, key, token)
         return False
 
-    def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
-        """As :meth:`SessionCore.withdraw`."""
-        with self._lock:
-            if waiter.token:
-                return waiter.token
-            if waiter.left:
-                return 0
-            waiter.left = True
-            if self._line.pop(waiter, None) is not None:
-                self._waiting -= 1
-            if timed_out:
-                self.timeouts += 1
-            else:
-                self.cancelled += 1
-            return 0
+    def _unlink(self, key: str, waiter: Waiter) -> bool:
+        return self._line.pop(waiter, None) is not None
 
     def holders(self) -> int:
         return len(self._holds)

@@ -152,7 +152,7 @@ class SessionKind(LaneKind[SessionCore]):
         name: str = "session",
         *,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         clock: Clock = time.monotonic,
     ) -> None:
@@ -256,7 +256,7 @@ class Hold:
             self._token = -token
         else:
             return False
-        ok: bool = self.lane._core.release(self.key, token)
+        ok: bool = self.lane._release(self.key, token)
         return ok
 
     async def _release_async(self) -> bool:

@@ -29,20 +29,15 @@ closed and the lane is quiet (no holder, no waiter), the next loop may take it o
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from threading import get_ident
 from types import TracebackType
 from typing import Any
 
-from ._core import Clock, Core, Waiter
+from ._core import Core, Waiter
 from ._errors import LaneTimeoutError
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
-    DEFAULT_IDLE_TIMEOUT_S,
-    DEFAULT_MAX_CONCURRENT,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_TIMEOUT_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
@@ -114,19 +109,6 @@ class AsyncHold(Hold):
             self._token = -token
             # The exit runs in the task that entered, so on the lane's loop: no check.
             self.lane._core.release(self.key, token)
-
-    def release(self) -> bool:
-        """End this hold. Returns False if it was not held. Never waits; call it from the
-        lane's event loop."""
-        token = self._token
-        if token < 0:
-            token = -token  # already released: the core refuses it, warns and counts it
-        elif token:
-            self._token = -token
-        else:
-            return False
-        ok: bool = self.lane._release(self.key, token)
-        return ok
 
 
 class _AsyncFace:
@@ -220,6 +202,7 @@ class _AsyncFace:
             waiter.fut.set_result(None)  # resumes the task with token 0: timed out
 
     def _release(self, key: str, token: int) -> bool:
+        """End the hold ``token`` of ``key`` (0: the key's hold), from the lane's loop."""
         self._bind()
         ok: bool = self._core.release(key, token)
         return ok
@@ -311,17 +294,6 @@ class AsyncLane(_AsyncFace, CountingKind):
             await call_model()
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        CountingKind.__init__(
-            self, name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock
-        )
 
 
 class AsyncSessionLane(_AsyncFace, SessionKind):
@@ -338,23 +310,6 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
             await call_model()
     """
 
-    def __init__(
-        self,
-        name: str = "session",
-        *,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        SessionKind.__init__(
-            self,
-            name,
-            max_sessions=max_sessions,
-            idle_timeout_s=idle_timeout_s,
-            timeout_s=timeout_s,
-            clock=clock,
-        )
 
 
 class _AsyncSurfaceHold(Hold):
@@ -446,7 +401,7 @@ class _AsyncMultiAcquire(MultiHold):
             raise error
 
 
-class AsyncLaneQueue(QueueBase[Any]):
+class AsyncLaneQueue(QueueBase[AsyncLane, AsyncSessionLane]):
     """A registry of named asyncio lanes, composed per request by :meth:`acquire_all`.
 
     Same rules as :class:`lanequeue.LaneQueue` (registration order, one deadline, all or
@@ -460,53 +415,15 @@ class AsyncLaneQueue(QueueBase[Any]):
             reply = await client.chat(...)
     """
 
+    _counting = AsyncLane
+    _session = AsyncSessionLane
+
     def _step(self, lane: Any) -> Step:
         return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
 
     def _admit(self, lane: Any) -> None:
         if not getattr(lane, "_async_face", False):
             raise TypeError(f"{type(lane).__name__} is not an asyncio lane; use LaneQueue")
-
-    def add_lane(
-        self,
-        name: str,
-        *,
-        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> AsyncLane:
-        """Create and register an :class:`AsyncLane`; return it. ValueError if the name
-        is taken."""
-        if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
-        lane: AsyncLane = self.add(
-            AsyncLane(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock)
-        )
-        return lane
-
-    def add_session_lane(
-        self,
-        name: str = "session",
-        *,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> AsyncSessionLane:
-        """Create and register an :class:`AsyncSessionLane`; return it. ValueError if the
-        name is taken."""
-        if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
-        lane: AsyncSessionLane = self.add(
-            AsyncSessionLane(
-                name,
-                max_sessions=max_sessions,
-                idle_timeout_s=idle_timeout_s,
-                timeout_s=timeout_s,
-                clock=clock,
-            )
-        )
-        return lane
 
     def acquire_all(
         self, key: str, lane_names: Sequence[str], *, timeout_s: float | None = None

@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
         "replay",
         help="drive a production request trace through real lanes and measure it",
         description=(
-            "Replay a request trace through real lanes on real threads. Each request arrives "
-            "at its trace time / SPEED, takes the lanes ['session', 'global'] with "
-            "LaneQueue.acquire_all under its conversation's key, works for "
+            "Replay a request trace through real lanes, on real threads or asyncio tasks. "
+            "Each request arrives at its trace time / SPEED, takes the lanes "
+            "['session', 'global'] with acquire_all under its conversation's key, works for "
             "output_length * TPOT_MS / SPEED milliseconds, then releases. Reports waits, "
             "order and concurrency as the workers observed them, next to an exact "
             "simulation of the same policy."
@@ -127,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtime",
         default="threads",
         metavar="NAME",
-        help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default threads)",
+        help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default threads): "
+        "threads block in LaneQueue, asyncio tasks await AsyncLaneQueue on one event loop",
     )
     rp.add_argument(
         "--max-sessions",

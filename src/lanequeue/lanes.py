@@ -11,17 +11,12 @@ shared state machine of :mod:`lanequeue._core`.
 from __future__ import annotations
 
 import threading
-import time
 from types import TracebackType
 from typing import Any
 
-from ._core import Clock, Core, Waiter
+from ._core import Core, Waiter
 from ._errors import LaneTimeoutError
 from ._face import (
-    DEFAULT_IDLE_TIMEOUT_S,
-    DEFAULT_MAX_CONCURRENT,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_TIMEOUT_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
@@ -133,6 +128,11 @@ class _ThreadFace:
         # settles that race under the core's lock and returns the token if so.
         return core.withdraw(key, waiter, timed_out=True)
 
+    def _release(self, key: str, token: int) -> bool:
+        """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""
+        core: Core = self._core
+        return core.release(key, token)
+
     def _hold(self, key: str, timeout: float | None) -> ThreadHold | None:
         token = self._take(key, timeout)
         return ThreadHold(self, key, timeout, token) if token else None
@@ -198,8 +198,7 @@ class _ThreadFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        core: Core = self._core
-        return core.release(key, 0)
+        return self._release(key, 0)
 
     def _raw_acquire(self, key: str) -> bool:
         """The source design's internal acquire: wait the lane's ``timeout_s``."""
@@ -233,17 +232,6 @@ class Lane(_ThreadFace, CountingKind):
             ...
     """
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        CountingKind.__init__(
-            self, name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock
-        )
 
 
 class SessionLane(_ThreadFace, SessionKind):
@@ -271,21 +259,3 @@ class SessionLane(_ThreadFace, SessionKind):
         with sessions.acquire("gateway:slack:c1:u1:t1"):
             ...   # the next message of this thread waits here; other threads don't
     """
-
-    def __init__(
-        self,
-        name: str = "session",
-        *,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        SessionKind.__init__(
-            self,
-            name,
-            max_sessions=max_sessions,
-            idle_timeout_s=idle_timeout_s,
-            timeout_s=timeout_s,
-            clock=clock,
-        )

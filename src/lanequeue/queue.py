@@ -30,14 +30,18 @@ from ._face import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
+    CountingKind,
     Hold,
+    SessionKind,
 )
 from ._validate import check_key, check_timeout
 from .lanes import Lane, SessionLane, _ThreadFace, _ThreadWaiter
 
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
-L = TypeVar("L")
+T = TypeVar("T")
+CL = TypeVar("CL", bound=CountingKind)
+SL = TypeVar("SL", bound=SessionKind)
 M = TypeVar("M", bound="MultiHold")
 
 # Distinct lane-name lists remembered with their resolved, ordered lanes.
@@ -246,21 +250,66 @@ def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
     return None
 
 
-class QueueBase(Generic[L]):
+class QueueBase(Generic[CL, SL]):
     """The registry of a queue: names, registration order, plans, status.
 
     Thread-safe for lookups and acquisitions; add lanes before sharing the queue.
     """
 
+    # The lane classes add_lane / add_session_lane make (the queue's face).
+    _counting: type[CL]
+    _session: type[SL]
+
     def __init__(self) -> None:
-        self._lanes: dict[str, L] = {}
+        self._lanes: dict[str, Any] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
+
+    def add_lane(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> CL:
+        """Create and register a counting lane of this queue's face (``Lane`` or
+        ``AsyncLane``) with these arguments; return it. ValueError if the name is taken,
+        and the lane's own errors for bad arguments."""
+        if name in self._lanes:
+            raise ValueError(f"a lane named {name!r} is already registered")
+        return self.add(
+            self._counting(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock)
+        )
+
+    def add_session_lane(
+        self,
+        name: str = "session",
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        clock: Clock = time.monotonic,
+    ) -> SL:
+        """Create and register a per-key lane of this queue's face (``SessionLane`` or
+        ``AsyncSessionLane``) with these arguments; return it. ValueError if the name is
+        taken, and the lane's own errors for bad arguments."""
+        if name in self._lanes:
+            raise ValueError(f"a lane named {name!r} is already registered")
+        return self.add(
+            self._session(
+                name,
+                max_sessions=max_sessions,
+                idle_timeout_s=idle_timeout_s,
+                timeout_s=timeout_s,
+                clock=clock,
+            )
+        )
 
     def _admit(self, lane: Any) -> None:
         """Face-specific check that ``lane`` can join this queue (TypeError if not)."""
 
-    def add(self, lane: L) -> L:
+    def add(self, lane: T) -> T:
         """Register ``lane`` under its ``name``; lanes are taken in registration order.
 
         Any object with the lane surface is accepted (``name``, ``timeout_s``,
@@ -280,11 +329,11 @@ class QueueBase(Generic[L]):
         self._plans.clear()
         return lane
 
-    def get_lane(self, name: str) -> L | None:
+    def get_lane(self, name: str) -> Any:
         """The lane called ``name``, or None."""
         return self._lanes.get(name)
 
-    def __getitem__(self, name: str) -> L:
+    def __getitem__(self, name: str) -> Any:
         try:
             return self._lanes[name]
         except KeyError:
@@ -311,7 +360,7 @@ class QueueBase(Generic[L]):
             out[name] = st() if callable(st) else {"name": name, "kind": type(lane).__name__}
         return out
 
-    def _step(self, lane: L) -> Step:
+    def _step(self, lane: Any) -> Step:
         """How this queue drives ``lane``: (lane, its core) for an in-process lane of the
         queue's own face, (lane, None) for lanes reached through their ``_hold``."""
         return (lane, None)
@@ -355,8 +404,11 @@ class QueueBase(Generic[L]):
         return multi
 
 
-class LaneQueue(QueueBase[Any]):
+class LaneQueue(QueueBase[Lane, SessionLane]):
     """A registry of named lanes for threads, composed per request by :meth:`acquire_all`.
+
+    ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane`;
+    ``add`` registers any lane of the thread face (Redis lanes included).
 
     Example::
 
@@ -369,6 +421,9 @@ class LaneQueue(QueueBase[Any]):
     Thread-safe once its lanes are registered.
     """
 
+    _counting = Lane
+    _session = SessionLane
+
     def _step(self, lane: Any) -> Step:
         return (lane, lane._core if isinstance(lane, _ThreadFace) else None)
 
@@ -378,46 +433,6 @@ class LaneQueue(QueueBase[Any]):
         for attr in ("acquire_timeout", "manual_release"):
             if not callable(getattr(lane, attr, None)):
                 raise TypeError(f"lane {lane!r} lacks the lane surface: no {attr}()")
-
-    def add_lane(
-        self,
-        name: str,
-        *,
-        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> Lane:
-        """Create and register a :class:`Lane`; return it. ValueError if the name is taken."""
-        if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
-        lane: Lane = self.add(
-            Lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock)
-        )
-        return lane
-
-    def add_session_lane(
-        self,
-        name: str = "session",
-        *,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> SessionLane:
-        """Create and register a :class:`SessionLane`; return it. ValueError if the name
-        is taken."""
-        if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
-        lane: SessionLane = self.add(
-            SessionLane(
-                name,
-                max_sessions=max_sessions,
-                idle_timeout_s=idle_timeout_s,
-                timeout_s=timeout_s,
-                clock=clock,
-            )
-        )
-        return lane
 
     def acquire_all(
         self, key: str, lane_names: Sequence[str], *, timeout_s: float | None = None
