@@ -103,12 +103,11 @@ def test_lost_redis_lease_still_releases_the_in_process_lanes(
     queue = LaneQueue()
     local = queue.add(SessionLane("local"))
     queue.add(RedisSessionLane(redis_client, "shared", prefix=redis_prefix, lease_s=0.5))
-    with pytest.raises(NotOwnerError):
-        with queue.acquire_all("k", ["local", "shared"]) as holds:
-            holds["shared"]._suspend_renewal()
-            deadline = time.monotonic() + 10
-            while redis_client.keys(f"*{redis_prefix}*shared*:h") and time.monotonic() < deadline:
-                time.sleep(0.05)
+    with pytest.raises(NotOwnerError), queue.acquire_all("k", ["local", "shared"]) as holds:
+        holds["shared"]._suspend_renewal()
+        deadline = time.monotonic() + 10
+        while redis_client.keys(f"*{redis_prefix}*shared*:h") and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert not local.is_held("k")
     assert local.stats.holders == 0
     assert local.stats.unmatched_releases == 0

@@ -1,0 +1,218 @@
+"""The ``asyncio`` runtime: a replay plan driven through the asyncio lanes on one event loop.
+
+The same job as the thread runtime (:class:`~lanequeue.replay.runtime.ThreadRuntime`),
+measured the same way, with tasks instead of threads:
+
+- one event loop, run by :meth:`AsyncioRuntime.run` in the calling thread;
+- a dispatcher coroutine that sleeps until each arrival time and then creates one task
+  per request (every request of a batch arriving at the same instant is created in one
+  go, in arrival order);
+- each task does ``async with queue.acquire_all(key, ["session", "global"])`` on an
+  :class:`~lanequeue.AsyncLaneQueue` (:class:`~lanequeue.AsyncSessionLane`,
+  :class:`~lanequeue.AsyncLane`), ``await asyncio.sleep(work_s)``, and releases;
+- the tasks report the start and end of their work to the same
+  :class:`~lanequeue.replay.observe.Observer` as the threads do, so the figures
+  (order, per-key and global occupancy, waits, registry size) are the workers' own.
+
+Why there is no ArrivalGate here
+================================
+The thread runtime needs :class:`~lanequeue.replay.observe.ArrivalGate` because the OS
+may run a thread started later before one started earlier, so two requests of one
+conversation could enter the session lane out of arrival order. Tasks of one loop cannot
+overtake each other that way:
+
+1. ``loop.create_task`` schedules the task's first step with ``call_soon``, and the loop
+   runs ready callbacks in FIFO order; the dispatcher creates tasks in arrival order, so
+   their first steps run in arrival order (an eager task factory would run each first step
+   inside ``create_task``: the same order).
+2. A task's first step runs synchronously until its first real suspension. The worker
+   does nothing awaitable before ``acquire_all``, and ``acquire_all`` on in-process async
+   lanes takes (or joins the line of) its first lane with a plain ``core.take`` before it
+   awaits anything. So each request is in line in the first lane before the next request's
+   task has run at all.
+
+Hence requests enter the first lane in arrival order, which is all the gate ensures; from
+there the lane's own FIFO decides, as for threads. The runtime still checks this rather
+than trusting it: every task records its rank as it reaches ``acquire_all``, and a task
+that finds it got there out of arrival order is reported as an error (so the run fails
+its checks) instead of silently skewing the figures. ``RunRecord.held_back`` is 0.
+
+This reasoning needs the first lane's take to happen before any await. A lane reached
+through ``await lane._hold(...)`` (a Redis lane, say) may suspend on I/O before its
+request is in line; such a backend needs an awaitable arrival gate in front of
+``acquire_all`` (the check above would report the problem if it were forgotten).
+
+Timing: the loop's timers wake up with the selector's resolution (1 ms with epoll), so
+arrivals are dispatched up to about a millisecond late (``dispatch_lag_max_s``), and
+waits, which run from the arrival time, include that lag, as they include the
+scheduling delay of a thread for the thread runtime.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Sequence
+
+from lanequeue import AsyncLaneQueue, AsyncSessionLane
+from lanequeue.replay.observe import Observer
+from lanequeue.replay.policy import LaneSpec
+from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, add_plan_lanes
+
+__all__ = ["AsyncioRuntime", "build_async_queue"]
+
+
+def build_async_queue(
+    lanes: Sequence[LaneSpec], *, max_sessions: int = 256, idle_timeout_s: float | None = 3600.0
+) -> AsyncLaneQueue:
+    """An AsyncLaneQueue holding ``lanes`` (registered in order, so taken in order), all of
+    them waiting without limit (``timeout_s=None``).
+
+    A per-key spec becomes an :class:`~lanequeue.AsyncSessionLane` (capacity must be 1), a
+    counting spec an :class:`~lanequeue.AsyncLane` of ``capacity`` permits.
+    """
+    return add_plan_lanes(
+        AsyncLaneQueue(), lanes, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s
+    )
+
+
+class AsyncioRuntime:
+    """Real asyncio tasks on real async lanes, one event loop: one task per request, from
+    its arrival (see the module docstring)."""
+
+    name = "asyncio"
+
+    def __init__(self, *, lead_s: float = 0.02, tick_s: float = 0.1) -> None:
+        """``lead_s``: seconds between setting up and the first arrival; ``tick_s``:
+        seconds between two progress reports."""
+        self._lead_s = lead_s
+        self._tick_s = tick_s
+
+    def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
+        """Replay ``plan`` on a new event loop in the calling thread, in real time.
+
+        Raises:
+            RuntimeError: called from a thread whose event loop is running (call it from
+                a plain thread, e.g. with ``asyncio.to_thread``).
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "the asyncio replay runtime runs its own event loop; call it from a thread "
+                "without a running loop (e.g. through asyncio.to_thread)"
+            )
+        return asyncio.run(self._replay(plan, progress))
+
+    async def _replay(self, plan: ReplayPlan, progress: ProgressFn | None) -> RunRecord:
+        n = len(plan.keys)
+        keys = plan.keys
+        work_s = plan.work_s
+        arrival_s = plan.arrival_s
+        lane_names = [spec.name for spec in plan.lanes]
+        queue = build_async_queue(
+            plan.lanes, max_sessions=plan.max_sessions, idle_timeout_s=plan.idle_timeout_s
+        )
+        session_lanes = [
+            lane for lane in map(queue.get_lane, lane_names) if isinstance(lane, AsyncSessionLane)
+        ]
+        registry: Callable[[], int] | None = None
+        if session_lanes:
+            first_session = session_lanes[0]
+
+            def registry() -> int:
+                return first_session.session_count
+
+        loop = asyncio.get_running_loop()
+        clock = loop.time  # the clock of the loop's timers (time.monotonic by default)
+        epoch = clock() + self._lead_s
+        observer = Observer(keys, epoch_s=epoch, clock=clock, registry_size=registry)
+        dispatch_s = [math.nan] * n
+        errors: list[tuple[int, str]] = []
+        done = 0
+        entered = 0  # requests that have reached acquire_all (see the module docstring)
+        in_flight: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        all_done = asyncio.Event()
+        if n == 0:
+            all_done.set()
+
+        async def worker(rid: int) -> None:
+            nonlocal done, entered
+            try:
+                if rid != entered:  # reached the lanes out of arrival order: a harness bug
+                    errors.append((rid, f"reached acquire_all as number {entered}, not {rid}"))
+                entered += 1
+                # No await before this line: the first lane is joined in this very step.
+                async with queue.acquire_all(keys[rid], lane_names):
+                    observer.work_started(rid)
+                    try:
+                        await asyncio.sleep(work_s[rid])
+                    finally:
+                        observer.work_ended(rid)
+                observer.completed(rid)
+            except Exception as exc:  # reported, never silently lost
+                errors.append((rid, f"{type(exc).__name__}: {exc}"))
+            finally:  # also on cancellation (an interrupted run), which propagates
+                done += 1
+                if done == n:
+                    all_done.set()
+
+        async def dispatcher() -> None:
+            for rid in range(n):
+                # Loop: a timer may fire up to the loop's clock resolution early.
+                while (delay := epoch + arrival_s[rid] - clock()) > 0:
+                    await asyncio.sleep(delay)
+                dispatch_s[rid] = clock() - epoch
+                task = loop.create_task(worker(rid))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+
+        async def ticker(report: ProgressFn) -> None:
+            while True:
+                report(done, n)
+                await asyncio.sleep(self._tick_s)
+
+        feeder = loop.create_task(dispatcher())
+
+        def feeder_done(task: asyncio.Task[None]) -> None:
+            # A dispatcher that failed stops the wait (``await feeder`` then re-raises).
+            if not task.cancelled() and task.exception() is not None:
+                all_done.set()
+
+        feeder.add_done_callback(feeder_done)
+        bar = None if progress is None else loop.create_task(ticker(progress))
+        try:
+            await all_done.wait()
+            await feeder  # done by now; re-raises if the dispatcher failed
+        finally:
+            if bar is not None:
+                bar.cancel()
+            feeder.cancel()  # on an interrupt; asyncio.run cancels the workers
+        failed = {rid for rid, _ in errors}
+        errors += [
+            (rid, "did not complete")
+            for rid, t in enumerate(observer.complete_s)
+            if math.isnan(t) and rid not in failed
+        ]
+        finished = [t for t in observer.complete_s if not math.isnan(t)]
+        wall = max(finished) if len(finished) == n and n else max(0.0, clock() - epoch)
+        if progress is not None:
+            progress(n, n)
+        registry_final = observer.sample_registry()
+        return RunRecord(
+            dispatch_s=dispatch_s,
+            start_s=observer.start_s,
+            complete_s=observer.complete_s,
+            start_order=observer.start_order,
+            max_key_concurrency=observer.max_key_concurrency,
+            peak_global=observer.peak_global,
+            registry_peak=observer.registry_peak,
+            registry_final=registry_final,
+            wall_s=wall,
+            held_back=0,
+            threads=0,
+            lane_stats={name: queue[name].stats.to_dict() for name in lane_names},
+            errors=sorted(errors),
+        )
