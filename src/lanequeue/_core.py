@@ -220,14 +220,14 @@ class _CoreBase:
                     self.cancelled += 1
             return 0
 
-    def _stats(self, holders: int, evicted: int) -> LaneStats:
+    def _stats(self, holders: int) -> LaneStats:
         return LaneStats(
             acquired=self._token,
             released=self._token - holders,
             timeouts=self.timeouts,
             rejected=self.rejected,
             cancelled=self.cancelled,
-            evicted=evicted,
+            evicted=self.evicted,
             unmatched_releases=self.unmatched,
             holders=holders,
             waiters=self._waiting,
@@ -450,7 +450,7 @@ class SessionCore(_CoreBase):
 
     def stats(self) -> LaneStats:
         with self._lock:
-            return self._stats(self._held, self.evicted)
+            return self._stats(self._held)
 
     def idle_count(self) -> int:
         return len(self._entries) - self._held
@@ -551,4 +551,4 @@ class CountingCore(_CoreBase):
 
     def stats(self) -> LaneStats:
         with self._lock:
-            return self._stats(len(self._holds), 0)
+            return self._stats(len(self._holds))

@@ -44,7 +44,7 @@ from ._face import (
     SessionKind,
 )
 from ._validate import check_key, check_timeout
-from .queue import MultiHold, QueueBase, Step, _remaining
+from .queue import MultiHold, QueueBase, Step, _send
 
 __all__ = [
     "AsyncHold",
@@ -334,6 +334,11 @@ async def _hold(lane: Any, key: str, timeout: float | None) -> Any:
     return None
 
 
+def _task_waiter(lane: Any) -> Any:
+    lane._bind()
+    return lane._new_waiter
+
+
 class _AsyncMultiAcquire(MultiHold):
     """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
@@ -342,35 +347,21 @@ class _AsyncMultiAcquire(MultiHold):
     async def __aenter__(self) -> MultiHold:
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
-        key, budget, taken = self._key, self._budget_s, self._taken
-        deadline: float | None = None
-        started = False  # the deadline runs from the first step that has to wait
+        # The loop's clock, like the timers that end the waits.
+        steps = self._acquiring(asyncio.get_running_loop().time, _task_waiter, None)
         try:
-            for lane, core in self._plan.steps:
-                if core is not None:
-                    lane._bind()
-                    got = core.take(key, None if budget == 0 else lane._new_waiter)
-                    if type(got) is int:
-                        taken.append(got)
-                        continue
-                now = asyncio.get_running_loop().time()  # the loop's clock, like its timers
-                if not started:
-                    deadline, started = self._deadline(now), True
-                remaining = _remaining(deadline, now)
-                if core is not None:
-                    token = await lane._park(key, got, remaining)
-                    if not token:
-                        raise LaneTimeoutError(lane.name, key, budget)
-                    taken.append(token)
-                else:
-                    hold = await _hold(lane, key, remaining)
-                    if hold is None:
-                        raise LaneTimeoutError(lane.name, key, budget)
-                    taken.append(hold)
+            wait = next(steps, None)
+            while wait is not None:
+                wait = _send(steps, await self._wait(*wait))
         except BaseException:
             await self.release_async()
             raise
         return self
+
+    async def _wait(self, lane: Any, core: Any, got: Any, remaining: float | None) -> Any:
+        if core is not None:
+            return await lane._park(self._key, got, remaining)
+        return await _hold(lane, self._key, remaining)
 
     async def __aexit__(
         self,
@@ -386,19 +377,15 @@ class _AsyncMultiAcquire(MultiHold):
         Every hold is released even when one release raises (a Redis hold whose lease was
         lost raises NotOwnerError); the first such error is raised after the loop.
         """
-        key, steps, taken = self._key, self._plan.steps, self._taken
-        error: BaseException | None = None
-        while taken:
-            got = taken.pop()
+        steps = self._releasing()
+        hold = next(steps, None)
+        while hold is not None:
             try:
-                if type(got) is int:
-                    steps[len(taken)][1].release(key, got)
-                elif got.held:  # a lane's own hold, or a viewed token not released yet
-                    await got._release_async()
+                await hold._release_async()
             except BaseException as exc:
-                error = error or exc
-        if error is not None:
-            raise error
+                hold = _send(steps, exc)
+            else:
+                hold = _send(steps, None)
 
 
 class AsyncLaneQueue(QueueBase[AsyncLane, AsyncSessionLane]):

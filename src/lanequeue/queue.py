@@ -18,7 +18,7 @@ The registry part (names, order, status) is shared with the asyncio queue
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
@@ -129,8 +129,65 @@ class MultiHold:
     def __len__(self) -> int:
         return len(self._taken)
 
-    def _deadline(self, now: float) -> float | None:
-        return None if self._budget_s is None else now + self._budget_s
+    def _acquiring(
+        self, clock: Callable[[], float], waiter_for: Callable[[Any], Any], pending: Any
+    ) -> Generator[tuple[Any, Any, Any, float | None], Any, None]:
+        """The all-or-nothing loop of ``acquire_all``, written once for both faces.
+
+        Takes the steps not taken yet, in registration order, appending each token or hold
+        to ``_taken``. Where a step must wait it yields ``(lane, core, got, remaining)``:
+        ``got`` is what ``core.take`` returned (the waiter it put in line, or None when
+        refused) for an in-process lane, None for a lane reached through ``_hold``;
+        ``remaining`` is what is left of the ONE budget (seconds, None: no limit), which
+        runs from the first wait. The face waits in its own way (blocking or awaiting) and
+        sends back the token or hold, or a falsy value if none came: then this raises
+        LaneTimeoutError naming the lane and the key. ``pending`` is what the first step's
+        ``core.take`` already returned, if the face's fast path called it. ``waiter_for``
+        gives the waiter factory for a lane. Releasing on failure is the face's job.
+        """
+        key, budget, taken = self._key, self._budget_s, self._taken
+        deadline: float | None = None
+        started = False
+        for lane, core in self._plan.steps[len(taken):]:
+            got = None
+            if core is not None:
+                if pending is None:
+                    got = core.take(key, None if budget == 0 else waiter_for(lane))
+                else:
+                    got, pending = pending, None
+                if type(got) is int:
+                    taken.append(got)
+                    continue
+            now = clock()
+            if not started:
+                deadline = None if budget is None else now + budget
+                started = True
+            result = yield lane, core, got, _remaining(deadline, now)
+            if not result:
+                raise LaneTimeoutError(lane.name, key, budget)
+            taken.append(result)
+
+    def _releasing(self) -> Generator[Any, BaseException | None, None]:
+        """The release loop of ``acquire_all``, written once for both faces.
+
+        Pops what was taken, last first: ends in-process tokens itself, and yields every
+        other hold still held for the face to release (blocking or awaiting); the face
+        sends back the exception that release raised, or None. Every hold is released
+        even when one release raises; the first error is raised at the end.
+        """
+        key, steps, taken = self._key, self._plan.steps, self._taken
+        error: BaseException | None = None
+        while taken:
+            got = taken.pop()
+            try:
+                if type(got) is int:
+                    steps[len(taken)][1].release(key, got)
+                elif got.held:  # a lane's own hold, or a viewed token not released yet
+                    error = error or (yield got)
+            except BaseException as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
     def __repr__(self) -> str:
         return f"<MultiHold key={self._key!r} {self.holds!r}>"
@@ -138,6 +195,27 @@ class MultiHold:
 
 def _remaining(deadline: float | None, now: float) -> float | None:
     return None if deadline is None else max(0.0, deadline - now)
+
+
+def _send(steps: Generator[Any, Any, None], result: Any) -> Any:
+    """Resume ``steps`` with ``result``; its next yield, or None once it has finished."""
+    try:
+        return steps.send(result)
+    except StopIteration:
+        return None
+
+
+def _caught(release: Callable[[], Any]) -> BaseException | None:
+    """Call ``release``; return what it raised, or None."""
+    try:
+        release()
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def _thread_waiter(lane: Any) -> type[_ThreadWaiter]:
+    return _ThreadWaiter
 
 
 class _MultiAcquire(MultiHold):
@@ -166,40 +244,21 @@ class _MultiAcquire(MultiHold):
         return self._take_rest(None)
 
     def _take_rest(self, pending: Any) -> MultiHold:
-        """The general loop, from the first step not yet taken. ``pending`` is what that
-        step's ``core.take`` already returned (a waiter in line), or None."""
-        key, budget, taken = self._key, self._budget_s, self._taken
-        make = None if budget == 0 else _ThreadWaiter
-        deadline: float | None = None
-        started = False  # the deadline runs from the first step that has to wait
+        """The general loop (:meth:`MultiHold._acquiring`), waiting by blocking."""
+        steps = self._acquiring(time.monotonic, _thread_waiter, pending)
         try:
-            for lane, core in self._plan.steps[len(taken):]:
-                if core is not None:
-                    if pending is None:
-                        got = core.take(key, make)
-                    else:
-                        got, pending = pending, None
-                    if type(got) is int:
-                        taken.append(got)
-                        continue
-                now = time.monotonic()
-                if not started:
-                    deadline, started = self._deadline(now), True
-                remaining = _remaining(deadline, now)
-                if core is not None:
-                    token = lane._park(key, got, remaining)
-                    if not token:
-                        raise LaneTimeoutError(lane.name, key, budget)
-                    taken.append(token)
-                else:
-                    hold = _hold(lane, key, remaining)
-                    if hold is None:
-                        raise LaneTimeoutError(lane.name, key, budget)
-                    taken.append(hold)
+            wait = next(steps, None)
+            while wait is not None:
+                wait = _send(steps, self._wait(*wait))
         except BaseException:
             self.release()
             raise
         return self
+
+    def _wait(self, lane: Any, core: Any, got: Any, remaining: float | None) -> Any:
+        if core is not None:
+            return lane._park(self._key, got, remaining)
+        return _hold(lane, self._key, remaining)
 
     def __exit__(
         self,
@@ -225,19 +284,10 @@ class _MultiAcquire(MultiHold):
         Every hold is released even when one release raises (a Redis hold whose lease was
         lost raises NotOwnerError); the first such error is raised after the loop.
         """
-        key, steps, taken = self._key, self._plan.steps, self._taken
-        error: BaseException | None = None
-        while taken:
-            got = taken.pop()
-            try:
-                if type(got) is int:
-                    steps[len(taken)][1].release(key, got)
-                elif got.held:
-                    got.release()
-            except BaseException as exc:
-                error = error or exc
-        if error is not None:
-            raise error
+        steps = self._releasing()
+        hold = next(steps, None)
+        while hold is not None:
+            hold = _send(steps, _caught(hold.release))
 
 
 def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
