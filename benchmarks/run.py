@@ -1,7 +1,8 @@
 """lanequeue benchmarks: one command, one table.
 
-    python benchmarks/run.py                  # full run (about a minute)
+    python benchmarks/run.py                  # full run (about a minute and a half)
     python benchmarks/run.py --quick          # short run (smoke test)
+    python benchmarks/run.py --only redis     # ours vs redis-py's Lock (own redis-server)
     python benchmarks/run.py --only handoff   # one section (repeat --only for more)
     python benchmarks/run.py --json out.json  # also write the figures as JSON
 
@@ -9,7 +10,7 @@ Every figure of a run is measured in the same process, interleaved with its base
 ratios stay meaningful on a shared, noisy machine. Goals are printed as PASS/MISS and never
 asserted: the exit status is 0 unless a section crashed. See benchmarks/README.md.
 
-To add a section (Redis, say): write ``def section_x(cfg: Config) -> list[Row]`` in a
+To add a section: write ``def section_x(cfg: Config) -> list[Row]`` in a
 ``bench_*.py`` module and register it in :data:`SECTIONS`.
 """
 
@@ -35,6 +36,7 @@ except ImportError:  # not installed: use the source tree
 
 from bench_async import section_asyncio  # noqa: E402
 from bench_common import Config, Row, format_row, format_table_header, machine_info  # noqa: E402
+from bench_redis import redis_sizes, section_redis  # noqa: E402
 from bench_threads import (  # noqa: E402
     section_handoff,
     section_memory,
@@ -50,6 +52,8 @@ SECTIONS: dict[str, tuple[str, Callable[[Config], list[Row]]]] = {
                section_memory),
     "asyncio": ("asyncio: ns per uncontended async with, and two tasks handing one key over",
                 section_asyncio),
+    "redis": ("redis: acquire+release per second vs redis-py's Lock, and fairness of many "
+              "processes on one key (private redis-server)", section_redis),
 }
 
 
@@ -68,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [s for s in SECTIONS if s in chosen]
     machine = machine_info()
     t_start = time.perf_counter()
+    rs = redis_sizes(cfg)
 
     print("lanequeue benchmarks" + ("  (--quick)" if cfg.quick else ""))
     print(f"machine: {machine['cpu_count']} CPUs ({machine['cpus_usable']} usable), "
@@ -80,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
           f"while timing"
           + (f"; asyncio: {cfg.rounds} rounds x ~{cfg.batch_s * 1000:.0f} ms (hand-off "
              f"~{cfg.batch_s * 2000:.0f} ms), all in one event loop run"
-             if "asyncio" in chosen else ""))
+             if "asyncio" in chosen else "")
+          + (f"; redis: own redis-server, uncontended {rs[0]} rounds x ~{rs[1] * 1000:.0f} "
+             f"ms, fairness {rs[2]} processes x {rs[3]:g} s per candidate"
+             if "redis" in chosen else ""))
     print()
     print(format_table_header(), flush=True)
 

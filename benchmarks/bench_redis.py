@@ -1,0 +1,482 @@
+"""The Redis section of ``benchmarks/run.py``: our :class:`lanequeue.redis.RedisSessionLane`
+against redis-py's own ``redis.lock.Lock``, on a private redis-server started for the run.
+
+1. Uncontended: one client, one key, nobody else; acquire + release per second for
+   ``with lane.acquire(key): pass`` and ``with client.lock(key, timeout=30,
+   blocking_timeout=10): pass``, in interleaved rounds (:func:`bench_common.interleave`),
+   medians, and the median of the per-round throughput ratios ours / redis-py (goal >= 1).
+   A one-round-trip ``PING`` runs in the same rounds, for scale. Then, outside the timed
+   rounds, a short diagnostic run of each candidate through a client that counts the
+   commands it sends, with ``INFO commandstats`` reset before and read after: round trips
+   per operation and server time per operation (script time included).
+2. Fairness: N processes (32; 8 with ``--quick``), each with its own client and lock
+   object, loop on ONE key for a window (10 s; 3 s with ``--quick``): ours with
+   ``with lane.acquire(key): pass``, then redis-py's Lock with its default polling sleep
+   (0.1 s). All processes start at one shared instant after a start barrier (every worker
+   ready, then the parent sets the instant and lets them go) and stop at one
+   shared deadline; a grant counts if it came before the deadline. Figures: total grants,
+   grants/s, min and max grants per process, min/max (goal for ours >= 0.5).
+
+The server is our own: ``redis-server`` on 127.0.0.1, a free port, no persistence
+(``--save '' --appendonly no``), in a temporary directory, stopped at the end (also on
+error). Without ``redis-server`` (override with the environment variable
+``REDIS_SERVER``) or without redis-py, the section prints a row saying so and skips.
+
+The worker processes are started (``fork`` where available) before this process makes any
+lane, so they inherit no renewer thread; both fairness runs use the same workers, and the
+uncontended rounds run after they are gone.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench_common import Config, Row, interleave, median, per_round_ratio, spread
+
+from lanequeue import build_gateway_session_key
+
+__all__ = ["redis_sizes", "section_redis"]
+
+SEC = "redis"
+UNCONTENDED_GOAL = 1.0  # ours / redis-py Lock, acquire+release per second: >= 1
+FAIRNESS_GOAL = 0.5  # ours: min / max grants per process: >= 0.5
+
+REDIS_SERVER = os.environ.get("REDIS_SERVER", "redis-server")
+PREFIX = "lqbench"
+
+# The same realistic session key as the other sections.
+KEY = build_gateway_session_key("slack", "C12345", "U789", thread_id="1234567890.123456")
+LOCK_KEY = "redispy-lock:" + KEY  # redis-py's Lock uses the name as the Redis key
+
+
+# -- the private server ----------------------------------------------------------------------
+
+
+def _find_server() -> str | None:
+    found = shutil.which(REDIS_SERVER)
+    if found:
+        return found
+    if os.path.isfile(REDIS_SERVER) and os.access(REDIS_SERVER, os.X_OK):
+        return REDIS_SERVER
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _ping(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class _Server:
+    """One redis-server on 127.0.0.1, a free port, no persistence, in a temp dir."""
+
+    host = "127.0.0.1"
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.tmp = tempfile.TemporaryDirectory(prefix="lanequeue-bench-redis-")
+        self.dir = Path(self.tmp.name)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 10.0) -> None:
+        last = ""
+        for _ in range(3):  # the free port may be taken between our check and the bind
+            self.port = _free_port()
+            log_path = self.dir / f"redis-{self.port}.log"
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [self.binary, "--port", str(self.port), "--bind", self.host,
+                     "--save", "", "--appendonly", "no", "--dir", str(self.dir),
+                     "--protected-mode", "no", "--maxclients", "1000"],
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cwd=self.dir,
+                )
+            deadline = time.monotonic() + timeout
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                if _ping(self.port):
+                    return
+                time.sleep(0.02)
+            last = log_path.read_text(errors="replace")[-1000:]
+            self.stop()
+        raise RuntimeError(f"redis-server did not start:\n{last}")
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # no persistence: exits at once
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            self.tmp.cleanup()
+
+
+# -- 2. fairness: N processes on one key -----------------------------------------------------
+
+PHASES = ("ours", "redispy")
+
+
+def _worker(idx: int, host: str, port: int, window_s: float, ready: list[Any],
+            go: list[Any], start: Any, grants: list[Any], errors: Any) -> None:
+    """One contending process: its own client and lock objects. For each phase: report
+    ready, wait for the parent's go (the start barrier), start at the shared instant,
+    count grants until the shared deadline."""
+    import redis
+    from redis.exceptions import LockError
+
+    from lanequeue import LaneTimeoutError
+    from lanequeue.redis import RedisSessionLane
+
+    client = redis.Redis(host=host, port=port, socket_connect_timeout=5)
+    try:
+        lane = RedisSessionLane(client, "bench", prefix=PREFIX, lease_s=30, timeout_s=30)
+        client.ping()
+        for p, phase in enumerate(PHASES):
+            with ready[p].get_lock():
+                ready[p].value += 1
+            if not go[p].wait(timeout=120) or start[p] <= 0:
+                return  # the parent gave up (another worker failed)
+            t0 = start[p]
+            deadline = t0 + window_s
+            time.sleep(max(0.0, t0 - time.monotonic()))
+            n = 0
+            if phase == "ours":
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        with lane.acquire(KEY, timeout_s=left):
+                            if time.monotonic() <= deadline:
+                                n += 1
+                    except LaneTimeoutError:
+                        break
+            else:
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        # redis-py's default polling sleep (0.1 s); give up at the deadline.
+                        with client.lock(LOCK_KEY, timeout=30, blocking_timeout=left):
+                            if time.monotonic() <= deadline:
+                                n += 1
+                    except LockError:
+                        continue  # blocking_timeout ran out: the loop checks the deadline
+            grants[p][idx] = n
+    except BaseException:
+        with errors.get_lock():
+            errors.value += 1
+        traceback.print_exc()
+    finally:
+        client.close()
+
+
+def _all_ready(ready: Any, n: int, procs: list[Any], timeout: float) -> bool:
+    """The parent's side of the start barrier: True once ``n`` workers are ready; False
+    as soon as one has exited (crashed) or after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while ready.value < n:
+        if any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _fairness(host: str, port: int, nprocs: int, window_s: float) -> dict[str, Any]:
+    """Run both fairness phases on one pool of worker processes; per-process grants."""
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    ready = [ctx.Value("i", 0) for _ in PHASES]
+    go = [ctx.Event() for _ in PHASES]
+    start = ctx.Array("d", len(PHASES), lock=False)  # shared start instants (monotonic)
+    grants = [ctx.Array("q", nprocs, lock=False) for _ in PHASES]
+    for g in grants:
+        for i in range(nprocs):
+            g[i] = -1  # -1: this process reported nothing (crashed, stuck)
+    errors = ctx.Value("i", 0)
+    procs = [
+        ctx.Process(target=_worker, name=f"lanequeue-bench-redis-{i}",
+                    args=(i, host, port, window_s, ready, go, start, grants, errors),
+                    daemon=True)
+        for i in range(nprocs)
+    ]
+    out: dict[str, Any] = {"start_method": ctx.get_start_method()}
+    try:
+        t_spawn = time.perf_counter()
+        for p in procs:
+            p.start()
+        for i, phase in enumerate(PHASES):
+            # Phase 0: every worker is connected; phase 1: every worker is done with 0.
+            if not _all_ready(ready[i], nprocs, procs, 60 if i == 0 else window_s + 30):
+                out["aborted_before"] = phase
+                for ev in go:  # the workers waiting to start see start <= 0 and return
+                    ev.set()
+                break
+            if i == 0:
+                out["setup_s"] = time.perf_counter() - t_spawn
+            start[i] = time.monotonic() + 0.2  # a shared instant a little ahead
+            go[i].set()
+            time.sleep(0.2 + window_s)
+        # Waiters of the last phase stop at the deadline; the last grants finish soon after.
+        t_end = time.monotonic() + 15
+        for p in procs:
+            p.join(timeout=max(0.1, t_end - time.monotonic()))
+        out["stragglers"] = sum(p.is_alive() for p in procs)
+    finally:
+        for ev in go:  # frees any worker still waiting to start (start <= 0: it returns)
+            ev.set()
+        for p in procs:
+            p.join(timeout=0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=2)
+    out["errors"] = errors.value
+    out["died"] = sum(p.exitcode not in (0, None) for p in procs)
+    out["grants"] = {phase: list(grants[i]) for i, phase in enumerate(PHASES)}
+    return out
+
+
+# -- 1. uncontended ----------------------------------------------------------------------------
+
+
+def _loop_ours(lane: Any) -> Callable[[int], None]:
+    def run(n: int) -> None:
+        for _ in range(n):
+            with lane.acquire(KEY):
+                pass
+
+    return run
+
+
+def _loop_redispy(client: Any) -> Callable[[int], None]:
+    def run(n: int) -> None:
+        for _ in range(n):
+            with client.lock(LOCK_KEY, timeout=30, blocking_timeout=10):
+                pass
+
+    return run
+
+
+def _loop_ping(client: Any) -> Callable[[int], None]:
+    def run(n: int) -> None:
+        for _ in range(n):
+            client.ping()
+
+    return run
+
+
+def _counting_client_class(redis: Any) -> Any:
+    class CountingRedis(redis.Redis):  # type: ignore[misc, name-defined]
+        """Counts the commands it sends (one round trip each: no pipelines here)."""
+
+        def __init__(self, *a: Any, **kw: Any) -> None:
+            super().__init__(*a, **kw)
+            self.sent: dict[str, int] = {}
+
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            name = str(args[0]).lower()
+            self.sent[name] = self.sent.get(name, 0) + 1
+            return super().execute_command(*args, **options)
+
+    return CountingRedis
+
+
+def _server_cost(counting: Any, admin: Any, run: Callable[[int], None], n: int
+                 ) -> dict[str, Any]:
+    """Round trips per op (counted by the client) and server time per op (INFO
+    commandstats: the sent commands' time, which includes the commands their scripts ran)."""
+    run(20)  # scripts loaded, connection open
+    admin.config_resetstat()
+    counting.sent.clear()
+    run(n)
+    sent = dict(counting.sent)
+    stats = admin.info("commandstats")
+    top_usec = 0
+    inner = 0
+    for k, v in stats.items():
+        name = k.removeprefix("cmdstat_")
+        if name in sent:
+            top_usec += int(v["usec"])
+        elif name not in ("config|resetstat", "info"):
+            inner += int(v["calls"])
+    return {
+        "round_trips_per_op": sum(sent.values()) / n,
+        "sent_per_op": {k: v / n for k, v in sent.items()},
+        "inner_calls_per_op": inner / n,
+        "server_us_per_op": top_usec / n,
+    }
+
+
+# -- the section -------------------------------------------------------------------------------
+
+
+def redis_sizes(cfg: Config) -> tuple[int, float, int, float]:
+    """(uncontended rounds, seconds per batch, fairness processes, fairness window s).
+    A batch is longer than in the thread sections: one operation costs two round trips."""
+    if cfg.quick:
+        return 7, 0.03, 8, 3.0
+    return cfg.rounds, 0.04, 32, 10.0
+
+
+def section_redis(cfg: Config) -> list[Row]:
+    """Redis: ours vs redis-py's Lock, uncontended and 32 processes on one key."""
+    try:
+        import redis
+    except ImportError as exc:
+        return [Row(SEC, "redis section skipped: redis-py not importable", None, "",
+                    f"{type(exc).__name__}: {exc}; pip install redis (or lanequeue[redis])")]
+    try:
+        from lanequeue.redis import RedisSessionLane
+    except ImportError as exc:
+        return [Row(SEC, "redis section skipped: lanequeue.redis not importable", None, "",
+                    f"{type(exc).__name__}: {exc}")]
+    binary = _find_server()
+    if binary is None:
+        return [Row(SEC, "redis section skipped: redis-server not found", None, "",
+                    f"{REDIS_SERVER!r} is not on PATH; apt-get install redis-server, or set "
+                    f"REDIS_SERVER to its path")]
+
+    rounds, batch_s, nprocs, window_s = redis_sizes(cfg)
+    server = _Server(binary)
+    try:
+        server.start()
+        admin = redis.Redis(host=server.host, port=server.port)
+        ver = admin.info("server")["redis_version"]
+
+        # 2. fairness first, so the workers fork from a process with no lane (no renewer
+        # thread) and the uncontended rounds run with the workers gone.
+        fair = _fairness(server.host, server.port, nprocs, window_s)
+
+        # 1. uncontended
+        client = redis.Redis(host=server.host, port=server.port)
+        lane = RedisSessionLane(client, "bench", prefix=PREFIX, lease_s=30)
+        cands = {"ping": _loop_ping(client), "ours": _loop_ours(lane),
+                 "redispy": _loop_redispy(client)}
+        res = interleave(cands, rounds, batch_s, [["ours", "redispy"], ["ping"]])
+
+        counting = _counting_client_class(redis)(host=server.host, port=server.port)
+        n_diag = 200 if cfg.quick else 1000
+        cost = {
+            "ours": _server_cost(counting, admin, _loop_ours(
+                RedisSessionLane(counting, "diag", prefix=PREFIX, lease_s=30)), n_diag),
+            "redispy": _server_cost(counting, admin, _loop_redispy(counting), n_diag),
+        }
+        counting.close()
+        client.close()
+        admin.close()
+    finally:
+        server.close()
+
+    rows: list[Row] = [Row(
+        SEC, f"redis-server {ver} (own, 127.0.0.1, no persistence)", None, "",
+        f"redis-py {redis.__version__}; one client per process, default pool",
+        data={"redis_version": ver, "redis_py": redis.__version__},
+    )]
+
+    # -- uncontended rows --
+    ping_ops = 1e9 / median(res["ping"])
+    labels = [
+        ("ping", "PING (one round trip), for scale"),
+        ("ours", "ours  RedisSessionLane  with lane.acquire(key)"),
+        ("redispy", "redis-py  Lock  with client.lock(key, timeout=30)"),
+    ]
+    for cid, label in labels:
+        ops = 1e9 / median(res[cid])
+        note = f"+-{spread(res[cid]) * 100:.0f}%, {median(res[cid]) / 1000:.0f} us/op"
+        if cid != "ping":
+            c = cost[cid]
+            sent = " + ".join(f"{v:g} {k.upper()}" for k, v in c["sent_per_op"].items())
+            note += (f", {c['round_trips_per_op']:g} round trips ({sent}), "
+                     f"{c['inner_calls_per_op']:g} calls in scripts, server "
+                     f"{c['server_us_per_op']:.1f} us/op; {ops / ping_ops:.2f}x PING")
+        rows.append(Row(SEC, label, ops, "ops/s", note,
+                        data={"rounds_ns": res[cid], **cost.get(cid, {})}))
+    ratios = per_round_ratio(res["redispy"], res["ours"])  # throughput ours / redis-py
+    r = median(ratios)
+    rows.append(Row(
+        SEC, "ratio ours/redis-py  acquire+release per second", r, "x",
+        f"median of {len(ratios)} per-round ratios, +-{spread(ratios) * 100:.0f}%",
+        goal=f">= {UNCONTENDED_GOAL:g}", status="PASS" if r >= UNCONTENDED_GOAL else "MISS",
+        data={"rounds_ratio": ratios},
+    ))
+
+    # -- fairness rows --
+    setup = fair.get("setup_s")
+    trouble = ""
+    if fair["errors"] or fair["died"] or fair.get("stragglers") or "aborted_before" in fair:
+        trouble = (f"; {fair['errors']} worker errors, {fair['died']} workers died, "
+                   f"{fair.get('stragglers', 0)} terminated"
+                   + (f", stopped before phase {fair['aborted_before']}"
+                      if "aborted_before" in fair else ""))
+    head = (f"{nprocs} processes ({fair['start_method']}), one key, {window_s:g} s")
+    rows.append(Row(SEC, f"fairness: {head}", None, "",
+                    (f"workers ready in {setup:.1f} s" if setup is not None else "")
+                    + trouble, data={k: v for k, v in fair.items() if k != "grants"}))
+    for phase, who in (("ours", "ours    "), ("redispy", "redis-py")):
+        counts = fair["grants"][phase]
+        got = [c for c in counts if c >= 0]
+        data = {"per_process": counts}
+        if len(got) < len(counts) or not got:
+            rows.append(Row(SEC, f"{who}  fairness", None, "",
+                            f"{len(counts) - len(got)} of {len(counts)} processes reported "
+                            f"nothing", status="ERROR", data=data))
+            continue
+        total, lo, hi = sum(got), min(got), max(got)
+        ratio = lo / hi if hi else 0.0
+        starved = sum(c == 0 for c in got)
+        note = f"{total / window_s:,.0f} grants/s"
+        if phase == "redispy" and total:
+            # A waiter polls at most every 0.1 s, so at most nprocs * window / 0.1 grants
+            # came from a poll; every other grant was a process's first try right after
+            # its own release: the releaser taking the lock straight back.
+            retake = max(0.0, 1 - nprocs * window_s / 0.1 / total)
+            note += f"; >= {retake * 100:.0f}% were the releaser re-taking it"
+        rows.append(Row(SEC, f"{who}  grants in total", total, "grants", note, data=data))
+        rows.append(Row(SEC, f"{who}  min grants per process", lo, "grants",
+                        f"{starved} of {len(got)} processes got none" if starved
+                        else f"fair share {total / len(got):,.0f}"))
+        rows.append(Row(SEC, f"{who}  max grants per process", hi, "grants",
+                        f"{hi / total * 100:.0f}% of all grants" if total else ""))
+        if phase == "ours":
+            rows.append(Row(SEC, f"{who}  min/max grants per process", ratio, "x", "",
+                            goal=f">= {FAIRNESS_GOAL:g}",
+                            status="PASS" if ratio >= FAIRNESS_GOAL else "MISS"))
+        else:
+            rows.append(Row(SEC, f"{who}  min/max grants per process", ratio, "x",
+                            "no goal (baseline): a waiter polls every 0.1 s"))
+    return rows
