@@ -1,9 +1,16 @@
-"""What the thread and asyncio Redis lanes share: key layout, script arguments, the hold
-object's state, this lane object's registry of holds, counters and renewal bookkeeping.
+"""The core of the Redis lanes, shared by the thread and asyncio faces: key layout, script
+arguments, the hold object's state, this lane object's registry of holds, counters, renewal
+bookkeeping, and every procedure (acquire and wait, release, withdraw, renew, the views).
 
-The faces (:mod:`._sync`, :mod:`._async`) only add the I/O: calling a script, blocking on
-a signal, running the renewer. Nothing here talks to Redis. The registry is guarded by one
-short ``threading.Lock`` (never held across I/O), which is also safe on an event loop.
+Nothing here talks to Redis. Each procedure is a generator (sans-I/O): it yields the one
+piece of I/O it needs next as a :data:`Step` ``(fn, args)`` (call a script, block on a
+signal, sleep), receives the reply, and decides what follows (interpreting the reply,
+changing the hold's state, mapping errors, choosing the next step). A face runs it with
+its ``drive``: the thread face calls ``fn(*args)``, the asyncio face awaits it, and each
+sends the reply back or throws in what the I/O raised. So the faces (:mod:`._sync`,
+:mod:`._async`) differ only in how they do I/O and how they run the renewer (a daemon
+thread, a task). The registry is guarded by one short ``threading.Lock`` (never held
+across I/O), which is also safe on an event loop.
 """
 
 from __future__ import annotations
@@ -13,21 +20,35 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
+from redis.exceptions import RedisError
+
 from .._core import LaneStats
-from .._errors import LaneBackendError, LeaseLostError, NotOwnerError
-from .._face import DEFAULT_TIMEOUT_S, Hold
+from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
+from .._face import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TIMEOUT_S,
+    LANE_DEFAULT,
+    Hold,
+)
 from .._validate import check_count, check_key, check_timeout
 from . import _scripts as lua
 
 __all__ = [
     "DEFAULT_LEASE_S",
     "DEFAULT_PREFIX",
+    "CountingLaneBase",
     "RedisHoldBase",
     "RedisLaneBase",
+    "SessionLaneBase",
+    "Step",
+    "Steps",
     "log",
+    "renewal",
 ]
 
 log = logging.getLogger("lanequeue.redis")
@@ -114,7 +135,15 @@ class RedisHoldBase(Hold):
 
 H = TypeVar("H", bound=RedisHoldBase)
 
+T = TypeVar("T")
+
 Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
+
+#: One piece of I/O a procedure asks its face for: ``fn(*args)``, called by the thread
+#: face and awaited by the asyncio face (a script call, a BLPOP, a sleep).
+Step = tuple[Callable[..., Any], tuple[Any, ...]]
+#: A procedure: yields steps, is sent each step's reply (or thrown its error), returns T.
+Steps = Generator[Step, Any, T]
 
 
 def _check_name(name: object) -> str:
@@ -176,24 +205,29 @@ def _text(v: Any) -> str:
 
 
 class RedisLaneBase(Generic[H]):
-    """State and bookkeeping of one Redis lane object (either kind, either face).
+    """State, bookkeeping and procedures of one Redis lane object (either kind, either face).
 
-    ``_kind`` is ``"s"`` (per-key) or ``"c"`` (counting); the subclasses set it.
+    ``_kind`` is ``"s"`` (per-key) or ``"c"`` (counting): :class:`SessionLaneBase` and
+    :class:`CountingLaneBase` set it. The arguments are the counting lane's (the per-key
+    lane passes ``max_concurrent=1``). A face supplies the I/O: ``_hold_class`` (the hold
+    objects it makes), ``_run`` (one script call, plain or a coroutine) and
+    ``_start_renewer``; it runs the procedures (the methods returning :data:`Steps`).
     """
 
     _kind: ClassVar[str]
     _async_face: ClassVar[bool] = False
+    _hold_class: type[H]
 
     def __init__(
         self,
         client: Any,
         name: str,
         *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         lease_s: float = DEFAULT_LEASE_S,
         prefix: str = DEFAULT_PREFIX,
         on_lease_lost: OnLeaseLost | None = None,
-        max_concurrent: int = 1,
     ) -> None:
         self.name = _check_name(name)
         self.timeout_s: float | None = check_timeout(timeout_s)
@@ -298,6 +332,33 @@ class RedisLaneBase(Generic[H]):
         b = self._base(key or "")
         keys = [b + "h", b + "w"] if self._kind == "s" else [b + "h", b + "i", b + "w"]
         return self._s_info, keys, []
+
+    # -- the face's I/O, and the procedures' one way to ask for it -----------------------
+
+    def _run(self, op: str, key: str | None, call: Call) -> Any:
+        """The face's script call: ``script(keys=KEYS, args=ARGV)``, called or awaited;
+        ``op`` (acquire, withdraw, release, read, renew) and ``key`` name it, for
+        subclasses that trace calls. Errors pass through: :meth:`_ask` maps them, the
+        renewer handles its own."""
+        raise NotImplementedError
+
+    def _start_renewer(self, needed: bool) -> None:
+        """After a grant: the face starts its renewer (a thread or a task) if ``needed``
+        (see :meth:`_register`), or if its own renewer cannot serve this grant."""
+        raise NotImplementedError
+
+    def _ask(self, op: str, key: str | None, fn: Callable[..., Any], *args: Any) -> Steps[Any]:
+        """One round trip to Redis, ``fn(*args)``, done by the face. A RedisError
+        becomes :class:`~lanequeue.LaneBackendError` (``op`` and ``key`` name what
+        failed), chained."""
+        try:
+            return (yield fn, args)
+        except RedisError as exc:
+            raise self._backend(op, key, exc) from exc
+
+    def _script(self, op: str, key: str | None, call: Call) -> Steps[Any]:
+        """One script call (``op``: acquire, withdraw, release or read)."""
+        return self._ask(op, key, self._run, op, key, call)
 
     def _backend(self, op: str, key: str | None, exc: BaseException) -> LaneBackendError:
         where = f" for key {key!r}" if key is not None else ""
@@ -422,6 +483,154 @@ class RedisLaneBase(Generic[H]):
             except Exception:
                 log.exception("lane %r: on_lease_lost callback failed", self.name)
 
+    # -- procedures: acquire, wait, withdraw, release ------------------------------------
+
+    def _granted(self, hold: H, token: int, t0: float) -> bool:
+        """Record a grant asked for at ``t0`` and see that it is renewed; True."""
+        self._start_renewer(self._register(hold, token, t0))
+        return True
+
+    def _take(self, hold: H, timeout: float | None) -> Steps[bool]:
+        """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for the grant of
+        ``hold``; True once granted (the hold is registered and renewed)."""
+        key = hold.key
+        wait = timeout != 0
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        in_line = False
+        try:
+            call = self._acquire_call(hold, wait)
+            granted, value = grant_reply((yield from self._script("acquire", key, call)))
+            if granted:
+                return self._granted(hold, value, t0)
+            if not wait:
+                self._count_outcome(rejected=True)
+                return False
+            signal = self._signal_key(hold)
+            in_line = True
+            self._wait_delta(1)
+            wake = value
+            while True:
+                block = next_block(self._poll_s, wake, deadline, time.monotonic())
+                if not block:
+                    break
+                yield from self._ask("wait", key, self._client.blpop, [signal], block)
+                # Woken (or the bounded wait ran out): re-run acquire, which confirms a
+                # hand-off, takes over a lapsed holder if we are first, or refreshes our
+                # liveness in line.
+                t0 = time.monotonic()
+                call = self._acquire_call(hold, True)
+                granted, value = grant_reply((yield from self._script("acquire", key, call)))
+                if granted:
+                    return self._granted(hold, value, t0)
+                wake = value
+            # Out of time. A hand-off may have reached us meanwhile: withdraw settles it.
+            t0 = time.monotonic()
+            call = self._withdraw_call(hold)
+            granted, value = grant_reply((yield from self._script("withdraw", key, call)))
+            if granted:
+                return self._granted(hold, value, t0)
+            self._count_outcome(timed_out=True)
+            return False
+        except LaneBackendError:
+            # Redis is unreachable: a clean-up call would fail the same way. Our line
+            # entry dies with its liveness; a grant whose reply was lost, with its lease.
+            raise
+        except GeneratorExit:
+            raise  # closed without running to its end: no more I/O to be had
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, an async exception, a cancelled task) at
+            # any point, maybe after the server queued or granted us: leave no ghost in
+            # line, pass on a grant.
+            yield from self._abandon(hold)
+            raise
+        finally:
+            if in_line:
+                self._wait_delta(-1)
+
+    def _abandon(self, hold: H) -> Steps[None]:
+        """An interrupted wait: leave the line and pass on a grant that arrived
+        meanwhile. Best effort: if Redis fails, the line entry dies with its liveness."""
+        self._count_outcome(cancelled=True)
+        try:
+            call = self._withdraw_call(hold)
+            granted, _ = grant_reply((yield from self._script("withdraw", hold.key, call)))
+            if granted:
+                yield from self._script("release", hold.key, self._release_call(hold))
+        except Exception as exc:
+            log.debug("lane %r: clean-up after an abandoned wait failed: %s", self.name, exc)
+
+    def _release(self, hold: H) -> Steps[bool]:
+        """``hold.release()``: False if it is not held, else see :meth:`_finish`."""
+        if not self._detach(hold):
+            return False
+        return (yield from self._finish(hold))
+
+    def _finish(self, hold: H) -> Steps[bool]:
+        """Release a hold already taken out of the registry (so no longer renewed: if
+        this raises LaneBackendError, the lease lapses by itself within ``lease_s``)."""
+        if hold._lost:
+            return self._lost_release(hold)
+        reply = yield from self._script("release", hold.key, self._release_call(hold))
+        return self._release_result(hold, int(reply) == 1)
+
+    def _enter(self, hold: H) -> Steps[None]:
+        """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
+        if hold._state != PENDING:
+            raise RuntimeError("this hold was already entered; call lane.acquire(key) again")
+        if not (yield from self._take(hold, hold._timeout_s)):
+            raise LaneTimeoutError(self.name, hold.key, hold._timeout_s)
+
+    def _exit(self, hold: H, failed: bool) -> Steps[None]:
+        """Leaving the block: release; when the block itself ``failed``, a release error
+        is logged instead of raised (the block's exception propagates)."""
+        try:
+            yield from self._release(hold)
+        except LaneError as err:
+            if not failed:
+                raise
+            log.warning("lane %r: release of key %r after an error in the block: %s",
+                        self.name, hold.key, err)
+
+    # -- procedures and checks behind the public surface ---------------------------------
+
+    def _new_hold(self, key: str, timeout_s: Any = LANE_DEFAULT) -> H:
+        """``acquire(key, timeout_s=...)``: check the arguments, make the hold."""
+        if key.__class__ is not str or not key:
+            key = check_key(key)
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        return self._hold_class(self, key, timeout)
+
+    def _hold_steps(self, key: str, timeout: float | None) -> Steps[H | None]:
+        """For a queue's ``acquire_all``: the granted hold, or None on timeout."""
+        hold = self._hold_class(self, key, timeout)
+        return hold if (yield from self._take(hold, timeout)) else None
+
+    def _try_acquire(self, key: str) -> Steps[bool]:
+        if key.__class__ is not str or not key:
+            key = check_key(key)
+        return (yield from self._take(self._hold_class(self, key, 0.0), 0.0))
+
+    def _acquire_timeout(self, key: str, timeout_s: float | None) -> Steps[bool]:
+        if key.__class__ is not str or not key:
+            key = check_key(key)
+        timeout = check_timeout(timeout_s)
+        return (yield from self._take(self._hold_class(self, key, timeout), timeout))
+
+    def _manual_release(self, key: str) -> Steps[bool]:
+        """Release this object's oldest hold of ``key``; False (and a warning) when there
+        is none or it is not ours any more."""
+        if key.__class__ is not str or not key:
+            key = check_key(key)
+        hold = self._detach_oldest(key)
+        if hold is None:
+            return False
+        try:
+            return (yield from self._finish(hold))
+        except NotOwnerError as err:
+            log.warning("lane %r: manual_release(%r): %s", self.name, key, err)
+            return False
+
     # -- renewal bookkeeping -------------------------------------------------------------
 
     def _renewal_due(self, now: float) -> tuple[list[H], float] | None:
@@ -482,7 +691,69 @@ class RedisLaneBase(Generic[H]):
             # else's now (or gone with a restarted server).
             self._notice_lost(hold)
 
+    def _renew_round(self) -> Steps[float | None]:
+        """One round of the renewer: renew the holds due now; return how long to sleep,
+        or None when the renewer should exit (see :meth:`_renewal_due`)."""
+        plan = self._renewal_due(time.monotonic())
+        if plan is None:
+            return None
+        due, sleep = plan
+        for hold in due:
+            call = self._renew_call(hold)
+            t0 = time.monotonic()
+            try:  # not through _ask: a failed renewal is not an error of any caller
+                ok = int((yield self._run, ("renew", hold.key, call))) == 1
+            except RedisError as exc:
+                self._renew_failed(hold, exc, time.monotonic())
+                continue
+            except Exception:  # never let the renewer die
+                log.exception("lane %r: renewer error", self.name)
+                continue
+            self._renewed(hold, ok, t0)
+        return sleep
+
+    def _renewer_stopped(self) -> None:
+        """The face's renewer ended (cancelled with its loop, or exited idle): the next
+        grant starts a new one."""
+        with self._lock:
+            self._renewing = False
+
     # -- views of this lane object -------------------------------------------------------
+
+    @property
+    def active_count(self) -> int:
+        """Holds of THIS lane object now (not lost): on a per-key lane, the keys it
+        holds."""
+        return self._n_live
+
+    @property
+    def waiting(self) -> int:
+        """Callers (threads or tasks) of THIS lane object waiting now."""
+        return self._waiting
+
+    def get_active(self) -> dict[str, float]:
+        """Each key held through THIS lane object -> seconds held so far."""
+        return self._local_active()
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready picture of this lane object (no Redis round trip)."""
+        return self._status()
+
+    def _status(self, lane_wide: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The lane object, then ``lane_wide`` (from Redis) or this object's holders and
+        waiters, then its counters and limits."""
+        if lane_wide is None:
+            lane_wide = {"active": self._n_live, "waiting": self._waiting}
+        return {
+            "kind": type(self).__name__,
+            "name": self.name,
+            "prefix": self.prefix,
+            "timeout_s": self.timeout_s,
+            "lease_s": self.lease_s,
+            **lane_wide,
+            "stats": self.stats.to_dict(),
+            **self._limits(),
+        }
 
     @property
     def stats(self) -> LaneStats:
@@ -532,25 +803,6 @@ class RedisLaneBase(Generic[H]):
         with self._lock:
             self._waiting += d
 
-    @staticmethod
-    def _parse_counting_info(reply: Any) -> tuple[int, int, int, list[tuple[int, str]]]:
-        """(now_ms, holds, live waiters, [(since_ms, key), ...])."""
-        now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
-        active: list[tuple[int, str]] = []
-        for v in reply[3:]:
-            _fence, since, key = _text(v).split(":", 2)
-            active.append((int(since), key))
-        return now, holds, waiters, active
-
-    @staticmethod
-    def _active_by_key(now: int, active: list[tuple[int, str]]) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for since, key in active:
-            age = max(0.0, (now - since) / 1000.0)
-            if age > out.get(key, -1.0):
-                out[key] = age
-        return out
-
     def _limits(self) -> dict[str, Any]:
         return {}
 
@@ -560,3 +812,121 @@ class RedisLaneBase(Generic[H]):
             f"<{type(self).__name__} {self.name!r} prefix={self.prefix!r}{extra} "
             f"lease_s={self.lease_s} held_here={self._n_live} waiting_here={self._waiting}>"
         )
+
+
+class SessionLaneBase(RedisLaneBase[H]):
+    """The per-key kind (either face): its arguments, limits and per-key views."""
+
+    _kind = "s"
+
+    def __init__(
+        self,
+        client: Any,
+        name: str = "session",
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        prefix: str = DEFAULT_PREFIX,
+        on_lease_lost: OnLeaseLost | None = None,
+    ) -> None:
+        super().__init__(
+            client, name, max_concurrent=1, timeout_s=timeout_s, lease_s=lease_s,
+            prefix=prefix, on_lease_lost=on_lease_lost,
+        )
+        self._max_sessions = check_count(max_sessions, "max_sessions")
+        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
+        self._idle_timeout_s = math.inf if idle is None else idle
+
+    @property
+    def max_sessions(self) -> int:
+        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
+        return self._max_sessions
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
+        return self._idle_timeout_s
+
+    @property
+    def session_count(self) -> int:
+        """Keys with a hold of THIS lane object now (Redis keeps no idle entries)."""
+        return len(self._local_active())
+
+    def cleanup_idle(self) -> int:
+        """Nothing idle is kept (keys expire in Redis by themselves): returns 0."""
+        return 0
+
+    def _key_info(self, key: str) -> Steps[tuple[bool, int]]:
+        """(``key`` has a holder, live callers in line for it), from Redis."""
+        key = check_key(key)
+        reply = yield from self._script("read", key, self._info_call(key))
+        return bool(int(reply[0])), int(reply[1])
+
+    def _limits(self) -> dict[str, Any]:
+        return {"max_sessions": self._max_sessions}
+
+
+class CountingLaneBase(RedisLaneBase[H]):
+    """The counting kind (either face): its arguments, limits and lane-wide views."""
+
+    _kind = "c"  # its arguments are RedisLaneBase's
+
+    @property
+    def max_concurrent(self) -> int:
+        """The lane's number of permits."""
+        return self._cap
+
+    def _info(self) -> Steps[tuple[int, int, int, list[tuple[int, str]]]]:
+        """(now_ms, holds, live waiters, [(since_ms, key), ...]), lane-wide, from Redis."""
+        reply = yield from self._script("read", None, self._info_call(None))
+        now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
+        active: list[tuple[int, str]] = []
+        for v in reply[3:]:
+            _fence, since, key = _text(v).split(":", 2)
+            active.append((int(since), key))
+        return now, holds, waiters, active
+
+    def _lane_wide(self) -> Steps[dict[str, Any]]:
+        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits and
+        ``keys`` (key -> seconds its oldest hold has lasted, server time): one round trip."""
+        now, holds, waiters, active = yield from self._info()
+        keys: dict[str, float] = {}
+        for since, key in active:
+            age = max(0.0, (now - since) / 1000.0)
+            if age > keys.get(key, -1.0):
+                keys[key] = age
+        return {
+            "active": holds,
+            "waiting": waiters,
+            "available": max(0, self._cap - holds),
+            "keys": keys,
+        }
+
+    def _holds_of(self, key: str) -> Steps[int]:
+        """Permits held now by ``key``, lane-wide, from Redis."""
+        key = check_key(key)
+        info = yield from self._info()
+        return sum(1 for _, k in info[3] if k == key)
+
+    def _limits(self) -> dict[str, Any]:
+        return {"max_concurrent": self._cap}
+
+
+def renewal(
+    ref: Callable[[], RedisLaneBase[Any] | None], sleep: Callable[[float], Any]
+) -> Steps[None]:
+    """The renewer of one lane object (``ref``: a weak reference to it), as steps: a round
+    of renewals, then ``sleep`` (the face's), until the lane object is gone or has had no
+    live hold for a whole lease. Holds only the weak reference between rounds, so a lane
+    object that is dropped lets its renewer end."""
+    while True:
+        lane = ref()
+        if lane is None:
+            return
+        pause = yield from lane._renew_round()
+        del lane
+        if pause is None:
+            return
+        yield sleep, (pause,)
