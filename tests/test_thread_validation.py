@@ -172,3 +172,12 @@ def test_positive_timeout_runs_out() -> None:
     assert st.rejected == 0
     assert st.waiters == 0
     assert lane.waiting_for("k") == 0
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("make", [lambda c: Lane("l", clock=c), lambda c: SessionLane(clock=c)])
+def test_clock_must_be_callable(make: Any) -> None:
+    with pytest.raises(TypeError, match="clock"):
+        make(None)
+    with pytest.raises(TypeError, match="clock"):
+        make(3.0)

@@ -58,12 +58,11 @@ class LaneKind(Generic[C]):
 
     _core: C
 
-    def __init__(self, name: str, timeout_s: float | None) -> None:
+    def __init__(self, name: str, timeout_s: float | None, clock: Clock) -> None:
         self.name = check_key(name, "name")
         self.timeout_s: float | None = check_timeout(timeout_s)
-
-    def _timeout(self, timeout_s: Any) -> float | None:
-        return self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning seconds, not {clock!r}")
 
     @property
     def active_count(self) -> int:
@@ -123,7 +122,7 @@ class CountingKind(LaneKind[CountingCore]):
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         clock: Clock = time.monotonic,
     ) -> None:
-        super().__init__(name, timeout_s)
+        super().__init__(name, timeout_s, clock)
         self._core = CountingCore(self.name, check_count(max_concurrent, "max_concurrent"), clock)
 
     @property
@@ -156,7 +155,7 @@ class SessionKind(LaneKind[SessionCore]):
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         clock: Clock = time.monotonic,
     ) -> None:
-        super().__init__(name, timeout_s)
+        super().__init__(name, timeout_s, clock)
         idle = check_timeout(idle_timeout_s, "idle_timeout_s")
         self._core = SessionCore(
             self.name,

@@ -4,6 +4,11 @@ Every part is normalised the same way: stripped, lower-cased, and each character
 ``[a-z0-9_]`` turned into ``_``; parts are joined with ``:``. Normalising keeps keys stable
 across the spellings a platform hands out (``"C12345"`` vs ``"c12345"``, Slack's
 ``"1234567890.123456"`` thread stamps) and keeps ``:`` free as the separator.
+
+Normalising is lossy: ids that differ only in case or in characters outside
+``[a-z0-9_]`` (``"U:1"`` and ``"U_1"``, ``"Ünï"`` and ``"_n_"``) give the same key, so
+those conversations are serialised together (safe, but not parallel). If a platform's ids
+differ that way, hash them into the part first.
 """
 
 from __future__ import annotations

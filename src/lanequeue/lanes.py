@@ -246,9 +246,14 @@ class SessionLane(_ThreadFace, SessionKind):
     Args:
         name: the lane's name (default ``"session"``).
         max_sessions: soft cap on entries, >= 1.
-        idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is needed).
+        idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is
+            needed; None: until room is needed).
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
-        clock: monotonic clock in seconds for idle and hold ages (replaceable in tests).
+        clock: monotonic clock in seconds for idle and hold ages (replaceable in tests;
+            waits always run on ``threading``'s own clock).
+
+    Not re-entrant: a thread holding a key that acquires it again waits for itself
+    until its timeout (use one hold per request).
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it.

@@ -505,6 +505,14 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
             KeyError: at the call, for an unknown lane name.
             LaneTimeoutError: on entering, naming the lane that was not had in time and
                 the key; the lanes taken before it are released first, in reverse.
+
+        Thread-safe. Not re-entrant: a thread that already holds ``key`` on a per-key
+        lane and asks for it again waits for itself until the deadline.
+
+        Example::
+
+            with queue.acquire_all(session_key, ["session", "global"], timeout_s=30) as h:
+                reply = call_model(..., fence=h["session"].fencing_token)
         """
         return self._multi(_MultiAcquire, key, lane_names, timeout_s)
 
