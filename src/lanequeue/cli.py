@@ -6,7 +6,8 @@ waits measured against an exact simulation. Run ``lanequeue replay --help`` for 
 
 Exit status: 0 when the replay ran and every check held; 1 when a check failed (order
 violated, two requests of one conversation at once, the global cap exceeded, a request
-failed); 2 for bad arguments or an unreadable trace.
+failed); 2 for bad arguments, an unreadable trace, or a backend that cannot be used (bad
+URL, server unreachable, a worker process that failed).
 """
 
 from __future__ import annotations
@@ -131,6 +132,23 @@ def build_parser() -> argparse.ArgumentParser:
         "threads block in LaneQueue, asyncio tasks await AsyncLaneQueue on one event loop",
     )
     rp.add_argument(
+        "--backend",
+        default=None,
+        metavar="URL",
+        help="put the lanes in Redis (redis://HOST[:PORT][/DB]) and drive the requests "
+        "from --workers processes sharing them: the multi-replica gateway (default: "
+        "in-process lanes)",
+    )
+    rp.add_argument(
+        "--workers",
+        type=_int_at_least(1),
+        default=None,
+        metavar="N",
+        help="with --backend: worker processes, each running the threads runtime; "
+        "request i goes to worker i mod N, so a conversation's messages reach different "
+        "processes (default 1)",
+    )
+    rp.add_argument(
         "--max-sessions",
         type=_int_at_least(1),
         default=256,
@@ -199,6 +217,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.replay import ReplayConfig, TraceError, read_trace, run_replay
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
     from lanequeue.replay.runtime import RUNTIMES
+    from lanequeue.replay.runtime_redis import BackendError, check_backend
 
     def fail(message: str) -> int:
         print(f"lanequeue replay: error: {message}", file=err)
@@ -206,6 +225,16 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     if args.runtime not in RUNTIMES:
         return fail(f"unknown runtime {args.runtime!r}; available: {', '.join(sorted(RUNTIMES))}")
+    if args.workers is not None and args.backend is None:
+        return fail(
+            "--workers needs --backend: worker processes share lanes only through a "
+            "backend (e.g. --backend redis://127.0.0.1:6379/0)"
+        )
+    if args.backend is not None and args.runtime != "threads":
+        return fail(
+            f"--runtime {args.runtime} cannot be used with --backend: each worker process "
+            "runs the threads runtime on the Redis lanes"
+        )
     # Check everything that can fail before spending a minute on the replay.
     if args.plot_path is not None:
         try:
@@ -224,10 +253,17 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             runtime=args.runtime,
             max_sessions=args.max_sessions,
             idle_timeout_s=args.idle_timeout,
+            backend=args.backend,
+            workers=1 if args.workers is None else args.workers,
         )
         trace = read_trace(args.trace)
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
+    if args.backend is not None:
+        try:
+            check_backend(args.backend)
+        except BackendError as exc:
+            return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
     trace = trace.head(args.limit)
 
@@ -240,6 +276,8 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         else:
             progress = None  # type: ignore[assignment]
         result = run_replay(trace, config, progress=progress)
+    except BackendError as exc:
+        return fail(str(exc))
     finally:
         if bar is not None:
             bar.close()

@@ -9,7 +9,8 @@ The pieces, each in its own module:
 - :mod:`~lanequeue.replay.simulate`: the exact discrete-event simulation of
   ``acquire_all`` over those lanes (the ideal schedule).
 - :mod:`~lanequeue.replay.runtime`: runtimes that drive the requests through real lanes
-  (``threads``; ``asyncio`` in :mod:`~lanequeue.replay.runtime_asyncio`), with
+  (``threads``; ``asyncio`` in :mod:`~lanequeue.replay.runtime_asyncio`; worker
+  processes sharing Redis lanes in :mod:`~lanequeue.replay.runtime_redis`), with
   :mod:`~lanequeue.replay.observe` recording what workers see.
 - :mod:`~lanequeue.replay.runner`: :func:`run_replay`, tying them together;
   :mod:`~lanequeue.replay.report` and :mod:`~lanequeue.replay.plot` present the result.

@@ -22,16 +22,42 @@ that lane (holding or in line), as the lane's own ``is_held``/``waiting_for`` (o
 ``active_count``/``waiting``) report. The gate never decides who runs first: it only makes
 "arrival order" well-defined for the lane; the lane's FIFO then decides, and the observer
 checks it.
+
+How many earlier requests have *finished* comes from a :class:`CompletionCounter`: an
+in-process count (:class:`LocalCompletionCounter`, the default) for one process, or a
+counter every process shares (the Redis runtime keeps one per conversation in Redis,
+:mod:`lanequeue.replay.runtime_redis`), so the same gate orders requests of one
+conversation that arrive at different processes.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
+from fractions import Fraction
+from typing import Protocol
 
-__all__ = ["ArrivalGate", "Observer", "count_order_violations"]
+__all__ = [
+    "ArrivalGate",
+    "CompletionCounter",
+    "LocalCompletionCounter",
+    "Observer",
+    "count_order_violations",
+    "peak_concurrency",
+]
+
+
+def peak_concurrency(starts: Sequence[float | Fraction], ends: Sequence[float | Fraction]) -> int:
+    """Most intervals ``[start, end)`` open at once (an end at t closes before a start at t)."""
+    events = sorted([(float(e), 0) for e in ends] + [(float(s), 1) for s in starts])
+    running = peak = 0
+    for _, kind in events:
+        running += 1 if kind else -1
+        peak = max(peak, running)
+    return peak
 
 
 def count_order_violations(conversations: Sequence[Hashable], start_order: Sequence[int]) -> int:
@@ -146,16 +172,61 @@ class Observer:
         self.sample_registry()
 
 
+class CompletionCounter(Protocol):
+    """How many requests of a lane slot have finished: what :class:`ArrivalGate` needs.
+
+    ``finish(slot)`` must be called only after the request has left the lanes (released),
+    and ``done(slot)`` must count every ``finish`` that returned before the call began,
+    across everyone sharing the counter (threads of one process, or processes).
+    """
+
+    def done(self, slot: Hashable) -> int:
+        """Requests of ``slot`` finished so far."""
+        ...
+
+    def finish(self, slot: Hashable) -> None:
+        """One more request of ``slot`` has left the lanes."""
+        ...
+
+
+class LocalCompletionCounter:
+    """A :class:`CompletionCounter` for the threads of one process (a dict under a lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._finished: dict[Hashable, int] = {}
+
+    def done(self, slot: Hashable) -> int:
+        with self._lock:
+            return self._finished.get(slot, 0)
+
+    def finish(self, slot: Hashable) -> None:
+        with self._lock:
+            self._finished[slot] = self._finished.get(slot, 0) + 1
+
+
 class ArrivalGate:
     """Makes requests enter the first lane in arrival order within each lane slot.
 
     Args:
         slots: the slot of each request, indexed in arrival order (its key for a per-key
-            lane; one shared value for a counting lane).
+            lane; one shared value for a counting lane). With several processes, every
+            process passes the slots of ALL requests (ranks are global), and drives only
+            its own share.
         inside: ``inside(slot)`` returns how many requests of ``slot`` are inside the lane
             now (holding or waiting). It must read holders *before* waiters, which is what
             makes the check below safe (see :meth:`wait_turn`).
         poll_s: seconds between two checks while a predecessor is not yet inside.
+        counter: where finished requests are counted (default: in this process only);
+            share one across processes that drive requests of the same slots.
+        max_wait_s: give up (TimeoutError) after waiting this long for predecessors to
+            enter; None waits without limit. A predecessor that never enters means the
+            harness is broken (a worker died), so this only turns a hang into an error.
+        one_poller: only the lowest-ranked request of a slot waiting at this gate polls
+            ``inside``; the others of the slot wait (without polling) until it has passed,
+            which they would have to anyway (their condition includes it being inside).
+            For an ``inside`` that costs round trips (Redis): a burst of one slot then
+            makes one poller per process, not one per request.
     """
 
     def __init__(
@@ -164,47 +235,115 @@ class ArrivalGate:
         inside: Callable[[Hashable], int],
         *,
         poll_s: float = 0.0002,
+        counter: CompletionCounter | None = None,
+        max_wait_s: float | None = None,
+        one_poller: bool = False,
     ) -> None:
         self._slots = slots
         self._inside = inside
         self._poll_s = poll_s
+        self._counter: CompletionCounter = (
+            LocalCompletionCounter() if counter is None else counter
+        )
+        self._max_wait_s = max_wait_s
+        self._one_poller = one_poller
         self._lock = threading.Lock()
-        self._finished: dict[Hashable, int] = {}
+        # one_poller: per slot, a heap of (rank, wake-up event) of the requests waiting
+        # here; the lowest rank polls, and is woken when it becomes the lowest.
+        self._lines: dict[Hashable, list[tuple[int, threading.Event]]] = {}
         seen: dict[Hashable, int] = {}
         self._rank: list[int] = []
         for slot in slots:
             r = seen.get(slot, 0)
             self._rank.append(r)
             seen[slot] = r + 1
+        # The last request of a slot has no successor to count it: finished() skips it.
+        self._last = [r == seen[slot] - 1 for r, slot in zip(self._rank, slots, strict=True)]
         #: how many times a request found a predecessor not yet inside and had to wait
         self.held_back = 0
+
+    def rank(self, rid: int) -> int:
+        """How many requests of ``rid``'s slot arrived before it."""
+        return self._rank[rid]
 
     def wait_turn(self, rid: int) -> None:
         """Block until every unfinished earlier request of ``rid``'s slot is inside the lane.
 
         Why this is safe: no later request of the slot can enter (hence finish) before this
         one enters, so ``rank - finished`` counts exactly the earlier requests still
-        unfinished (``pending``), read at t0. Everyone inside the lane at t1 >= t0 (holders)
-        or t2 >= t1 (waiters) is one of them, and a holder at t1 cannot be a waiter at t2,
-        so ``inside >= pending`` proves they are all inside; an undercount (a hand-off or a
-        release between the reads) only means one more poll.
+        unfinished (``pending``), read at t0 (``finished`` counts only requests that have
+        left the lane, so it never includes one still inside). Everyone inside the lane at
+        t1 >= t0 (holders) or t2 >= t1 (waiters) is one of them, and a holder at t1 cannot
+        be a waiter at t2, so ``inside >= pending`` proves they are all inside; an
+        undercount (a hand-off or a release between the reads, or a request that has
+        released but not yet been counted) only means one more poll.
+
+        Raises:
+            TimeoutError: still waiting after ``max_wait_s``.
         """
         slot = self._slots[rid]
         rank = self._rank[rid]
-        waited = False
-        while True:
+        if rank == 0:
+            return
+        if not self._one_poller:
+            self._poll(rid, slot, rank)
+            return
+        wake = threading.Event()
+        with self._lock:
+            line = self._lines.setdefault(slot, [])
+            heapq.heappush(line, (rank, wake))
+        try:
+            self._poll(rid, slot, rank, (line, wake))
+        finally:
             with self._lock:
-                pending = rank - self._finished.get(slot, 0)
-            if pending <= 0 or self._inside(slot) >= pending:
-                break
+                line.remove((rank, wake))
+                heapq.heapify(line)
+                if line:
+                    line[0][1].set()
+                else:
+                    del self._lines[slot]
+
+    def _poll(
+        self,
+        rid: int,
+        slot: Hashable,
+        rank: int,
+        turn: tuple[list[tuple[int, threading.Event]], threading.Event] | None = None,
+    ) -> None:
+        """The wait of :meth:`wait_turn`; ``turn``: (this slot's line, this request's
+        wake-up event) when only the lowest-ranked waiter polls."""
+        waited = False
+        deadline: float | None = None
+        lowest = True
+        while True:
+            if turn is not None:
+                line, wake = turn
+                with self._lock:
+                    lowest = line[0][0] == rank
+                    if not lowest:
+                        wake.clear()  # set again (under the lock) when we become lowest
+            if turn is None or lowest:
+                pending = rank - self._counter.done(slot)
+                if pending <= 0 or self._inside(slot) >= pending:
+                    return
             if not waited:
                 waited = True
                 with self._lock:
                     self.held_back += 1
-            time.sleep(self._poll_s)
+                if self._max_wait_s is not None:
+                    deadline = time.monotonic() + self._max_wait_s
+            elif deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"arrival gate: request {rid} waited over {self._max_wait_s:g} s for "
+                    "the earlier requests of its slot to enter the lane"
+                )
+            if turn is not None and not lowest:
+                turn[1].wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            else:
+                time.sleep(self._poll_s)
 
     def finished(self, rid: int) -> None:
-        """Request ``rid`` has left the lanes (call after the release)."""
-        slot = self._slots[rid]
-        with self._lock:
-            self._finished[slot] = self._finished.get(slot, 0) + 1
+        """Request ``rid`` has left the lanes (call after the release). The last request
+        of its slot is not counted: no later request waits for it."""
+        if not self._last[rid]:
+            self._counter.finish(self._slots[rid])

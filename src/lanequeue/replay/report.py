@@ -75,7 +75,13 @@ class ReplayReport:
         ideal_wait_*: the wait percentiles of the simulation, seconds.
         dispatch_lag_max_s: most a request was released after its arrival time, seconds.
         gate_held_back: requests that waited at the arrival gate for a predecessor.
-        worker_threads: threads the runtime started (the most requests in flight at once).
+        worker_threads: threads the runtime started (the most requests in flight at once;
+            summed over the worker processes).
+        workers: worker processes that drove the requests (1 in process).
+        backend: where the lanes lived: None in process, else the backend URL without
+            its password.
+        backend_info: the backend's own figures (Redis: key prefix, conversations split
+            across workers, keys left at the end and without a TTL, ...).
     """
 
     requests: int
@@ -111,6 +117,9 @@ class ReplayReport:
     source: str
     errors: int = 0
     lane_stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    workers: int = 1
+    backend: str | None = None
+    backend_info: dict[str, Any] = field(default_factory=dict)
 
     def failed_checks(self) -> list[str]:
         """The invariants this run broke (empty when all hold): order within a
@@ -124,6 +133,9 @@ class ReplayReport:
             failed.append(f"peak_global = {self.peak_global} (cap {self.global_cap})")
         if self.errors:
             failed.append(f"{self.errors} requests failed")
+        no_ttl = self.backend_info.get("redis_keys_without_ttl")
+        if no_ttl:
+            failed.append(f"{no_ttl} Redis keys of the run had no TTL (expected 0)")
         return failed
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +181,25 @@ class ReplayReport:
             ("makespan_ratio", num(self.makespan_ratio, 4), ""),
             ("dispatch_lag_max_s", num(self.dispatch_lag_max_s, 4), ""),
         ]
+        info = self.backend_info
+        if self.backend is not None:
+            rows += [
+                ("gate_held_back", str(self.gate_held_back), ""),
+                ("worker_threads", str(self.worker_threads), ""),
+            ]
+            if "conversations_split_across_workers" in info:
+                split = info["conversations_split_across_workers"]
+                multi = info.get("conversations_with_several_requests", "?")
+                rows.append(("split_conversations", f"{split} of {multi}", ""))
+            if "redis_keys_at_end" in info:
+                rows.append(
+                    (
+                        "redis_keys_at_end",
+                        f"{info['redis_keys_at_end']} "
+                        f"({info.get('redis_keys_without_ttl', '?')} without TTL)",
+                        "",
+                    )
+                )
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len("replay"), *(len(r[1]) for r in rows))
         w2 = max(len("ideal"), *(len(r[2]) for r in rows))
@@ -177,6 +208,13 @@ class ReplayReport:
             f"lanequeue replay: {self.source}",
             f"policy {self.policy}, runtime {self.runtime}, global cap {self.global_cap}, "
             f"speed {speed}x, {self.tpot_ms:g} ms per output token",
+        ]
+        if self.backend is not None:
+            lines.append(
+                f"backend {self.backend}: {self.workers} worker processes, requests dealt "
+                "round-robin"
+            )
+        lines += [
             "",
             f"{'metric':<{w0}}  {'replay':>{w1}}  {'ideal':>{w2}}",
             f"{'-' * w0}  {'-' * w1}  {'-' * w2}",

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from lanequeue import build_gateway_session_key
-from lanequeue.replay.observe import count_order_violations
+from lanequeue.replay.observe import count_order_violations, peak_concurrency
 from lanequeue.replay.policy import DEFAULT_POLICY, LaneSpec, policy_lanes
 from lanequeue.replay.report import ReplayReport, percentile
-from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, get_runtime
+from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, Runtime, get_runtime
 from lanequeue.replay.simulate import Schedule, simulate
 from lanequeue.replay.trace import Trace
 
@@ -39,6 +38,10 @@ class ReplayConfig:
         max_sessions: soft cap of the session lane's registry, entries.
         idle_timeout_s: seconds of *trace* time an idle session entry is kept (divided by
             ``speed`` like every other duration); None keeps entries for ever.
+        backend: None: in-process lanes; ``"redis://HOST[:PORT][/DB]"``: Redis lanes driven
+            by ``workers`` processes of the thread runtime
+            (:mod:`lanequeue.replay.runtime_redis`).
+        workers: worker processes sharing the backend's lanes (> 1 needs a backend).
     """
 
     policy: str = DEFAULT_POLICY
@@ -48,8 +51,23 @@ class ReplayConfig:
     runtime: str = "threads"
     max_sessions: int = 256
     idle_timeout_s: float | None = 3600.0
+    backend: str | None = None
+    workers: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+            raise ValueError(f"workers must be an integer, got {self.workers!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.backend is None and self.workers != 1:
+            raise ValueError(
+                "workers > 1 needs a shared backend (e.g. backend='redis://127.0.0.1:6379/0')"
+            )
+        if self.backend is not None and self.runtime != "threads":
+            raise ValueError(
+                f"runtime {self.runtime!r} cannot run on a backend: the Redis backend runs "
+                "the threads runtime in each worker process"
+            )
         if not (self.speed > 0 and math.isfinite(self.speed)):
             raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
         if not (self.tpot_ms >= 0 and math.isfinite(self.tpot_ms)):
@@ -132,16 +150,6 @@ def simulate_trace(trace: Trace, config: ReplayConfig) -> Schedule:
     )
 
 
-def peak_concurrency(starts: Sequence[float | Fraction], ends: Sequence[float | Fraction]) -> int:
-    """Most intervals ``[start, end)`` open at once (an end at t closes before a start at t)."""
-    events = sorted([(float(e), 0) for e in ends] + [(float(s), 1) for s in starts])
-    running = peak = 0
-    for _, kind in events:
-        running += 1 if kind else -1
-        peak = max(peak, running)
-    return peak
-
-
 def run_replay(
     trace: Trace, config: ReplayConfig | None = None, *, progress: ProgressFn | None = None
 ) -> ReplayResult:
@@ -162,9 +170,17 @@ def run_replay(
 
     Raises:
         ValueError: an unknown runtime or policy, or bad settings.
+        lanequeue.replay.runtime_redis.BackendError: with a backend: the server cannot be
+            reached, or a worker process failed.
     """
     config = config or ReplayConfig()
-    runtime = get_runtime(config.runtime)
+    runtime: Runtime
+    if config.backend is not None:
+        from lanequeue.replay.runtime_redis import RedisProcessRuntime
+
+        runtime = RedisProcessRuntime(config.backend, config.workers)
+    else:
+        runtime = get_runtime(config.runtime)
     plan = make_plan(trace, config)
     ideal = simulate_trace(trace, config)
     record = runtime.run(plan, progress)
@@ -214,5 +230,8 @@ def run_replay(
         source=trace.source,
         errors=len(record.errors),
         lane_stats=record.lane_stats,
+        workers=record.workers,
+        backend=record.backend,
+        backend_info=record.backend_info,
     )
     return ReplayResult(report=report, plan=plan, record=record, ideal=ideal)

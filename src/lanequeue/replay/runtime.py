@@ -4,7 +4,9 @@ A runtime takes a :class:`ReplayPlan` (arrival and work times in scaled seconds,
 policy's lanes), runs every request through real lanes, and returns a :class:`RunRecord`
 of what its workers observed. Two exist: ``threads`` (here) and ``asyncio``
 (:mod:`lanequeue.replay.runtime_asyncio`); another plugs in by adding an entry to
-:data:`RUNTIMES`.
+:data:`RUNTIMES`. With a backend (``--backend redis://...``), several worker processes
+each run the thread driver (:func:`drive_threads`) on their share of the requests over
+Redis lanes (:mod:`lanequeue.replay.runtime_redis`).
 
 The thread runtime
 ==================
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from lanequeue import Lane, LaneQueue, SessionLane
 from lanequeue.replay.observe import ArrivalGate, Observer
@@ -45,9 +47,11 @@ __all__ = [
     "ReplayPlan",
     "RunRecord",
     "Runtime",
+    "ThreadDrive",
     "ThreadRuntime",
     "add_plan_lanes",
     "build_thread_queue",
+    "drive_threads",
     "get_runtime",
 ]
 
@@ -104,6 +108,11 @@ class RunRecord:
         threads: worker threads the runtime started (0 for a runtime without threads).
         lane_stats: each lane's own counters after the run (informative only).
         errors: (request index, error text) for requests that failed.
+        workers: worker processes that drove the requests (1 for an in-process runtime).
+        backend: where the lanes live: None in process, else the backend's URL (without
+            its password).
+        worker_of: the worker process of each request (None for an in-process runtime).
+        backend_info: the backend's own figures (JSON-ready; empty in process).
     """
 
     dispatch_s: list[float]
@@ -119,6 +128,10 @@ class RunRecord:
     threads: int = 0
     lane_stats: dict[str, dict[str, int]] = field(default_factory=dict)
     errors: list[tuple[int, str]] = field(default_factory=list)
+    workers: int = 1
+    backend: str | None = None
+    worker_of: list[int] | None = None
+    backend_info: dict[str, Any] = field(default_factory=dict)
 
 
 class Runtime(Protocol):
@@ -282,6 +295,113 @@ class _ThreadPool:
             parked.assign(None)
 
 
+@dataclass
+class ThreadDrive:
+    """What :func:`drive_threads` returns besides the observer's record.
+
+    Attributes:
+        dispatch_s: when each request was released, seconds after the epoch (NaN for the
+            requests this driver did not drive).
+        errors: (request index, error text) for requests that failed.
+        threads: worker threads started.
+        wall_s: seconds from the epoch to the last completion of the driven requests.
+    """
+
+    dispatch_s: list[float]
+    errors: list[tuple[int, str]]
+    threads: int
+    wall_s: float
+
+
+def drive_threads(
+    plan: ReplayPlan,
+    queue: LaneQueue,
+    gate: ArrivalGate,
+    observer: Observer,
+    *,
+    epoch: float,
+    rids: Sequence[int] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    progress: ProgressFn | None = None,
+    tick_s: float = 0.1,
+) -> ThreadDrive:
+    """Drive the requests ``rids`` of ``plan`` (default: all; in arrival order) on pooled
+    threads through ``queue``, in real time from ``epoch`` (a ``clock`` reading).
+
+    Each request is released at ``epoch + arrival``, waits its turn at ``gate``, holds
+    every lane of the plan with ``acquire_all``, reports to ``observer``, sleeps its work
+    time, releases, and tells ``gate`` it finished. ``progress(done, len(rids))`` is
+    called every ``tick_s`` seconds. Returns once every driven request has finished.
+    """
+    n = len(plan.keys)
+    mine = list(range(n)) if rids is None else list(rids)
+    total = len(mine)
+    keys = plan.keys
+    work_s = plan.work_s
+    lane_names = [spec.name for spec in plan.lanes]
+    dispatch_s = [math.nan] * n
+    errors: list[tuple[int, str]] = []
+    done_lock = threading.Lock()
+    done = [0]
+    all_done = threading.Event()
+    stop = threading.Event()
+    if total == 0:
+        all_done.set()
+
+    def worker(rid: int) -> None:
+        try:
+            try:
+                gate.wait_turn(rid)
+                with queue.acquire_all(keys[rid], lane_names):
+                    observer.work_started(rid)
+                    try:
+                        time.sleep(work_s[rid])
+                    finally:
+                        observer.work_ended(rid)
+                observer.completed(rid)
+            finally:
+                gate.finished(rid)
+        except BaseException as exc:  # reported, never silently lost
+            with done_lock:
+                errors.append((rid, f"{type(exc).__name__}: {exc}"))
+        finally:
+            with done_lock:
+                done[0] += 1
+                if done[0] == total:
+                    all_done.set()
+
+    def dispatcher() -> None:
+        for rid in mine:
+            delay = epoch + plan.arrival_s[rid] - clock()
+            if delay > 0 and stop.wait(delay):
+                return
+            if stop.is_set():
+                return
+            dispatch_s[rid] = clock() - epoch
+            pool.submit(rid)
+
+    pool = _ThreadPool(worker)
+    feeder = threading.Thread(target=dispatcher, name="lanequeue-replay-dispatch", daemon=True)
+    feeder.start()
+    try:
+        while not all_done.wait(tick_s):
+            if progress is not None:
+                progress(done[0], total)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.close()
+    feeder.join()
+    finished = [t for t in (observer.complete_s[rid] for rid in mine) if not math.isnan(t)]
+    wall = max(finished) if len(finished) == total and total else max(0.0, clock() - epoch)
+    if progress is not None:
+        progress(total, total)
+    return ThreadDrive(
+        dispatch_s=dispatch_s, errors=sorted(errors), threads=pool.started, wall_s=wall
+    )
+
+
 class ThreadRuntime:
     """Real threads on real lanes: one thread per request in flight, from its arrival."""
 
@@ -295,9 +415,7 @@ class ThreadRuntime:
 
     def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
         """Replay ``plan`` on threads in real time (see the module docstring)."""
-        n = len(plan.keys)
         keys = plan.keys
-        work_s = plan.work_s
         lane_names = [spec.name for spec in plan.lanes]
         queue = build_thread_queue(
             plan.lanes, max_sessions=plan.max_sessions, idle_timeout_s=plan.idle_timeout_s
@@ -317,65 +435,13 @@ class ThreadRuntime:
         clock = time.monotonic
         epoch = clock() + self._lead_s
         observer = Observer(keys, epoch_s=epoch, clock=clock, registry_size=registry)
-        dispatch_s = [math.nan] * n
-        errors: list[tuple[int, str]] = []
-        done_lock = threading.Lock()
-        done = [0]
-        all_done = threading.Event()
-        stop = threading.Event()
-        if n == 0:
-            all_done.set()
-
-        def worker(rid: int) -> None:
-            try:
-                gate.wait_turn(rid)
-                with queue.acquire_all(keys[rid], lane_names):
-                    observer.work_started(rid)
-                    try:
-                        time.sleep(work_s[rid])
-                    finally:
-                        observer.work_ended(rid)
-                observer.completed(rid)
-            except BaseException as exc:  # reported, never silently lost
-                with done_lock:
-                    errors.append((rid, f"{type(exc).__name__}: {exc}"))
-            finally:
-                gate.finished(rid)
-                with done_lock:
-                    done[0] += 1
-                    if done[0] == n:
-                        all_done.set()
-
-        def dispatcher() -> None:
-            for rid in range(n):
-                delay = epoch + plan.arrival_s[rid] - clock()
-                if delay > 0 and stop.wait(delay):
-                    return
-                if stop.is_set():
-                    return
-                dispatch_s[rid] = clock() - epoch
-                pool.submit(rid)
-
-        pool = _ThreadPool(worker)
-        feeder = threading.Thread(target=dispatcher, name="lanequeue-replay-dispatch", daemon=True)
-        feeder.start()
-        try:
-            while not all_done.wait(self._tick_s):
-                if progress is not None:
-                    progress(done[0], n)
-        except BaseException:
-            stop.set()
-            raise
-        finally:
-            pool.close()
-        feeder.join()
-        finished = [t for t in observer.complete_s if not math.isnan(t)]
-        wall = max(finished) if len(finished) == n and n else max(0.0, clock() - epoch)
-        if progress is not None:
-            progress(n, n)
+        drive = drive_threads(
+            plan, queue, gate, observer,
+            epoch=epoch, clock=clock, progress=progress, tick_s=self._tick_s,
+        )
         registry_final = observer.sample_registry()
         return RunRecord(
-            dispatch_s=dispatch_s,
+            dispatch_s=drive.dispatch_s,
             start_s=observer.start_s,
             complete_s=observer.complete_s,
             start_order=observer.start_order,
@@ -383,11 +449,11 @@ class ThreadRuntime:
             peak_global=observer.peak_global,
             registry_peak=observer.registry_peak,
             registry_final=registry_final,
-            wall_s=wall,
+            wall_s=drive.wall_s,
             held_back=gate.held_back,
-            threads=pool.started,
+            threads=drive.threads,
             lane_stats={name: queue[name].stats.to_dict() for name in lane_names},
-            errors=sorted(errors),
+            errors=drive.errors,
         )
 
 

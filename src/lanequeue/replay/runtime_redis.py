@@ -1,0 +1,706 @@
+"""The Redis runtime: a replay plan driven by several worker PROCESSES sharing Redis lanes.
+
+This is the multi-replica gateway: ``lanequeue replay --backend redis://HOST:PORT/DB
+--workers N`` starts N worker processes; request ``i`` (in arrival order) goes to worker
+``i mod N``, so the messages of one conversation arrive at DIFFERENT processes, and the
+lanes in Redis alone must still run them one at a time, in order, under one global cap.
+
+Each worker process
+===================
+- opens its own ``redis.Redis`` client and builds a :class:`~lanequeue.LaneQueue` with
+  the policy's lanes on Redis, under a key prefix unique to the run
+  (``lanequeue-replay:<uuid>``): ``RedisSessionLane("session")`` then
+  ``RedisLane("global", max_concurrent=cap)`` for the ``session`` policy;
+  ``RedisLane("session", max_concurrent=1)`` then the same global lane for
+  ``global-serial``. Every lane waits without limit (``timeout_s=None``);
+- reports "ready" and waits for the go; once every worker is ready (a worker that dies
+  or fails on the way stops the run at once), the parent fixes one start instant ``t0``
+  on ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for the whole host, so readings
+  of different processes compare) and releases them all;
+- runs the thread runtime's driver (:func:`~lanequeue.replay.runtime.drive_threads`) on
+  its share of the requests: each request is released at ``t0 + arrival`` to a thread
+  that waits at the arrival gate, blocks in ``acquire_all(key, ["session", "global"])``
+  on the Redis lanes, sleeps its work time, releases;
+- sends back what its own threads observed, per request: dispatch, start of work, end of
+  work, completion (all ``time.monotonic() - t0``) and its worker id.
+
+The parent merges the observations and computes the figures exactly as for the
+in-process runtimes, from the workers' intervals ``[start, end of work)``: per-key and
+global occupancy (``max_key_concurrency``, ``peak_global``) by sweeping the intervals of
+all workers together; the start order by sorting start times (two requests of one
+conversation cannot start at once when the lane works, and both readings come from the
+same clock); ``order_violations`` from that order; waits = start - arrival.
+
+Ordering across processes: the arrival gate
+============================================
+Two turns of one conversation that arrive close together at different processes could
+reach Redis in swapped order through scheduling (a thread woken late, a process
+descheduled): a harness artefact that the lane would then rightly serve in that order.
+(In the bundled trace consecutive turns are >= 3 s of trace time apart, except one pair
+at the same instant, so >= 50 ms apart at speed 60; the gate makes it rigorous anyway.)
+
+The :class:`~lanequeue.replay.observe.ArrivalGate` is shared across processes through
+Redis. Each conversation (lane slot) has a completion counter ``<prefix>:done:<key>``
+(``<prefix>:done:*`` for ``global-serial``, whose first lane is one shared slot): a
+request INCRs it (with a TTL, in one MULTI) after it has RELEASED its lanes, or failed
+(``acquire_all`` then released whatever it had taken, or the request never entered); the
+last request of a conversation skips it, as nobody waits for it. The request of rank
+``r`` (``r`` earlier requests of its conversation in the whole trace, whichever process
+they went to) enters the lanes only once::
+
+    is_held(key) + waiting_for(key) >= r - done(key)
+
+read in this order (counter, then holder, then waiters: three round trips), polling every
+``poll_s`` (2 ms) while it is false. Why this is exact across processes:
+
+1. Every request of the conversation passes the gate, so none of rank > r can enter the
+   session lane (hence finish) before the request of rank r has entered: ``done(key)``
+   read at t0 counts only requests of rank < r, and only ones that have left the lane
+   (the INCR follows the release). So ``pending = r - done`` counts every earlier
+   request not known to have finished, which includes every earlier request not yet
+   inside.
+2. Holders are read at t1 >= t0 and waiters at t2 >= t1, each by one script on the
+   server (``is_held`` = the holder key exists; ``waiting_for`` = live waiters in line).
+   Anyone counted is inside at that instant, so it is an earlier request that has not
+   finished, one of the ``pending``. A request seen holding at t1 cannot be waiting at
+   t2 (it never joins the line again), so nobody is counted twice (a waiter at t1 that
+   is granted before t2 may be counted zero times: an undercount, one more poll).
+3. Hence ``inside >= pending`` means every unfinished earlier request is inside the
+   lane (holding or in line), ahead of this one; the lane's FIFO does the rest. The
+   gate never decides who runs first; it only makes "arrival order" well defined.
+
+A request whose predecessor is inside at once costs one GET (rank 0 costs nothing); the
+gate counts the requests it held back at least once (``gate_held_back``). Within one
+process only the lowest-ranked held request of a conversation polls (``one_poller``):
+the others of that conversation could not pass before it anyway, and a burst of one
+slot (``global-serial``: every request is one slot) would otherwise make every waiting
+thread poll Redis, hundreds of polls every 2 ms. A predecessor that never enters (its
+worker died) would block its successors: the gate gives up after ``gate_max_wait_s``
+with an error, and the parent stops the run when a worker dies.
+
+Limits of the argument, all outside a healthy run and all visible in the report: a
+waiter whose process freezes past its liveness window is no longer counted as inside
+(more polls) and, per the lane's design, rejoins its line at the tail (the observer
+would count the reordering); a release that fails on a backend error leaves a hold that
+lapses with its lease while the request already counts as finished (the request is
+reported as an error).
+
+Connections: every thread waiting in a Redis lane holds a pooled connection (BLPOP on
+its signal), so each worker's pool is sized to its share of the requests (redis-py's
+default pool of 100 would fail requests with MaxConnectionsError under a backlog).
+
+Registry figures and cleanup
+============================
+A Redis session lane keeps no idle entries, so ``registry_peak`` is None (not sampled:
+a keyspace scan during the run would perturb it), and ``registry_final`` is the number of
+the trace's conversation keys that Redis still reports held or waited for after every
+worker has exited (asked per key with ``is_held``/``waiting_for``; it must be 0). The
+parent then SCANs the run's keys (``*lanequeue-replay:<uuid>*``): it counts them and
+those without a TTL (``redis_keys_without_ttl``, a failed check if not 0), then deletes
+them all (the prefix belongs to this run and every worker has exited); the lanes' own
+keys would expire by themselves (fence counters one lease after their last grant) and
+the completion counters after ``counter_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import queue as queue_mod
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Container, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from lanequeue import LaneQueue
+from lanequeue.replay.observe import ArrivalGate, Observer, peak_concurrency
+from lanequeue.replay.policy import LaneSpec
+from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, drive_threads
+
+__all__ = [
+    "BackendError",
+    "RedisCompletionCounter",
+    "RedisProcessRuntime",
+    "build_redis_queue",
+    "check_backend",
+    "connect",
+    "redact_url",
+]
+
+#: URL schemes redis-py's ``from_url`` understands.
+_SCHEMES = ("redis", "rediss", "unix")
+#: The run's key prefix starts with this.
+PREFIX_BASE = "lanequeue-replay"
+
+
+class BackendError(Exception):
+    """The backend cannot be used: a bad URL, an unreachable server, redis-py missing, a
+    worker process that failed to start or died."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (user name, host, port, database kept)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        auth, host = netloc.rsplit("@", 1)
+        user = auth.split(":", 1)[0]
+        netloc = f"{user}@{host}" if user else host
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = urlencode([(k, v) for k, v in pairs if k.lower() != "password"])
+    if netloc == parts.netloc and len(pairs) == len(parse_qsl(query, keep_blank_values=True)):
+        return url  # nothing secret in it
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+
+
+def _redis_module() -> Any:
+    try:
+        import redis
+    except ImportError:
+        raise BackendError(
+            "the Redis backend needs redis-py: pip install 'lanequeue[redis]'"
+        ) from None
+    return redis
+
+
+def connect(url: str, *, timeout_s: float = 3.0, max_connections: int | None = None) -> Any:
+    """A ``redis.Redis`` client for ``url``, checked with a PING; ``max_connections``
+    sizes its connection pool (None: redis-py's default).
+
+    Raises:
+        BackendError: redis-py missing, a URL it cannot use, or no answer from the server
+            (the message names the URL without its password).
+    """
+    redis = _redis_module()
+    shown = redact_url(url)
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in _SCHEMES:
+        raise BackendError(
+            f"bad backend URL {shown!r}: expected redis://HOST[:PORT][/DB], rediss://... "
+            "or unix://PATH"
+        )
+    if scheme != "unix":
+        path = urlsplit(url).path
+        if path not in ("", "/") and not path[1:].isdigit():
+            raise BackendError(
+                f"bad backend URL {shown!r}: the path must be a database number (/0), "
+                f"not {path!r}"
+            )
+    try:
+        extra = {} if max_connections is None else {"max_connections": max_connections}
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout_s, health_check_interval=0, **extra
+        )
+    except (ValueError, TypeError) as exc:
+        raise BackendError(f"bad backend URL {shown!r}: {exc}") from None
+    try:
+        client.ping()
+    except redis.exceptions.RedisError as exc:
+        client.close()
+        raise BackendError(f"cannot reach Redis at {shown}: {exc}") from None
+    return client
+
+
+def check_backend(url: str) -> str:
+    """Check that ``url`` names a Redis server that answers; return it without password.
+
+    Raises:
+        BackendError: see :func:`connect`.
+    """
+    connect(url).close()
+    return redact_url(url)
+
+
+class RedisCompletionCounter:
+    """A :class:`~lanequeue.replay.observe.CompletionCounter` in Redis, shared by every
+    process of a run: ``<prefix>:done:<slot>`` (``*`` for the shared slot None).
+
+    ``finish`` INCRs and sets the TTL in one MULTI, so the key never exists without one.
+    """
+
+    def __init__(self, client: Any, prefix: str, *, ttl_s: float) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._ttl_ms = max(1, math.ceil(ttl_s * 1000))
+
+    def key(self, slot: Hashable) -> str:
+        """The Redis key of ``slot``'s counter."""
+        return f"{self._prefix}:done:{'*' if slot is None else slot}"
+
+    def done(self, slot: Hashable) -> int:
+        value = self._client.get(self.key(slot))
+        return 0 if value is None else int(value)
+
+    def finish(self, slot: Hashable) -> None:
+        # Not retried: a MULTI whose EXEC raised may have run, and counting a request
+        # twice could let a successor skip the gate. A lost INCR fails this request (an
+        # error in the report) and holds its successor at the gate until its max wait
+        # (another error): visible, never a silent reordering.
+        key = self.key(slot)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.pexpire(key, self._ttl_ms)
+        pipe.execute()
+
+
+def build_redis_queue(
+    client: Any,
+    lanes: Sequence[LaneSpec],
+    *,
+    prefix: str,
+    lease_s: float,
+    max_sessions: int = 256,
+) -> LaneQueue:
+    """A LaneQueue holding ``lanes`` on Redis under ``prefix`` (registered in order, so
+    taken in order), all waiting without limit: a per-key spec becomes a
+    ``RedisSessionLane`` (capacity must be 1), a counting spec a ``RedisLane``."""
+    from lanequeue.redis import RedisLane, RedisSessionLane
+
+    queue = LaneQueue()
+    for spec in lanes:
+        if spec.per_key:
+            if spec.capacity != 1:
+                raise ValueError(f"lane {spec.name!r}: a per-key lane has capacity 1")
+            queue.add(
+                RedisSessionLane(
+                    client, spec.name, max_sessions=max_sessions, timeout_s=None,
+                    lease_s=lease_s, prefix=prefix,
+                )
+            )
+        else:
+            queue.add(
+                RedisLane(
+                    client, spec.name, max_concurrent=spec.capacity, timeout_s=None,
+                    lease_s=lease_s, prefix=prefix,
+                )
+            )
+    return queue
+
+
+def _redis_gate(
+    queue: LaneQueue,
+    spec: LaneSpec,
+    keys: Sequence[str],
+    counter: RedisCompletionCounter,
+    *,
+    poll_s: float,
+    max_wait_s: float | None,
+) -> ArrivalGate:
+    """The arrival gate in front of the first lane, counting finished requests in Redis
+    and asking Redis who is inside (holders first, then waiters)."""
+    from lanequeue.redis import RedisLane, RedisSessionLane
+
+    lane = queue[spec.name]
+    if isinstance(lane, RedisSessionLane):
+        session = lane
+
+        def inside_key(slot: Hashable) -> int:
+            key = str(slot)
+            held = session.is_held(key)  # holder first, then waiters (see wait_turn)
+            return int(held) + session.waiting_for(key)
+
+        slots: list[Hashable] = list(keys)
+        inside = inside_key
+    elif isinstance(lane, RedisLane):
+        counting = lane
+
+        def inside_all(slot: Hashable) -> int:
+            holders = counting.active_count  # holders first, then waiters
+            return holders + counting.waiting
+
+        slots = [None] * len(keys)
+        inside = inside_all
+    else:
+        raise TypeError(f"lane {spec.name!r}: unsupported lane type {type(lane).__name__}")
+    return ArrivalGate(
+        slots, inside, poll_s=poll_s, counter=counter, max_wait_s=max_wait_s, one_poller=True
+    )
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    """Everything a worker process needs (pickled to it)."""
+
+    wid: int
+    workers: int
+    url: str
+    prefix: str
+    plan: ReplayPlan
+    lease_s: float
+    poll_s: float
+    gate_max_wait_s: float | None
+    counter_ttl_s: float
+    tick_s: float
+    start_timeout_s: float
+
+
+def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
+    """The body of worker process ``spec.wid`` (see the module docstring)."""
+    wid = spec.wid
+    try:
+        plan = spec.plan
+        rids = range(wid, len(plan.keys), spec.workers)
+        # Every waiting thread holds a connection (it blocks in BLPOP on its signal), and
+        # up to all of this worker's requests may wait at once: a pool that could run dry
+        # would fail requests (redis-py's default pool holds 100).
+        client = connect(spec.url, max_connections=len(rids) + 16)
+        queue = build_redis_queue(
+            client, plan.lanes, prefix=spec.prefix, lease_s=spec.lease_s,
+            max_sessions=plan.max_sessions,
+        )
+        counter = RedisCompletionCounter(client, spec.prefix, ttl_s=spec.counter_ttl_s)
+        gate = _redis_gate(
+            queue, plan.lanes[0], plan.keys, counter,
+            poll_s=spec.poll_s, max_wait_s=spec.gate_max_wait_s,
+        )
+    except BaseException as exc:
+        out.put(("error", wid, f"worker {wid} failed to start: {type(exc).__name__}: {exc}"))
+        return
+    out.put(("ready", wid, None))
+    if not go.wait(spec.start_timeout_s):  # the parent gave up (or died)
+        client.close()
+        return
+    t0 = float(epoch.value)
+    try:
+        observer = Observer(plan.keys, epoch_s=t0)
+
+        def progress(done: int, total: int) -> None:
+            out.put(("progress", wid, done))
+
+        drive = drive_threads(
+            plan, queue, gate, observer,
+            epoch=t0, rids=rids, progress=progress, tick_s=spec.tick_s,
+        )
+        payload = {
+            "rids": list(rids),
+            "dispatch_s": [drive.dispatch_s[r] for r in rids],
+            "start_s": [observer.start_s[r] for r in rids],
+            "end_s": [observer.end_work_s[r] for r in rids],
+            "complete_s": [observer.complete_s[r] for r in rids],
+            "errors": drive.errors,
+            "held_back": gate.held_back,
+            "threads": drive.threads,
+            "wall_s": drive.wall_s,
+            "lane_stats": {
+                spec_.name: queue[spec_.name].stats.to_dict() for spec_ in plan.lanes
+            },
+        }
+        out.put(("done", wid, payload))
+    except BaseException as exc:
+        out.put(("error", wid, f"worker {wid}: {type(exc).__name__}: {exc}\n"
+                 + traceback.format_exc()))
+    finally:
+        client.close()
+
+
+def _split_conversations(keys: Sequence[str], worker_of: Sequence[int]) -> tuple[int, int]:
+    """(conversations with >= 2 requests, those whose requests ran in >= 2 workers)."""
+    seen: dict[str, set[int]] = {}
+    counts: dict[str, int] = {}
+    for key, wid in zip(keys, worker_of, strict=True):
+        seen.setdefault(key, set()).add(wid)
+        counts[key] = counts.get(key, 0) + 1
+    multi = sum(1 for c in counts.values() if c >= 2)
+    split = sum(1 for s in seen.values() if len(s) >= 2)
+    return multi, split
+
+
+def merge_observations(
+    plan: ReplayPlan, payloads: Sequence[dict[str, Any]], workers: int
+) -> RunRecord:
+    """One :class:`RunRecord` from the workers' payloads: intervals swept together for the
+    occupancy figures, start order by start time (one host-wide clock)."""
+    n = len(plan.keys)
+    dispatch_s = [math.nan] * n
+    start_s = [math.nan] * n
+    end_s = [math.nan] * n
+    complete_s = [math.nan] * n
+    worker_of = [-1] * n
+    errors: list[tuple[int, str]] = []
+    lane_stats: dict[str, dict[str, int]] = {}
+    held_back = threads = 0
+    for wid, payload in enumerate(payloads):
+        for i, rid in enumerate(payload["rids"]):
+            dispatch_s[rid] = payload["dispatch_s"][i]
+            start_s[rid] = payload["start_s"][i]
+            end_s[rid] = payload["end_s"][i]
+            complete_s[rid] = payload["complete_s"][i]
+            worker_of[rid] = wid
+        errors += [(int(r), str(e)) for r, e in payload["errors"]]
+        held_back += int(payload["held_back"])
+        threads += int(payload["threads"])
+        for name, stats in payload["lane_stats"].items():
+            total = lane_stats.setdefault(name, {})
+            for k, v in stats.items():
+                total[k] = total.get(k, 0) + int(v)
+    started = [rid for rid in range(n) if not math.isnan(start_s[rid])]
+    start_order = sorted(started, key=lambda rid: (start_s[rid], rid))
+    by_key: dict[str, tuple[list[float], list[float]]] = {}
+    for rid in started:
+        starts, ends = by_key.setdefault(plan.keys[rid], ([], []))
+        starts.append(start_s[rid])
+        ends.append(end_s[rid] if not math.isnan(end_s[rid]) else math.inf)
+    max_key = max((peak_concurrency(s, e) for s, e in by_key.values()), default=0)
+    all_starts = [start_s[rid] for rid in started]
+    all_ends = [end_s[rid] if not math.isnan(end_s[rid]) else math.inf for rid in started]
+    finished = [t for t in complete_s if not math.isnan(t)]
+    wall = max(finished) if finished else 0.0
+    return RunRecord(
+        dispatch_s=dispatch_s,
+        start_s=start_s,
+        complete_s=complete_s,
+        start_order=start_order,
+        max_key_concurrency=max_key,
+        peak_global=peak_concurrency(all_starts, all_ends),
+        registry_peak=None,
+        registry_final=None,
+        wall_s=wall,
+        held_back=held_back,
+        threads=threads,
+        lane_stats=lane_stats,
+        errors=sorted(errors),
+        workers=workers,
+        worker_of=worker_of,
+    )
+
+
+class RedisProcessRuntime:
+    """``workers`` processes drive a plan through Redis lanes (see the module docstring).
+
+    Args:
+        url: the Redis server, ``redis://HOST[:PORT][/DB]`` (``rediss://``, ``unix://``).
+        workers: worker processes, >= 1; request ``i`` goes to worker ``i mod workers``.
+        lease_s: lease of every grant (renewed while held).
+        poll_s: the arrival gate's poll interval while a predecessor is not inside yet.
+        gate_max_wait_s: the gate gives up (error) after waiting this long.
+        lead_s: seconds between releasing the workers and the first arrival.
+        tick_s: seconds between two progress reports of a worker.
+        start_timeout_s: seconds the workers may take to start and connect.
+    """
+
+    name = "threads"
+
+    def __init__(
+        self,
+        url: str,
+        workers: int = 1,
+        *,
+        lease_s: float = 30.0,
+        poll_s: float = 0.002,
+        gate_max_wait_s: float | None = 120.0,
+        lead_s: float = 0.1,
+        tick_s: float = 0.25,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        self.url = url
+        self.workers = workers
+        self._lease_s = lease_s
+        self._poll_s = poll_s
+        self._gate_max_wait_s = gate_max_wait_s
+        self._lead_s = lead_s
+        self._tick_s = tick_s
+        self._start_timeout_s = start_timeout_s
+
+    def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
+        """Replay ``plan`` across the worker processes in real time; merge what they saw.
+
+        Raises:
+            BackendError: the server cannot be reached, or a worker failed or died.
+        """
+        client = connect(self.url)
+        try:
+            return self._run(client, plan, progress)
+        finally:
+            client.close()
+
+    def _run(self, client: Any, plan: ReplayPlan, progress: ProgressFn | None) -> RunRecord:
+        n = len(plan.keys)
+        w = self.workers
+        prefix = f"{PREFIX_BASE}:{uuid.uuid4().hex}"
+        # Long enough that no counter can expire while a successor may still look at it:
+        # twice the longest the run could last if everything ran one after the other.
+        span = (plan.arrival_s[-1] if n else 0.0) + math.fsum(plan.work_s)
+        counter_ttl_s = 600.0 + 2.0 * span
+        ctx = mp.get_context("spawn")
+        go = ctx.Event()
+        epoch = ctx.Value("d", 0.0)
+        out = ctx.Queue()
+        procs: list[Any] = []
+        payloads: dict[int, dict[str, Any]] = {}
+        try:
+            for wid in range(w):
+                spec = _WorkerSpec(
+                    wid=wid, workers=w, url=self.url, prefix=prefix, plan=plan,
+                    lease_s=self._lease_s, poll_s=self._poll_s,
+                    gate_max_wait_s=self._gate_max_wait_s, counter_ttl_s=counter_ttl_s,
+                    tick_s=self._tick_s, start_timeout_s=self._start_timeout_s + 30.0,
+                )
+                proc = ctx.Process(
+                    target=_worker_main, args=(spec, go, epoch, out),
+                    name=f"lanequeue-replay-worker-{wid}", daemon=True,
+                )
+                proc.start()
+                procs.append(proc)
+            self._await_ready(out, procs)
+            epoch.value = time.monotonic() + self._lead_s
+            go.set()
+            payloads = self._collect(out, procs, n, progress)
+        except BaseException:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.terminate()
+            for proc in procs:
+                proc.join(10)
+            try:  # best effort: the run's keys would expire anyway (all have a TTL)
+                _delete_keys(client, _run_keys(client, prefix))
+            except Exception:
+                pass
+            raise
+        for proc in procs:
+            proc.join(10)
+        record = merge_observations(plan, [payloads[wid] for wid in range(w)], w)
+        record.backend = redact_url(self.url)
+        record.backend_info = self._finish(client, plan, prefix, record)
+        if plan.lanes[0].per_key:
+            record.registry_final = record.backend_info["keys_held_or_waited_at_end"]
+        if progress is not None:
+            progress(n, n)
+        return record
+
+    def _await_ready(self, out: Any, procs: Sequence[Any]) -> None:
+        """Wait until every worker has connected and built its lanes."""
+        ready: set[int] = set()
+
+        def handle(kind: str, wid: int, body: Any) -> None:
+            if kind != "ready":
+                raise BackendError(str(body))
+            ready.add(wid)
+
+        deadline = time.monotonic() + self._start_timeout_s
+        while len(ready) < len(procs):
+            _pump(out, procs, ready, handle)
+            if len(ready) < len(procs) and time.monotonic() > deadline:
+                raise BackendError(
+                    f"the worker processes did not start within {self._start_timeout_s:g} s"
+                )
+
+    def _collect(
+        self, out: Any, procs: Sequence[Any], n: int, progress: ProgressFn | None
+    ) -> dict[int, dict[str, Any]]:
+        """Read the workers' messages until every one has sent its observations."""
+        payloads: dict[int, dict[str, Any]] = {}
+        done = [0] * len(procs)
+
+        def handle(kind: str, wid: int, body: Any) -> None:
+            if kind == "progress":
+                done[wid] = int(body)
+            elif kind == "done":
+                payloads[wid] = body
+                done[wid] = len(body["rids"])
+            else:
+                raise BackendError(str(body))
+            if progress is not None:
+                progress(sum(done), n)
+
+        while len(payloads) < len(procs):
+            _pump(out, procs, payloads, handle)
+        return payloads
+
+    def _finish(
+        self, client: Any, plan: ReplayPlan, prefix: str, record: RunRecord
+    ) -> dict[str, Any]:
+        """The backend's figures after the run; then delete the run's keys."""
+        from lanequeue.redis import RedisSessionLane
+
+        info: dict[str, Any] = {
+            "prefix": prefix,
+            "lease_s": self._lease_s,
+            "gate_poll_s": self._poll_s,
+        }
+        assert record.worker_of is not None
+        multi, split = _split_conversations(plan.keys, record.worker_of)
+        info["conversations_with_several_requests"] = multi
+        info["conversations_split_across_workers"] = split
+        info["requests_per_worker"] = [
+            sum(1 for x in record.worker_of if x == wid) for wid in range(self.workers)
+        ]
+        first = plan.lanes[0]
+        if first.per_key:
+            lane = RedisSessionLane(client, first.name, prefix=prefix, timeout_s=None)
+            left = 0
+            for key in dict.fromkeys(plan.keys):
+                if lane.is_held(key) or lane.waiting_for(key):
+                    left += 1
+            info["keys_held_or_waited_at_end"] = left
+        # Every key of the run: count, check TTLs, delete (every worker has exited).
+        names = _run_keys(client, prefix)
+        no_ttl = 0
+        for start in range(0, len(names), 500):
+            pipe = client.pipeline(transaction=False)
+            for name in names[start : start + 500]:
+                pipe.pttl(name)
+            no_ttl += sum(1 for ttl in pipe.execute() if ttl == -1)
+        counters = sum(1 for name in names if _text(name).startswith(f"{prefix}:done:"))
+        info["redis_keys_at_end"] = len(names)
+        info["redis_counter_keys_at_end"] = counters
+        info["redis_keys_without_ttl"] = no_ttl
+        info["redis_keys_deleted"] = _delete_keys(client, names)
+        return info
+
+
+def _pump(
+    out: Any,
+    procs: Sequence[Any],
+    answered: Container[int],
+    handle: Callable[[str, int, Any], None],
+    *,
+    window_s: float = 0.5,
+) -> None:
+    """Hand the workers' messages to ``handle`` for about ``window_s`` seconds, then check
+    that every worker that has not ``answered`` is alive: one that is gone raises
+    BackendError (after its last messages, which may still be in the pipe, are read)."""
+    end = time.monotonic() + window_s
+    while (left := end - time.monotonic()) > 0:
+        try:
+            kind, wid, body = out.get(timeout=left)
+        except queue_mod.Empty:
+            break
+        handle(kind, wid, body)
+    gone = [wid for wid, proc in enumerate(procs) if wid not in answered and not proc.is_alive()]
+    if not gone:
+        return
+    end = time.monotonic() + 1.0  # what a worker sent just before exiting
+    while (left := end - time.monotonic()) > 0:
+        try:
+            kind, wid, body = out.get(timeout=left)
+        except queue_mod.Empty:
+            break
+        handle(kind, wid, body)
+    for wid in gone:
+        if wid not in answered:
+            raise BackendError(f"worker {wid} died (exit code {procs[wid].exitcode})")
+
+
+def _run_keys(client: Any, prefix: str) -> list[Any]:
+    """Every key of the run (the lanes' ``{prefix:...}`` keys and the counters)."""
+    return list(client.scan_iter(match=f"*{prefix}*", count=1000))
+
+
+def _delete_keys(client: Any, names: Sequence[Any]) -> int:
+    """Delete ``names``; return how many existed."""
+    deleted = 0
+    for start in range(0, len(names), 500):
+        deleted += int(client.delete(*names[start : start + 500]))
+    return deleted
+
+
+def _text(name: bytes | str) -> str:
+    return name.decode("utf-8", "replace") if isinstance(name, bytes) else name
