@@ -473,6 +473,31 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["replay", "--speed", "0"])
     assert main([]) == 2
+    # Checked before the replay starts, not after a minute of it.
+    assert main(["replay", "--json", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["replay", "--plot", str(tmp_path / "p.txt")]) == 2
+    assert "ending in .png" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("not json\n")
+    assert main(["replay", str(empty)]) == 2
+    assert "no valid request to replay" in capsys.readouterr().err
+
+
+def test_out_of_range_numbers_are_skipped_not_replayed(tmp_path: Path) -> None:
+    # A timestamp of 1e300 ms (or an output of 1e20 tokens) would overflow the replay's
+    # clocks: such lines are reported and skipped like any malformed line.
+    path = tmp_path / "huge.jsonl"
+    good = '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0, 1]}'
+    path.write_text(
+        good + "\n"
+        '{"timestamp": 1e300, "input_length": 1, "output_length": 1, "hash_ids": [0, 2]}\n'
+        '{"timestamp": 5, "input_length": 1, "output_length": 100000000000000000000, '
+        '"hash_ids": [0, 3]}\n'
+    )
+    trace = read_trace(path)
+    assert len(trace.requests) == 1
+    assert [s.line for s in trace.skipped] == [2, 3]
 
 
 def test_cli_plot_without_matplotlib(

@@ -242,8 +242,14 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except PlotUnavailableError as exc:
             return fail(str(exc))
     for path in (args.json_path, args.plot_path):
-        if path is not None and not path.resolve().parent.is_dir():
+        if path is None:
+            continue
+        if path.is_dir():
+            return fail(f"cannot write {path}: it is a directory; give a file name")
+        if not path.resolve().parent.is_dir():
             return fail(f"cannot write {path}: directory {path.parent} does not exist")
+    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
+        return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
     try:
         config = ReplayConfig(
             policy=args.policy,
@@ -266,6 +272,8 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
     trace = trace.head(args.limit)
+    if not trace.requests:
+        return fail(f"no valid request to replay in {trace.source}")
 
     bar = _progress_bar(len(trace.requests), not args.no_progress, err)
     try:

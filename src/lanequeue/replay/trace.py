@@ -37,6 +37,10 @@ DEFAULT_TRACE_NAME = "mooncake_conversation_trace.jsonl.gz"
 
 #: Fields every line must carry.
 REQUIRED_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+#: Bounds that keep a replay's times finite and representable: about a year of trace
+#: time, and far more tokens than any model generates for one request.
+MAX_TIMESTAMP_MS = 3.2e10
+MAX_LENGTH_TOKENS = 10_000_000
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -132,12 +136,18 @@ def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
             + ", ".join(repr(f) for f in missing)
         )
     ts = obj["timestamp"]
-    if not _is_number(ts) or not math.isfinite(ts) or ts < 0:
-        return f"field 'timestamp' must be a finite number >= 0 (got {ts!r})"
+    if not _is_number(ts) or not math.isfinite(ts) or not 0 <= ts <= MAX_TIMESTAMP_MS:
+        return (
+            f"field 'timestamp' must be a number of milliseconds from 0 to "
+            f"{MAX_TIMESTAMP_MS:.0e} (got {ts!r})"
+        )
     for name in ("input_length", "output_length"):
         value = obj[name]
-        if not _is_int(value) or value < 0:
-            return f"field {name!r} must be an integer >= 0 (got {value!r})"
+        if not _is_int(value) or not 0 <= value <= MAX_LENGTH_TOKENS:
+            return (
+                f"field {name!r} must be an integer from 0 to {MAX_LENGTH_TOKENS:,} "
+                f"(got {value!r})"
+            )
     hash_ids = obj["hash_ids"]
     if not isinstance(hash_ids, list):
         return f"field 'hash_ids' must be a list (got {type(hash_ids).__name__})"
