@@ -26,11 +26,13 @@ Design
 ======
 Every operation is ONE Lua script, so it is atomic on the server and costs one round trip
 on the fast path. Time is the server's (``TIME`` inside the script), never a client clock.
-All keys one script touches share one hash tag, so the lanes work on Redis Cluster.
+All keys one script touches share one hash tag, so the lanes work on Redis Cluster. Needs
+Redis >= 6.2 (``SET ... GET``) or Valkey.
 
 Keys (``P`` = ``prefix``, default ``"lanequeue"``; ``N`` = lane name; ``K`` = key)::
 
-    per-key lane, one tag per key:  {P:s:N:K}:h   holder: hash o=owner id, f=fence, t=since
+    per-key lane, one tag per key:  {P:s:N:K}:h   holder: string "owner:fence", + ":w"
+                                                  once someone joined the line behind it
                                     {P:s:N:K}:q   line: list of waiter ids, FIFO
                                     {P:s:N:K}:w   liveness: zset waiter id -> deadline (ms)
                                     {P:s:N:K}:f   last fencing token
@@ -73,13 +75,15 @@ holds in a zset instead of one holder)::
   at the head of the line is told (in the acquire reply) when the lease blocking it runs
   out, and polls right then.
 - Hand-off. Release deletes the holder and, in the same script, pops waiters from the
-  head: a waiter whose liveness ran out (crashed, or frozen too long) is dropped; the
-  first live one becomes holder with a claim that lasts until its liveness deadline,
-  and its signal is pushed. The woken waiter's acquire sees itself as holder and
-  confirms (full lease). A waiter that died after its last refresh therefore blocks K
-  for less than its liveness window, never a whole lease; the next poll of anyone moves
-  K on. No instant exists in which K is free while a live waiter is in line, so a
-  newcomer cannot overtake.
+  head (skipped when the holder carries no ``:w`` mark: a waiter marks the holder it
+  joins the line behind, and a hand-off's holder is marked from the start, so an
+  unmarked holder means an empty line): a waiter whose liveness ran out (crashed, or
+  frozen too long) is dropped; the first live one becomes holder with a claim that
+  lasts until its liveness deadline, and its signal is pushed. The woken waiter's
+  acquire sees itself as holder and confirms (full lease). A waiter that died after its
+  last refresh therefore blocks K for less than its liveness window, never a whole
+  lease; the next poll of anyone moves K on. No instant exists in which K is free while
+  a live waiter is in line, so a newcomer cannot overtake.
 - Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
   counting lane's zset). A background renewer (one daemon thread per sync lane object,
   one task per async lane object) renews each hold every ``lease_s/3`` with one script

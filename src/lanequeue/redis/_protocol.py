@@ -179,10 +179,12 @@ def _socket_timeout(client: Any) -> float | None:
 
 
 def grant_reply(reply: Any) -> tuple[bool, int]:
-    """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted, else
-    ``(False, wake)`` (acquire: ms until the lease blocking a head-of-line caller runs
-    out, or -1)."""
-    return bool(int(reply[0])), int(reply[1])
+    """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted (the reply
+    is the token), else ``(False, wake)`` (the reply is ``[0, wake]``; acquire: ms until
+    the lease blocking a head-of-line caller runs out, or -1)."""
+    if isinstance(reply, list):
+        return False, int(reply[1])
+    return True, int(reply)
 
 
 def next_block(poll_s: float, wake_ms: int, deadline: float | None, now: float) -> float:
@@ -303,17 +305,20 @@ class RedisLaneBase(Generic[H]):
         return ks
 
     def _acquire_call(self, hold: RedisHoldBase, wait: bool) -> Call:
-        args: list[Any] = [
-            hold.owner, self._lease_ms, self._live_ms, 1 if wait else 0, self._fence_ttl_ms
+        if self._kind == "s":  # one key, the rest derived in the script (see _scripts)
+            args: list[Any] = [hold.owner, self._lease_ms, self._live_ms if wait else 0]
+            return self._s_acquire, [self._base(hold.key) + "h"], args
+        args = [
+            hold.owner, self._lease_ms, self._live_ms, 1 if wait else 0, self._fence_ttl_ms,
+            self._cap, hold.key,
         ]
-        if self._kind == "c":
-            args += [self._cap, hold.key]
         return self._s_acquire, self._keys(hold, True), args
 
     def _release_call(self, hold: RedisHoldBase) -> Call:
-        args: list[Any] = [hold.owner, self._fence_ttl_ms]
-        if self._kind == "c":
-            args.append(self._cap)
+        if self._kind == "s":  # the holder value of our grant (owner:token), see _scripts
+            args = [f"{hold.owner}:{hold.token}", self._lease_ms]
+            return self._s_release, [self._base(hold.key) + "h"], args
+        args = [hold.owner, self._fence_ttl_ms, self._cap]
         return self._s_release, self._keys(hold, False), args
 
     def _renew_call(self, hold: RedisHoldBase) -> Call:
@@ -323,9 +328,9 @@ class RedisLaneBase(Generic[H]):
         return self._s_renew, self._keys(hold, False), args
 
     def _withdraw_call(self, hold: RedisHoldBase) -> Call:
-        args: list[Any] = [hold.owner, self._lease_ms, self._fence_ttl_ms]
-        if self._kind == "c":
-            args += [self._cap, hold.key]
+        if self._kind == "s":
+            return self._s_withdraw, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
+        args: list[Any] = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap, hold.key]
         return self._s_withdraw, self._keys(hold, True), args
 
     def _info_call(self, key: str | None) -> Call:

@@ -6,17 +6,21 @@ The layout of the keys and the reasoning behind each step are in the package doc
 Conventions shared by all scripts:
 
 - ``KEYS[1]`` always ends in ``"h"`` and starts with the lane's (or key's) base
-  ``{tag}:``; other keys of the same base (a waiter's signal list ``{tag}:s:<id>``) are
-  derived from it. They share the hash tag, hence the slot, so a script never touches
-  another slot (Redis Cluster).
+  ``{tag}:``; other keys of the same base (a waiter's signal list ``{tag}:s:<id>``; in
+  the per-key lane every other key) are derived from it. They share the hash tag, hence
+  the slot, so a script never touches another slot (Redis Cluster).
 - Time is ``TIME`` on the server, read once per script: ``now`` in ms (leases,
   liveness), ``now_us`` in µs (fencing tokens).
-- Integers leave Lua through ``string.format('%.0f', x)``: Lua 5.1 would print
-  ``1.7e+15`` for a µs timestamp with ``tostring``.
+- Integers leave Lua through ``string.format('%.0f', x)`` (Lua 5.1 would print
+  ``1.7e+15`` for a µs timestamp with ``tostring``), except on the fast paths, where the
+  µs timestamp is built from ``TIME``'s digits: formatting a float is the dearest Lua
+  step of a short script.
 - Replies are integers (or arrays of integers), never floats, so ``decode_responses``
-  does not matter. Acquire answers ``{1, fencing token}`` when granted, else
-  ``{0, wake}``: ``wake`` is the ms until the lease blocking the caller runs out when the
-  caller heads the line, -1 otherwise. Withdraw answers ``{1, token}`` or ``{0, 0}``.
+  does not matter. Acquire answers the fencing token (an integer > 0) when granted,
+  else ``{0, wake}``: ``wake`` is the ms until the lease blocking the caller runs out
+  when the caller heads the line, -1 otherwise. Withdraw answers the token or
+  ``{0, 0}``. (A bare integer costs the script less than a table.)
+- Needs Redis >= 6.2 (or Valkey): ``SET ... GET``.
 """
 
 from __future__ import annotations
@@ -34,18 +38,18 @@ __all__ = [
     "SESSION_WITHDRAW",
 ]
 
-_PRELUDE = r"""
+_CLOCK = r"""
 local function fmt(x) return string.format('%.0f', x) end
 
+-- Server time: now in ms and now_us in µs (numbers), and now_us as a decimal string,
+-- built from TIME's digits (string.format of a float is the dearest step of a short
+-- script, and tostring would print 1.7e+15).
 local function clock()
   local t = redis.call('TIME')
-  local s, us = tonumber(t[1]), tonumber(t[2])
-  return s * 1000 + math.floor(us / 1000), s * 1000000 + us
-end
-
--- Make the TTL of `key` at least `ms` (never shorten it: other members may need longer).
-local function keep(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, fmt(ms)) end
+  local us = t[2]
+  if #us < 6 then us = string.rep('0', 6 - #us) .. us end
+  local s = t[1] .. us
+  return tonumber(string.sub(s, 1, -4)), tonumber(s), s
 end
 
 -- The next fencing token: larger than the last one while the counter lives, and the
@@ -53,46 +57,91 @@ end
 -- runs ahead of the clock by more than a few units; once it has expired (fttl ms after
 -- the last grant), the clock has long passed it. Tokens therefore grow across idle gaps
 -- and server restarts, as long as the server clock does not step back by more than fttl.
-local function fence(fk, now_us, fttl)
-  local last = tonumber(redis.call('GET', fk) or '0')
-  local f = now_us
-  if last >= f then f = last + 1 end
-  redis.call('SET', fk, fmt(f), 'PX', fmt(fttl))
-  return f
+-- One call in the usual case: SET ... GET (Redis >= 6.2) stores the clock and returns the
+-- last token; only when that one is not below the clock (grants within the same µs, or
+-- a clock that stepped back) does a second SET store last + 1.
+-- Returns the token as a number and as a string (`s_us`: now_us as a string, see clock).
+local function fence(fk, now_us, s_us, fttl)
+  local last = tonumber(redis.call('SET', fk, s_us, 'PX', fttl, 'GET') or '0')
+  if last < now_us then return now_us, s_us end
+  local f = last + 1
+  local fs = fmt(f)
+  redis.call('SET', fk, fs, 'PX', fttl)
+  return f, fs
 end
 """
 
+_KEEP = r"""
+-- Make the TTL of `key` at least `ms` (never shorten it: other members may need longer).
+local function keep(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, fmt(ms)) end
+end
+"""
+
+_PRELUDE = _CLOCK + _KEEP
+
 # --------------------------------------------------------------------------------------
-# Per-key lane. KEYS: h (holder hash: o=owner, f=fence, t=since ms), q (waiter ids, FIFO),
-# w (zset waiter id -> liveness deadline ms), f (fence counter), s (the caller's signal).
-# ARGV: owner, lease_ms, live_ms, mode (1 wait / 0 try), fence_ttl_ms.
-# Invariant: an id is in q iff it is in w (both change together, in one script).
+# Per-key lane. KEYS: h only, the holder: the string "owner:fence", plus ":w" once someone
+# joined the line while it held. The other keys of the key's base are derived from it in
+# the script (same hash tag, same slot): q (waiter ids, FIFO), w (zset waiter id ->
+# liveness deadline ms), f (fence counter), s:<id> (a waiter's signal). ARGV: owner,
+# lease_ms (also the fence counter's TTL), then per script (see each). One key and few
+# arguments keep the fast paths cheap.
+# Invariants: an id is in q iff it is in w (both change together, in one script); while
+# the holder key lives without the ":w" mark, q is empty (an id enters q only in a script
+# that marks the holder it waits behind, and a holder set by the hand-off is marked from
+# the start), so a release that finds no mark needs no look at the line.
 # --------------------------------------------------------------------------------------
 
-_SESSION_PRELUDE = (
-    _PRELUDE
+_HOLDER = r"""
+-- The one reader of the holder key: owner id, fencing token, and whether the line may be
+-- non-empty (":w" mark); false when nobody holds the key (released, or its lease ran
+-- out: a key with an expired TTL reads as absent).
+local function holder(h)
+  local v = redis.call('GET', h)
+  if not v then return false end
+  local o, f = string.match(v, '^([^:]*):(%d+)')
+  return o, tonumber(f), string.sub(v, -2) == ':w'
+end
+"""
+
+# Each per-key script first names its keys, then runs its fast path, and only then
+# defines the helpers of the other paths (a Lua function definition is a statement that
+# costs time at every run): _SESSION_KEYS + [the helpers the fast path uses] + fast path
+# + _SESSION_REST + the other paths.
+_SESSION_KEYS = r"""
+local h = KEYS[1]
+local base = string.sub(h, 1, -2)
+"""
+
+_SESSION_REST = (
+    _KEEP
     + r"""
+local q, w, fk = base .. 'q', base .. 'w', base .. 'f'
+
 -- Called only when nobody holds the key. Hands it to the first LIVE waiter in line:
 -- dead waiters (liveness deadline passed: crashed, or paused too long) are dropped on
 -- the way, each once. The grant is a CLAIM that lasts until the waiter's own liveness
 -- deadline; the waiter turns it into a full lease when it confirms (its next acquire
 -- call, right after the signal wakes it). A waiter that died after its last refresh thus
--- blocks the key only until that deadline, not for a whole lease.
-local function promote(h, q, w, fk, now, now_us, fttl)
-  local base = string.sub(h, 1, -2)
+-- blocks the key only until that deadline, not for a whole lease. The new holder is
+-- marked ":w" (others may still be in line). Returns the new holder's id and token, or
+-- false (the line is empty now). The clock is read only once someone is in line.
+local function promote(fttl, now, now_us, s_us)
   while true do
     local id = redis.call('LPOP', q)
     if not id then return false end
+    if not now then now, now_us, s_us = clock() end
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
     if dl and dl > now then
-      local f = fence(fk, now_us, fttl)
-      redis.call('HSET', h, 'o', id, 'f', fmt(f), 't', fmt(now))
-      redis.call('PEXPIRE', h, fmt(dl - now))
-      local s = base .. 's:' .. id
-      redis.call('RPUSH', s, fmt(f))
-      redis.call('PEXPIRE', s, fmt(dl - now))
-      return id
+      local f, fs = fence(fk, now_us, s_us, fttl)
+      local ttl = fmt(dl - now)
+      redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
+      local sig = base .. 's:' .. id
+      redis.call('RPUSH', sig, fs)
+      redis.call('PEXPIRE', sig, ttl)
+      return id, f
     end
   end
 end
@@ -100,33 +149,51 @@ end
 )
 
 SESSION_ACQUIRE = (
-    _SESSION_PRELUDE
+    _SESSION_KEYS
+    + _CLOCK
     + r"""
-local h, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local fttl = tonumber(ARGV[5])
-local now, now_us = clock()
-local o = redis.call('HGET', h, 'o')
--- No holder (released, or its lease ran out: a key with an expired TTL reads as absent):
--- the head of the line goes first, so a newcomer never overtakes a live waiter.
-if not o then o = promote(h, q, w, fk, now, now_us, fttl) end
+-- ARGV: owner, lease_ms, live_ms (0: try only, never join the line).
+local me, lease = ARGV[1], ARGV[2]
+local now, now_us, s_us
+-- Fast path: no holder and no line at all (not even dead waiters): ours at once.
+if redis.call('EXISTS', h, base .. 'q') == 0 then
+  now, now_us, s_us = clock()
+  local f, fs = fence(base .. 'f', now_us, s_us, lease)
+  redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
+  return f
+end
+"""
+    + _HOLDER
+    + _SESSION_REST
+    + r"""
+local live = tonumber(ARGV[3])
+local o, f, marked = holder(h)
+-- No holder, but a line: its head goes first, so a newcomer never overtakes a live waiter.
+if not o then
+  now, now_us, s_us = clock()
+  o, f = promote(lease, now, now_us, s_us)
+  marked = true
+end
 if o == me then
   -- Granted to us by hand-off (or this is a retry whose first reply was lost): confirm,
   -- i.e. turn the claim into a full lease. Idempotent per owner id.
-  redis.call('PEXPIRE', h, fmt(lease))
-  redis.call('DEL', sig)
-  return {1, tonumber(redis.call('HGET', h, 'f'))}
+  redis.call('PEXPIRE', h, lease)
+  redis.call('DEL', base .. 's:' .. me)
+  return f
 end
 if not o then
   -- Free and nobody alive in line (promote emptied it): ours, without queueing.
-  local f = fence(fk, now_us, fttl)
-  redis.call('HSET', h, 'o', me, 'f', fmt(f), 't', fmt(now))
-  redis.call('PEXPIRE', h, fmt(lease))
-  return {1, f}
+  local fs
+  f, fs = fence(fk, now_us, s_us, lease)
+  redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
+  return f
 end
-if mode == '0' then return {0, -1} end
+if live == 0 then return {0, -1} end
 -- Held by someone else: join the line at the tail (first call), or stay in place and
--- refresh our liveness (later calls). A waiter dropped as dead rejoins at the tail.
+-- refresh our liveness (later calls). A waiter dropped as dead rejoins at the tail. The
+-- holder is marked first, so its release looks at the line (APPEND keeps its TTL).
+if not now then now = clock() end
+if not marked then redis.call('APPEND', h, ':w') end
 if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me) end
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
@@ -139,54 +206,73 @@ return {0, -1}
 )
 
 SESSION_RELEASE = (
-    _SESSION_PRELUDE
+    r"""
+-- ARGV: "owner:token" (the holder value of the caller's grant), lease_ms (the fence
+-- counter's TTL, should the release hand the key on).
+local h = KEYS[1]
+-- Fast path: the holder key is exactly our grant, unmarked: ours, and nobody in line.
+if redis.call('GET', h) == ARGV[1] then
+  redis.call('DEL', h)
+  return 1
+end
+local base = string.sub(h, 1, -2)
+"""
+    + _HOLDER
     + r"""
-local h, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local me, fttl = ARGV[1], tonumber(ARGV[2])
-local now, now_us = clock()
-local o = redis.call('HGET', h, 'o')
-local ok = 0
+local me = string.match(ARGV[1], '^[^:]*')
+local o, _, marked = holder(h)
 -- The owner id is unique to one acquisition: a stale holder (lease ran out, key passed
 -- on) or a foreign client never matches, so it can never end someone else's hold.
-if o == me then
+if o and o ~= me then return 0 end
+if o then
   redis.call('DEL', h)
-  ok, o = 1, false
+  -- Unmarked: nobody joined the line while we held, so it is empty (see the invariants).
+  if not marked then return 1 end
 end
+"""
+    + _CLOCK
+    + _SESSION_REST
+    + r"""
 -- Hand-off in the same script: no instant in which a newcomer could take the key ahead
 -- of the line. (Also moves a key whose holder lapsed, when a stale release comes by.)
-if not o then promote(h, q, w, fk, now, now_us, fttl) end
-return ok
+promote(ARGV[2])
+if o then return 1 end
+return 0
 """
 )
 
-SESSION_RENEW = r"""
+SESSION_RENEW = (
+    _HOLDER
+    + r"""
 -- KEYS: h. ARGV: owner, lease_ms. Extends the lease only while it is still ours: an
 -- expired holder key reads as absent, so a lease that ran out is never revived.
-if redis.call('HGET', KEYS[1], 'o') == ARGV[1] then
+if holder(KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
 """
+)
 
 SESSION_WITHDRAW = (
-    _SESSION_PRELUDE
+    _SESSION_KEYS
+    + _CLOCK
+    + _HOLDER
+    + _SESSION_REST
     + r"""
--- KEYS: h q w f s. ARGV: owner, lease_ms, fence_ttl_ms. A waiter leaves the line
--- (timeout, cancellation, interrupt). If a hand-off reached it first, it holds the key:
--- the lease is confirmed and the token returned; the caller keeps or releases it.
-local h, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local now, now_us = clock()
+-- ARGV: owner, lease_ms. A waiter leaves the line (timeout, cancellation, interrupt). If
+-- a hand-off reached it first, it holds the key: the lease is confirmed and the token
+-- returned; the caller keeps or releases it.
+local me, lease = ARGV[1], ARGV[2]
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
-redis.call('DEL', sig)
-local o = redis.call('HGET', h, 'o')
+redis.call('DEL', base .. 's:' .. me)
+local o, f = holder(h)
 if o == me then
-  redis.call('PEXPIRE', h, fmt(lease))
-  return {1, tonumber(redis.call('HGET', h, 'f'))}
+  redis.call('PEXPIRE', h, lease)
+  return f
 end
-if not o then promote(h, q, w, fk, now, now_us, fttl) end
+if not o then promote(lease) end
 return {0, 0}
 """
 )
@@ -219,10 +305,10 @@ local function purge(h, i, now)
   end
 end
 
-local function grant(h, i, fk, id, key, dl, now, now_us, fttl)
-  local f = fence(fk, now_us, fttl)
+local function grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
+  local f, fs = fence(fk, now_us, s_us, fttl)
   redis.call('ZADD', h, fmt(dl), id)
-  redis.call('HSET', i, id, fmt(f) .. ':' .. fmt(now) .. ':' .. key)
+  redis.call('HSET', i, id, fs .. ':' .. string.sub(s_us, 1, -4) .. ':' .. key)
   keep(h, dl - now)
   keep(i, dl - now)
   return f
@@ -231,7 +317,7 @@ end
 -- While a permit is free, hand it to the first LIVE waiter in line (dead ones are
 -- dropped on the way). Each grant is a claim until the waiter's liveness deadline,
 -- confirmed into a full lease by the waiter's next call (see the per-key promote).
-local function promote(h, i, q, w, fk, cap, now, now_us, fttl)
+local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
   local base = string.sub(h, 1, -2)
   while redis.call('ZCARD', h) < cap do
     local item = redis.call('LPOP', q)
@@ -241,7 +327,7 @@ local function promote(h, i, q, w, fk, cap, now, now_us, fttl)
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
     if dl and dl > now then
-      local f = grant(h, i, fk, id, key, dl, now, now_us, fttl)
+      local f = grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
       local s = base .. 's:' .. id
       redis.call('RPUSH', s, fmt(f))
       redis.call('PEXPIRE', s, fmt(dl - now))
@@ -261,21 +347,21 @@ COUNTING_ACQUIRE = (
 local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local fttl, cap, key = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
-local now, now_us = clock()
+local now, now_us, s_us = clock()
 purge(h, i, now)
-promote(h, i, q, w, fk, cap, now, now_us, fttl)
+promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
 if redis.call('ZSCORE', h, me) then
   -- Granted to us by hand-off (or a retried call): confirm the full lease.
   redis.call('ZADD', h, fmt(now + lease), me)
   keep(h, lease)
   keep(i, lease)
   redis.call('DEL', sig)
-  return {1, fence_of(i, me)}
+  return fence_of(i, me)
 end
 -- promote stops only when the line is empty or the lane is full, so a free permit here
 -- means nobody alive waits: taking it overtakes no one.
 if redis.call('ZCARD', h) < cap then
-  return {1, grant(h, i, fk, me, key, now + lease, now, now_us, fttl)}
+  return grant(h, i, fk, me, key, now + lease, now, now_us, s_us, fttl)
 end
 if mode == '0' then return {0, -1} end
 if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me .. ':' .. key) end
@@ -298,7 +384,7 @@ COUNTING_RELEASE = (
 -- KEYS: h i q w f. ARGV: owner, fence_ttl_ms, max_concurrent.
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local now, now_us = clock()
+local now, now_us, s_us = clock()
 purge(h, i, now)
 local ok = 0
 -- Only the hold's own id ends it: an expired hold was purged just above, so a late
@@ -307,7 +393,7 @@ if redis.call('ZREM', h, me) == 1 then
   redis.call('HDEL', i, me)
   ok = 1
 end
-promote(h, i, q, w, fk, cap, now, now_us, fttl)
+promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
 return ok
 """
 )
@@ -318,7 +404,7 @@ COUNTING_RENEW = (
 -- KEYS: h i q w f. ARGV: owner, lease_ms, fence_ttl_ms, max_concurrent.
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now, now_us = clock()
+local now, now_us, s_us = clock()
 purge(h, i, now)
 local ok = 0
 if redis.call('ZSCORE', h, me) then
@@ -328,7 +414,7 @@ if redis.call('ZSCORE', h, me) then
   ok = 1
 end
 -- Permits freed by the purge go to the line now, not at the waiters' next poll.
-promote(h, i, q, w, fk, cap, now, now_us, fttl)
+promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
 return ok
 """
 )
@@ -340,7 +426,7 @@ COUNTING_WITHDRAW = (
 local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, key = tonumber(ARGV[4]), ARGV[5]
-local now, now_us = clock()
+local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
 redis.call('DEL', sig)
@@ -349,9 +435,9 @@ if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
   keep(h, lease)
   keep(i, lease)
-  return {1, fence_of(i, me)}
+  return fence_of(i, me)
 end
-promote(h, i, q, w, fk, cap, now, now_us, fttl)
+promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
 return {0, 0}
 """
 )
