@@ -20,6 +20,7 @@ import math
 import os
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -206,7 +207,7 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-class RedisLaneBase(Generic[H]):
+class RedisLaneBase(ABC, Generic[H]):
     """State, bookkeeping and procedures of one Redis lane object (either kind, either face).
 
     ``_kind`` is ``"s"`` (per-key) or ``"c"`` (counting): :class:`SessionLaneBase` and
@@ -340,17 +341,17 @@ class RedisLaneBase(Generic[H]):
 
     # -- the face's I/O, and the procedures' one way to ask for it -----------------------
 
+    @abstractmethod
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         """The face's script call: ``script(keys=KEYS, args=ARGV)``, called or awaited;
         ``op`` (acquire, withdraw, release, read, renew) and ``key`` name it, for
         subclasses that trace calls. Errors pass through: :meth:`_ask` maps them, the
         renewer handles its own."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _start_renewer(self, needed: bool) -> None:
         """After a grant: the face starts its renewer (a thread or a task) if ``needed``
         (see :meth:`_register`), or if its own renewer cannot serve this grant."""
-        raise NotImplementedError
 
     def _ask(self, op: str, key: str | None, fn: Callable[..., Any], *args: Any) -> Steps[Any]:
         """One round trip to Redis, ``fn(*args)``, done by the face. A RedisError
