@@ -493,3 +493,25 @@ def test_lost_signal_costs_one_poll_never_a_hang(
     t.join(10)
     assert box["at"] - released < 0.2 + 0.3
     assert lane.manual_release("k")
+
+
+@pytest.mark.timeout(30)
+def test_clients_disagreeing_on_the_cap_never_exceed_the_smallest(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    # A rolling deploy: one client still says max_concurrent=2, a new one says 5. The lane
+    # admits no more than 2 while the old client is active; once it has been quiet for a
+    # lease, the raised cap applies.
+    old = RedisLane(redis_client, "cap", max_concurrent=2, prefix=redis_prefix, lease_s=0.5)
+    new = RedisLane(redis_client, "cap", max_concurrent=5, prefix=redis_prefix, lease_s=0.5)
+    assert old.try_acquire("a") and old.try_acquire("b")
+    assert new.try_acquire("c") is False
+    assert old.manual_release("a")
+    assert new.try_acquire("c")  # one of the 2 permits, not one of 3 extra
+    assert new.try_acquire("d") is False
+    assert old.manual_release("b") and new.manual_release("c")
+    time.sleep(1.0)  # the old client's cap is not refreshed for a lease: it lapses
+    held = [new.try_acquire(f"k{i}") for i in range(6)]
+    assert held == [True] * 5 + [False]
+    for i in range(5):
+        assert new.manual_release(f"k{i}")

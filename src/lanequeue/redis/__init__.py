@@ -125,8 +125,11 @@ hold; (4) a client's view of its lease is conservative (started before the reque
 sent), so it learns of a loss no later than the server acts on it, unless the process
 itself is frozen (then fencing tokens protect the data: NOTES §4).
 
-Caveats: all clients of one lane must use the same ``prefix``, name and (counting lane)
-``max_concurrent``; ``lease_s`` may differ per process. The global views that need a scan
+Caveats: all clients of one lane must use the same ``prefix`` and name. Clients of a
+counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe: the lane
+keeps the smallest cap used within the last lease (key ``{P:c:N}:m``) and admits no more
+than that; a raised cap applies one lease after the last client with the old one went
+quiet; ``lease_s`` may differ per process. The global views that need a scan
 of all keys of a per-key lane are per lane object (``active_count``, ``get_active``,
 ``session_count`` of a per-key lane count this object's holds); per-key views
 (``is_held``, ``waiting_for``) and the counting lane's views ask Redis. On the asyncio

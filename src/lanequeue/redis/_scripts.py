@@ -335,6 +335,19 @@ local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
   end
 end
 
+-- Clients of one lane may disagree on max_concurrent (a rolling deploy that changes it):
+-- the lane keeps the smallest cap any client used within the last lease (key "m"), so
+-- no client admits more than the strictest one. Only a client whose cap is that smallest
+-- one refreshes it, so a raised cap takes effect one lease after the last client with the
+-- old cap went quiet.
+local function lane_cap(h, cap, ttl)
+  local m = string.sub(h, 1, -2) .. 'm'
+  local seen = tonumber(redis.call('GET', m))
+  if seen and seen < cap then return seen end
+  redis.call('SET', m, cap, 'PX', ttl)
+  return cap
+end
+
 local function fence_of(i, id)
   return tonumber(string.match(redis.call('HGET', i, id), '^(%d+)'))
 end
@@ -347,6 +360,7 @@ COUNTING_ACQUIRE = (
 local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local fttl, cap, key = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
 promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
@@ -384,6 +398,7 @@ COUNTING_RELEASE = (
 -- KEYS: h i q w f. ARGV: owner, fence_ttl_ms, max_concurrent.
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
 local ok = 0
@@ -404,6 +419,7 @@ COUNTING_RENEW = (
 -- KEYS: h i q w f. ARGV: owner, lease_ms, fence_ttl_ms, max_concurrent.
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
 local ok = 0
@@ -426,6 +442,7 @@ COUNTING_WITHDRAW = (
 local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, key = tonumber(ARGV[4]), ARGV[5]
+cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
