@@ -515,3 +515,9 @@ def test_clients_disagreeing_on_the_cap_never_exceed_the_smallest(
     assert held == [True] * 5 + [False]
     for i in range(5):
         assert new.manual_release(f"k{i}")
+
+
+def test_a_client_that_is_not_redis_py_is_a_clear_type_error() -> None:
+    for lane_type in (RedisLane, RedisSessionLane):
+        with pytest.raises(TypeError, match="client must be a redis-py client"):
+            lane_type(None, "x")  # type: ignore[arg-type]

@@ -254,7 +254,12 @@ class RedisLaneBase(ABC, Generic[H]):
         self._renew_s = self.lease_s / 3
         self._fence_ttl_ms = self._lease_ms
         self._lane_base = f"{{{self.prefix}:c:{self.name}}}:"
-        reg = client.register_script
+        reg = getattr(client, "register_script", None)
+        if not callable(reg):
+            raise TypeError(
+                f"client must be a redis-py client (redis.Redis, or redis.asyncio.Redis "
+                f"for the asyncio lanes), not {type(client).__name__}"
+            )
         if self._kind == "s":
             self._s_acquire = reg(lua.SESSION_ACQUIRE)
             self._s_release = reg(lua.SESSION_RELEASE)
