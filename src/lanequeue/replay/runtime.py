@@ -37,6 +37,7 @@ from itertools import pairwise
 from typing import Any, Protocol, TypeVar
 
 from lanequeue import Lane, LaneQueue, SessionLane
+from lanequeue._face import SessionKind
 from lanequeue.replay.observe import ArrivalGate, Observer
 from lanequeue.replay.policy import LaneSpec
 
@@ -202,6 +203,16 @@ def build_thread_queue(
     return add_plan_lanes(
         LaneQueue(), lanes, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s
     )
+
+
+def registry_probe(queue: Any, lane_names: Sequence[str]) -> Callable[[], int] | None:
+    """A probe of the registry size (``session_count``) of the first per-key lane among
+    ``lane_names`` (thread or asyncio face), or None when none is per-key."""
+    for lane in map(queue.get_lane, lane_names):
+        if isinstance(lane, SessionKind):
+            found: SessionKind = lane
+            return lambda: found.session_count
+    return None
 
 
 def _gate_for(
@@ -420,16 +431,7 @@ class ThreadRuntime:
         queue = build_thread_queue(
             plan.lanes, max_sessions=plan.max_sessions, idle_timeout_s=plan.idle_timeout_s
         )
-        session_lanes = [
-            lane for lane in map(queue.get_lane, lane_names) if isinstance(lane, SessionLane)
-        ]
-        registry: Callable[[], int] | None = None
-        if session_lanes:
-            first_session = session_lanes[0]
-
-            def registry() -> int:
-                return first_session.session_count
-
+        registry = registry_probe(queue, lane_names)
         slots, inside = _gate_for(queue, plan.lanes[0], keys)
         gate = ArrivalGate(slots, inside)
         clock = time.monotonic

@@ -52,12 +52,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from lanequeue import AsyncLaneQueue, AsyncSessionLane
+from lanequeue import AsyncLaneQueue
 from lanequeue.replay.observe import Observer
 from lanequeue.replay.policy import LaneSpec
-from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, add_plan_lanes
+from lanequeue.replay.runtime import (
+    ProgressFn,
+    ReplayPlan,
+    RunRecord,
+    add_plan_lanes,
+    registry_probe,
+)
 
 __all__ = ["AsyncioRuntime", "build_async_queue"]
 
@@ -115,16 +121,7 @@ class AsyncioRuntime:
         queue = build_async_queue(
             plan.lanes, max_sessions=plan.max_sessions, idle_timeout_s=plan.idle_timeout_s
         )
-        session_lanes = [
-            lane for lane in map(queue.get_lane, lane_names) if isinstance(lane, AsyncSessionLane)
-        ]
-        registry: Callable[[], int] | None = None
-        if session_lanes:
-            first_session = session_lanes[0]
-
-            def registry() -> int:
-                return first_session.session_count
-
+        registry = registry_probe(queue, lane_names)
         loop = asyncio.get_running_loop()
         clock = loop.time  # the clock of the loop's timers (time.monotonic by default)
         epoch = clock() + self._lead_s
