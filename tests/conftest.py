@@ -3,6 +3,7 @@ waiting thread parks (``_ThreadWaiter.park``), so interleavings are driven by ev
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,44 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class FakeClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose ``time()`` moves only when told to, run one iteration at a
+    time. In one iteration the callbacks already ready run first, then the timers that
+    came due (asyncio's ``_run_once`` order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fake_now = 1000.0
+
+    def time(self) -> float:
+        return self.fake_now
+
+    def run_once(self) -> None:
+        """Run exactly one iteration: the callbacks ready now and the timers now due."""
+        self.call_soon(self.stop)
+        self.run_forever()
+
+    def settle(self, limit: int = 10_000) -> None:
+        """Run iterations until nothing is ready (timers in the future stay pending)."""
+        for _ in range(limit):
+            self.run_once()
+            if not self._ready:  # type: ignore[attr-defined]
+                return
+        raise AssertionError("the loop did not settle")
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock by ``seconds`` and run until the loop settles."""
+        self.fake_now += seconds
+        self.settle()
+
+    def shutdown(self) -> None:
+        """Cancel what is left, let it unwind, and close the loop."""
+        for task in asyncio.all_tasks(self):
+            task.cancel()
+        self.settle()
+        self.close()
 
 
 class ParkHooks:

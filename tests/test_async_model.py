@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from conftest import FakeClockLoop
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -38,30 +39,6 @@ KEYS = ["a", "b", "c"]
 TIMEOUTS = [None, 0, 0.5, 1.0, 2.0]  # fake-clock seconds; dyadic, so sums are exact
 STEPS = [0.25, 0.5, 1.0, 3.0]
 COUNTING_CAPACITY = 2
-
-
-class FakeClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose ``time()`` moves only when told to, run one iteration at a
-    time. In one iteration the callbacks already ready run first, then the timers that
-    came due (asyncio's ``_run_once`` order)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fake_now = 1000.0
-
-    def time(self) -> float:
-        return self.fake_now
-
-    def run_once(self) -> None:
-        self.call_soon(self.stop)
-        self.run_forever()
-
-    def settle(self, limit: int = 10_000) -> None:
-        for _ in range(limit):
-            self.run_once()
-            if not self._ready:  # type: ignore[attr-defined]
-                return
-        raise AssertionError("the loop did not settle")
 
 
 @dataclass

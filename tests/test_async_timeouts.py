@@ -12,42 +12,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 import pytest
+from conftest import FakeClockLoop
 
 from lanequeue import AsyncLane, AsyncSessionLane, LaneTimeoutError
-
-
-class FakeClockLoop(asyncio.SelectorEventLoop):
-    """An event loop whose ``time()`` moves only by :meth:`advance`."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fake_now = 1000.0
-
-    def time(self) -> float:
-        return self.fake_now
-
-    def run_once(self) -> None:
-        """Run exactly one iteration: the callbacks ready now and the timers now due."""
-        self.call_soon(self.stop)
-        self.run_forever()
-
-    def settle(self, limit: int = 1000) -> None:
-        """Run iterations until nothing is ready (timers in the future stay pending)."""
-        for _ in range(limit):
-            self.run_once()
-            if not self._ready:  # type: ignore[attr-defined]
-                return
-        raise AssertionError("the loop did not settle")
-
-    def advance(self, seconds: float) -> None:
-        self.fake_now += seconds
-        self.settle()
-
-    def shutdown(self) -> None:
-        for task in asyncio.all_tasks(self):
-            task.cancel()
-        self.settle()
-        self.close()
 
 
 def make_lane(kind: str, **kw: Any) -> Any:

@@ -452,9 +452,6 @@ class SessionCore(_CoreBase):
         with self._lock:
             return self._stats(self._held)
 
-    def idle_count(self) -> int:
-        return len(self._entries) - self._held
-
 
 class CountingCore(_CoreBase):
     """A counting lane: at most ``capacity`` holders, one FIFO line across all keys.
