@@ -34,9 +34,9 @@ from lanequeue.replay import (
     simulate,
     simulate_trace,
 )
-from lanequeue.replay import runtime as runtime_mod
 from lanequeue.replay.observe import count_order_violations
 from lanequeue.replay.runner import peak_concurrency
+from lanequeue.replay.runtimes import threads as threads_mod
 
 
 def fr(*values: int) -> tuple[Fraction, ...]:
@@ -393,13 +393,13 @@ def test_real_replay_global_serial() -> None:
 def test_measurements_come_from_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # Swap the session lane for a counting Lane of 3: no per-key exclusion any more. The
     # workers' own counters must see it (the lanes' stats would look perfectly healthy).
-    def broken(specs: Any, **_: Any) -> LaneQueue:
+    def broken(plan: Any) -> LaneQueue:
         q = LaneQueue()
         q.add_lane("session", max_concurrent=3, timeout_s=None)
         q.add_lane("global", max_concurrent=8, timeout_s=None)
         return q
 
-    monkeypatch.setattr(runtime_mod, "build_thread_queue", broken)
+    monkeypatch.setattr(threads_mod, "build_thread_queue", broken)
     trace = make_trace([(0, 200, 1)] * 6)
     rep = run_replay(trace, ReplayConfig(global_cap=8, speed=1000, tpot_ms=5)).report
     assert rep.max_key_concurrency == 3
@@ -470,8 +470,8 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot open trace" in capsys.readouterr().err
     assert main(["replay", "--json", str(tmp_path / "no" / "dir.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["replay", "--speed", "0"])
+    assert main(["replay", "--speed", "0"]) == 2
+    assert "speed must be a finite number > 0, got 0.0" in capsys.readouterr().err
     assert main([]) == 2
     # Checked before the replay starts, not after a minute of it.
     assert main(["replay", "--json", str(tmp_path)]) == 2

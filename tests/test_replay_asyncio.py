@@ -23,8 +23,8 @@ from lanequeue.replay import (
     read_trace,
     run_replay,
 )
-from lanequeue.replay import runtime_asyncio as aio_mod
-from lanequeue.replay.runtime_asyncio import AsyncioRuntime, build_async_queue
+from lanequeue.replay.runtimes import aio as aio_mod
+from lanequeue.replay.runtimes.aio import AsyncioRuntime, build_async_queue
 
 
 def line(ts: int, out: int, conv: int, inp: int = 100) -> str:
@@ -127,7 +127,7 @@ def test_asyncio_replay_global_serial() -> None:
 @pytest.mark.timeout(60)
 def test_asyncio_measurements_come_from_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     # A counting lane of 3 instead of the session lane: the tasks' own counters see it.
-    def broken(specs: Any, **_: Any) -> AsyncLaneQueue:
+    def broken(plan: Any) -> AsyncLaneQueue:
         q = AsyncLaneQueue()
         q.add_lane("session", max_concurrent=3, timeout_s=None)
         q.add_lane("global", max_concurrent=8, timeout_s=None)
@@ -171,8 +171,11 @@ def test_asyncio_runtime_refuses_a_running_loop() -> None:
 
 
 def test_build_async_queue_registers_the_policy_lanes_in_order() -> None:
-    plan = make_plan(make_trace([(0, 1, 1)]), asyncio_config(global_cap=5))
-    q = build_async_queue(plan.lanes, max_sessions=7, idle_timeout_s=None)
+    plan = make_plan(
+        make_trace([(0, 1, 1)]),
+        asyncio_config(global_cap=5, max_sessions=7, idle_timeout_s=None),
+    )
+    q = build_async_queue(plan)
     assert q.list_lanes() == ["session", "global"]
     assert q["global"].max_concurrent == 5
     assert q["session"].max_sessions == 7 and math.isinf(q["session"].idle_timeout_s)

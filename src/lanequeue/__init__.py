@@ -50,7 +50,21 @@ from .keys import (
 from .lanes import Lane, SessionLane, ThreadHold
 from .queue import LaneQueue, MultiHold, build_default_lanes
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version; ``"0+unknown"`` when lanequeue is imported
+    from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lanequeue")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+#: The version of the installed distribution (from its metadata, so it is the one
+#: ``pyproject.toml`` declares); ``"0+unknown"`` when not installed.
+__version__ = _version()
 
 __all__ = [
     "AsyncHold",

@@ -14,59 +14,36 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 __all__ = ["build_parser", "main"]
 
-_MAX_SKIP_MESSAGES = 20
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-def _int_at_least(low: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
+#: Skipped trace lines (and failed requests) reported one by one on stderr; the rest are
+#: counted in one line.
+MAX_LINE_MESSAGES = 20
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``lanequeue`` command."""
-    from lanequeue.replay.policy import DEFAULT_POLICY, POLICIES
-    from lanequeue.replay.runtime import RUNTIMES
+    """The argument parser of the ``lanequeue`` command.
 
+    The replay's options are only parsed here: :class:`~lanequeue.replay.ReplayConfig`
+    checks them (once, for the command line and the Python API alike), and their defaults
+    are the config's.
+    """
+    from lanequeue import __version__
+    from lanequeue.replay.policy import POLICIES
+    from lanequeue.replay.runner import ReplayConfig
+    from lanequeue.replay.runtimes import RUNTIMES
+
+    defaults = ReplayConfig()
     parser = argparse.ArgumentParser(
         prog="lanequeue",
         description="Per-key FIFO lanes with global caps: tools around the lanequeue library.",
     )
+    parser.add_argument("--version", action="version", version=f"lanequeue {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     rp = sub.add_parser(
         "replay",
@@ -90,45 +67,46 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--speed",
-        type=_positive_float,
-        default=60.0,
-        help="divide trace time by this (default 60: the hour plays in a minute)",
+        type=float,
+        default=defaults.speed,
+        help=f"divide trace time by this (default {defaults.speed:g}: the hour plays in a "
+        "minute)",
     )
     rp.add_argument(
         "--tpot-ms",
-        type=_nonneg_float,
-        default=30.0,
+        type=float,
+        default=defaults.tpot_ms,
         metavar="MS",
-        help="work per output token, trace milliseconds (default 30)",
+        help=f"work per output token, trace milliseconds (default {defaults.tpot_ms:g})",
     )
     rp.add_argument(
         "--global",
         dest="global_cap",
-        type=_int_at_least(1),
-        default=64,
+        type=int,
+        default=defaults.global_cap,
         metavar="N",
-        help="permits of the global lane (default 64)",
+        help=f"permits of the global lane (default {defaults.global_cap})",
     )
     rp.add_argument(
         "--policy",
-        choices=POLICIES,
-        default=DEFAULT_POLICY,
-        help="session: SessionLane per conversation (default); global-serial: "
-        "the original Lane('session', max_concurrent=1), which serialises "
-        "everything (slow: combine with --limit)",
+        default=defaults.policy,
+        metavar="NAME",
+        help=f"{' or '.join(POLICIES)}; session: SessionLane per conversation (default "
+        f"{defaults.policy}); global-serial: the original Lane('session', "
+        "max_concurrent=1), which serialises everything (slow: combine with --limit)",
     )
     rp.add_argument(
         "--limit",
-        type=_int_at_least(0),
+        type=int,
         default=None,
         metavar="N",
         help="replay only the first N requests (in arrival order)",
     )
     rp.add_argument(
         "--runtime",
-        default="threads",
+        default=defaults.runtime,
         metavar="NAME",
-        help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default threads): "
+        help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default {defaults.runtime}): "
         "threads block in LaneQueue, asyncio tasks await AsyncLaneQueue on one event loop",
     )
     rp.add_argument(
@@ -141,27 +119,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--workers",
-        type=_int_at_least(1),
-        default=None,
+        type=int,
+        default=defaults.workers,
         metavar="N",
         help="with --backend: worker processes, each running the threads runtime; "
         "request i goes to worker i mod N, so a conversation's messages reach different "
-        "processes (default 1)",
+        f"processes (default {defaults.workers})",
     )
     rp.add_argument(
         "--max-sessions",
-        type=_int_at_least(1),
-        default=256,
+        type=int,
+        default=defaults.max_sessions,
         metavar="N",
-        help="soft cap of the session lane's registry (default 256)",
+        help=f"soft cap of the session lane's registry (default {defaults.max_sessions})",
     )
     rp.add_argument(
         "--idle-timeout",
-        type=_nonneg_float,
-        default=3600.0,
+        type=float,
+        default=defaults.idle_timeout_s,
         metavar="S",
         help="seconds of trace time an idle session entry is kept, scaled by "
-        "--speed like every duration (default 3600)",
+        f"--speed like every duration (default {defaults.idle_timeout_s:g})",
     )
     rp.add_argument(
         "--json",
@@ -201,11 +179,13 @@ def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
 
 
 def _report_skipped(skipped: Sequence[Any], source: str, err: TextIO) -> None:
-    for s in skipped[:_MAX_SKIP_MESSAGES]:
+    """The first :data:`MAX_LINE_MESSAGES` skipped lines with their numbers and reasons,
+    then how many more, then the total."""
+    for s in skipped[:MAX_LINE_MESSAGES]:
         print(f"lanequeue replay: {source}: line {s.line}: {s.reason}; skipped", file=err)
-    if len(skipped) > _MAX_SKIP_MESSAGES:
+    if len(skipped) > MAX_LINE_MESSAGES:
         print(
-            f"lanequeue replay: ... and {len(skipped) - _MAX_SKIP_MESSAGES} more "
+            f"lanequeue replay: ... and {len(skipped) - MAX_LINE_MESSAGES} more "
             "invalid lines skipped",
             file=err,
         )
@@ -216,26 +196,27 @@ def _report_skipped(skipped: Sequence[Any], source: str, err: TextIO) -> None:
 def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.replay import ReplayConfig, TraceError, read_trace, run_replay
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
-    from lanequeue.replay.runtime import RUNTIMES
-    from lanequeue.replay.runtime_redis import BackendError, check_backend
+    from lanequeue.replay.runtimes.redis_processes import BackendError, check_backend
 
     def fail(message: str) -> int:
         print(f"lanequeue replay: error: {message}", file=err)
         return 2
 
-    if args.runtime not in RUNTIMES:
-        return fail(f"unknown runtime {args.runtime!r}; available: {', '.join(sorted(RUNTIMES))}")
-    if args.workers is not None and args.backend is None:
-        return fail(
-            "--workers needs --backend: worker processes share lanes only through a "
-            "backend (e.g. --backend redis://127.0.0.1:6379/0)"
-        )
-    if args.backend is not None and args.runtime != "threads":
-        return fail(
-            f"--runtime {args.runtime} cannot be used with --backend: each worker process "
-            "runs the threads runtime on the Redis lanes"
-        )
     # Check everything that can fail before spending a minute on the replay.
+    try:
+        config = ReplayConfig(
+            policy=args.policy,
+            global_cap=args.global_cap,
+            speed=args.speed,
+            tpot_ms=args.tpot_ms,
+            runtime=args.runtime,
+            max_sessions=args.max_sessions,
+            idle_timeout_s=args.idle_timeout,
+            backend=args.backend,
+            workers=args.workers,
+        )
+    except ValueError as exc:
+        return fail(str(exc))
     if args.plot_path is not None:
         try:
             require_matplotlib()
@@ -251,17 +232,6 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
         return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
     try:
-        config = ReplayConfig(
-            policy=args.policy,
-            global_cap=args.global_cap,
-            speed=args.speed,
-            tpot_ms=args.tpot_ms,
-            runtime=args.runtime,
-            max_sessions=args.max_sessions,
-            idle_timeout_s=args.idle_timeout,
-            backend=args.backend,
-            workers=1 if args.workers is None else args.workers,
-        )
         trace = read_trace(args.trace)
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
@@ -271,7 +241,10 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except BackendError as exc:
             return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
-    trace = trace.head(args.limit)
+    try:
+        trace = trace.head(args.limit)
+    except ValueError as exc:
+        return fail(str(exc))
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
 
@@ -298,7 +271,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.plot_path is not None:
         write_plot(result, args.plot_path)
         print(f"wrote {args.plot_path}", file=out)
-    for rid, error in result.record.errors[:_MAX_SKIP_MESSAGES]:
+    for rid, error in result.record.errors[:MAX_LINE_MESSAGES]:
         print(f"lanequeue replay: request {rid} failed: {error}", file=err)
     failed = report.failed_checks()
     if failed:

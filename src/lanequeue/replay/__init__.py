@@ -8,9 +8,8 @@ The pieces, each in its own module:
   original ``global-serial``), as data.
 - :mod:`~lanequeue.replay.simulate`: the exact discrete-event simulation of
   ``acquire_all`` over those lanes (the ideal schedule).
-- :mod:`~lanequeue.replay.runtime`: runtimes that drive the requests through real lanes
-  (``threads``; ``asyncio`` in :mod:`~lanequeue.replay.runtime_asyncio`; worker
-  processes sharing Redis lanes in :mod:`~lanequeue.replay.runtime_redis`), with
+- :mod:`~lanequeue.replay.runtimes`: runtimes that drive the requests through real lanes
+  (``threads``, ``asyncio``, and worker processes sharing Redis lanes), with
   :mod:`~lanequeue.replay.observe` recording what workers see.
 - :mod:`~lanequeue.replay.runner`: :func:`run_replay`, tying them together;
   :mod:`~lanequeue.replay.report` and :mod:`~lanequeue.replay.plot` present the result.
@@ -34,7 +33,7 @@ from lanequeue.replay.runner import (
     session_key,
     simulate_trace,
 )
-from lanequeue.replay.runtime import RUNTIMES, ReplayPlan, RunRecord, Runtime, get_runtime
+from lanequeue.replay.runtimes import RUNTIMES, ReplayPlan, RunRecord, Runtime, get_runtime
 from lanequeue.replay.simulate import Schedule, simulate
 from lanequeue.replay.trace import (
     SkippedLine,

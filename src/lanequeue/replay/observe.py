@@ -26,7 +26,7 @@ checks it.
 How many earlier requests have *finished* comes from a :class:`CompletionCounter`: an
 in-process count (:class:`LocalCompletionCounter`, the default) for one process, or a
 counter every process shares (the Redis runtime keeps one per conversation in Redis,
-:mod:`lanequeue.replay.runtime_redis`), so the same gate orders requests of one
+:mod:`lanequeue.replay.runtimes.redis_processes`), so the same gate orders requests of one
 conversation that arrive at different processes.
 """
 

@@ -2,7 +2,7 @@
 
 A policy is described as data (a tuple of :class:`LaneSpec`) so that the same description
 feeds the exact simulation (:mod:`lanequeue.replay.simulate`) and every runtime that builds
-real lanes from it (:mod:`lanequeue.replay.runtime`).
+real lanes from it (:mod:`lanequeue.replay.runtimes`).
 """
 
 from __future__ import annotations

@@ -6,15 +6,27 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 
-from lanequeue import build_gateway_session_key
+from lanequeue import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, build_gateway_session_key
 from lanequeue.replay.observe import count_order_violations, peak_concurrency
 from lanequeue.replay.policy import DEFAULT_POLICY, LaneSpec, policy_lanes
 from lanequeue.replay.report import ReplayReport, percentile
-from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, Runtime, get_runtime
+from lanequeue.replay.runtimes import (
+    ProgressFn,
+    ReplayPlan,
+    RunRecord,
+    Runtime,
+    check_runtime,
+    get_runtime,
+)
+from lanequeue.replay.runtimes.base import check_workers
 from lanequeue.replay.simulate import Schedule, simulate
 from lanequeue.replay.trace import Trace
 
 __all__ = [
+    "DEFAULT_GLOBAL_CAP",
+    "DEFAULT_RUNTIME",
+    "DEFAULT_SPEED",
+    "DEFAULT_TPOT_MS",
     "ReplayConfig",
     "ReplayResult",
     "make_plan",
@@ -23,6 +35,15 @@ __all__ = [
     "session_key",
     "simulate_trace",
 ]
+
+#: Permits of the replay's "global" lane: requests working at once.
+DEFAULT_GLOBAL_CAP = 64
+#: Trace time is divided by this: the bundled hour plays in a minute.
+DEFAULT_SPEED = 60.0
+#: Work per output token, trace milliseconds.
+DEFAULT_TPOT_MS = 30.0
+#: The runtime used when none is named.
+DEFAULT_RUNTIME = "threads"
 
 
 @dataclass(frozen=True)
@@ -34,34 +55,40 @@ class ReplayConfig:
         global_cap: permits of the "global" lane (requests working at once).
         speed: trace time is divided by this (60: an hour of trace plays in a minute).
         tpot_ms: work per output token in trace milliseconds (before dividing by speed).
-        runtime: name of the runtime (:data:`lanequeue.replay.runtime.RUNTIMES`).
+        runtime: name of the runtime (:data:`lanequeue.replay.runtimes.RUNTIMES`).
         max_sessions: soft cap of the session lane's registry, entries.
         idle_timeout_s: seconds of *trace* time an idle session entry is kept (divided by
             ``speed`` like every other duration); None keeps entries for ever.
         backend: None: in-process lanes; ``"redis://HOST[:PORT][/DB]"``: Redis lanes driven
             by ``workers`` processes of the thread runtime
-            (:mod:`lanequeue.replay.runtime_redis`).
+            (:mod:`lanequeue.replay.runtimes.redis_processes`).
         workers: worker processes sharing the backend's lanes (> 1 needs a backend).
+
+    Every setting is checked here, once (the command line passes its options straight
+    through).
+
+    Raises:
+        ValueError: a setting out of range, an unknown policy or runtime, ``workers > 1``
+            without a backend, or a backend with a runtime other than ``threads``.
     """
 
     policy: str = DEFAULT_POLICY
-    global_cap: int = 64
-    speed: float = 60.0
-    tpot_ms: float = 30.0
-    runtime: str = "threads"
-    max_sessions: int = 256
-    idle_timeout_s: float | None = 3600.0
+    global_cap: int = DEFAULT_GLOBAL_CAP
+    speed: float = DEFAULT_SPEED
+    tpot_ms: float = DEFAULT_TPOT_MS
+    runtime: str = DEFAULT_RUNTIME
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
     backend: str | None = None
     workers: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int):
-            raise ValueError(f"workers must be an integer, got {self.workers!r}")
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_workers(self.workers)
+        check_runtime(self.runtime)
         if self.backend is None and self.workers != 1:
             raise ValueError(
-                "workers > 1 needs a shared backend (e.g. backend='redis://127.0.0.1:6379/0')"
+                "workers > 1 needs a shared backend: worker processes share lanes only "
+                "through one (e.g. backend='redis://127.0.0.1:6379/0')"
             )
         if self.backend is not None and self.runtime != "threads":
             raise ValueError(
@@ -72,7 +99,11 @@ class ReplayConfig:
             raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
         if not (self.tpot_ms >= 0 and math.isfinite(self.tpot_ms)):
             raise ValueError(f"tpot_ms must be a finite number >= 0, got {self.tpot_ms}")
-        if self.max_sessions < 1:
+        if (
+            isinstance(self.max_sessions, bool)
+            or not isinstance(self.max_sessions, int)
+            or self.max_sessions < 1
+        ):
             raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
         if self.idle_timeout_s is not None and not self.idle_timeout_s >= 0:
             raise ValueError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
@@ -170,13 +201,13 @@ def run_replay(
 
     Raises:
         ValueError: an unknown runtime or policy, or bad settings.
-        lanequeue.replay.runtime_redis.BackendError: with a backend: the server cannot be
+        lanequeue.replay.runtimes.redis_processes.BackendError: with a backend: the server cannot be
             reached, or a worker process failed.
     """
     config = config or ReplayConfig()
     runtime: Runtime
     if config.backend is not None:
-        from lanequeue.replay.runtime_redis import RedisProcessRuntime
+        from lanequeue.replay.runtimes.redis_processes import RedisProcessRuntime
 
         runtime = RedisProcessRuntime(config.backend, config.workers)
     else:

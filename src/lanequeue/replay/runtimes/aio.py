@@ -1,6 +1,6 @@
 """The ``asyncio`` runtime: a replay plan driven through the asyncio lanes on one event loop.
 
-The same job as the thread runtime (:class:`~lanequeue.replay.runtime.ThreadRuntime`),
+The same job as the thread runtime (:class:`~lanequeue.replay.runtimes.threads.ThreadRuntime`),
 measured the same way, with tasks instead of threads:
 
 - one event loop, run by :meth:`AsyncioRuntime.run` in the calling thread;
@@ -52,34 +52,30 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Sequence
 
 from lanequeue import AsyncLaneQueue
 from lanequeue.replay.observe import Observer
-from lanequeue.replay.policy import LaneSpec
-from lanequeue.replay.runtime import (
+from lanequeue.replay.runtimes.base import (
     ProgressFn,
     ReplayPlan,
     RunRecord,
     add_plan_lanes,
+    elapsed_s,
+    observed_record,
     registry_probe,
 )
 
 __all__ = ["AsyncioRuntime", "build_async_queue"]
 
 
-def build_async_queue(
-    lanes: Sequence[LaneSpec], *, max_sessions: int = 256, idle_timeout_s: float | None = 3600.0
-) -> AsyncLaneQueue:
-    """An AsyncLaneQueue holding ``lanes`` (registered in order, so taken in order), all of
-    them waiting without limit (``timeout_s=None``).
+def build_async_queue(plan: ReplayPlan) -> AsyncLaneQueue:
+    """An AsyncLaneQueue holding the lanes of ``plan`` (registered in order, so taken in
+    order), all of them waiting without limit (``timeout_s=None``).
 
     A per-key spec becomes an :class:`~lanequeue.AsyncSessionLane` (capacity must be 1), a
     counting spec an :class:`~lanequeue.AsyncLane` of ``capacity`` permits.
     """
-    return add_plan_lanes(
-        AsyncLaneQueue(), lanes, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s
-    )
+    return add_plan_lanes(AsyncLaneQueue(), plan)
 
 
 class AsyncioRuntime:
@@ -118,10 +114,8 @@ class AsyncioRuntime:
         work_s = plan.work_s
         arrival_s = plan.arrival_s
         lane_names = [spec.name for spec in plan.lanes]
-        queue = build_async_queue(
-            plan.lanes, max_sessions=plan.max_sessions, idle_timeout_s=plan.idle_timeout_s
-        )
-        registry = registry_probe(queue, lane_names)
+        queue = build_async_queue(plan)
+        registry = registry_probe(queue, plan.lanes)
         loop = asyncio.get_running_loop()
         clock = loop.time  # the clock of the loop's timers (time.monotonic by default)
         epoch = clock() + self._lead_s
@@ -193,23 +187,9 @@ class AsyncioRuntime:
             for rid, t in enumerate(observer.complete_s)
             if math.isnan(t) and rid not in failed
         ]
-        finished = [t for t in observer.complete_s if not math.isnan(t)]
-        wall = max(finished) if len(finished) == n and n else max(0.0, clock() - epoch)
+        wall = elapsed_s(observer.complete_s, range(n), clock() - epoch)
         if progress is not None:
             progress(n, n)
-        registry_final = observer.sample_registry()
-        return RunRecord(
-            dispatch_s=dispatch_s,
-            start_s=observer.start_s,
-            complete_s=observer.complete_s,
-            start_order=observer.start_order,
-            max_key_concurrency=observer.max_key_concurrency,
-            peak_global=observer.peak_global,
-            registry_peak=observer.registry_peak,
-            registry_final=registry_final,
-            wall_s=wall,
-            held_back=0,
-            threads=0,
-            lane_stats={name: queue[name].stats.to_dict() for name in lane_names},
-            errors=sorted(errors),
+        return observed_record(
+            observer, queue, plan, dispatch_s=dispatch_s, errors=errors, wall_s=wall
         )

@@ -17,7 +17,7 @@ Each worker process
   or fails on the way stops the run at once), the parent fixes one start instant ``t0``
   on ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for the whole host, so readings
   of different processes compare) and releases them all;
-- runs the thread runtime's driver (:func:`~lanequeue.replay.runtime.drive_threads`) on
+- runs the thread runtime's driver (:func:`~lanequeue.replay.runtimes.threads.drive_threads`) on
   its share of the requests: each request is released at ``t0 + arrival`` to a thread
   that waits at the arrival gate, blocks in ``acquire_all(key, ["session", "global"])``
   on the Redis lanes, sleeps its work time, releases;
@@ -116,9 +116,16 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from lanequeue import LaneQueue
-from lanequeue.replay.observe import ArrivalGate, Observer, peak_concurrency
-from lanequeue.replay.policy import LaneSpec
-from lanequeue.replay.runtime import ProgressFn, ReplayPlan, RunRecord, drive_threads
+from lanequeue.replay.observe import Observer, peak_concurrency
+from lanequeue.replay.runtimes.base import (
+    ProgressFn,
+    ReplayPlan,
+    RunRecord,
+    arrival_gate,
+    check_workers,
+    lane_stats,
+)
+from lanequeue.replay.runtimes.threads import drive_threads
 
 __all__ = [
     "BackendError",
@@ -249,27 +256,25 @@ class RedisCompletionCounter:
         pipe.execute()
 
 
-def build_redis_queue(
-    client: Any,
-    lanes: Sequence[LaneSpec],
-    *,
-    prefix: str,
-    lease_s: float,
-    max_sessions: int = 256,
-) -> LaneQueue:
-    """A LaneQueue holding ``lanes`` on Redis under ``prefix`` (registered in order, so
-    taken in order), all waiting without limit: a per-key spec becomes a
-    ``RedisSessionLane`` (capacity must be 1), a counting spec a ``RedisLane``."""
+def build_redis_queue(client: Any, plan: ReplayPlan, *, prefix: str, lease_s: float) -> LaneQueue:
+    """A LaneQueue holding the lanes of ``plan`` on Redis under ``prefix`` (registered in
+    order, so taken in order), all waiting without limit: a per-key spec becomes a
+    ``RedisSessionLane`` with the plan's ``max_sessions`` (capacity must be 1), a counting
+    spec a ``RedisLane``.
+
+    Raises:
+        ValueError: a per-key spec whose capacity is not 1.
+    """
     from lanequeue.redis import RedisLane, RedisSessionLane
 
     queue = LaneQueue()
-    for spec in lanes:
+    for spec in plan.lanes:
         if spec.per_key:
             if spec.capacity != 1:
                 raise ValueError(f"lane {spec.name!r}: a per-key lane has capacity 1")
             queue.add(
                 RedisSessionLane(
-                    client, spec.name, max_sessions=max_sessions, timeout_s=None,
+                    client, spec.name, max_sessions=plan.max_sessions, timeout_s=None,
                     lease_s=lease_s, prefix=prefix,
                 )
             )
@@ -281,46 +286,6 @@ def build_redis_queue(
                 )
             )
     return queue
-
-
-def _redis_gate(
-    queue: LaneQueue,
-    spec: LaneSpec,
-    keys: Sequence[str],
-    counter: RedisCompletionCounter,
-    *,
-    poll_s: float,
-    max_wait_s: float | None,
-) -> ArrivalGate:
-    """The arrival gate in front of the first lane, counting finished requests in Redis
-    and asking Redis who is inside (holders first, then waiters)."""
-    from lanequeue.redis import RedisLane, RedisSessionLane
-
-    lane = queue[spec.name]
-    if isinstance(lane, RedisSessionLane):
-        session = lane
-
-        def inside_key(slot: Hashable) -> int:
-            key = str(slot)
-            held = session.is_held(key)  # holder first, then waiters (see wait_turn)
-            return int(held) + session.waiting_for(key)
-
-        slots: list[Hashable] = list(keys)
-        inside = inside_key
-    elif isinstance(lane, RedisLane):
-        counting = lane
-
-        def inside_all(slot: Hashable) -> int:
-            holders = counting.active_count  # holders first, then waiters
-            return holders + counting.waiting
-
-        slots = [None] * len(keys)
-        inside = inside_all
-    else:
-        raise TypeError(f"lane {spec.name!r}: unsupported lane type {type(lane).__name__}")
-    return ArrivalGate(
-        slots, inside, poll_s=poll_s, counter=counter, max_wait_s=max_wait_s, one_poller=True
-    )
 
 
 @dataclass(frozen=True)
@@ -350,14 +315,11 @@ def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
         # up to all of this worker's requests may wait at once: a pool that could run dry
         # would fail requests (redis-py's default pool holds 100).
         client = connect(spec.url, max_connections=len(rids) + 16)
-        queue = build_redis_queue(
-            client, plan.lanes, prefix=spec.prefix, lease_s=spec.lease_s,
-            max_sessions=plan.max_sessions,
-        )
+        queue = build_redis_queue(client, plan, prefix=spec.prefix, lease_s=spec.lease_s)
         counter = RedisCompletionCounter(client, spec.prefix, ttl_s=spec.counter_ttl_s)
-        gate = _redis_gate(
-            queue, plan.lanes[0], plan.keys, counter,
-            poll_s=spec.poll_s, max_wait_s=spec.gate_max_wait_s,
+        gate = arrival_gate(
+            queue, plan.lanes[0], plan.keys, counter=counter, poll_s=spec.poll_s,
+            max_wait_s=spec.gate_max_wait_s, one_poller=True,
         )
     except BaseException as exc:
         out.put(("error", wid, f"worker {wid} failed to start: {type(exc).__name__}: {exc}"))
@@ -387,9 +349,7 @@ def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
             "held_back": gate.held_back,
             "threads": drive.threads,
             "wall_s": drive.wall_s,
-            "lane_stats": {
-                spec_.name: queue[spec_.name].stats.to_dict() for spec_ in plan.lanes
-            },
+            "lane_stats": lane_stats(queue, plan.lanes),
         }
         out.put(("done", wid, payload))
     except BaseException as exc:
@@ -476,7 +436,8 @@ class RedisProcessRuntime:
     Args:
         url: the Redis server, ``redis://HOST[:PORT][/DB]`` (``rediss://``, ``unix://``).
         workers: worker processes, >= 1; request ``i`` goes to worker ``i mod workers``.
-        lease_s: lease of every grant (renewed while held).
+        lease_s: lease of every grant, seconds (renewed while held); None: the Redis
+            lanes' own default, :data:`lanequeue.redis.DEFAULT_LEASE_S`.
         poll_s: the arrival gate's poll interval while a predecessor is not inside yet.
         gate_max_wait_s: the gate gives up (error) after waiting this long.
         lead_s: seconds between releasing the workers and the first arrival.
@@ -491,15 +452,14 @@ class RedisProcessRuntime:
         url: str,
         workers: int = 1,
         *,
-        lease_s: float = 30.0,
+        lease_s: float | None = None,
         poll_s: float = 0.002,
         gate_max_wait_s: float | None = 120.0,
         lead_s: float = 0.1,
         tick_s: float = 0.25,
         start_timeout_s: float = 60.0,
     ) -> None:
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+        check_workers(workers)
         self.url = url
         self.workers = workers
         self._lease_s = lease_s
@@ -515,13 +475,18 @@ class RedisProcessRuntime:
         Raises:
             BackendError: the server cannot be reached, or a worker failed or died.
         """
-        client = connect(self.url)
+        client = connect(self.url)  # redis-py is importable from here on
+        if self._lease_s is None:
+            from lanequeue.redis import DEFAULT_LEASE_S
+
+            self._lease_s = DEFAULT_LEASE_S
         try:
             return self._run(client, plan, progress)
         finally:
             client.close()
 
     def _run(self, client: Any, plan: ReplayPlan, progress: ProgressFn | None) -> RunRecord:
+        assert self._lease_s is not None  # set by run()
         n = len(plan.keys)
         w = self.workers
         prefix = f"{PREFIX_BASE}:{uuid.uuid4().hex}"
@@ -667,23 +632,21 @@ def _pump(
     """Hand the workers' messages to ``handle`` for about ``window_s`` seconds, then check
     that every worker that has not ``answered`` is alive: one that is gone raises
     BackendError (after its last messages, which may still be in the pipe, are read)."""
-    end = time.monotonic() + window_s
-    while (left := end - time.monotonic()) > 0:
-        try:
-            kind, wid, body = out.get(timeout=left)
-        except queue_mod.Empty:
-            break
-        handle(kind, wid, body)
+
+    def drain(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            try:
+                kind, wid, body = out.get(timeout=left)
+            except queue_mod.Empty:
+                break
+            handle(kind, wid, body)
+
+    drain(window_s)
     gone = [wid for wid, proc in enumerate(procs) if wid not in answered and not proc.is_alive()]
     if not gone:
         return
-    end = time.monotonic() + 1.0  # what a worker sent just before exiting
-    while (left := end - time.monotonic()) > 0:
-        try:
-            kind, wid, body = out.get(timeout=left)
-        except queue_mod.Empty:
-            break
-        handle(kind, wid, body)
+    drain(1.0)  # what a worker sent just before exiting
     for wid in gone:
         if wid not in answered:
             raise BackendError(f"worker {wid} died (exit code {procs[wid].exitcode})")

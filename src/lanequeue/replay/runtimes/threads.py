@@ -1,0 +1,261 @@
+"""The ``threads`` runtime: a replay plan driven through the thread lanes.
+
+One dispatcher thread releases each request at its arrival time to a thread of its own;
+that thread waits its turn at the :class:`~lanequeue.replay.observe.ArrivalGate`, blocks
+in ``LaneQueue.acquire_all(key, ["session", "global"])``, sleeps for its work time, and
+releases. Every waiting request is a thread blocked inside the real lanes, so the lanes'
+own FIFO hand-off is what orders them: nothing in the harness queues requests on their
+behalf.
+
+Threads are reused: a thread whose request is done parks in an idle pool, and the
+dispatcher hands the next arrival to an idle thread, starting a new one only when none is
+idle. Starting a thread costs about 0.7 ms on a small VM, which would delay the arrivals of
+a burst (the trace's arrivals come in batches of ten or so); handing over to a parked thread
+costs a lock release. Threads alive = the most requests in flight at once (waiting or
+working): about 100 for the default trace and cap; with ``global-serial`` the backlog, and
+so the thread count, grows with the trace, so use ``--limit`` there.
+
+With a backend (``--backend redis://...``), several worker processes each run this
+module's driver (:func:`drive_threads`) on their share of the requests over Redis lanes
+(:mod:`lanequeue.replay.runtimes.redis_processes`).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from lanequeue import LaneQueue
+from lanequeue.replay.observe import ArrivalGate, Observer
+from lanequeue.replay.runtimes.base import (
+    ProgressFn,
+    ReplayPlan,
+    RunRecord,
+    add_plan_lanes,
+    arrival_gate,
+    elapsed_s,
+    observed_record,
+    registry_probe,
+)
+
+__all__ = [
+    "ThreadDrive",
+    "ThreadRuntime",
+    "build_thread_queue",
+    "drive_threads",
+]
+
+
+def build_thread_queue(plan: ReplayPlan) -> LaneQueue:
+    """A LaneQueue holding the lanes of ``plan`` (registered in order, so taken in order),
+    all of them waiting without limit (``timeout_s=None``).
+
+    A per-key spec becomes a :class:`~lanequeue.SessionLane` (capacity must be 1), a
+    counting spec a :class:`~lanequeue.Lane` of ``capacity`` permits.
+    """
+    return add_plan_lanes(LaneQueue(), plan)
+
+
+class _PooledThread:
+    """A thread that runs one request after another, parking between two."""
+
+    __slots__ = ("_next", "_wake")
+
+    def __init__(self) -> None:
+        self._next: int | None = None
+        self._wake = threading.Lock()
+        self._wake.acquire()  # held while idle; assign() releases it
+
+    def assign(self, rid: int | None) -> None:
+        """Give this parked thread request ``rid`` (None: exit)."""
+        self._next = rid
+        self._wake.release()
+
+    def park(self) -> int | None:
+        """Block until assigned; return the request (None: exit)."""
+        self._wake.acquire()
+        return self._next
+
+
+class _ThreadPool:
+    """Runs ``job(rid)`` on an idle parked thread, or on a new one if none is idle."""
+
+    def __init__(self, job: Callable[[int], None]) -> None:
+        self._job = job
+        self._lock = threading.Lock()
+        self._idle: list[_PooledThread] = []
+        self._closed = False
+        #: threads started so far (= most requests in flight at once)
+        self.started = 0
+
+    def submit(self, rid: int) -> None:
+        """Run ``job(rid)`` on a thread of its own, now."""
+        with self._lock:
+            parked = self._idle.pop() if self._idle else None
+        if parked is not None:
+            parked.assign(rid)
+            return
+        self.started += 1  # only the dispatcher submits
+        threading.Thread(
+            target=self._loop,
+            args=(_PooledThread(), rid),
+            name=f"lanequeue-replay-{self.started}",
+            daemon=True,
+        ).start()
+
+    def _loop(self, me: _PooledThread, rid: int | None) -> None:
+        while rid is not None:
+            self._job(rid)
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(me)
+            rid = me.park()
+
+    def close(self) -> None:
+        """Let every parked thread exit; threads still busy exit when done."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for parked in idle:
+            parked.assign(None)
+
+
+@dataclass
+class ThreadDrive:
+    """What :func:`drive_threads` returns besides the observer's record.
+
+    Attributes:
+        dispatch_s: when each request was released, seconds after the epoch (NaN for the
+            requests this driver did not drive).
+        errors: (request index, error text) for requests that failed.
+        threads: worker threads started.
+        wall_s: seconds from the epoch to the last completion of the driven requests.
+    """
+
+    dispatch_s: list[float]
+    errors: list[tuple[int, str]]
+    threads: int
+    wall_s: float
+
+
+def drive_threads(
+    plan: ReplayPlan,
+    queue: LaneQueue,
+    gate: ArrivalGate,
+    observer: Observer,
+    *,
+    epoch: float,
+    rids: Sequence[int] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    progress: ProgressFn | None = None,
+    tick_s: float = 0.1,
+) -> ThreadDrive:
+    """Drive the requests ``rids`` of ``plan`` (default: all; in arrival order) on pooled
+    threads through ``queue``, in real time from ``epoch`` (a ``clock`` reading).
+
+    Each request is released at ``epoch + arrival``, waits its turn at ``gate``, holds
+    every lane of the plan with ``acquire_all``, reports to ``observer``, sleeps its work
+    time, releases, and tells ``gate`` it finished. ``progress(done, len(rids))`` is
+    called every ``tick_s`` seconds. Returns once every driven request has finished.
+    """
+    n = len(plan.keys)
+    mine = list(range(n)) if rids is None else list(rids)
+    total = len(mine)
+    keys = plan.keys
+    work_s = plan.work_s
+    lane_names = [spec.name for spec in plan.lanes]
+    dispatch_s = [math.nan] * n
+    errors: list[tuple[int, str]] = []
+    done_lock = threading.Lock()
+    done = [0]
+    all_done = threading.Event()
+    stop = threading.Event()
+    if total == 0:
+        all_done.set()
+
+    def worker(rid: int) -> None:
+        try:
+            try:
+                gate.wait_turn(rid)
+                with queue.acquire_all(keys[rid], lane_names):
+                    observer.work_started(rid)
+                    try:
+                        time.sleep(work_s[rid])
+                    finally:
+                        observer.work_ended(rid)
+                observer.completed(rid)
+            finally:
+                gate.finished(rid)
+        except BaseException as exc:  # reported, never silently lost
+            with done_lock:
+                errors.append((rid, f"{type(exc).__name__}: {exc}"))
+        finally:
+            with done_lock:
+                done[0] += 1
+                if done[0] == total:
+                    all_done.set()
+
+    def dispatcher() -> None:
+        for rid in mine:
+            delay = epoch + plan.arrival_s[rid] - clock()
+            if delay > 0 and stop.wait(delay):
+                return
+            if stop.is_set():
+                return
+            dispatch_s[rid] = clock() - epoch
+            pool.submit(rid)
+
+    pool = _ThreadPool(worker)
+    feeder = threading.Thread(target=dispatcher, name="lanequeue-replay-dispatch", daemon=True)
+    feeder.start()
+    try:
+        while not all_done.wait(tick_s):
+            if progress is not None:
+                progress(done[0], total)
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.close()
+    feeder.join()
+    wall = elapsed_s(observer.complete_s, mine, clock() - epoch)
+    if progress is not None:
+        progress(total, total)
+    return ThreadDrive(
+        dispatch_s=dispatch_s, errors=sorted(errors), threads=pool.started, wall_s=wall
+    )
+
+
+class ThreadRuntime:
+    """Real threads on real lanes: one thread per request in flight, from its arrival."""
+
+    name = "threads"
+
+    def __init__(self, *, lead_s: float = 0.02, tick_s: float = 0.1) -> None:
+        """``lead_s``: seconds between setting up and the first arrival; ``tick_s``:
+        seconds between two progress reports."""
+        self._lead_s = lead_s
+        self._tick_s = tick_s
+
+    def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
+        """Replay ``plan`` on threads in real time (see the module docstring)."""
+        queue = build_thread_queue(plan)
+        gate = arrival_gate(queue, plan.lanes[0], plan.keys)
+        clock = time.monotonic
+        epoch = clock() + self._lead_s
+        observer = Observer(
+            plan.keys, epoch_s=epoch, clock=clock, registry_size=registry_probe(queue, plan.lanes)
+        )
+        drive = drive_threads(
+            plan, queue, gate, observer,
+            epoch=epoch, clock=clock, progress=progress, tick_s=self._tick_s,
+        )
+        return observed_record(
+            observer, queue, plan,
+            dispatch_s=drive.dispatch_s, errors=drive.errors, wall_s=drive.wall_s,
+            held_back=gate.held_back, threads=drive.threads,
+        )
