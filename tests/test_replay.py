@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.metadata
 import itertools
 import json
 import os
@@ -17,8 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import lanequeue
 from lanequeue import LaneQueue
-from lanequeue.cli import main
+from lanequeue.cli import MAX_LINE_MESSAGES, main
 from lanequeue.replay import (
     JSON_KEYS,
     ReplayConfig,
@@ -311,11 +313,49 @@ def test_bundled_trace_is_the_default() -> None:
 # Measuring helpers
 
 
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
 def test_count_order_violations() -> None:
     convs = ["a", "b", "a", "a"]
     assert count_order_violations(convs, [0, 1, 2, 3]) == 0
     assert count_order_violations(convs, [1, 0, 3, 2]) == 1  # 2 overtaken by 3
     assert count_order_violations(convs, [3, 2, 0, 1]) == 2
+
+
+def test_order_violations_count_the_overtaken_requests_as_the_readme_says() -> None:
+    # One definition: a request counts when a later-arrived request of its conversation
+    # started before it. [2, 0, 1]: 0 and 1 were overtaken (by 2); [1, 2, 0]: only 0.
+    one = ["c", "c", "c"]
+    assert count_order_violations(one, [2, 0, 1]) == 2
+    assert count_order_violations(one, [1, 2, 0]) == 1
+    text = " ".join(README.read_text().split())
+    assert (
+        "`order_violations` | requests overtaken: requests that started after a "
+        "later-arrived request of their own conversation (must be 0); one conversation "
+        "whose requests 0, 1, 2 start in the order 2, 0, 1 counts 2, in the order 1, 2, 0 "
+        "counts 1 |"
+    ) in text
+
+
+@pytest.mark.timeout(60)
+def test_registry_figures_exceed_the_soft_cap_as_the_readme_says() -> None:
+    # 6 conversations arrive at once and work 0.3 s each, all at once (global cap 8):
+    # 6 held entries, none evictable, with max_sessions=2. Nothing new comes afterwards,
+    # so the idle entries stay: registry_final is above the cap too.
+    burst = [(0, 30, conv) for conv in range(6)]
+    config = ReplayConfig(global_cap=8, speed=3, tpot_ms=30, max_sessions=2)
+    rep = run_replay(make_trace(burst), config).report
+    assert rep.peak_global == 6 and rep.errors == 0  # all six held the session lane at once
+    assert rep.registry_peak == 6 and rep.registry_final == 6
+    # One new conversation after the burst: it needs room, so idle entries are evicted
+    # down to the cap before it enters.
+    rep = run_replay(make_trace([*burst, (3000, 10, 99)]), config).report
+    assert rep.registry_peak == 6 and rep.registry_final == 2
+    text = " ".join(README.read_text().split())
+    assert "`--max-sessions` is a soft cap" in text
+    assert "never beyond the most conversations holding it at once" in text
+    assert "`registry_final` stays above the cap when no new conversation came" in text
 
 
 def test_percentile() -> None:
@@ -461,6 +501,38 @@ def test_cli_reports_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "2 invalid lines skipped" in err
     data = json.loads(out.read_text())
     assert data["skipped_lines"] == 2 and data["requests"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_cli_reports_the_first_skipped_lines_then_counts_the_rest_as_the_readme_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 25 malformed lines (2..26) between two good ones: the first 20 by number, then a
+    # count of the other 5, then the total.
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([line(0, 10, 1), *["{bad"] * 25, line(100, 10, 2)]) + "\n")
+    out = tmp_path / "r.json"
+    assert main(["replay", str(trace), "--speed", "1000", "--json", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    listed = [ln for ln in err if ": line " in ln]
+    assert [int(ln.split(": line ")[1].split(":")[0]) for ln in listed] == list(range(2, 22))
+    assert "lanequeue replay: ... and 5 more invalid lines skipped" in err
+    assert "lanequeue replay: 25 invalid lines skipped" in err
+    assert json.loads(out.read_text())["skipped_lines"] == 25
+    assert MAX_LINE_MESSAGES == 20
+    text = " ".join(README.read_text().split())
+    assert (
+        "input lines skipped as malformed (the first 20 are reported on stderr with their "
+        "line numbers and reasons, then a count of the rest)"
+    ) in text
+
+
+def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"lanequeue {lanequeue.__version__}"
+    assert lanequeue.__version__ == importlib.metadata.version("lanequeue")
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

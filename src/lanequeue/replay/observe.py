@@ -61,7 +61,8 @@ def peak_concurrency(starts: Sequence[float | Fraction], ends: Sequence[float | 
 
 
 def count_order_violations(conversations: Sequence[Hashable], start_order: Sequence[int]) -> int:
-    """Requests that started after a later-arriving request of the same conversation.
+    """Requests overtaken: those that started after a later-arriving request of the same
+    conversation. This is the one definition of the replay's ``order_violations``.
 
     Args:
         conversations: the conversation of each request; requests are indexed in arrival
@@ -71,6 +72,14 @@ def count_order_violations(conversations: Sequence[Hashable], start_order: Seque
     Returns:
         The number of requests overtaken by a later request of their own conversation
         (0 when every conversation's requests started in arrival order).
+
+    Example: one conversation's requests 0, 1, 2 starting in the order 2, 0, 1 (2
+    overtook both) count 2; in the order 1, 2, 0 (only 0 was overtaken) count 1:
+
+    >>> count_order_violations(["c", "c", "c"], [2, 0, 1])
+    2
+    >>> count_order_violations(["c", "c", "c"], [1, 2, 0])
+    1
     """
     latest: dict[Hashable, int] = {}
     violations = 0

@@ -63,12 +63,15 @@ class ReplayReport:
         throughput_rps: ``requests / wall_s``, requests per second.
         wait_p50_s / wait_p95_s / wait_p99_s / wait_max_s: per-request wait, start of work
             minus arrival, in seconds (real run).
-        order_violations: requests that started after a later request of their own
-            conversation (must be 0), from the workers' start order.
+        order_violations: requests overtaken: those that started after a later-arrived
+            request of their own conversation (must be 0), from the workers' start order
+            (:func:`~lanequeue.replay.observe.count_order_violations`).
         max_key_concurrency: most requests of one conversation working at once (must be 1).
         peak_global: most requests working at once (must not exceed ``global_cap``).
         registry_peak / registry_final: entries of the session lane's registry, largest
-            sampled and after the run; None for a policy without a per-key lane.
+            sampled and after the run; None for a policy without a per-key lane. Not
+            bounded by ``max_sessions`` (a soft cap): held entries are never evicted, and
+            idle ones only when a new key needs room or they expire.
         makespan_s: first arrival to last completion, seconds (real run).
         ideal_makespan_s: the same in the exact simulation of the policy, seconds.
         makespan_ratio: ``makespan_s / ideal_makespan_s`` (None when the ideal is 0).
