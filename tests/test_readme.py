@@ -1,4 +1,5 @@
-"""Every ```python block of README.md runs as written, each in a fresh interpreter.
+"""Every ```python block of README.md and of the documentation pages (docs/*.md) runs as
+written, each in a fresh interpreter.
 
 A block is complete: nothing is added before or after it. The only input from outside is
 what a block itself says it reads: a block that imports ``redis`` reads the server's
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _FENCE = re.compile(r"^```python\n(.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
@@ -25,15 +27,21 @@ def python_blocks(text: str) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start()) + 1, m.group(1)) for m in _FENCE.finditer(text)]
 
 
-BLOCKS = python_blocks(README.read_text(encoding="utf-8"))
+BLOCKS = [
+    (f"{page.relative_to(ROOT)}:{line}", code)
+    for page in PAGES
+    for line, code in python_blocks(page.read_text(encoding="utf-8"))
+]
 
 
 def _needs_redis(code: str) -> bool:
     return re.search(r"^\s*(import redis\b|from redis\b)", code, re.MULTILINE) is not None
 
 
-def test_the_readme_has_python_blocks() -> None:
-    assert len(BLOCKS) >= 5  # gateway, scheduler, sub-agent, asyncio, Redis
+def test_the_pages_have_python_blocks() -> None:
+    readme = [where for where, _ in BLOCKS if where.startswith("README.md:")]
+    assert len(readme) >= 5  # gateway, scheduler, sub-agent, asyncio, Redis
+    assert len(BLOCKS) > len(readme)  # and the guides
 
 
 def test_block_extraction() -> None:
@@ -42,9 +50,9 @@ def test_block_extraction() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize(("line", "code"), BLOCKS, ids=[f"line{n}" for n, _ in BLOCKS])
-def test_readme_block_runs_as_written(
-    line: int, code: str, request: pytest.FixtureRequest, tmp_path: Path
+@pytest.mark.parametrize(("where", "code"), BLOCKS, ids=[where for where, _ in BLOCKS])
+def test_python_block_runs_as_written(
+    where: str, code: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_HOST", "REDIS_PORT")}
     if _needs_redis(code):
@@ -59,4 +67,4 @@ def test_readme_block_runs_as_written(
         timeout=50,
         check=False,
     )
-    assert done.returncode == 0, f"README.md line {line}:\n{done.stderr}"
+    assert done.returncode == 0, f"{where}:\n{done.stderr}"

@@ -8,14 +8,16 @@ parallel, under global caps: for threads, asyncio and several processes (Redis).
 - :class:`AsyncLane`, :class:`AsyncSessionLane`, :class:`AsyncLaneQueue`: the same for
   asyncio tasks; ``lanequeue.redis`` has the same lanes shared through Redis.
 
-Example::
+Example:
 
-    from lanequeue import build_default_lanes, build_gateway_session_key
-
-    lanes = build_default_lanes()
-    key = build_gateway_session_key("slack", "C12345", "U789", thread_id="1234567890.123456")
-    with lanes.acquire_all(key, ["session", "global"]):
-        reply = handle(message)
+    >>> from lanequeue import build_default_lanes, build_gateway_session_key
+    >>> lanes = build_default_lanes()
+    >>> key = build_gateway_session_key("slack", "C12345", "U789", thread_id="1234567890.123456")
+    >>> key
+    'gateway:slack:c12345:u789:1234567890_123456'
+    >>> with lanes.acquire_all(key, ["session", "global"]):
+    ...     lanes["session"].is_held(key)   # the reply to this message is made here
+    True
 """
 
 from ._core import LaneStats

@@ -229,10 +229,15 @@ class _AsyncFace:
             asyncio.CancelledError: when the task is cancelled while waiting (it then
                 holds nothing).
 
-        Example::
+        Example:
 
-            async with lane.acquire(session_key):
-                reply = await client.chat(...)
+            >>> import asyncio
+            >>> lane = AsyncLane("global", max_concurrent=2)
+            >>> async def reply():
+            ...     async with lane.acquire("gateway:web:42"):
+            ...         return lane.active_count
+            >>> asyncio.run(reply())
+            1
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
@@ -287,11 +292,15 @@ class AsyncLane(_AsyncFace, CountingKind):
     Same arguments, properties, counters and errors as :class:`lanequeue.Lane`; waiting
     is ``await``-ed and cancellable. Use it from one event loop.
 
-    Example::
+    Example:
 
-        llm = AsyncLane("global", max_concurrent=8)
-        async with llm.acquire("any-key"):
-            await call_model()
+        >>> import asyncio
+        >>> llm = AsyncLane("global", max_concurrent=8)
+        >>> async def call_model():
+        ...     async with llm.acquire("any-key"):
+        ...         return llm.available
+        >>> asyncio.run(call_model())
+        7
     """
 
 
@@ -303,11 +312,21 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
     :class:`lanequeue.SessionLane`; waiting is ``await``-ed and cancellable. Use it from
     one event loop.
 
-    Example::
+    Example: two turns of one conversation run one after the other, in arrival order.
 
-        sessions = AsyncSessionLane()
-        async with sessions.acquire(conversation_key):
-            await call_model()
+        >>> import asyncio
+        >>> sessions = AsyncSessionLane()
+        >>> order = []
+        >>> async def turn(n):
+        ...     async with sessions.acquire("gateway:web:42"):
+        ...         order.append(f"start {n}")
+        ...         await asyncio.sleep(0.01)
+        ...         order.append(f"end {n}")
+        >>> async def main():
+        ...     await asyncio.gather(turn(1), turn(2))
+        >>> asyncio.run(main())
+        >>> order
+        ['start 1', 'end 1', 'start 2', 'end 2']
     """
 
 
@@ -395,11 +414,15 @@ class AsyncLaneQueue(QueueBase[AsyncLane, AsyncSessionLane]):
     nothing); accepts :class:`AsyncLane`, :class:`AsyncSessionLane`, the asyncio Redis
     lanes and any object with the async lane surface.
 
-    Example::
+    Example:
 
-        queue = build_default_async_lanes()
-        async with queue.acquire_all(session_key, ["session", "global"]):
-            reply = await client.chat(...)
+        >>> import asyncio
+        >>> queue = build_default_async_lanes()
+        >>> async def reply():
+        ...     async with queue.acquire_all("gateway:web:42", ["session", "global"]):
+        ...         return queue["global"].active_count
+        >>> asyncio.run(reply())
+        1
     """
 
     _counting = AsyncLane

@@ -153,10 +153,14 @@ class _ThreadFace:
             TypeError/ValueError: at the call, for a bad key or timeout.
             LaneTimeoutError: on entering, when no permit came in time (names lane and key).
 
-        Example::
+        Example:
 
-            with lane.acquire("gateway:slack:c1:u1") as hold:
-                reply = call_model(...)
+            >>> lane = Lane("global", max_concurrent=2)
+            >>> with lane.acquire("gateway:slack:c1:u1") as hold:
+            ...     print(lane.active_count, hold.key)
+            1 gateway:slack:c1:u1
+            >>> lane.active_count
+            0
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
@@ -225,11 +229,14 @@ class Lane(_ThreadFace, CountingKind):
     Raises:
         TypeError/ValueError: for a bad argument, naming it.
 
-    Thread-safe. Example::
+    Thread-safe.
 
-        llm = Lane("global", max_concurrent=8)
-        with llm.acquire("any-key"):
-            ...
+    Example:
+
+        >>> llm = Lane("global", max_concurrent=8)
+        >>> with llm.acquire("any-key"):
+        ...     llm.available
+        7
     """
 
 
@@ -258,9 +265,17 @@ class SessionLane(_ThreadFace, SessionKind):
     Raises:
         TypeError/ValueError: for a bad argument, naming it.
 
-    Thread-safe. Example::
+    Thread-safe.
 
-        sessions = SessionLane()
-        with sessions.acquire("gateway:slack:c1:u1:t1"):
-            ...   # the next message of this thread waits here; other threads don't
+    Example: while a key is held, the next request of that key waits (here: is refused by
+    ``try_acquire``, which never waits); another key goes ahead.
+
+        >>> sessions = SessionLane()
+        >>> with sessions.acquire("gateway:slack:c1:u1:t1"):
+        ...     sessions.try_acquire("gateway:slack:c1:u1:t1")
+        ...     sessions.try_acquire("gateway:slack:c2:u2:t2")
+        False
+        True
+        >>> sessions.manual_release("gateway:slack:c2:u2:t2")
+        True
     """

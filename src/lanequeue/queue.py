@@ -460,13 +460,14 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
     ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane`;
     ``add`` registers any lane of the thread face (Redis lanes included).
 
-    Example::
+    Example:
 
-        queue = LaneQueue()
-        queue.add_session_lane("session")
-        queue.add_lane("global", max_concurrent=8)
-        with queue.acquire_all(session_key, ["session", "global"]):
-            reply = call_model(...)
+        >>> queue = LaneQueue()
+        >>> session = queue.add_session_lane("session")
+        >>> llm = queue.add_lane("global", max_concurrent=8)
+        >>> with queue.acquire_all("gateway:web:42", ["session", "global"]):
+        ...     session.is_held("gateway:web:42"), llm.available
+        (True, 7)
 
     Thread-safe once its lanes are registered.
     """
@@ -509,10 +510,12 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
         Thread-safe. Not re-entrant: a thread that already holds ``key`` on a per-key
         lane and asks for it again waits for itself until the deadline.
 
-        Example::
+        Example: the holds are taken in registration order, whatever the order given.
 
-            with queue.acquire_all(session_key, ["session", "global"], timeout_s=30) as h:
-                reply = call_model(..., fence=h["session"].fencing_token)
+            >>> queue = build_default_lanes()
+            >>> with queue.acquire_all("gateway:web:42", ["global", "session"], timeout_s=30) as h:
+            ...     h["session"].fencing_token > 0, queue["global"].active_count
+            (True, 1)
         """
         return self._multi(_MultiAcquire, key, lane_names, timeout_s)
 
