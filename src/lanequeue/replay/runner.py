@@ -19,6 +19,7 @@ from lanequeue.replay.runtimes import (
     get_runtime,
 )
 from lanequeue.replay.runtimes.base import check_workers
+from lanequeue.replay.runtimes.threads import ThreadRuntime
 from lanequeue.replay.simulate import Schedule, simulate
 from lanequeue.replay.trace import Trace
 
@@ -43,7 +44,7 @@ DEFAULT_SPEED = 60.0
 #: Work per output token, trace milliseconds.
 DEFAULT_TPOT_MS = 30.0
 #: The runtime used when none is named.
-DEFAULT_RUNTIME = "threads"
+DEFAULT_RUNTIME = ThreadRuntime.name
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class ReplayConfig:
                 "workers > 1 needs a shared backend: worker processes share lanes only "
                 "through one (e.g. backend='redis://127.0.0.1:6379/0')"
             )
-        if self.backend is not None and self.runtime != "threads":
+        if self.backend is not None and self.runtime != ThreadRuntime.name:
             raise ValueError(
                 f"runtime {self.runtime!r} cannot run on a backend: the Redis backend runs "
                 "the threads runtime in each worker process"
