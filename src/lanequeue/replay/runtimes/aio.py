@@ -56,6 +56,7 @@ import math
 from lanequeue import AsyncLaneQueue
 from lanequeue.replay.observe import Observer
 from lanequeue.replay.runtimes.base import (
+    InProcessRuntime,
     ProgressFn,
     ReplayPlan,
     RunRecord,
@@ -78,17 +79,11 @@ def build_async_queue(plan: ReplayPlan) -> AsyncLaneQueue:
     return add_plan_lanes(AsyncLaneQueue(), plan)
 
 
-class AsyncioRuntime:
+class AsyncioRuntime(InProcessRuntime):
     """Real asyncio tasks on real async lanes, one event loop: one task per request, from
     its arrival (see the module docstring)."""
 
     name = "asyncio"
-
-    def __init__(self, *, lead_s: float = 0.02, tick_s: float = 0.1) -> None:
-        """``lead_s``: seconds between setting up and the first arrival; ``tick_s``:
-        seconds between two progress reports."""
-        self._lead_s = lead_s
-        self._tick_s = tick_s
 
     def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
         """Replay ``plan`` on a new event loop in the calling thread, in real time.

@@ -27,6 +27,7 @@ from lanequeue.replay.observe import ArrivalGate, Observer
 from lanequeue.replay.policy import LaneSpec
 
 __all__ = [
+    "InProcessRuntime",
     "LaneRegistry",
     "ProgressFn",
     "ReplayPlan",
@@ -131,6 +132,20 @@ class Runtime(Protocol):
     def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
         """Replay ``plan`` in real time; call ``progress`` now and then; return the record."""
         ...
+
+
+class InProcessRuntime:
+    """What the in-process runtimes share: when the first arrival comes, and how often
+    progress is reported.
+
+    Args:
+        lead_s: seconds between setting up and the first arrival.
+        tick_s: seconds between two progress reports.
+    """
+
+    def __init__(self, *, lead_s: float = 0.02, tick_s: float = 0.1) -> None:
+        self._lead_s = lead_s
+        self._tick_s = tick_s
 
 
 class LaneRegistry(Protocol):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from lanequeue import LaneQueue
 from lanequeue.replay.observe import ArrivalGate, Observer
 from lanequeue.replay.runtimes.base import (
+    InProcessRuntime,
     ProgressFn,
     ReplayPlan,
     RunRecord,
@@ -230,16 +231,10 @@ def drive_threads(
     )
 
 
-class ThreadRuntime:
+class ThreadRuntime(InProcessRuntime):
     """Real threads on real lanes: one thread per request in flight, from its arrival."""
 
     name = "threads"
-
-    def __init__(self, *, lead_s: float = 0.02, tick_s: float = 0.1) -> None:
-        """``lead_s``: seconds between setting up and the first arrival; ``tick_s``:
-        seconds between two progress reports."""
-        self._lead_s = lead_s
-        self._tick_s = tick_s
 
     def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
         """Replay ``plan`` on threads in real time (see the module docstring)."""
