@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import lanequeue
 from lanequeue import LaneQueue
-from lanequeue.cli import MAX_LINE_MESSAGES, main
+from lanequeue.cli import MAX_LINE_MESSAGES, build_parser, main
 from lanequeue.replay import (
     JSON_KEYS,
     ReplayConfig,
@@ -525,6 +525,20 @@ def test_cli_reports_the_first_skipped_lines_then_counts_the_rest_as_the_readme_
         "input lines skipped as malformed (the first 20 are reported on stderr with their "
         "line numbers and reasons, then a count of the rest)"
     ) in text
+
+
+def test_cli_defaults_are_the_configs() -> None:
+    args = build_parser().parse_args(["replay"])
+    config = ReplayConfig()
+    assert (args.policy, args.global_cap, args.speed, args.tpot_ms, args.runtime) == (
+        config.policy, config.global_cap, config.speed, config.tpot_ms, config.runtime
+    )
+    assert (args.max_sessions, args.idle_timeout, args.backend, args.workers) == (
+        config.max_sessions, config.idle_timeout_s, config.backend, config.workers
+    )
+    assert (config.max_sessions, config.idle_timeout_s) == (
+        lanequeue.DEFAULT_MAX_SESSIONS, lanequeue.DEFAULT_IDLE_TIMEOUT_S
+    )
 
 
 def test_cli_version(capsys: pytest.CaptureFixture[str]) -> None:
