@@ -148,6 +148,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ._async import AsyncRedisHold, AsyncRedisLane, AsyncRedisSessionLane
+from ._backend import RedisBackend
 from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, RedisHoldBase
 from ._sync import RedisHold, RedisLane, RedisSessionLane
 
@@ -157,6 +158,7 @@ __all__ = [
     "AsyncRedisHold",
     "AsyncRedisLane",
     "AsyncRedisSessionLane",
+    "RedisBackend",
     "RedisHold",
     "RedisHoldBase",
     "RedisLane",

@@ -311,8 +311,8 @@ def _redis_gate(
         counting = lane
 
         def inside_all(slot: Hashable) -> int:
-            holders = counting.active_count  # holders first, then waiters
-            return holders + counting.waiting
+            wide = counting.lane_status()  # lane-wide holders and waiters, one snapshot
+            return int(wide["active"]) + int(wide["waiting"])
 
         slots = [None] * len(keys)
         inside = inside_all
