@@ -158,10 +158,11 @@ class MustAwait(Coroutine[Any, Any, T_co]):
 
     def __bool__(self) -> bool:
         name = getattr(self._coro, "__qualname__", "this call")
+        short = name.rsplit(".", 1)[-1]
         self._coro.close()
         raise TypeError(
-            f"{name}() is a coroutine on an asyncio lane and must be awaited: write "
-            f"`if await lane.{name.rsplit('.', 1)[-1]}(...)`, not `if lane.<name>(...)`"
+            f"{name}() must be awaited: on an asyncio lane it is a coroutine, and its "
+            f"result without await is not a bool (write `await ....{short}(...)`)"
         )
 
     def __repr__(self) -> str:
