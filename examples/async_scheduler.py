@@ -5,7 +5,8 @@ A job is admitted only if BOTH a "scheduler" slot (max 2) and its own session ke
 session lane, rolling the first back with ``manual_release`` if the second fails. The job
 then runs elsewhere (its own task) and releases both with ``manual_release`` when done.
 On every asyncio lane ``try_acquire`` and ``manual_release`` are coroutines: ``await``
-them (``if scheduler.try_acquire(key):`` without ``await`` raises TypeError). Run: ``python examples/async_scheduler.py``.
+them (``if scheduler.try_acquire(key):`` without ``await`` raises TypeError).
+Run: ``python examples/async_scheduler.py``.
 """
 
 from __future__ import annotations
