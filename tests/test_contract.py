@@ -531,3 +531,15 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
+
+
+@contract
+async def test_raw_pair(f: Face) -> None:
+    """The source design's internal pair: ``_raw_acquire`` waits the lane's timeout,
+    ``_raw_release`` is ``manual_release`` (queries: coroutines on asyncio lanes)."""
+    lane = f.lane(timeout_s=0.1)
+    assert await f.q(lane._raw_acquire("k")) is True
+    assert await f.q(lane._raw_acquire("k")) is False  # waited 0.1 s: busy
+    assert lane.stats.timeouts == 1
+    assert await f.q(lane._raw_release("k")) is None
+    assert lane.active_count == 0
