@@ -32,7 +32,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from ._core import Core, Waiter
 from ._errors import LaneTimeoutError
@@ -44,7 +44,7 @@ from ._face import (
     SessionKind,
 )
 from ._validate import check_key, check_timeout
-from .contract import TaskHold, TaskLane, must_await
+from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _send
 
 __all__ = [
@@ -409,12 +409,13 @@ class _AsyncMultiAcquire(MultiHold):
         return self
 
     async def _wait(
-        self, lane: Any, core: Core | None, got: Any, remaining: float | None
+        self, lane: SyncLane | TaskLane, core: Core | None, got: Any, remaining: float | None
     ) -> int | TaskHold | None:
+        # An AsyncLaneQueue admits asyncio lanes only (``add``), and drives by their core
+        # the in-process ones (``_step``).
         if core is not None:
-            face: _AsyncFace = lane
-            return await face._park(self._key, got, remaining)
-        return await _hold(lane, self._key, remaining)
+            return await cast(_AsyncFace, lane)._park(self._key, got, remaining)
+        return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(
         self,

@@ -54,7 +54,7 @@ _PLAN_CACHE_MAX = 512
 # One step of a plan: the lane, and its in-process core when the queue may drive the core
 # directly (the fast path); None for lanes reached through their public surface (Redis,
 # foreign lanes: ``lane.acquire(key, timeout_s=...)``, entered).
-Step = tuple[Any, "Core | None"]
+Step = tuple["SyncLane | TaskLane", "Core | None"]
 
 
 class Plan:
@@ -262,12 +262,13 @@ class _MultiAcquire(MultiHold):
         return self
 
     def _wait(
-        self, lane: Any, core: Core | None, got: Any, remaining: float | None
+        self, lane: SyncLane | TaskLane, core: Core | None, got: Any, remaining: float | None
     ) -> int | SyncHold | None:
+        # A LaneQueue admits thread lanes only (``add``), and drives by their core the
+        # in-process ones (``_step``).
         if core is not None:
-            face: _ThreadFace = lane
-            return face._park(self._key, got, remaining)
-        return _hold(lane, self._key, remaining)
+            return cast(_ThreadFace, lane)._park(self._key, got, remaining)
+        return _hold(cast(SyncLane, lane), self._key, remaining)
 
     def __exit__(
         self,
