@@ -430,6 +430,8 @@ async def test_unawaited_query_fails_loudly(f: Face) -> None:
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
     assert lane.active_count == 1 and hold.held  # nothing ran
+    # Still a coroutine for asyncio itself (create_task, gather) to run.
+    assert await asyncio.create_task(lane.acquire_timeout("h", 0)) is False
     with pytest.warns(RuntimeWarning, match="never awaited"):
         lane.try_acquire("k")  # dropped: the coroutine's own warning
         gc.collect()
