@@ -97,7 +97,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from types import TracebackType
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from ._core import LaneStats
 from ._errors import NotOwnerError
@@ -119,6 +119,7 @@ __all__ = [
     "not_held_error",
 ]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 
@@ -169,11 +170,11 @@ class MustAwait(Coroutine[Any, Any, T_co]):
         return f"<MustAwait {self._coro!r}>"
 
 
-def must_await(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., MustAwait[T]]:
+def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, MustAwait[T]]:
     """Decorate an ``async def`` method so that calling it returns a :class:`MustAwait`."""
 
     @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> MustAwait[T]:
+    def call(*args: P.args, **kwargs: P.kwargs) -> MustAwait[T]:
         return MustAwait(fn(*args, **kwargs))
 
     return call

@@ -173,10 +173,11 @@ class MultiHold:
             got = taken.pop()
             core = steps[len(taken)][1]
             try:
-                if type(got) is int:
-                    core.release(key, got)  # type: ignore[union-attr]
-                elif core is not None:  # a viewed token: end it unless released through it
-                    _end_view(got, core, key)
+                if core is not None:  # an in-process lane: its token, or a view of it
+                    if type(got) is int:
+                        core.release(key, got)
+                    else:  # ended here unless released through the view
+                        _end_view(got, core, key)
                 elif got.held:  # a lane's own hold (Redis, foreign)
                     error = error or (yield got)
             except BaseException as exc:
