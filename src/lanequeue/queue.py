@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, overload
 
 from ._core import Clock, Core
 from ._errors import LaneTimeoutError
@@ -330,6 +330,28 @@ class QueueBase(Generic[L, CL, SL]):
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
 
+    @overload
+    def add_lane(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: None = ...,
+    ) -> CL: ...
+
+    @overload
+    def add_lane(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: LaneBackend,
+    ) -> L: ...
+
     def add_lane(
         self,
         name: str,
@@ -364,6 +386,30 @@ class QueueBase(Generic[L, CL, SL]):
         self._no_clock(clock)
         lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s)
         return self.add(cast(L, lane))  # add() checks the face
+
+    @overload
+    def add_session_lane(
+        self,
+        name: str = ...,
+        *,
+        max_sessions: int = ...,
+        idle_timeout_s: float | None = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: None = ...,
+    ) -> SL: ...
+
+    @overload
+    def add_session_lane(
+        self,
+        name: str = ...,
+        *,
+        max_sessions: int = ...,
+        idle_timeout_s: float | None = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: LaneBackend,
+    ) -> L: ...
 
     def add_session_lane(
         self,
