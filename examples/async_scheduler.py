@@ -4,6 +4,8 @@ A job is admitted only if BOTH a "scheduler" slot (max 2) and its own session ke
 ``sched:<job_id>`` are free right now: ``try_acquire`` on the scheduler lane, then on the
 session lane, rolling the first back with ``manual_release`` if the second fails. The job
 then runs elsewhere (its own task) and releases both with ``manual_release`` when done.
+On every asyncio lane ``try_acquire`` and ``manual_release`` are coroutines: ``await``
+them (``if scheduler.try_acquire(key):`` without ``await`` raises TypeError).
 Run: ``python examples/async_scheduler.py``.
 """
 
@@ -25,28 +27,28 @@ async def main() -> int:
             await asyncio.sleep(0.2)
             print(f"  job {job_id}: done")
         finally:
-            session.manual_release(key)
-            scheduler.manual_release(key)
+            await session.manual_release(key)
+            await scheduler.manual_release(key)
 
-    def admit(job_id: str) -> str:
+    async def admit(job_id: str) -> str:
         key = build_scheduler_session_key(job_id)
-        if not scheduler.try_acquire(key):
+        if not await scheduler.try_acquire(key):
             return "skipped: scheduler full"
-        if not session.try_acquire(key):
-            scheduler.manual_release(key)  # roll back the first lane
+        if not await session.try_acquire(key):
+            await scheduler.manual_release(key)  # roll back the first lane
             return "skipped: this job is already running (rolled back the scheduler slot)"
         running.append(asyncio.create_task(run_job(job_id, key)))
         return "admitted"
 
     outcomes: dict[str, list[str]] = {}
     for job_id in ["nightly-report", "nightly-report", "sync-crm", "reindex"]:
-        outcome = admit(job_id)
+        outcome = await admit(job_id)
         outcomes.setdefault(job_id, []).append(outcome)
         print(f"tick: {job_id}: {outcome} (scheduler available={scheduler.available})")
     await asyncio.gather(*running)
     print(f"after the jobs: scheduler available={scheduler.available}, "
           f"session active={session.active_count}")
-    retry = admit("reindex")
+    retry = await admit("reindex")
     print(f"tick: reindex: {retry}")
     await asyncio.gather(*running)
     ok = (

@@ -113,7 +113,7 @@ class Gateway:
         # that step it takes its place in the conversation's line (or the lanes). Only
         # then do the headers go out, so the client's next message comes after this one.
         await asyncio.sleep(0)
-        position = self.session.waiting_for(key)
+        position = await self.session.waiting_for(key)
         self.log("accepted", conversation_id=conv, seq=seq, key=key, position=position)
 
         async def body() -> AsyncIterator[bytes]:

@@ -35,7 +35,7 @@ def test_cancelled_waiting_on_second_lane_releases_first() -> None:
     async def main() -> None:
         q = make_queue()
         session, glob = q["session"], q["global"]
-        assert glob.try_acquire("blocker")  # the only global permit
+        assert glob.try_acquire_nowait("blocker")  # the only global permit
 
         async def request() -> None:
             async with q.acquire_all("conv", ["session", "global"]):
@@ -43,21 +43,21 @@ def test_cancelled_waiting_on_second_lane_releases_first() -> None:
 
         task = asyncio.create_task(request())
         await asyncio.sleep(0)
-        assert session.is_held("conv")  # first lane taken ...
+        assert session.is_held_nowait("conv")  # first lane taken ...
         assert glob.waiting == 1  # ... waiting on the second
 
         task.cancel()
         # One turn: the task unwinds, withdraws from "global", releases "session".
         await asyncio.sleep(0)
         assert task.cancelled()
-        assert not session.is_held("conv")
+        assert not session.is_held_nowait("conv")
         assert glob.waiting == 0
         # Another task can take the first lane at once (timeout 0: no waiting at all).
         async with session.acquire("conv", timeout_s=0):
             pass
         quiet(session)
         assert glob.stats.cancelled == 1 and glob.stats.holders == 1
-        assert glob.manual_release("blocker")
+        assert glob.manual_release_nowait("blocker")
         quiet(glob)
 
     asyncio.run(main())
@@ -76,7 +76,7 @@ def test_cancelled_after_both_granted_inside_body_releases_both() -> None:
 
         task = asyncio.create_task(request())
         await entered.wait()
-        assert q["session"].is_held("conv") and q["global"].active_count == 1
+        assert q["session"].is_held_nowait("conv") and q["global"].active_count == 1
         task.cancel()
         await asyncio.sleep(0)
         assert task.cancelled()
@@ -95,7 +95,7 @@ def test_cancelled_after_second_lane_handed_over_before_resuming_releases_both()
     async def main() -> None:
         q = make_queue()
         session, glob = q["session"], q["global"]
-        assert glob.try_acquire("blocker")
+        assert glob.try_acquire_nowait("blocker")
         order: list[str] = []
 
         async def request(key: str) -> None:
@@ -108,7 +108,7 @@ def test_cancelled_after_second_lane_handed_over_before_resuming_releases_both()
         await asyncio.sleep(0)
         assert glob.waiting == 2
 
-        assert glob.manual_release("blocker")  # hands "global" to victim ...
+        assert glob.manual_release_nowait("blocker")  # hands "global" to victim ...
         victim.cancel()  # ... cancelled before it resumed
         await asyncio.gather(victim, other, return_exceptions=True)
         assert victim.cancelled()
@@ -124,10 +124,10 @@ def test_wait_for_around_acquire_is_cancellation() -> None:
     async def main() -> None:
         q = make_queue()
         session = q["session"]
-        assert session.try_acquire("k")
+        assert session.try_acquire_nowait("k")
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(session.acquire_timeout("k", None), 0.05)
-        assert session.waiting == 0 and session.waiting_for("k") == 0
+        assert session.waiting == 0 and session.waiting_for_nowait("k") == 0
         assert session.stats.cancelled == 1 and session.stats.holders == 1
 
         async def use() -> None:
@@ -137,7 +137,7 @@ def test_wait_for_around_acquire_is_cancellation() -> None:
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(use(), 0.05)
         assert session.waiting == 0 and session.stats.holders == 1
-        assert session.manual_release("k")
+        assert session.manual_release_nowait("k")
         quiet(session)
 
     asyncio.run(main())
@@ -148,7 +148,7 @@ def test_wait_for_around_acquire_all_is_cancellation() -> None:
     async def main() -> None:
         q = make_queue()
         session, glob = q["session"], q["global"]
-        assert glob.try_acquire("blocker")
+        assert glob.try_acquire_nowait("blocker")
 
         async def use() -> None:
             async with q.acquire_all("conv", ["global", "session"]):
@@ -159,7 +159,7 @@ def test_wait_for_around_acquire_all_is_cancellation() -> None:
         quiet(session)  # "session" was taken first (registration order), then given back
         assert session.stats.acquired == 1
         assert glob.waiting == 0 and glob.stats.holders == 1
-        assert glob.manual_release("blocker")
+        assert glob.manual_release_nowait("blocker")
         quiet(glob)
 
     asyncio.run(main())
@@ -176,13 +176,13 @@ def test_asyncio_timeout_around_acquire_is_cancellation() -> None:
     async def main() -> None:
         q = make_queue(global_cap=2)
         glob = q["global"]
-        assert glob.try_acquire("x") and glob.try_acquire("y")
+        assert glob.try_acquire_nowait("x") and glob.try_acquire_nowait("y")
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.05), glob.acquire("z"):  # type: ignore[attr-defined]
                 raise AssertionError("must not enter")
-        assert glob.waiting == 0 and glob.holds_of("z") == 0
+        assert glob.waiting == 0 and glob.holds_of_nowait("z") == 0
         assert glob.stats.cancelled == 1
-        assert glob.manual_release("x") and glob.manual_release("y")
+        assert glob.manual_release_nowait("x") and glob.manual_release_nowait("y")
         quiet(glob)
 
     asyncio.run(main())
@@ -194,7 +194,7 @@ def test_asyncio_timeout_around_acquire_all_is_cancellation() -> None:
     async def main() -> None:
         q = make_queue()
         session, glob = q["session"], q["global"]
-        assert glob.try_acquire("blocker")
+        assert glob.try_acquire_nowait("blocker")
         with pytest.raises(TimeoutError) as info:
             async with asyncio.timeout(0.05), q.acquire_all(  # type: ignore[attr-defined]
                 "conv", ["session", "global"]
@@ -204,11 +204,11 @@ def test_asyncio_timeout_around_acquire_all_is_cancellation() -> None:
         assert not isinstance(info.value, LaneTimeoutError)
         quiet(session)
         assert glob.waiting == 0 and glob.stats.holders == 1
-        assert glob.manual_release("blocker")
+        assert glob.manual_release_nowait("blocker")
         quiet(glob)
         # Both lanes work normally afterwards.
         async with q.acquire_all("conv", ["session", "global"], timeout_s=0):
-            assert session.is_held("conv") and glob.active_count == 1
+            assert session.is_held_nowait("conv") and glob.active_count == 1
         quiet(session)
         quiet(glob)
 
@@ -220,14 +220,14 @@ def test_acquire_all_own_timeout_names_lane_and_key() -> None:
     async def main() -> None:
         q = make_queue()
         session, glob = q["session"], q["global"]
-        assert glob.try_acquire("blocker")
+        assert glob.try_acquire_nowait("blocker")
         with pytest.raises(LaneTimeoutError) as info:
             async with q.acquire_all("conv", ["session", "global"], timeout_s=0.05):
                 raise AssertionError("must not enter")
         assert info.value.lane == "global" and info.value.key == "conv"
         quiet(session)
         assert glob.waiting == 0 and glob.stats.timeouts == 1
-        assert glob.manual_release("blocker")
+        assert glob.manual_release_nowait("blocker")
         quiet(glob)
 
     asyncio.run(main())

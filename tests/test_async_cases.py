@@ -59,7 +59,7 @@ def test_c10_woken_then_cancelled(order: str) -> None:
 
     async def main() -> None:
         lane = AsyncLane("l", max_concurrent=1, timeout_s=None)
-        assert lane.try_acquire("t0")  # T0 is main itself
+        assert lane.try_acquire_nowait("t0")  # T0 is main itself
         inside: list[str] = []
         gate = asyncio.Event()
 
@@ -77,11 +77,11 @@ def test_c10_woken_then_cancelled(order: str) -> None:
 
         # The synchronous step: no await between the two statements.
         if order == "release_then_cancel":
-            assert lane.manual_release("t0")  # hands the permit to W1 ...
+            assert lane.manual_release_nowait("t0")  # hands the permit to W1 ...
             w1.cancel()  # ... which is cancelled before it resumed
         else:
             w1.cancel()  # W1's future is cancelled: it refuses the grant ...
-            assert lane.manual_release("t0")  # ... so the permit goes straight to W2
+            assert lane.manual_release_nowait("t0")  # ... so the permit goes straight to W2
 
         # "Within one loop turn" for W2: we allow 2 sleep(0)s. Release-then-cancel needs
         # both: turn 1, W1 resumes with CancelledError and passes the permit it was handed
@@ -89,8 +89,8 @@ def test_c10_woken_then_cancelled(order: str) -> None:
         # cancel-then-release W2 is granted inside the step itself and resumes in turn 1.
         await turns_until(lambda: inside == ["w2"], max_turns=2)
         assert w1.done() and w1.cancelled()
-        assert lane.holds_of("w1") == 0
-        assert lane.holds_of("w2") == 1
+        assert lane.holds_of_nowait("w1") == 0
+        assert lane.holds_of_nowait("w2") == 1
         assert lane.active_count == 1 and lane.waiting == 0
         books_balanced(lane)
 
@@ -100,9 +100,9 @@ def test_c10_woken_then_cancelled(order: str) -> None:
         assert lane.get_active() == {}
         books_balanced(lane)
         # Fully available: one permit, not more.
-        assert lane.try_acquire("x")
-        assert not lane.try_acquire("y")
-        assert lane.manual_release("x")
+        assert lane.try_acquire_nowait("x")
+        assert not lane.try_acquire_nowait("y")
+        assert lane.manual_release_nowait("x")
         assert lane.available == 1
 
     asyncio.run(main())
@@ -121,7 +121,7 @@ def test_c11_cancel_and_release_in_one_callback(order: str) -> None:
     async def main() -> None:
         lane = AsyncSessionLane("s", timeout_s=None)
         loop = asyncio.get_running_loop()
-        assert lane.try_acquire("k")  # T0
+        assert lane.try_acquire_nowait("k")  # T0
         inside = 0
         max_inside = 0
         entered: list[str] = []
@@ -140,19 +140,19 @@ def test_c11_cancel_and_release_in_one_callback(order: str) -> None:
         for name in ("t1", "t2", "t3"):
             tasks[name] = asyncio.create_task(waiter(name))
             await asyncio.sleep(0)
-        assert lane.waiting_for("k") == 3
+        assert lane.waiting_for_nowait("k") == 3
 
         seen: dict[str, Any] = {}
 
         def callback() -> None:
             if order == "cancel_then_release":
                 tasks["t1"].cancel()
-                assert lane.manual_release("k")
+                assert lane.manual_release_nowait("k")
             else:
-                assert lane.manual_release("k")
+                assert lane.manual_release_nowait("k")
                 tasks["t1"].cancel()
-            seen["held"] = lane.is_held("k")
-            seen["waiting"] = lane.waiting_for("k")
+            seen["held"] = lane.is_held_nowait("k")
+            seen["waiting"] = lane.waiting_for_nowait("k")
 
         loop.call_soon(callback)
         await asyncio.gather(*tasks.values(), return_exceptions=True)
@@ -164,7 +164,7 @@ def test_c11_cancel_and_release_in_one_callback(order: str) -> None:
         assert tasks["t1"].cancelled()
         assert entered == ["t2", "t3"]
         assert max_inside == 1
-        assert not lane.is_held("k") and lane.waiting == 0 and lane.active_count == 0
+        assert not lane.is_held_nowait("k") and lane.waiting == 0 and lane.active_count == 0
         books_balanced(lane)
 
     asyncio.run(main())
@@ -182,7 +182,7 @@ def test_c12_hand_off_to_cancelled_waiter() -> None:
 
     async def main() -> None:
         lane = AsyncSessionLane("s", idle_timeout_s=10.0, timeout_s=None, clock=clock)
-        assert lane.try_acquire("k")  # T0
+        assert lane.try_acquire_nowait("k")  # T0
 
         async def w() -> None:
             async with lane.acquire("k"):
@@ -190,24 +190,24 @@ def test_c12_hand_off_to_cancelled_waiter() -> None:
 
         task = asyncio.create_task(w())
         await asyncio.sleep(0)
-        assert lane.waiting_for("k") == 1
+        assert lane.waiting_for_nowait("k") == 1
 
         task.cancel()
-        assert lane.manual_release("k")
+        assert lane.manual_release_nowait("k")
         # Same synchronous step, before W even unwound: "k" is free and nobody waits.
-        assert not lane.is_held("k")
-        assert lane.waiting_for("k") == 0 and lane.waiting == 0
+        assert not lane.is_held_nowait("k")
+        assert lane.waiting_for_nowait("k") == 0 and lane.waiting == 0
         # A fresh acquire succeeds at once, even before W has run again ...
-        assert lane.try_acquire("k")
-        assert lane.manual_release("k")
+        assert lane.try_acquire_nowait("k")
+        assert lane.manual_release_nowait("k")
 
         with pytest.raises(asyncio.CancelledError):
             await task
         assert task.cancelled()
         # ... and after W unwound (timeout 0: it must not wait at all).
         async with lane.acquire("k", timeout_s=0):
-            assert lane.is_held("k")
-        assert not lane.is_held("k")
+            assert lane.is_held_nowait("k")
+        assert not lane.is_held_nowait("k")
         st = lane.stats
         assert st.cancelled == 1 and st.timeouts == 0 and st.holders == 0 and st.waiters == 0
         books_balanced(lane)
@@ -232,7 +232,7 @@ def test_c13_timed_out_waiters_do_not_return_permits() -> None:
 
     async def main() -> None:
         lane = AsyncLane("l", max_concurrent=2, timeout_s=None)
-        assert lane.try_acquire("a") and lane.try_acquire("b")
+        assert lane.try_acquire_nowait("a") and lane.try_acquire_nowait("b")
 
         async def timed(i: int) -> str:
             try:
@@ -245,7 +245,7 @@ def test_c13_timed_out_waiters_do_not_return_permits() -> None:
         results = await asyncio.gather(*(timed(i) for i in range(5)))
         assert results == ["timeout"] * 5
         assert lane.stats.timeouts == 5 and lane.waiting == 0
-        assert lane.manual_release("a") and lane.manual_release("b")
+        assert lane.manual_release_nowait("a") and lane.manual_release_nowait("b")
         assert lane.available == 2
         assert lane.active_count == 0
         books_balanced(lane)
@@ -266,9 +266,9 @@ def test_c13_timed_out_waiters_do_not_return_permits() -> None:
         assert max_inside == 2
         assert lane.available == 2
         # Capacity is exactly 2, not raised by the five timeouts.
-        assert lane.try_acquire("x") and lane.try_acquire("y")
-        assert not lane.try_acquire("z")
-        assert lane.manual_release("x") and lane.manual_release("y")
+        assert lane.try_acquire_nowait("x") and lane.try_acquire_nowait("y")
+        assert not lane.try_acquire_nowait("z")
+        assert lane.manual_release_nowait("x") and lane.manual_release_nowait("y")
         books_balanced(lane)
 
     asyncio.run(main())
@@ -303,19 +303,19 @@ def test_c14_aborted_run_frees_its_session() -> None:
 
         holder = asyncio.create_task(request("h", 10**9))  # "mid-work" forever
         await asyncio.sleep(0)
-        assert lane.is_held("s")
+        assert lane.is_held_nowait("s")
         queued = []
         for name in ("q1", "q2", "q3"):
             queued.append(asyncio.create_task(request(name, 2)))
             await asyncio.sleep(0)
-        assert lane.waiting_for("s") == 3
+        assert lane.waiting_for_nowait("s") == 3
 
         holder.cancel()
         # One loop turn (one sleep(0)): the holder wakes with CancelledError inside its
         # body, `async with` releases on the way out and hands "s" to q1 in that same step.
         await asyncio.sleep(0)
         assert holder.cancelled()
-        assert lane.waiting_for("s") == 2  # q1 was handed "s"; q2, q3 still in line
+        assert lane.waiting_for_nowait("s") == 2  # q1 was handed "s"; q2, q3 still in line
         assert lane.active_count == 1
 
         done = await asyncio.gather(*queued)
@@ -327,7 +327,7 @@ def test_c14_aborted_run_frees_its_session() -> None:
             ("start", "q3"), ("end", "q3"),
         ]
         assert lane.get_active() == {}
-        assert lane.active_count == 0 and lane.waiting == 0 and not lane.is_held("s")
+        assert lane.active_count == 0 and lane.waiting == 0 and not lane.is_held_nowait("s")
         books_balanced(lane)
 
     asyncio.run(main())

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lanequeue import AsyncLane, AsyncSessionLane
+from lanequeue import AsyncLane, AsyncSessionLane, NotOwnerError
 
 
 def make(kind: str) -> Any:
@@ -19,16 +19,19 @@ def make(kind: str) -> Any:
 
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("kind", ["session", "counting"])
-def test_second_release_returns_false_and_never_frees_another_hold(kind: str) -> None:
+def test_second_release_raises_not_owner_and_never_frees_another_hold(kind: str) -> None:
     async def main() -> None:
         lane = make(kind)
         hold = lane.acquire("k")
         await hold.__aenter__()
-        assert hold.release() is True
-        assert lane.try_acquire("k")  # someone else holds "k" now
-        assert hold.release() is False  # the stale hold must not end theirs
-        assert lane.active_count == 1 and not lane.try_acquire("k")
-        assert lane.manual_release("k")
+        assert await hold.release() is True
+        assert lane.try_acquire_nowait("k")  # someone else holds "k" now
+        with pytest.raises(NotOwnerError):
+            await hold.release()  # the stale hold must not end theirs
+        with pytest.raises(NotOwnerError):
+            hold.release_nowait()
+        assert lane.active_count == 1 and not lane.try_acquire_nowait("k")
+        assert lane.manual_release_nowait("k")
         assert lane.stats.holders == 0
 
     asyncio.run(main())
@@ -55,7 +58,7 @@ def test_early_release_inside_async_with_exits_cleanly(
             task = asyncio.create_task(second())
             await asyncio.sleep(0)
             assert lane.waiting == 1
-            assert hold.release() is True
+            assert await hold.release() is True
             await task  # the next holder got in while this block still runs
             order.append("first block ends")
         assert order == ["second", "first block ends"]

@@ -53,8 +53,8 @@ def test_second_running_loop_is_refused_then_allowed_after_first_closes(kind: st
     second_done = threading.Event()
 
     async def first() -> None:
-        assert lane.try_acquire("a")
-        assert lane.manual_release("a")  # quiet, but this loop is still running
+        assert lane.try_acquire_nowait("a")
+        assert lane.manual_release_nowait("a")  # quiet, but this loop is still running
         first_ready.set()
         await asyncio.get_running_loop().run_in_executor(None, second_done.wait, 10)
 
@@ -66,7 +66,7 @@ def test_second_running_loop_is_refused_then_allowed_after_first_closes(kind: st
         async def second() -> list[str]:
             msgs = []
             with pytest.raises(RuntimeError, match=BOUND) as e1:
-                lane.try_acquire("b")
+                lane.try_acquire_nowait("b")
             msgs.append(str(e1.value))
             with pytest.raises(RuntimeError, match=BOUND):
                 async with lane.acquire("b"):
@@ -74,7 +74,7 @@ def test_second_running_loop_is_refused_then_allowed_after_first_closes(kind: st
             with pytest.raises(RuntimeError, match=BOUND):
                 await lane.acquire_timeout("b", 0)
             with pytest.raises(RuntimeError, match=BOUND):
-                lane.manual_release("a")
+                lane.manual_release_nowait("a")
             return msgs
 
         msgs = in_thread(lambda: asyncio.run(second()))
@@ -89,10 +89,10 @@ def test_second_running_loop_is_refused_then_allowed_after_first_closes(kind: st
     assert not first_thread.is_alive()
 
     async def third() -> None:
-        assert lane.try_acquire("c")
+        assert lane.try_acquire_nowait("c")
         async with lane.acquire("d", timeout_s=0):
             pass
-        assert lane.manual_release("c")
+        assert lane.manual_release_nowait("c")
 
     # First loop closed, lane quiet: a new loop (here, in yet another thread) takes over.
     in_thread(lambda: asyncio.run(third()))
@@ -105,13 +105,13 @@ def test_closed_loop_with_a_holder_left_is_not_taken_over(kind: str) -> None:
     lane = make(kind)
 
     async def leave_held() -> None:
-        assert lane.try_acquire("a")
+        assert lane.try_acquire_nowait("a")
 
     asyncio.run(leave_held())  # closed, but "a" is still held
 
     async def other() -> None:
         with pytest.raises(RuntimeError, match=BOUND):
-            lane.try_acquire("b")
+            lane.try_acquire_nowait("b")
 
     asyncio.run(other())
     assert lane.stats.holders == 1
@@ -122,22 +122,22 @@ def test_closed_loop_with_a_holder_left_is_not_taken_over(kind: str) -> None:
 def test_plain_calls_without_a_running_loop_raise(kind: str) -> None:
     lane = make(kind)
     with pytest.raises(RuntimeError, match=NO_LOOP):
-        lane.try_acquire("k")
+        lane.try_acquire_nowait("k")
     with pytest.raises(RuntimeError, match=NO_LOOP):
-        lane.manual_release("k")
+        lane.manual_release_nowait("k")
 
     async def bind_and_hold() -> None:
-        assert lane.try_acquire("k")
-        assert lane.manual_release("k")
+        assert lane.try_acquire_nowait("k")
+        assert lane.manual_release_nowait("k")
 
     asyncio.run(bind_and_hold())
 
     def from_plain_thread() -> None:
         with pytest.raises(RuntimeError, match=NO_LOOP) as info:
-            lane.try_acquire("k")
+            lane.try_acquire_nowait("k")
         assert type(lane).__name__ in str(info.value)
         with pytest.raises(RuntimeError, match=NO_LOOP):
-            lane.manual_release("k")
+            lane.manual_release_nowait("k")
 
     in_thread(from_plain_thread)
     st = lane.stats
@@ -169,7 +169,7 @@ def test_acquire_all_from_a_foreign_loop_leaves_nothing_held() -> None:
 
         in_thread(lambda: asyncio.run(second()))
         assert q["session"].stats.acquired == 1 and q["global"].stats.acquired == 1
-        assert not q["session"].is_held("k2") and q["global"].holds_of("k2") == 0
+        assert not q["session"].is_held_nowait("k2") and q["global"].holds_of_nowait("k2") == 0
     finally:
         release_first.set()
         t.join(10)

@@ -150,7 +150,7 @@ class LaneMachine(RuleBasedStateMachine):
         finally:
             if i not in self.released_early:
                 self.leave(i)
-                hold.release()
+                hold.release_nowait()
 
     def leave(self, i: int) -> None:
         self.inside[self.key_of[i]] -= 1
@@ -160,7 +160,7 @@ class LaneMachine(RuleBasedStateMachine):
         """Inside a loop callback: end holder ``i``'s hold now (its task resumes later)."""
         self.released_early.add(i)
         self.leave(i)
-        assert self.holds[i].release()
+        assert self.holds[i].release_nowait()
         self.gates[i].set_result(None)
 
     # -- rules ---------------------------------------------------------------------------
@@ -312,12 +312,12 @@ class LaneMachine(RuleBasedStateMachine):
         if self.kind == "session":
             for key in KEYS:
                 g = self.group_of(key)
-                assert lane.waiting_for(key) == len(g.line), key
-                assert lane.is_held(key) == bool(g.holders), key
+                assert lane.waiting_for_nowait(key) == len(g.line), key
+                assert lane.is_held_nowait(key) == bool(g.holders), key
         else:
             for key in KEYS:
                 held = sum(1 for i in self.group_of(key).holders if self.key_of[i] == key)
-                assert lane.holds_of(key) == held, key
+                assert lane.holds_of_nowait(key) == held, key
 
     def teardown(self) -> None:
         try:

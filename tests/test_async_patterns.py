@@ -96,15 +96,15 @@ def test_scheduler_pattern_try_acquire_with_roll_back() -> None:
             try:
                 await finish[key].wait()
             finally:
-                assert session.manual_release(key)
-                assert scheduler.manual_release(key)
+                assert session.manual_release_nowait(key)
+                assert scheduler.manual_release_nowait(key)
 
         def admit(job_id: str) -> str:
             key = build_scheduler_session_key(job_id)
-            if not scheduler.try_acquire(key):
+            if not scheduler.try_acquire_nowait(key):
                 return "scheduler-full"
-            if not session.try_acquire(key):
-                assert scheduler.manual_release(key)  # roll back
+            if not session.try_acquire_nowait(key):
+                assert scheduler.manual_release_nowait(key)  # roll back
                 return "already-running"
             finish[key] = asyncio.Event()
             jobs.append(asyncio.create_task(run_job(key)))
@@ -116,15 +116,15 @@ def test_scheduler_pattern_try_acquire_with_roll_back() -> None:
         # rolled back (available stays 1, not 0).
         assert admit("nightly-report") == "already-running"
         assert scheduler.available == 1
-        assert scheduler.holds_of("sched:nightly_report") == 1
+        assert scheduler.holds_of_nowait("sched:nightly_report") == 1
         assert admit("sync-crm") == "admitted"
         assert scheduler.available == 0
         assert admit("reindex") == "scheduler-full"
-        assert not session.is_held("sched:reindex")  # never taken: nothing to roll back
+        assert not session.is_held_nowait("sched:reindex")  # never taken: nothing to roll back
 
         finish["sched:nightly_report"].set()
         await asyncio.sleep(0)  # the job's task ran its finally: both released
-        assert scheduler.available == 1 and not session.is_held("sched:nightly_report")
+        assert scheduler.available == 1 and not session.is_held_nowait("sched:nightly_report")
         assert admit("reindex") == "admitted"
         for event in finish.values():
             event.set()

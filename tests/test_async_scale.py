@@ -36,7 +36,7 @@ def test_100k_waiters_on_one_key_complete_in_fifo_order(kind: str) -> None:
             if kind == "session"
             else AsyncLane("c", max_concurrent=1, timeout_s=None)
         )
-        assert lane.try_acquire("k")
+        assert lane.try_acquire_nowait("k")
         order: list[int] = []
 
         async def waiter(i: int) -> None:
@@ -48,8 +48,8 @@ def test_100k_waiters_on_one_key_complete_in_fifo_order(kind: str) -> None:
         await asyncio.sleep(0)
         assert lane.waiting == N
         if kind == "session":
-            assert lane.waiting_for("k") == N
-        assert lane.manual_release("k")
+            assert lane.waiting_for_nowait("k") == N
+        assert lane.manual_release_nowait("k")
         await asyncio.gather(*tasks)
         assert order == list(range(N))
         st = lane.stats
@@ -131,7 +131,7 @@ def test_100k_keys_held_at_once_then_released() -> None:
         lane = AsyncSessionLane(
             "s", max_sessions=max_sessions, idle_timeout_s=60.0, timeout_s=None, clock=clock
         )
-        assert lane.try_acquire("warm-up") and lane.manual_release("warm-up")
+        assert lane.try_acquire_nowait("warm-up") and lane.manual_release_nowait("warm-up")
         clock.now += 60.0
         lane.cleanup_idle()
 
@@ -139,10 +139,10 @@ def test_100k_keys_held_at_once_then_released() -> None:
         try:
             before = _traced_now()
             for key in keys:
-                assert lane.try_acquire(key)
+                assert lane.try_acquire_nowait(key)
             assert lane.session_count == N and lane.active_count == N
             for key in keys:
-                assert lane.manual_release(key)
+                assert lane.manual_release_nowait(key)
             # Idle but not yet expired: kept until the idle window passes.
             assert lane.session_count == N and lane.active_count == 0
             clock.now += 60.0

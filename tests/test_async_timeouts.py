@@ -27,7 +27,7 @@ LANE_KINDS = ["session", "counting"]
 
 
 def waiting_on(lane: Any, key: str) -> int:
-    return lane.waiting_for(key) if isinstance(lane, AsyncSessionLane) else lane.waiting
+    return lane.waiting_for_nowait(key) if isinstance(lane, AsyncSessionLane) else lane.waiting
 
 
 @pytest.mark.timeout(10)
@@ -35,7 +35,7 @@ def waiting_on(lane: Any, key: str) -> int:
 def test_acquire_timeout_on_busy_key_returns_false(kind: str) -> None:
     async def main() -> None:
         lane = make_lane(kind, timeout_s=None)
-        assert lane.try_acquire("k")
+        assert lane.try_acquire_nowait("k")
         before = lane.stats
         assert await lane.acquire_timeout("k", 0.05) is False
         after = lane.stats
@@ -44,7 +44,7 @@ def test_acquire_timeout_on_busy_key_returns_false(kind: str) -> None:
         assert after.cancelled == 0
         assert lane.waiting == 0 and waiting_on(lane, "k") == 0
         assert after.holders == 1
-        assert lane.manual_release("k")
+        assert lane.manual_release_nowait("k")
         assert lane.stats.holders == 0
 
     asyncio.run(main())
@@ -55,7 +55,7 @@ def test_acquire_timeout_on_busy_key_returns_false(kind: str) -> None:
 def test_acquire_with_timeout_raises_lane_timeout_error(kind: str) -> None:
     async def main() -> None:
         lane = make_lane(kind, timeout_s=None)
-        assert lane.try_acquire("conv:1")
+        assert lane.try_acquire_nowait("conv:1")
         with pytest.raises(LaneTimeoutError) as info:
             async with lane.acquire("conv:1", timeout_s=0.05):
                 raise AssertionError("must not enter")
@@ -66,7 +66,7 @@ def test_acquire_with_timeout_raises_lane_timeout_error(kind: str) -> None:
         assert lane.waiting == 0 and lane.stats.timeouts == 1 and lane.stats.holders == 1
         # The lane's own default timeout applies when none is given.
         lane2 = make_lane(kind, timeout_s=0.02)
-        assert lane2.try_acquire("k")
+        assert lane2.try_acquire_nowait("k")
         with pytest.raises(LaneTimeoutError) as info2:
             async with lane2.acquire("k"):
                 pass
@@ -104,7 +104,7 @@ def test_timeout_zero_never_waits(kind: str) -> None:
         st = lane.stats
         assert st.rejected == 3 and st.timeouts == 3 and st.waiters == 0
         assert lane.waiting == 0
-        assert lane.manual_release("k")
+        assert lane.manual_release_nowait("k")
 
     asyncio.run(main())
 
@@ -118,7 +118,7 @@ def test_timeout_none_waits_without_limit(kind: str) -> None:
         results: list[Any] = []
 
         async def holder() -> None:
-            assert lane.try_acquire("k")
+            assert lane.try_acquire_nowait("k")
 
         async def explicit_none() -> None:
             results.append(await lane.acquire_timeout("k", None))
@@ -134,10 +134,10 @@ def test_timeout_none_waits_without_limit(kind: str) -> None:
         assert lane.waiting == 2
         loop.advance(10**9)  # a billion seconds later, both still wait
         assert lane.waiting == 2 and results == [] and not t1.done() and not t2.done()
-        loop.call_soon(lane.manual_release, "k")
+        loop.call_soon(lane.manual_release_nowait, "k")
         loop.settle()
         assert results == [True] and t1.done()  # FIFO: the first waiter got it
-        loop.call_soon(lane.manual_release, "k")
+        loop.call_soon(lane.manual_release_nowait, "k")
         loop.settle()
         assert results == [True, "entered"] and t2.done()
         assert lane.stats.timeouts == 0 and lane.stats.holders == 0 and lane.waiting == 0
@@ -157,7 +157,7 @@ def test_deadline_and_release_in_the_same_iteration(kind: str) -> None:
         out: list[bool] = []
 
         async def hold() -> None:
-            assert lane.try_acquire("k")
+            assert lane.try_acquire_nowait("k")
 
         async def waiter() -> None:
             out.append(await lane.acquire_timeout("k", 1.0))
@@ -165,13 +165,13 @@ def test_deadline_and_release_in_the_same_iteration(kind: str) -> None:
         loop.run_until_complete(hold())
         loop.create_task(waiter())
         loop.settle()
-        loop.call_soon(lane.manual_release, "k")
+        loop.call_soon(lane.manual_release_nowait, "k")
         loop.fake_now += 1.0  # the waiter's deadline is due in the same iteration
         loop.settle()
         assert out == [True]
         st = lane.stats
         assert st.timeouts == 0 and st.holders == 1 and st.waiters == 0
-        loop.call_soon(lane.manual_release, "k")
+        loop.call_soon(lane.manual_release_nowait, "k")
         loop.settle()
         assert lane.stats.holders == 0
 
@@ -182,7 +182,7 @@ def test_deadline_and_release_in_the_same_iteration(kind: str) -> None:
         loop.settle()
         loop.advance(1.0)
         assert out == [False] and lane.waiting == 0
-        loop.call_soon(lane.manual_release, "k")
+        loop.call_soon(lane.manual_release_nowait, "k")
         loop.settle()
         st = lane.stats
         assert st.timeouts == 1 and st.holders == 0 and st.waiters == 0
@@ -202,7 +202,7 @@ def test_timed_out_then_cancelled_before_resuming_counts_once(kind: str) -> None
         lane = make_lane(kind, timeout_s=None)
 
         async def hold() -> None:
-            assert lane.try_acquire("k")
+            assert lane.try_acquire_nowait("k")
 
         async def waiter() -> bool:
             got: bool = await lane.acquire_timeout("k", 1.0)

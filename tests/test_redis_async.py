@@ -103,7 +103,7 @@ def test_async_surface(redis_server: Any, redis_prefix: str,
     async def body(client: aredis.Redis) -> None:
         s = AsyncRedisSessionLane(client, prefix=redis_prefix, timeout_s=0.05)
         c = AsyncRedisLane(client, "g", max_concurrent=2, prefix=redis_prefix)
-        assert s._async_face and c._async_face
+        assert s.face == c.face == "asyncio"
         async with s.acquire("k") as hold:
             assert hold.fencing_token > 0 and s.active_count == 1
             assert await s.is_held("k")
@@ -112,7 +112,8 @@ def test_async_surface(redis_server: Any, redis_prefix: str,
                 async with s.acquire("k"):
                     pass
             assert await s.acquire_timeout("k", 0.05) is False
-        assert await hold.release() is False
+        with pytest.raises(NotOwnerError):
+            await hold.release()
         assert s.stats.timeouts == 3 and s.stats.acquired == 1 and s.stats.released == 1
         with caplog.at_level(logging.WARNING, logger="lanequeue.redis"):
             assert await s.manual_release("k") is False
@@ -234,8 +235,7 @@ def test_async_lease_renewed_and_lost(redis_server: Any, redis_prefix: str) -> N
         async with lane.acquire("k") as hold:
             await asyncio.sleep(1.5)  # three leases: renewed by the renewer task
             assert hold.held and not await other.try_acquire("k")
-        hold2 = await lane._hold("k", 1.0)
-        assert hold2 is not None
+        hold2 = await lane.acquire("k", timeout_s=1.0).__aenter__()
         hold2._suspend_renewal()
         await asyncio.sleep(1.2)  # lease 0.5 s; room for a renewal already in flight
         hold2._suspend_renewal(False)

@@ -73,7 +73,7 @@ def test_mixed_rollback_when_the_redis_lane_is_full(
     assert elsewhere.manual_release("other")
     with queue.acquire_all("k", ["session", "global"]) as holds:
         assert session.is_held("k") and holds["global"].token > 0
-    assert session.active_count == 0 and elsewhere.available == 1
+    assert session.active_count == 0 and elsewhere.lane_status()["available"] == 1
 
 
 def test_redis_session_lane_with_in_process_lane(
@@ -112,3 +112,63 @@ def test_lost_redis_lease_still_releases_the_in_process_lanes(
     assert local.stats.holders == 0
     assert local.stats.unmatched_releases == 0
     assert local.try_acquire("k")
+
+
+def test_backend_makes_lanes_by_name(redis_server: object, redis_prefix: str) -> None:
+    """RedisBackend: one client and its settings; lanes by name, like add_lane; the face
+    follows the client; queue.add_lane/add_session_lane(backend=...) use it."""
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    from lanequeue import AsyncLaneQueue
+    from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane, RedisBackend
+
+    host, port = redis_server.host, redis_server.port  # type: ignore[attr-defined]
+    client = redis.Redis(host=host, port=port)
+    lost: list[object] = []
+    backend = RedisBackend(client, prefix=redis_prefix, lease_s=2.0, on_lease_lost=lost.append)
+    assert backend.face == "threads"
+    queue = LaneQueue()
+    s = queue.add_session_lane("session", max_sessions=9, timeout_s=1.5, backend=backend)
+    g = queue.add_lane("global", max_concurrent=3, timeout_s=2.5, backend=backend)
+    assert isinstance(s, RedisSessionLane) and isinstance(g, RedisLane)
+    assert (s.prefix, s.lease_s, s.timeout_s, s.max_sessions) == (redis_prefix, 2.0, 1.5, 9)
+    assert (g.prefix, g.lease_s, g.timeout_s, g.max_concurrent) == (redis_prefix, 2.0, 2.5, 3)
+    assert s.on_lease_lost == g.on_lease_lost == lost.append
+    with queue.acquire_all("k", ["session", "global"]) as holds:
+        assert s.is_held("k") and g.lane_status()["active"] == 1
+        assert isinstance(holds["session"], RedisHold)
+    assert not s.is_held("k")
+    with pytest.raises(ValueError, match="clock"):
+        queue.add_lane("other", backend=backend, clock=time.monotonic)
+    with pytest.raises(ValueError, match="already registered"):
+        queue.add_lane("global", backend=backend)
+    with pytest.raises(ValueError, match="prefix"):
+        RedisBackend(client, prefix="a{b}")
+    with pytest.raises(ValueError, match="lease_s"):
+        RedisBackend(client, lease_s=0)
+    with pytest.raises(TypeError, match="on_lease_lost"):
+        RedisBackend(client, on_lease_lost=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="redis-py"):
+        RedisBackend(object()).lane("x")
+    client.close()
+
+    async def main() -> None:
+        aclient = aredis.Redis(host=host, port=port)
+        abackend = RedisBackend(aclient, prefix=redis_prefix)
+        assert abackend.face == "asyncio"
+        with pytest.raises(TypeError, match="AsyncLaneQueue"):
+            LaneQueue().add_lane("g", backend=abackend)
+        aq = AsyncLaneQueue()
+        sl = aq.add_session_lane("session", backend=abackend)
+        gl = aq.add_lane("global", max_concurrent=2, backend=abackend)
+        assert isinstance(sl, AsyncRedisSessionLane) and isinstance(gl, AsyncRedisLane)
+        with pytest.raises(TypeError, match="use LaneQueue"):
+            aq.add(RedisLane(redis.Redis(host=host, port=port), "t", prefix=redis_prefix))
+        async with aq.acquire_all("k", ["global", "session"]):
+            assert await sl.is_held("k") and await gl.holds_of("k") == 1
+        assert not await sl.is_held("k") and gl.active_count == 0
+        await aclient.aclose()
+
+    asyncio.run(main())

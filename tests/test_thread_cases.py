@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import FakeClock, ParkHooks, run_thread
 
-from lanequeue import Lane, LaneQueue, LaneTimeoutError, SessionLane
+from lanequeue import Lane, LaneQueue, LaneTimeoutError, NotOwnerError, SessionLane
 from lanequeue._core import CountingCore
 from lanequeue.lanes import _ThreadWaiter
 
@@ -299,7 +299,8 @@ def test_c05_over_release_counting_lane(caplog: pytest.LogCaptureFixture) -> Non
     # A hold released twice by its token: the second release is refused and logged too.
     with lane.acquire("h", timeout_s=0) as hold:
         pass
-    assert hold.release() is False
+    with pytest.raises(NotOwnerError):
+        hold.release()
     assert len(_warnings(caplog, "h")) == 1
     assert lane.available == 2
     # Exactly 2 admitted, not 3 or more.
@@ -329,7 +330,8 @@ def test_c05_over_release_session_lane(caplog: pytest.LogCaptureFixture) -> None
     with lane.acquire("s", timeout_s=0) as old:
         pass
     assert lane.try_acquire("s")
-    assert old.release() is False
+    with pytest.raises(NotOwnerError):
+        old.release()
     assert lane.is_held("s")
     assert len(_warnings(caplog, "s")) == 1
     assert lane.manual_release("s")
@@ -357,7 +359,8 @@ def test_c06_same_key_twice_on_a_counting_lane() -> None:
     assert lane.active_count == 1
     assert "k" in lane.get_active()
     assert lane.holds_of("k") == 1
-    assert second.release() is False  # already ended: does not end first's hold
+    with pytest.raises(NotOwnerError):
+        second.release()  # already ended: does not end first's hold
     assert lane.active_count == 1
     first.__exit__(None, None, None)
     assert lane.active_count == 0

@@ -14,16 +14,51 @@ from lanequeue import (
     DEFAULT_GLOBAL_CONCURRENCY,
     Lane,
     LaneQueue,
+    LaneStats,
     LaneTimeoutError,
+    NotOwnerError,
     SessionLane,
+    SyncLane,
     build_default_lanes,
 )
+from lanequeue._face import LANE_DEFAULT
 
 JOIN_S = 10.0
 
 
+class RecordingHold:
+    """The hold of a :class:`RecordingLane`."""
+
+    def __init__(self, lane: RecordingLane, key: str, timeout_s: float | None) -> None:
+        self.lane, self.key, self.timeout_s = lane, key, timeout_s
+        self.token = self.fencing_token = 0
+        self.held = False
+
+    def __enter__(self) -> RecordingHold:
+        if not self.lane.acquire_timeout(self.key, self.timeout_s):
+            raise LaneTimeoutError(self.lane.name, self.key, self.timeout_s)
+        self.token = self.fencing_token = 1
+        self.held = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.release()
+
+    def release(self) -> bool:
+        if not self.held:
+            raise NotOwnerError("not held")
+        self.held = False
+        return self.lane.manual_release(self.key)
+
+
 class RecordingLane:
-    """A foreign lane with only the public lane surface; records every call in ``log``."""
+    """A foreign lane with only the public lane surface (:class:`lanequeue.SyncLane`);
+    records every acquire and release in ``log``."""
+
+    face = "threads"
+    active_count = waiting = 0
+    stats = LaneStats()
 
     def __init__(
         self,
@@ -41,7 +76,13 @@ class RecordingLane:
         self.grant = grant
         self.timeouts: list[float | None] = []
 
-    def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
+    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> RecordingHold:
+        return RecordingHold(self, key, self.timeout_s if timeout_s is LANE_DEFAULT else timeout_s)
+
+    def try_acquire(self, key: str) -> bool:
+        return self.acquire_timeout(key, 0)
+
+    def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
         self.log.append(("acquire", self.name, key))
         self.timeouts.append(timeout_s)
         if self.delay_s:
@@ -52,12 +93,23 @@ class RecordingLane:
         self.log.append(("release", self.name, key))
         return True
 
+    def statistics(self) -> LaneStats:
+        return self.stats
+
+    def get_active(self) -> dict[str, float]:
+        return {}
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": "RecordingLane", "name": self.name}
+
 
 def test_acquire_all_takes_lanes_in_registration_order() -> None:
     log: list[tuple[str, str, str]] = []
     queue = LaneQueue()
     for name in ("x", "y", "z"):
-        queue.add(RecordingLane(name, log))
+        lane = RecordingLane(name, log)
+        assert isinstance(lane, SyncLane)  # the surface a foreign lane must have
+        queue.add(lane)
     assert queue.list_lanes() == ["x", "y", "z"]
     with queue.acquire_all("k", ["z", "x", "y"]) as multi:
         assert [e[1] for e in log] == ["x", "y", "z"]

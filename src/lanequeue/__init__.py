@@ -7,6 +7,8 @@ parallel, under global caps: for threads, asyncio and several processes (Redis).
 - :class:`LaneQueue`: named lanes composed per request with ``acquire_all``.
 - :class:`AsyncLane`, :class:`AsyncSessionLane`, :class:`AsyncLaneQueue`: the same for
   asyncio tasks; ``lanequeue.redis`` has the same lanes shared through Redis.
+- :mod:`lanequeue.contract`: the one surface of every lane and hold on every face
+  (:class:`SyncLane`, :class:`TaskLane`, :class:`SyncHold`, :class:`TaskHold`).
 
 Example:
 
@@ -43,6 +45,20 @@ from .aio import (
     AsyncSessionLane,
     build_default_async_lanes,
 )
+from .contract import (
+    LaneBackend,
+    LaneHold,
+    LaneView,
+    MustAwait,
+    SyncCountingLane,
+    SyncHold,
+    SyncLane,
+    SyncSessionLane,
+    TaskCountingLane,
+    TaskHold,
+    TaskLane,
+    TaskSessionLane,
+)
 from .keys import (
     build_gateway_session_key,
     build_scheduler_session_key,
@@ -73,7 +89,6 @@ __all__ = [
     "AsyncLane",
     "AsyncLaneQueue",
     "AsyncSessionLane",
-    "build_default_async_lanes",
     "DEFAULT_GLOBAL_CONCURRENCY",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONCURRENT",
@@ -81,16 +96,29 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "Hold",
     "Lane",
+    "LaneBackend",
     "LaneBackendError",
     "LaneError",
+    "LaneHold",
     "LaneQueue",
     "LaneStats",
     "LaneTimeoutError",
+    "LaneView",
     "LeaseLostError",
     "MultiHold",
+    "MustAwait",
     "NotOwnerError",
     "SessionLane",
+    "SyncCountingLane",
+    "SyncHold",
+    "SyncLane",
+    "SyncSessionLane",
+    "TaskCountingLane",
+    "TaskHold",
+    "TaskLane",
+    "TaskSessionLane",
     "ThreadHold",
+    "build_default_async_lanes",
     "build_default_lanes",
     "build_gateway_session_key",
     "build_scheduler_session_key",

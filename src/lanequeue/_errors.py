@@ -43,9 +43,10 @@ class LaneTimeoutError(LaneError, TimeoutError):
 class NotOwnerError(LaneError):
     """A release named a hold that the caller does not own (any more).
 
-    Raised by the Redis lanes when the token presented on release is not the current
-    holder's: the hold expired and passed to someone else, or was never this caller's.
-    The hold of the real owner is left untouched.
+    Raised by ``hold.release()`` on every face when the hold is not the caller's: never
+    granted, released already, ended by someone else (``manual_release(key)``), or, on
+    Redis, its lease ran out and the key passed to someone else. The hold of the real
+    owner is left untouched.
     """
 
 

@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from ._core import Clock, CountingCore, LaneStats, SessionCore
 from ._validate import check_count, check_key, check_timeout
+from .contract import not_held_error
 
 __all__ = [
     "DEFAULT_GLOBAL_CONCURRENCY",
@@ -132,12 +133,24 @@ class CountingKind(LaneKind[CountingCore]):
 
     @property
     def available(self) -> int:
-        """Permits free now (``max_concurrent - active_count``)."""
+        """Permits free now (``max_concurrent - active_count``; see the contract)."""
         return self._core.capacity - self._core.holders()
 
-    def holds_of(self, key: str) -> int:
-        """Permits held now by ``key``."""
+    def _holds_of(self, key: str) -> int:
+        """Permits held now by ``key`` (the face publishes it as ``holds_of``)."""
         return self._core.holds_of(check_key(key))
+
+    def _lane_status(self) -> dict[str, Any]:
+        """The lane-wide figures (the face publishes them as ``lane_status``): ``active``,
+        ``waiting``, ``available``, ``keys`` (key -> seconds its oldest hold has lasted),
+        ``max_concurrent``. In-process the lane object is the whole lane."""
+        return {
+            "active": self._core.holders(),
+            "waiting": self._core.waiting,
+            "available": self.available,
+            "keys": self._core.held_since(),
+            "max_concurrent": self._core.capacity,
+        }
 
     def _limits(self) -> dict[str, Any]:
         return {"max_concurrent": self._core.capacity, "available": self.available}
@@ -187,12 +200,12 @@ class SessionKind(LaneKind[SessionCore]):
         """
         return self._core.cleanup_idle()
 
-    def is_held(self, key: str) -> bool:
-        """True while ``key`` has a holder."""
+    def _is_held(self, key: str) -> bool:
+        """True while ``key`` has a holder (the face publishes it as ``is_held``)."""
         return self._core.is_held(check_key(key))
 
-    def waiting_for(self, key: str) -> int:
-        """Callers in line for ``key`` now."""
+    def _waiting_for(self, key: str) -> int:
+        """Callers in line for ``key`` now (the face publishes it as ``waiting_for``)."""
         return self._core.waiting_for(check_key(key))
 
     def _limits(self) -> dict[str, Any]:
@@ -207,10 +220,11 @@ class Hold:
 
     ``token`` (also ``fencing_token``) is the grant's number: it grows with every grant of
     the lane, so a downstream store can refuse writes carrying an older token. ``held`` is
-    True from the grant to the release. ``release()`` ends the hold once; leaving the
-    ``with`` block after an early ``release()`` changes nothing, and a hold never ends
-    anyone else's hold. Holds are made by ``lane.acquire(key)`` and by a queue's
-    ``acquire_all``; do not build them yourself.
+    True from the grant to the release. ``release()`` ends the hold once and raises
+    NotOwnerError when the hold is not the caller's (any more); leaving the ``with`` block
+    after an early ``release()`` is silent, and a hold never ends anyone else's hold.
+    Holds are made by ``lane.acquire(key)`` and by a queue's ``acquire_all``; do not build
+    them yourself.
     """
 
     __slots__ = ("lane", "key", "_token", "_timeout_s")
@@ -245,22 +259,26 @@ class Hold:
         return self._token > 0
 
     def release(self) -> bool:
-        """End this hold. Returns False if it was not held: never granted, or already
-        released (a second release is logged and counted in ``unmatched_releases``, and
-        ends nothing). Never waits."""
-        token = self._token
-        if token < 0:
-            token = -token  # already released: the core refuses it, warns and counts it
-        elif token:
-            self._token = -token
-        else:
-            return False
-        ok: bool = self.lane._release(self.key, token)
-        return ok
+        """End this hold; return True. Never waits.
 
-    async def _release_async(self) -> bool:
-        """What an asyncio queue awaits to end this hold (in-process: a plain release)."""
-        return self.release()
+        Raises:
+            NotOwnerError: the hold is not the caller's (any more): never granted,
+                released already, or ended by someone else (``manual_release(key)``).
+                Nothing is released then; a release that reached the lane and ended
+                nothing is also logged and counted in ``unmatched_releases``.
+        """
+        token = self._token
+        if token > 0:
+            self._token = -token
+            if self.lane._release(self.key, token):
+                return True
+            why = "it was ended by someone else (manual_release)"
+        elif token < 0:
+            self.lane._release(self.key, -token)  # refused: logged and counted
+            why = "it was released already"
+        else:
+            why = "it was never granted"
+        raise not_held_error(self.lane.name, self.key, abs(token), why)
 
     def __repr__(self) -> str:
         kind = type(self).__name__

@@ -29,10 +29,10 @@ closed and the lane is quiet (no holder, no waiter), the next loop may take it o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from threading import get_ident
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, cast
 
 from ._core import Core, Waiter
 from ._errors import LaneTimeoutError
@@ -44,6 +44,7 @@ from ._face import (
     SessionKind,
 )
 from ._validate import check_key, check_timeout
+from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _send
 
 __all__ = [
@@ -85,6 +86,8 @@ class AsyncHold(Hold):
 
     __slots__ = ()
 
+    lane: _AsyncFace
+
     async def __aenter__(self) -> AsyncHold:
         if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
@@ -110,12 +113,23 @@ class AsyncHold(Hold):
             # The exit runs in the task that entered, so on the lane's loop: no check.
             self.lane._core.release(self.key, token)
 
+    @must_await
+    async def release(self) -> bool:  # type: ignore[override]
+        """A coroutine: end this hold; True. Raises NotOwnerError when the hold is not the
+        caller's (any more): never granted, released already, or ended by someone else
+        (``manual_release``). Plain twin: :meth:`release_nowait`."""
+        return Hold.release(self)
+
+    def release_nowait(self) -> bool:
+        """:meth:`release` as a plain call (from the lane's loop)."""
+        return Hold.release(self)
+
 
 class _AsyncFace:
     """Acquire/release for tasks of one event loop, over either core."""
 
-    _async_face = True
-    _core: Any  # CountingCore or SessionCore: same take/release/withdraw contract
+    face: Literal["asyncio"] = "asyncio"
+    _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     name: str
     timeout_s: float | None
     _loop: asyncio.AbstractEventLoop | None = None
@@ -207,10 +221,6 @@ class _AsyncFace:
         ok: bool = self._core.release(key, token)
         return ok
 
-    async def _hold(self, key: str, timeout: float | None) -> AsyncHold | None:
-        token = await self._take(key, timeout)
-        return AsyncHold(self, key, timeout, token) if token else None
-
     def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> AsyncHold:
         """An async context manager that holds a permit of this lane for ``key``.
 
@@ -244,8 +254,10 @@ class _AsyncFace:
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         return AsyncHold(self, key, timeout)
 
-    async def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` seconds (None: no limit, 0: no wait) for a permit.
+    @must_await
+    async def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+        """A coroutine: wait up to ``timeout_s`` seconds for a permit (omitted: the lane's
+        ``timeout_s``; None: no limit; 0: no wait).
 
         Returns True if taken (release it with :meth:`manual_release`), False on timeout.
         Raises TypeError / ValueError for a bad key or timeout, RuntimeError from a foreign
@@ -253,26 +265,39 @@ class _AsyncFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        return await self._take(key, check_timeout(timeout_s)) != 0
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        return await self._take(key, timeout) != 0
 
-    def try_acquire(self, key: str) -> bool:
-        """Take a permit for ``key`` if one is free now; never waits (a plain call).
+    @must_await
+    async def try_acquire(self, key: str) -> bool:
+        """A coroutine: take a permit for ``key`` if one is free now; never waits.
 
         Returns True if taken (release with :meth:`manual_release`), False otherwise.
         Raises TypeError/ValueError for a bad key, RuntimeError outside the lane's loop.
+        Plain twin: :meth:`try_acquire_nowait`.
         """
+        return self.try_acquire_nowait(key)
+
+    def try_acquire_nowait(self, key: str) -> bool:
+        """:meth:`try_acquire` as a plain call (from the lane's loop)."""
         if key.__class__ is not str or not key:
             key = check_key(key)
         self._bind()
         return self._core.take(key, None) is not None
 
-    def manual_release(self, key: str) -> bool:
-        """Release a permit taken with try_acquire / acquire_timeout (a plain call).
+    @must_await
+    async def manual_release(self, key: str) -> bool:
+        """A coroutine: release a permit taken with try_acquire / acquire_timeout.
 
         Same contract as the thread face: False, a logged warning and no change when
-        ``key`` holds nothing. Raises RuntimeError outside the lane's loop (use
-        ``loop.call_soon_threadsafe(lane.manual_release, key)`` from other threads).
+        ``key`` holds nothing. Raises RuntimeError outside the lane's loop. Plain twin:
+        :meth:`manual_release_nowait` (from other threads:
+        ``loop.call_soon_threadsafe(lane.manual_release_nowait, key)``).
         """
+        return self.manual_release_nowait(key)
+
+    def manual_release_nowait(self, key: str) -> bool:
+        """:meth:`manual_release` as a plain call (from the lane's loop)."""
         if key.__class__ is not str or not key:
             key = check_key(key)
         return self._release(key, 0)
@@ -281,9 +306,9 @@ class _AsyncFace:
         """The source design's internal acquire: wait the lane's ``timeout_s``."""
         return await self.acquire_timeout(key, self.timeout_s)
 
-    def _raw_release(self, key: str) -> None:
+    async def _raw_release(self, key: str) -> None:
         """The source design's internal release (see :meth:`manual_release`)."""
-        self.manual_release(key)
+        self.manual_release_nowait(key)
 
 
 class AsyncLane(_AsyncFace, CountingKind):
@@ -303,6 +328,24 @@ class AsyncLane(_AsyncFace, CountingKind):
         7
     """
 
+    @must_await
+    async def holds_of(self, key: str) -> int:
+        """A coroutine: permits held now by ``key``. Plain twin: :meth:`holds_of_nowait`."""
+        return self._holds_of(key)
+
+    def holds_of_nowait(self, key: str) -> int:
+        """:meth:`holds_of` as a plain call."""
+        return self._holds_of(key)
+
+    @must_await
+    async def lane_status(self) -> dict[str, Any]:
+        """A coroutine: the lane-wide figures (``active``, ``waiting``, ``available``,
+        ``keys``, ``max_concurrent``). Plain twin: :meth:`lane_status_nowait`."""
+        return self._lane_status()
+
+    def lane_status_nowait(self) -> dict[str, Any]:
+        """:meth:`lane_status` as a plain call."""
+        return self._lane_status()
 
 
 class AsyncSessionLane(_AsyncFace, SessionKind):
@@ -329,33 +372,40 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
         ['start 1', 'end 1', 'start 2', 'end 2']
     """
 
+    @must_await
+    async def is_held(self, key: str) -> bool:
+        """A coroutine: True while ``key`` has a holder. Plain twin: :meth:`is_held_nowait`."""
+        return self._is_held(key)
+
+    def is_held_nowait(self, key: str) -> bool:
+        """:meth:`is_held` as a plain call."""
+        return self._is_held(key)
+
+    @must_await
+    async def waiting_for(self, key: str) -> int:
+        """A coroutine: callers in line for ``key`` now. Plain twin:
+        :meth:`waiting_for_nowait`."""
+        return self._waiting_for(key)
+
+    def waiting_for_nowait(self, key: str) -> int:
+        """:meth:`waiting_for` as a plain call."""
+        return self._waiting_for(key)
 
 
-class _AsyncSurfaceHold(Hold):
-    """A hold on a foreign asyncio lane with only the public surface."""
-
-    __slots__ = ()
-
-    async def _release_async(self) -> bool:
-        token = self._token
-        if token <= 0:
-            return False
-        self._token = -token
-        return bool(self.lane.manual_release(self.key))
-
-
-async def _hold(lane: Any, key: str, timeout: float | None) -> Any:
-    take = getattr(lane, "_hold", None)
-    if take is not None:
-        return await take(key, timeout)
-    if await lane.acquire_timeout(key, timeout):
-        return _AsyncSurfaceHold(lane, key, timeout, 1)
-    return None
-
-
-def _task_waiter(lane: Any) -> Any:
+def _task_waiter(lane: _AsyncFace) -> Callable[[], _TaskWaiter]:
     lane._bind()
     return lane._new_waiter
+
+
+async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | None:
+    """Take ``lane`` for ``key`` through its public surface (a lane the queue does not
+    drive through its core): the entered hold, or None when none came in time."""
+    hold = lane.acquire(key, timeout_s=timeout)
+    try:
+        await hold.__aenter__()
+    except LaneTimeoutError:
+        return None
+    return hold
 
 
 class _AsyncMultiAcquire(MultiHold):
@@ -377,10 +427,14 @@ class _AsyncMultiAcquire(MultiHold):
             raise
         return self
 
-    async def _wait(self, lane: Any, core: Any, got: Any, remaining: float | None) -> Any:
+    async def _wait(
+        self, lane: SyncLane | TaskLane, core: Core | None, got: Any, remaining: float | None
+    ) -> int | TaskHold | None:
+        # An AsyncLaneQueue admits asyncio lanes only (``add``), and drives by their core
+        # the in-process ones (``_step``).
         if core is not None:
-            return await lane._park(self._key, got, remaining)
-        return await _hold(lane, self._key, remaining)
+            return await cast(_AsyncFace, lane)._park(self._key, got, remaining)
+        return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(
         self,
@@ -400,19 +454,19 @@ class _AsyncMultiAcquire(MultiHold):
         hold = next(steps, None)
         while hold is not None:
             try:
-                await hold._release_async()
+                await hold.release()
             except BaseException as exc:
                 hold = _send(steps, exc)
             else:
                 hold = _send(steps, None)
 
 
-class AsyncLaneQueue(QueueBase[AsyncLane, AsyncSessionLane]):
+class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
     """A registry of named asyncio lanes, composed per request by :meth:`acquire_all`.
 
     Same rules as :class:`lanequeue.LaneQueue` (registration order, one deadline, all or
     nothing); accepts :class:`AsyncLane`, :class:`AsyncSessionLane`, the asyncio Redis
-    lanes and any object with the async lane surface.
+    lanes and any object with the asyncio lane surface (:class:`lanequeue.TaskLane`).
 
     Example:
 
@@ -427,16 +481,15 @@ class AsyncLaneQueue(QueueBase[AsyncLane, AsyncSessionLane]):
 
     _counting = AsyncLane
     _session = AsyncSessionLane
+    _face = "asyncio"
+    _surface = TaskLane
+    _view_class = AsyncHold
 
-    def _step(self, lane: Any) -> Step:
+    def _step(self, lane: TaskLane) -> Step:
         return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
 
-    def _admit(self, lane: Any) -> None:
-        if not getattr(lane, "_async_face", False):
-            raise TypeError(f"{type(lane).__name__} is not an asyncio lane; use LaneQueue")
-
     def acquire_all(
-        self, key: str, lane_names: Sequence[str], *, timeout_s: float | None = None
+        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT
     ) -> _AsyncMultiAcquire:
         """Hold every named lane for ``key``: an async context manager, all or nothing.
 

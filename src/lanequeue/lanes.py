@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from ._core import Core, Waiter
 from ._errors import LaneTimeoutError
@@ -65,6 +65,8 @@ class ThreadHold(Hold):
 
     __slots__ = ()
 
+    lane: _ThreadFace
+
     def __enter__(self) -> ThreadHold:
         if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
@@ -93,7 +95,8 @@ class _ThreadFace:
     """Acquire/release for threads over either core. Thread-safe: any thread may acquire
     and any thread may release (the scheduler pattern releases from the job's thread)."""
 
-    _core: Any  # CountingCore or SessionCore: same take/release/withdraw contract
+    face: Literal["threads"] = "threads"
+    _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     name: str
     timeout_s: float | None
 
@@ -132,10 +135,6 @@ class _ThreadFace:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""
         core: Core = self._core
         return core.release(key, token)
-
-    def _hold(self, key: str, timeout: float | None) -> ThreadHold | None:
-        token = self._take(key, timeout)
-        return ThreadHold(self, key, timeout, token) if token else None
 
     def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> ThreadHold:
         """A context manager that holds a permit of this lane for ``key``.
@@ -182,15 +181,17 @@ class _ThreadFace:
             key = check_key(key)
         return self._take(key, 0) != 0
 
-    def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` seconds (None: no limit, 0: no wait) for a permit.
+    def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+        """Wait up to ``timeout_s`` seconds for a permit: omitted, the lane's
+        ``timeout_s``; None: no limit; 0: no wait.
 
         Returns True if taken (release it with :meth:`manual_release`), False on timeout.
         Raises TypeError / ValueError for a bad key or timeout.
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        return self._take(key, check_timeout(timeout_s)) != 0
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        return self._take(key, timeout) != 0
 
     def manual_release(self, key: str) -> bool:
         """Release a permit taken with try_acquire / acquire_timeout / _raw_acquire.
@@ -239,6 +240,14 @@ class Lane(_ThreadFace, CountingKind):
         7
     """
 
+    def holds_of(self, key: str) -> int:
+        """Permits held now by ``key``."""
+        return self._holds_of(key)
+
+    def lane_status(self) -> dict[str, Any]:
+        """The lane-wide figures: ``active``, ``waiting``, ``available``, ``keys`` (key ->
+        seconds its oldest hold has lasted), ``max_concurrent``."""
+        return self._lane_status()
 
 
 class SessionLane(_ThreadFace, SessionKind):
@@ -279,3 +288,11 @@ class SessionLane(_ThreadFace, SessionKind):
         >>> sessions.manual_release("gateway:slack:c2:u2:t2")
         True
     """
+
+    def is_held(self, key: str) -> bool:
+        """True while ``key`` has a holder."""
+        return self._is_held(key)
+
+    def waiting_for(self, key: str) -> int:
+        """Callers in line for ``key`` now."""
+        return self._waiting_for(key)

@@ -6,8 +6,8 @@ another and gives them back in reverse. Three rules make the composition safe:
 - **One global order.** Lanes are always taken in the order they were registered with
   the queue, whatever order the caller lists them in. Two callers can then never each
   hold a lane the other waits for (no deadlock between ``["a", "b"]`` and ``["b", "a"]``).
-- **One deadline.** The whole call waits at most ``timeout_s`` (else the smallest lane
-  timeout) in total, not one timeout per lane.
+- **One deadline.** The whole call waits at most ``timeout_s`` (omitted: the smallest
+  lane timeout; None: no limit) in total, not one timeout per lane.
 - **All or nothing.** When a lane cannot be had in time, or the wait is interrupted,
   exactly the holds already taken are released, in reverse, before the error propagates.
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import Clock
+from ._core import Clock, Core
 from ._errors import LaneTimeoutError
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -30,16 +30,19 @@ from ._face import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
+    LANE_DEFAULT,
     CountingKind,
     Hold,
     SessionKind,
 )
 from ._validate import check_key, check_timeout
-from .lanes import Lane, SessionLane, _ThreadFace, _ThreadWaiter
+from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
+from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace, _ThreadWaiter
 
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
 T = TypeVar("T")
+L = TypeVar("L", SyncLane, TaskLane)
 CL = TypeVar("CL", bound=CountingKind)
 SL = TypeVar("SL", bound=SessionKind)
 M = TypeVar("M", bound="MultiHold")
@@ -48,23 +51,10 @@ M = TypeVar("M", bound="MultiHold")
 _PLAN_CACHE_MAX = 512
 
 
-class _SurfaceHold(Hold):
-    """A hold on a foreign lane object that only has the public lane surface
-    (``acquire_timeout`` / ``manual_release``), such as the source design's own lanes."""
-
-    __slots__ = ()
-
-    def release(self) -> bool:
-        token = self._token
-        if token <= 0:
-            return False
-        self._token = -token
-        return bool(self.lane.manual_release(self.key))
-
-
 # One step of a plan: the lane, and its in-process core when the queue may drive the core
-# directly (the fast path); None for lanes reached through ``_hold`` (Redis, foreign).
-Step = tuple[Any, Any]
+# directly (the fast path); None for lanes reached through their public surface (Redis,
+# foreign lanes: ``lane.acquire(key, timeout_s=...)``, entered).
+Step = tuple["SyncLane | TaskLane", "Core | None"]
 
 
 class Plan:
@@ -77,9 +67,8 @@ class Plan:
     def __init__(self, steps: list[Step], budget_s: float | None) -> None:
         self.steps = steps
         self.budget_s = budget_s
-        self.cores: tuple[Any, ...] | None = (
-            tuple(core for _, core in steps) if all(c is not None for _, c in steps) else None
-        )
+        cores = tuple(core for _, core in steps if core is not None)
+        self.cores: tuple[Core, ...] | None = cores if len(cores) == len(steps) else None
 
 
 _new = object.__new__
@@ -94,6 +83,9 @@ class MultiHold:
 
     __slots__ = ("_key", "_plan", "_taken", "_budget_s")
 
+    # The hold class that shows an in-process token (ThreadHold, AsyncHold).
+    _view_class: type[Hold] = Hold
+
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
     # _taken: per step taken so far, its token (in-process core) or its Hold (others).
@@ -107,7 +99,7 @@ class MultiHold:
         if type(got) is int:
             # An in-process token: made into a Hold on first look, and kept in its place,
             # so a release through the view is seen when the block ends.
-            got = self._taken[i] = Hold(self._plan.steps[i][0], self._key, None, got)
+            got = self._taken[i] = self._view_class(self._plan.steps[i][0], self._key, None, got)
         hold: Hold = got
         return hold
 
@@ -179,10 +171,14 @@ class MultiHold:
         error: BaseException | None = None
         while taken:
             got = taken.pop()
+            core = steps[len(taken)][1]
             try:
-                if type(got) is int:
-                    steps[len(taken)][1].release(key, got)
-                elif got.held:  # a lane's own hold, or a viewed token not released yet
+                if core is not None:  # an in-process lane: its token, or a view of it
+                    if type(got) is int:
+                        core.release(key, got)
+                    else:  # ended here unless released through the view
+                        _end_view(got, core, key)
+                elif got.held:  # a lane's own hold (Redis, foreign)
                     error = error or (yield got)
             except BaseException as exc:
                 error = error or exc
@@ -191,6 +187,15 @@ class MultiHold:
 
     def __repr__(self) -> str:
         return f"<MultiHold key={self._key!r} {self.holds!r}>"
+
+
+def _end_view(view: Hold, core: Core, key: str) -> None:
+    """Leaving ``acquire_all``: end the in-process hold shown by ``view``, unless it was
+    released through it (silent, as leaving ``with lane.acquire(key)``)."""
+    token = view._token
+    if token > 0:
+        view._token = -token
+        core.release(key, token)
 
 
 def _remaining(deadline: float | None, now: float) -> float | None:
@@ -214,7 +219,7 @@ def _caught(release: Callable[[], Any]) -> BaseException | None:
     return None
 
 
-def _thread_waiter(lane: Any) -> type[_ThreadWaiter]:
+def _thread_waiter(lane: object) -> type[_ThreadWaiter]:
     return _ThreadWaiter
 
 
@@ -222,6 +227,8 @@ class _MultiAcquire(MultiHold):
     """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
     __slots__ = ()
+
+    _view_class = ThreadHold
 
     def __enter__(self) -> MultiHold:
         if self._taken:
@@ -255,10 +262,14 @@ class _MultiAcquire(MultiHold):
             raise
         return self
 
-    def _wait(self, lane: Any, core: Any, got: Any, remaining: float | None) -> Any:
+    def _wait(
+        self, lane: SyncLane | TaskLane, core: Core | None, got: Any, remaining: float | None
+    ) -> int | SyncHold | None:
+        # A LaneQueue admits thread lanes only (``add``), and drives by their core the
+        # in-process ones (``_step``).
         if core is not None:
-            return lane._park(self._key, got, remaining)
-        return _hold(lane, self._key, remaining)
+            return cast(_ThreadFace, lane)._park(self._key, got, remaining)
+        return _hold(cast(SyncLane, lane), self._key, remaining)
 
     def __exit__(
         self,
@@ -275,8 +286,8 @@ class _MultiAcquire(MultiHold):
             token = taken.pop()
             if type(token) is int:
                 cores[len(taken)].release(key, token)
-            elif token.held:  # viewed as a Hold, and not released through it yet
-                token.release()
+            else:  # viewed as a Hold
+                _end_view(token, cores[len(taken)], key)
 
     def release(self) -> None:
         """Release every hold not released yet, last taken first. Safe to call twice.
@@ -290,30 +301,56 @@ class _MultiAcquire(MultiHold):
             hold = _send(steps, _caught(hold.release))
 
 
-def _hold(lane: Any, key: str, timeout: float | None) -> Hold | None:
-    take = getattr(lane, "_hold", None)
-    if take is not None:
-        h: Hold | None = take(key, timeout)
-        return h
-    if lane.acquire_timeout(key, timeout):
-        return _SurfaceHold(lane, key, timeout, 1)
-    return None
+def _hold(lane: SyncLane, key: str, timeout: float | None) -> SyncHold | None:
+    """Take ``lane`` for ``key`` through its public surface (a lane the queue does not
+    drive through its core): the entered hold, or None when none came in time."""
+    hold = lane.acquire(key, timeout_s=timeout)
+    try:
+        hold.__enter__()
+    except LaneTimeoutError:
+        return None
+    return hold
 
 
-class QueueBase(Generic[CL, SL]):
+class QueueBase(Generic[L, CL, SL]):
     """The registry of a queue: names, registration order, plans, status.
 
     Thread-safe for lookups and acquisitions; add lanes before sharing the queue.
     """
 
-    # The lane classes add_lane / add_session_lane make (the queue's face).
+    # The lane classes add_lane / add_session_lane make (the queue's face), the face's
+    # name and its surface (a Protocol of lanequeue.contract).
     _counting: type[CL]
     _session: type[SL]
+    _face: str
+    _surface: type[L]
 
     def __init__(self) -> None:
-        self._lanes: dict[str, Any] = {}
+        self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
+
+    @overload
+    def add_lane(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: None = ...,
+    ) -> CL: ...
+
+    @overload
+    def add_lane(
+        self,
+        name: str,
+        *,
+        max_concurrent: int = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: LaneBackend,
+    ) -> L: ...
 
     def add_lane(
         self,
@@ -321,16 +358,58 @@ class QueueBase(Generic[CL, SL]):
         *,
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> CL:
-        """Create and register a counting lane of this queue's face (``Lane`` or
-        ``AsyncLane``) with these arguments; return it. ValueError if the name is taken,
-        and the lane's own errors for bad arguments."""
+        clock: Clock | None = None,
+        backend: LaneBackend | None = None,
+    ) -> CL | L:
+        """Create and register a counting lane; return it.
+
+        Args:
+            name, max_concurrent, timeout_s: as on ``Lane``.
+            clock: the in-process lane's clock (default ``time.monotonic``); not with a
+                backend (Redis lanes run on the server's clock).
+            backend: None for an in-process lane of this queue's face (``Lane`` or
+                ``AsyncLane``), or a backend (:class:`lanequeue.redis.RedisBackend`) whose
+                ``lane(name, max_concurrent=..., timeout_s=...)`` makes it.
+
+        Raises:
+            ValueError: the name is taken; ``clock`` given with a backend.
+            TypeError: the backend's lane belongs to the other face (threads vs asyncio);
+                and the lane's own errors for bad arguments.
+        """
         if name in self._lanes:
             raise ValueError(f"a lane named {name!r} is already registered")
-        return self.add(
-            self._counting(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock)
-        )
+        if backend is None:
+            return self.add(self._counting(
+                name, max_concurrent=max_concurrent, timeout_s=timeout_s,
+                clock=time.monotonic if clock is None else clock,
+            ))
+        self._no_clock(clock)
+        lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s)
+        return self.add(cast(L, lane))  # add() checks the face
+
+    @overload
+    def add_session_lane(
+        self,
+        name: str = ...,
+        *,
+        max_sessions: int = ...,
+        idle_timeout_s: float | None = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: None = ...,
+    ) -> SL: ...
+
+    @overload
+    def add_session_lane(
+        self,
+        name: str = ...,
+        *,
+        max_sessions: int = ...,
+        idle_timeout_s: float | None = ...,
+        timeout_s: float | None = ...,
+        clock: Clock | None = ...,
+        backend: LaneBackend,
+    ) -> L: ...
 
     def add_session_lane(
         self,
@@ -339,39 +418,65 @@ class QueueBase(Generic[CL, SL]):
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        clock: Clock = time.monotonic,
-    ) -> SL:
-        """Create and register a per-key lane of this queue's face (``SessionLane`` or
-        ``AsyncSessionLane``) with these arguments; return it. ValueError if the name is
-        taken, and the lane's own errors for bad arguments."""
+        clock: Clock | None = None,
+        backend: LaneBackend | None = None,
+    ) -> SL | L:
+        """Create and register a per-key lane; return it.
+
+        Args:
+            name, max_sessions, idle_timeout_s, timeout_s: as on ``SessionLane``.
+            clock: the in-process lane's clock (default ``time.monotonic``); not with a
+                backend.
+            backend: None for an in-process lane of this queue's face (``SessionLane`` or
+                ``AsyncSessionLane``), or a backend whose ``session_lane(name, ...)``
+                makes it.
+
+        Raises:
+            ValueError: the name is taken; ``clock`` given with a backend.
+            TypeError: the backend's lane belongs to the other face; and the lane's own
+                errors for bad arguments.
+        """
         if name in self._lanes:
             raise ValueError(f"a lane named {name!r} is already registered")
-        return self.add(
-            self._session(
-                name,
-                max_sessions=max_sessions,
-                idle_timeout_s=idle_timeout_s,
-                timeout_s=timeout_s,
-                clock=clock,
-            )
+        if backend is None:
+            return self.add(self._session(
+                name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
+                timeout_s=timeout_s, clock=time.monotonic if clock is None else clock,
+            ))
+        self._no_clock(clock)
+        lane = backend.session_lane(
+            name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, timeout_s=timeout_s
         )
+        return self.add(cast(L, lane))  # add() checks the face
 
-    def _admit(self, lane: Any) -> None:
-        """Face-specific check that ``lane`` can join this queue (TypeError if not)."""
+    @staticmethod
+    def _no_clock(clock: Clock | None) -> None:
+        if clock is not None:
+            raise ValueError("clock applies to in-process lanes only, not with a backend")
 
     def add(self, lane: T) -> T:
         """Register ``lane`` under its ``name``; lanes are taken in registration order.
 
-        Any object with the lane surface is accepted (``name``, ``timeout_s``,
-        ``acquire_timeout(key, timeout_s)``, ``manual_release(key)``).
+        Any object with this queue's lane surface is accepted (:class:`lanequeue.SyncLane`
+        for ``LaneQueue``, :class:`lanequeue.TaskLane` for ``AsyncLaneQueue``), whose
+        ``face`` is the queue's.
 
         Returns ``lane``. Raises ValueError if the name is taken, TypeError if ``lane``
         lacks the surface or belongs to the other face (threads vs asyncio).
         """
-        name = getattr(lane, "name", None)
+        if not isinstance(lane, self._surface):
+            raise TypeError(
+                f"{lane!r} lacks the lane surface ({self._surface.__name__} of "
+                "lanequeue.contract)"
+            )
+        name = lane.name
         if not isinstance(name, str) or not name:
             raise TypeError(f"lane must have a non-empty str 'name', got {lane!r}")
-        self._admit(lane)
+        if lane.face != self._face:
+            other = "AsyncLaneQueue" if lane.face == "asyncio" else "LaneQueue"
+            raise TypeError(
+                f"{type(lane).__name__} is a lane of the {lane.face!r} face; use {other}"
+            )
         if name in self._lanes:
             raise ValueError(f"a lane named {name!r} is already registered")
         self._lanes[name] = lane
@@ -379,11 +484,11 @@ class QueueBase(Generic[CL, SL]):
         self._plans.clear()
         return lane
 
-    def get_lane(self, name: str) -> Any:
+    def get_lane(self, name: str) -> L | None:
         """The lane called ``name``, or None."""
         return self._lanes.get(name)
 
-    def __getitem__(self, name: str) -> Any:
+    def __getitem__(self, name: str) -> L:
         try:
             return self._lanes[name]
         except KeyError:
@@ -403,14 +508,10 @@ class QueueBase(Generic[CL, SL]):
         return list(self._lanes)
 
     def status(self) -> dict[str, Any]:
-        """Each lane's ``status()`` by name (for foreign lanes: name and timeout)."""
-        out: dict[str, Any] = {}
-        for name, lane in self._lanes.items():
-            st = getattr(lane, "status", None)
-            out[name] = st() if callable(st) else {"name": name, "kind": type(lane).__name__}
-        return out
+        """Each lane's ``status()`` by name (never a round trip to Redis)."""
+        return {name: lane.status() for name, lane in self._lanes.items()}
 
-    def _step(self, lane: Any) -> Step:
+    def _step(self, lane: L) -> Step:
         """How this queue drives ``lane``: (lane, its core) for an in-process lane of the
         queue's own face, (lane, None) for lanes reached through their ``_hold``."""
         return (lane, None)
@@ -429,7 +530,7 @@ class QueueBase(Generic[CL, SL]):
         if not names:
             raise ValueError("lane_names must name at least one lane")
         lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
-        timeouts = [t for t in (getattr(x, "timeout_s", None) for x in lanes) if t is not None]
+        timeouts = [x.timeout_s for x in lanes if x.timeout_s is not None]
         plan = Plan([self._step(x) for x in lanes], min(timeouts) if timeouts else None)
         if len(self._plans) >= _PLAN_CACHE_MAX:
             self._plans.clear()
@@ -450,15 +551,16 @@ class QueueBase(Generic[CL, SL]):
         multi._key = key
         multi._plan = plan
         multi._taken = []
-        multi._budget_s = plan.budget_s if timeout_s is None else check_timeout(timeout_s)
+        multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         return multi
 
 
-class LaneQueue(QueueBase[Lane, SessionLane]):
+class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
     """A registry of named lanes for threads, composed per request by :meth:`acquire_all`.
 
-    ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane`;
-    ``add`` registers any lane of the thread face (Redis lanes included).
+    ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane` (or,
+    with ``backend=RedisBackend(client)``, their Redis twins); ``add`` registers any lane
+    of the thread face (:class:`lanequeue.SyncLane`).
 
     Example:
 
@@ -474,19 +576,14 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
 
     _counting = Lane
     _session = SessionLane
+    _face = "threads"
+    _surface = SyncLane
 
-    def _step(self, lane: Any) -> Step:
+    def _step(self, lane: SyncLane) -> Step:
         return (lane, lane._core if isinstance(lane, _ThreadFace) else None)
 
-    def _admit(self, lane: Any) -> None:
-        if getattr(lane, "_async_face", False):
-            raise TypeError(f"{type(lane).__name__} is an asyncio lane; use AsyncLaneQueue")
-        for attr in ("acquire_timeout", "manual_release"):
-            if not callable(getattr(lane, attr, None)):
-                raise TypeError(f"lane {lane!r} lacks the lane surface: no {attr}()")
-
     def acquire_all(
-        self, key: str, lane_names: Sequence[str], *, timeout_s: float | None = None
+        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT
     ) -> _MultiAcquire:
         """Hold every named lane for ``key``: a context manager, all or nothing.
 
@@ -494,8 +591,9 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
             key: the request's key (a session key); non-empty ``str``.
             lane_names: names of registered lanes, in any order; they are taken in
                 registration order.
-            timeout_s: seconds for the WHOLE call; None: the smallest timeout of the named
-                lanes; ``math.inf``: no limit; 0: take them only if all are free now.
+            timeout_s: seconds for the WHOLE call; omitted: the smallest ``timeout_s`` of
+                the named lanes; None (or ``math.inf``): no limit; 0: take them only if
+                all are free now.
 
         Returns:
             a context manager; entering waits and yields a :class:`MultiHold`

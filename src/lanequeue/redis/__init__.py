@@ -8,17 +8,18 @@ lane, with its surface, defaults and errors, plus leases and fencing tokens:
 - :class:`AsyncRedisSessionLane` and :class:`AsyncRedisLane` take a
   ``redis.asyncio.Redis`` client (twins of the asyncio lanes).
 
-``LaneQueue.add(...)`` (and ``AsyncLaneQueue.add(...)``) accept them, so one
+``LaneQueue.add(...)`` (and ``AsyncLaneQueue.add(...)``) accept them, and
+``add_lane`` / ``add_session_lane`` make them given a :class:`RedisBackend`, so one
 ``acquire_all`` can mix in-process and Redis lanes. Example::
 
     import redis
     from lanequeue import LaneQueue
-    from lanequeue.redis import RedisLane, RedisSessionLane
+    from lanequeue.redis import RedisBackend
 
-    r = redis.Redis()
+    backend = RedisBackend(redis.Redis(), lease_s=30)
     queue = LaneQueue()
-    queue.add(RedisSessionLane(r, "session"))
-    queue.add(RedisLane(r, "global", max_concurrent=8))
+    queue.add_session_lane("session", backend=backend)
+    queue.add_lane("global", max_concurrent=8, backend=backend)
     with queue.acquire_all(session_key, ["session", "global"]) as holds:
         reply = call_model(..., fence=holds["session"].fencing_token)
 
@@ -98,8 +99,9 @@ holds in a zset instead of one holder)::
 - Release. The script ends the hold only if the owner id matches (counting lane: after
   purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
   raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already
-  known); ``manual_release(key)`` releases this lane OBJECT's own oldest hold of key and
-  returns False with a warning when it has none (another client's hold is untouched).
+  known; also when the hold was released already, or ended by ``manual_release``);
+  ``manual_release(key)`` releases this lane OBJECT's own oldest hold of key and returns
+  False with a warning when it has none (another client's hold is untouched).
 - Withdraw. A waiter that times out, is interrupted or cancelled leaves the line in one
   script; if a hand-off reached it first, it holds K (the script confirms the lease and
   returns the token): a timed-out waiter keeps it, an interrupted one releases it.
@@ -129,13 +131,19 @@ Caveats: all clients of one lane must use the same ``prefix`` and name. Clients 
 counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe: the lane
 keeps the smallest cap used within the last lease (key ``{P:c:N}:m``) and admits no more
 than that; a raised cap applies one lease after the last client with the old one went
-quiet; ``lease_s`` may differ per process. The global views that need a scan
-of all keys of a per-key lane are per lane object (``active_count``, ``get_active``,
-``session_count`` of a per-key lane count this object's holds); per-key views
-(``is_held``, ``waiting_for``) and the counting lane's views ask Redis. On the asyncio
-lanes every call that needs Redis is a coroutine (``try_acquire``, ``manual_release``,
-``hold.release()``, ``is_held``, ``waiting_for``, ``holds_of``, ``lane_status``), and
-the plain properties describe the lane object.
+quiet; ``lease_s`` may differ per process. The plain views (``active_count``,
+``available``, ``waiting``, ``get_active()``, ``stats``, ``status()``, and a per-key lane's
+``session_count``) describe THIS lane object, as on every face (see
+:mod:`lanequeue.contract`): a lane-wide count of a per-key lane would need a scan of the
+keyspace. The lane-wide views ask Redis: ``is_held(key)`` and ``waiting_for(key)`` on a
+per-key lane, ``holds_of(key)`` and ``lane_status()`` (holds, live waiters, free permits,
+keys) on a counting lane. On the asyncio lanes every call that needs Redis is a coroutine
+(``try_acquire``, ``acquire_timeout``, ``manual_release``, ``hold.release()``,
+``is_held``, ``waiting_for``, ``holds_of``, ``lane_status``), as on every asyncio lane.
+
+:class:`RedisBackend` holds a client with the ``prefix``, ``lease_s`` and
+``on_lease_lost`` its lanes share and makes them by name, so a queue builds them like its
+in-process lanes: ``queue.add_lane("global", max_concurrent=8, backend=backend)``.
 """
 
 from __future__ import annotations
@@ -148,6 +156,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ._async import AsyncRedisHold, AsyncRedisLane, AsyncRedisSessionLane
+from ._backend import RedisBackend
 from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, RedisHoldBase
 from ._sync import RedisHold, RedisLane, RedisSessionLane
 
@@ -157,6 +166,7 @@ __all__ = [
     "AsyncRedisHold",
     "AsyncRedisLane",
     "AsyncRedisSessionLane",
+    "RedisBackend",
     "RedisHold",
     "RedisHoldBase",
     "RedisLane",

@@ -6,12 +6,11 @@ renewer task per lane object (on the loop of the lane's latest grant) renews its
 Every decision is the core's (:mod:`._protocol`); this face only runs its procedures,
 awaiting their I/O (:func:`drive`), and starts the renewer task.
 
-Differences from the in-process asyncio lanes, forced by the round trip to Redis:
-``try_acquire``, ``manual_release``, ``hold.release()``, ``_raw_release``, and the
-lane-wide views (``is_held``, ``waiting_for``, ``holds_of``, ``lane_status``) are
-coroutines. The synchronous views (``active_count``, ``waiting``, ``get_active()``,
-``stats``, ``status()``) describe THIS lane object, so ``AsyncLaneQueue.status()`` never
-waits.
+As on every asyncio lane (see :mod:`lanequeue.contract`), the queries ``try_acquire``,
+``acquire_timeout``, ``manual_release``, ``hold.release()``, and the lane-wide views
+(``is_held``, ``waiting_for``, ``holds_of``, ``lane_status``) are coroutines. The plain
+views (``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats``,
+``status()``) describe THIS lane object, so ``AsyncLaneQueue.status()`` never waits.
 
 Cancellation: a task cancelled while waiting (or right after the server granted it) leaves
 the line in one script and passes on a grant that reached it; a task cancelled inside
@@ -25,9 +24,10 @@ import weakref
 from collections.abc import Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from .._face import LANE_DEFAULT
+from ..contract import must_await
 from ._protocol import (
     Call,
     CountingLaneBase,
@@ -39,6 +39,7 @@ from ._protocol import (
     T,
     renewal,
 )
+from ._sync import not_held
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
@@ -68,10 +69,12 @@ class AsyncRedisHold(RedisHoldBase):
 
     ``async with`` waits for the grant (LaneTimeoutError if it does not come in time) and
     releases on the way out, also on cancellation. ``await hold.release()`` returns True
-    when it ended the hold, False when it had already ended; it raises NotOwnerError when
-    the hold is no longer this acquisition's, LeaseLostError when that loss was already
-    known. Leaving the block raises the same unless the block itself raised (then the
-    release error is logged and the block's exception propagates).
+    when it ended the hold; it raises NotOwnerError when the hold is not this
+    acquisition's (any more: never granted, released already, ended by
+    ``manual_release``, lease ran out), LeaseLostError when that loss was already known.
+    Leaving the block after an early release is silent; otherwise it raises the same
+    errors unless the block itself raised (then the release error is logged and the
+    block's exception propagates).
     """
 
     __slots__ = ()
@@ -90,13 +93,12 @@ class AsyncRedisHold(RedisHoldBase):
     ) -> None:
         await drive(self.lane._exit(self, exc_type is not None))
 
+    @must_await
     async def release(self) -> bool:  # type: ignore[override]
-        """End this hold (see the class docstring for the return value and errors)."""
-        return await drive(self.lane._release(self))
-
-    async def _release_async(self) -> bool:
-        """For ``AsyncLaneQueue``: same as :meth:`release`."""
-        return await drive(self.lane._release(self))
+        """A coroutine: end this hold (see the class docstring for the result and errors)."""
+        if not await drive(self.lane._release(self)):
+            raise not_held(self)
+        return True
 
 
 async def _renew_loop(ref: weakref.ref[_AsyncFace]) -> None:
@@ -115,6 +117,7 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
 
     _async_face = True
     _hold_class = AsyncRedisHold
+    face: Literal["asyncio"] = "asyncio"
     _renew_task: asyncio.Task[None] | None = None
 
     async def _run(self, op: str, key: str | None, call: Call) -> Any:
@@ -134,10 +137,6 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
 
     # -- the public surface --------------------------------------------------------------
 
-    async def _hold(self, key: str, timeout: float | None) -> AsyncRedisHold | None:
-        """For ``AsyncLaneQueue.acquire_all``: the granted hold, or None on timeout."""
-        return await drive(self._hold_steps(key, timeout))
-
     def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> AsyncRedisHold:
         """An async context manager that holds this lane for ``key``.
 
@@ -151,16 +150,21 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
         """
         return self._new_hold(key, timeout_s)
 
+    @must_await
     async def try_acquire(self, key: str) -> bool:
         """Take ``key`` if it is free now, without waiting (a coroutine: one round trip);
         True if taken (release with :meth:`manual_release`)."""
         return await drive(self._try_acquire(key))
 
-    async def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` seconds (None: no limit, 0: no wait); True if taken
-        (release with :meth:`manual_release`), False on timeout."""
-        return await drive(self._acquire_timeout(key, timeout_s))
+    @must_await
+    async def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+        """A coroutine: wait up to ``timeout_s`` seconds (omitted: the lane's
+        ``timeout_s``; None: no limit; 0: no wait); True if taken (release with
+        :meth:`manual_release`), False on timeout."""
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else timeout_s
+        return await drive(self._acquire_timeout(key, timeout))
 
+    @must_await
     async def manual_release(self, key: str) -> bool:
         """Release THIS lane object's oldest hold of ``key`` (a coroutine). Same contract
         as the thread face: False and a warning when this object holds nothing for
@@ -188,10 +192,12 @@ class AsyncRedisSessionLane(_AsyncFace, SessionLaneBase[AsyncRedisHold]):
             await call_model()
     """
 
+    @must_await
     async def is_held(self, key: str) -> bool:
         """True while ``key`` has a holder in any process (a coroutine: asks Redis)."""
         return (await drive(self._key_info(key)))[0]
 
+    @must_await
     async def waiting_for(self, key: str) -> int:
         """Callers in line for ``key`` in every process (a coroutine: asks Redis)."""
         return (await drive(self._key_info(key)))[1]
@@ -203,7 +209,8 @@ class AsyncRedisLane(_AsyncFace, CountingLaneBase[AsyncRedisHold]):
     ``redis.asyncio.Redis`` client.
 
     Lane-wide views are coroutines: ``await lane.lane_status()`` (holders, waiters,
-    available, keys), ``await lane.holds_of(key)``.
+    available, keys), ``await lane.holds_of(key)``; ``active_count``, ``available``,
+    ``waiting``, ``get_active()`` describe THIS lane object (plain, no round trip).
 
     Example::
 
@@ -212,11 +219,19 @@ class AsyncRedisLane(_AsyncFace, CountingLaneBase[AsyncRedisHold]):
             await call_model()
     """
 
+    @property
+    def available(self) -> int:
+        """``max_concurrent - active_count``: permits this lane object has not taken (the
+        lane-wide free permits: ``(await lane_status())["available"]``)."""
+        return max(0, self._cap - self._n_live)
+
+    @must_await
     async def lane_status(self) -> dict[str, Any]:
         """Lane-wide: ``active`` holds, live ``waiting`` callers, ``available`` permits,
         ``keys`` (key -> seconds its oldest hold has lasted), in one round trip."""
         return {**(await drive(self._lane_wide())), **self._limits()}
 
+    @must_await
     async def holds_of(self, key: str) -> int:
         """Permits held now by ``key``, lane-wide (a coroutine: asks Redis)."""
         return await drive(self._holds_of(key))

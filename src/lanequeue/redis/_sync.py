@@ -16,9 +16,11 @@ import weakref
 from collections.abc import Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
+from .._errors import NotOwnerError
 from .._face import LANE_DEFAULT
+from ..contract import not_held_error
 from ._protocol import (
     Call,
     CountingLaneBase,
@@ -59,13 +61,14 @@ class RedisHold(RedisHoldBase):
     Entering waits for the grant (up to the ``timeout_s`` given to ``acquire``) and raises
     :class:`~lanequeue.LaneTimeoutError` if it does not come; leaving releases. Single use.
 
-    ``release()`` returns True when it ended the hold and False when the hold had already
-    ended (or was never granted). It raises :class:`~lanequeue.NotOwnerError` when the
-    hold is no longer this acquisition's (its lease ran out and the key moved on), and
-    :class:`~lanequeue.LeaseLostError` (a NotOwnerError) when that loss was already
-    known; the real owner's hold is never touched. Leaving the ``with`` block raises the
-    same, unless the block itself raised (then the release error is logged and the
-    block's exception propagates).
+    ``release()`` returns True when it ended the hold. It raises
+    :class:`~lanequeue.NotOwnerError` when the hold is not this acquisition's (any more):
+    never granted, released already, ended by ``manual_release(key)``, or its lease ran
+    out and the key moved on (:class:`~lanequeue.LeaseLostError`, a NotOwnerError, when
+    that loss was already known); the real owner's hold is never touched. Leaving the
+    ``with`` block after an early release is silent; otherwise it raises the same errors,
+    unless the block itself raised (then the release error is logged and the block's
+    exception propagates).
     """
 
     __slots__ = ()
@@ -86,7 +89,21 @@ class RedisHold(RedisHoldBase):
 
     def release(self) -> bool:
         """End this hold (see the class docstring for the return value and errors)."""
-        return drive(self.lane._release(self))
+        if not drive(self.lane._release(self)):
+            raise not_held(self)
+        return True
+
+
+def not_held(hold: RedisHoldBase) -> NotOwnerError:
+    """``hold.release()`` found the hold not held: count it, and the error to raise."""
+    lane: RedisLaneBase[Any] = hold.lane
+    if not hold.token:
+        return not_held_error(lane.name, hold.key, 0, "it was never granted")
+    with lane._lock:
+        lane.unmatched += 1
+    return not_held_error(
+        lane.name, hold.key, hold.token, "it was released already (or by manual_release)"
+    )
 
 
 class _SyncFace(RedisLaneBase[RedisHold]):
@@ -94,6 +111,7 @@ class _SyncFace(RedisLaneBase[RedisHold]):
     run with blocking I/O; one daemon renewer thread per lane object."""
 
     _hold_class = RedisHold
+    face: Literal["threads"] = "threads"
 
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
@@ -109,10 +127,6 @@ class _SyncFace(RedisLaneBase[RedisHold]):
             ).start()
 
     # -- the public surface --------------------------------------------------------------
-
-    def _hold(self, key: str, timeout: float | None) -> RedisHold | None:
-        """For ``LaneQueue.acquire_all``: the granted hold, or None on timeout."""
-        return drive(self._hold_steps(key, timeout))
 
     def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> RedisHold:
         """A context manager that holds this lane for ``key`` (see :class:`RedisHold`).
@@ -139,10 +153,12 @@ class _SyncFace(RedisLaneBase[RedisHold]):
         :meth:`manual_release`). Raises LaneBackendError if Redis failed."""
         return drive(self._try_acquire(key))
 
-    def acquire_timeout(self, key: str, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` seconds (None: no limit, 0: no wait); True if taken
-        (release it with :meth:`manual_release`), False on timeout."""
-        return drive(self._acquire_timeout(key, timeout_s))
+    def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+        """Wait up to ``timeout_s`` seconds (omitted: the lane's ``timeout_s``; None: no
+        limit; 0: no wait); True if taken (release it with :meth:`manual_release`), False
+        on timeout."""
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else timeout_s
+        return drive(self._acquire_timeout(key, timeout))
 
     def manual_release(self, key: str) -> bool:
         """Release THIS lane object's oldest hold of ``key`` (taken with try_acquire,
@@ -217,9 +233,9 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
         max_concurrent: permits, >= 1.
         timeout_s, lease_s, prefix, on_lease_lost: as on :class:`RedisSessionLane`.
 
-    Views: ``active_count``, ``available``, ``waiting``, ``get_active()`` and
-    ``holds_of(key)`` ask Redis (lane-wide, every process); ``stats`` counts THIS lane
-    object's operations.
+    Views: ``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats`` and
+    ``status()`` describe THIS lane object (no round trip); ``holds_of(key)`` and
+    ``lane_status()`` ask Redis (lane-wide, every process).
 
     Example::
 
@@ -228,35 +244,18 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
             reply = call_model(...)
     """
 
-    def _lane_view(self) -> dict[str, Any]:
-        return drive(self._lane_wide())
-
-    @property
-    def active_count(self) -> int:
-        """Permits held now, lane-wide (asks Redis; expired leases do not count)."""
-        return int(self._lane_view()["active"])
-
     @property
     def available(self) -> int:
-        """Permits free now, lane-wide (asks Redis)."""
-        return int(self._lane_view()["available"])
+        """``max_concurrent - active_count``: permits this lane object has not taken (the
+        lane-wide free permits: ``lane_status()["available"]``)."""
+        return max(0, self._cap - self._n_live)
 
-    @property
-    def waiting(self) -> int:
-        """Live callers in line now, lane-wide (asks Redis)."""
-        return int(self._lane_view()["waiting"])
-
-    def get_active(self) -> dict[str, float]:
-        """Each key held now, lane-wide -> seconds its oldest hold has lasted (server
-        time; asks Redis)."""
-        keys: dict[str, float] = self._lane_view()["keys"]
-        return keys
+    def lane_status(self) -> dict[str, Any]:
+        """Lane-wide, every process (one round trip): ``active`` holds, live ``waiting``
+        callers, ``available`` permits, ``keys`` (key -> seconds its oldest hold has
+        lasted, server time), ``max_concurrent``."""
+        return {**drive(self._lane_wide()), **self._limits()}
 
     def holds_of(self, key: str) -> int:
         """Permits held now by ``key``, lane-wide (asks Redis)."""
         return drive(self._holds_of(key))
-
-    def status(self) -> dict[str, Any]:
-        """A JSON-ready picture: lane-wide holders and waiters (one Redis round trip),
-        this object's counters."""
-        return self._status(self._lane_view())

@@ -216,11 +216,7 @@ class _KeyView(Protocol):
 class _CountView(Protocol):
     """The views of a counting lane the gate reads (thread face, in process or Redis)."""
 
-    @property
-    def active_count(self) -> int: ...
-
-    @property
-    def waiting(self) -> int: ...
+    def lane_status(self) -> dict[str, Any]: ...
 
 
 def arrival_gate(queue: Any, spec: LaneSpec, keys: Sequence[str], **options: Any) -> ArrivalGate:
@@ -231,7 +227,7 @@ def arrival_gate(queue: Any, spec: LaneSpec, keys: Sequence[str], **options: Any
     The lane's own views decide (not ``spec``, so a swapped lane is still gated by what
     it is): a per-key lane makes each key a slot and counts, for a key, its holder then its
     waiters (``is_held``, ``waiting_for``); a counting lane is one slot for everyone and
-    counts its holders then its waiters (``active_count``, ``waiting``): holders first,
+    counts its lane-wide holders then waiters (``lane_status()``): holders first,
     as :meth:`~lanequeue.replay.observe.ArrivalGate.wait_turn` needs.
 
     Raises:
@@ -251,8 +247,8 @@ def arrival_gate(queue: Any, spec: LaneSpec, keys: Sequence[str], **options: Any
         counting = lane
 
         def inside_all(slot: Hashable) -> int:
-            holders = counting.active_count  # holders first, then waiters
-            return holders + counting.waiting
+            wide = counting.lane_status()  # lane-wide (every process): holders, then waiters
+            return int(wide["active"]) + int(wide["waiting"])
 
         return ArrivalGate([None] * len(keys), inside_all, **options)
     raise TypeError(f"lane {spec.name!r}: unsupported lane type {type(lane).__name__}")

@@ -1,0 +1,547 @@
+"""The lane contract (lanequeue.contract), one body per behaviour, on all eight classes.
+
+Each ``test_*`` below is ONE async body, run by :mod:`contract_face` against ``Lane``,
+``SessionLane``, ``AsyncLane``, ``AsyncSessionLane``, ``RedisLane``, ``RedisSessionLane``,
+``AsyncRedisLane`` and ``AsyncRedisSessionLane`` (the Redis ones on the real server of the
+session). The faces differ only inside the driver's adapters (await or not, task or
+thread); where the contract gives a face a documented alternative, the body asserts that
+alternative, never skips. Kinds differ where the contract says they do (a counting lane
+shares its permits over all keys; a per-key lane has one holder per key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+import logging
+import math
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from contract_face import SPECS, Body, Face
+
+from lanequeue import (
+    AsyncLane,
+    Lane,
+    LaneStats,
+    LaneTimeoutError,
+    NotOwnerError,
+    SyncCountingLane,
+    SyncHold,
+    SyncLane,
+    SyncSessionLane,
+    TaskCountingLane,
+    TaskHold,
+    TaskLane,
+    TaskSessionLane,
+)
+
+
+@pytest.fixture(params=SPECS, ids=[s.cls for s in SPECS])
+def f(request: pytest.FixtureRequest, redis_server: Any, redis_prefix: str) -> Face:
+    return Face(request.param, redis_server.host, redis_server.port, redis_prefix)
+
+
+def contract(body: Body) -> Callable[[Face], None]:
+    """Make ``body`` a test run on every lane class (the ``f`` fixture)."""
+
+    def test(f: Face) -> None:
+        f.run(body)
+
+    test.__name__ = body.__name__
+    test.__doc__ = body.__doc__
+    return pytest.mark.timeout(60)(test)
+
+
+def _since(t0: float) -> float:
+    return time.monotonic() - t0
+
+
+def lane_logs(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name.startswith("lanequeue")]
+
+
+# -- the surface ----------------------------------------------------------------------
+
+
+@contract
+async def test_surface(f: Face) -> None:
+    """Every class has its face's surface (the Protocols of lanequeue.contract) and says
+    which face it is; its holds have the hold surface."""
+    lane = f.lane()
+    if f.is_async:
+        kind = TaskCountingLane if f.counting else TaskSessionLane
+        assert isinstance(lane, TaskLane) and isinstance(lane, kind)
+        assert lane.face == "asyncio"
+        assert isinstance(lane.acquire("k"), TaskHold)
+    else:
+        kind = SyncCountingLane if f.counting else SyncSessionLane
+        assert isinstance(lane, SyncLane) and isinstance(lane, kind)
+        assert lane.face == "threads"
+        assert isinstance(lane.acquire("k"), SyncHold)
+    assert lane.name == "lane" and lane.timeout_s == 5.0
+
+
+# -- exclusion and order ---------------------------------------------------------------
+
+
+@contract
+async def test_exclusion(f: Face) -> None:
+    """One permit: a second caller of the key waits until the holder leaves. Other keys:
+    in parallel on a per-key lane, behind the same permit on a counting lane."""
+    lane = f.lane(timeout_s=None)
+    inside: list[str] = []
+
+    async def second() -> None:
+        async with f.hold(lane.acquire("k")):
+            inside.append("second")
+
+    async with f.hold(lane.acquire("k")) as hold:
+        assert hold.held and hold.token > 0 and hold.fencing_token == hold.token
+        assert await f.q(lane.try_acquire("k")) is False
+        waiter = f.spawn(second)
+        await f.until(lambda: lane.waiting == 1)
+        assert inside == [] and not waiter.done
+        other = await f.q(lane.try_acquire("other"))
+        assert other is (not f.counting)
+        if other:
+            assert await f.q(lane.manual_release("other")) is True
+        inside.append("first")
+    await waiter.join()
+    assert inside == ["first", "second"]
+    assert lane.active_count == 0 and lane.waiting == 0
+
+
+@contract
+async def test_fifo(f: Face) -> None:
+    """Waiters of one key are served in arrival order, and every grant has a larger
+    token than the one before."""
+    lane = f.lane(timeout_s=None)
+    order: list[tuple[int, int]] = []
+
+    def waiter(i: int) -> Callable[[], Any]:
+        async def part() -> None:
+            async with f.hold(lane.acquire("k")) as h:
+                order.append((i, h.token))
+
+        return part
+
+    hold = await f.enter(lane.acquire("k"))
+    parts = []
+    for i in range(3):
+        parts.append(f.spawn(waiter(i)))
+        await f.until(lambda n=i + 1: lane.waiting == n)
+    await f.leave(hold)
+    for p in parts:
+        await p.join()
+    assert [i for i, _ in order] == [0, 1, 2]
+    tokens = [hold.token] + [t for _, t in order]
+    assert tokens == sorted(tokens) and len(set(tokens)) == 4
+
+
+# -- timeouts: omitted / None / 0 / > 0 / negative / NaN ---------------------------------
+
+
+@contract
+async def test_timeout_omitted_is_the_lanes_default(f: Face) -> None:
+    """``acquire`` and ``acquire_timeout`` without a timeout wait the lane's
+    ``timeout_s``; the error names lane, key and that wait."""
+    lane = f.lane(timeout_s=0.3)
+    hold = await f.enter(lane.acquire("k"))
+    t0 = time.monotonic()
+    with pytest.raises(LaneTimeoutError) as info:
+        await f.enter(lane.acquire("k"))
+    assert 0.3 <= _since(t0) < 0.3 + 5
+    assert (info.value.lane, info.value.key, info.value.timeout_s) == ("lane", "k", 0.3)
+    t0 = time.monotonic()
+    assert await f.q(lane.acquire_timeout("k")) is False
+    assert 0.3 <= _since(t0) < 0.3 + 5
+    assert lane.waiting == 0 and lane.stats.timeouts == 2
+    assert await f.q(hold.release()) is True
+
+
+@contract
+async def test_timeout_none_waits_without_limit(f: Face) -> None:
+    """``timeout_s=None`` waits past the lane's default until the permit comes."""
+    lane = f.lane(timeout_s=0.05)
+    got: list[str] = []
+
+    async def by_acquire() -> None:
+        async with f.hold(lane.acquire("k", timeout_s=None)):
+            got.append("acquire")
+
+    async def by_acquire_timeout() -> None:
+        assert await f.q(lane.acquire_timeout("k", None)) is True
+        got.append("acquire_timeout")
+        assert await f.q(lane.manual_release("k")) is True
+
+    hold = await f.enter(lane.acquire("k"))
+    first = f.spawn(by_acquire)
+    await f.until(lambda: lane.waiting == 1)
+    second = f.spawn(by_acquire_timeout)
+    await f.until(lambda: lane.waiting == 2)
+    t0 = time.monotonic()
+    while _since(t0) < 0.3:  # six times the lane's default
+        assert lane.waiting == 2 and not first.done and not second.done
+        await asyncio.sleep(0.02)
+    await f.leave(hold)
+    await first.join()
+    await second.join()
+    assert got == ["acquire", "acquire_timeout"] and lane.stats.timeouts == 0
+
+
+@contract
+async def test_timeout_zero_does_not_wait(f: Face) -> None:
+    """``timeout_s=0`` takes a free permit, and refuses at once when it is busy (a
+    refusal: counted in ``timeouts`` and ``rejected``; nothing held, nobody in line)."""
+    lane = f.lane(timeout_s=None)
+    async with f.hold(lane.acquire("k", timeout_s=0)):
+        t0 = time.monotonic()
+        with pytest.raises(LaneTimeoutError) as info:
+            await f.enter(lane.acquire("k", timeout_s=0))
+        assert info.value.timeout_s == 0
+        assert await f.q(lane.acquire_timeout("k", 0)) is False
+        assert _since(t0) < 2.0  # no wait (a bound, far above two round trips)
+        assert lane.waiting == 0 and lane.active_count == 1
+        st = lane.stats
+        assert (st.timeouts, st.rejected) == (2, 2)
+    assert await f.q(lane.acquire_timeout("k", 0)) is True
+    assert await f.q(lane.manual_release("k")) is True
+
+
+@contract
+async def test_timeout_positive_waits_that_long(f: Face) -> None:
+    """``timeout_s > 0`` waits at most that long: LaneTimeoutError (acquire) or False
+    (acquire_timeout) when nothing came, the permit when it came in time."""
+    lane = f.lane(timeout_s=None)
+    hold = await f.enter(lane.acquire("k"))
+    t0 = time.monotonic()
+    with pytest.raises(LaneTimeoutError) as info:
+        await f.enter(lane.acquire("k", timeout_s=0.2))
+    assert 0.2 <= _since(t0) < 0.2 + 5 and info.value.timeout_s == 0.2
+    t0 = time.monotonic()
+    assert await f.q(lane.acquire_timeout("k", 0.2)) is False
+    assert 0.2 <= _since(t0) < 0.2 + 5
+    assert lane.waiting == 0 and lane.stats.timeouts == 2 and lane.stats.rejected == 0
+
+    async def waiter() -> bool:
+        ok: bool = await f.q(lane.acquire_timeout("k", BOUND))
+        return ok
+
+    w = f.spawn(waiter)
+    await f.until(lambda: lane.waiting == 1)
+    await f.leave(hold)
+    assert await w.join() is True
+    assert await f.q(lane.manual_release("k")) is True
+
+
+BOUND = 5.0
+
+
+@contract
+async def test_timeout_negative_nan_or_not_a_number_is_refused(f: Face) -> None:
+    """Negative or NaN: ValueError; not a number (or a bool): TypeError; nothing taken."""
+    lane = f.lane()
+    for bad, error in [(-1, ValueError), (-0.001, ValueError), (math.nan, ValueError),
+                       ("1", TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="timeout_s"):
+            lane.acquire("k", timeout_s=bad)  # at the call, on every face
+        with pytest.raises(error, match="timeout_s"):
+            await f.q(lane.acquire_timeout("k", bad))
+    assert lane.active_count == 0 and lane.stats.acquired == 0
+
+
+# -- releases ------------------------------------------------------------------------------
+
+
+@contract
+async def test_release_own(f: Face) -> None:
+    """``hold.release()`` ends the caller's hold (True) and the next caller gets in;
+    leaving the block afterwards is silent and counts nothing."""
+    lane = f.lane()
+    with _captured() as caplog:
+        async with f.hold(lane.acquire("k")) as hold:
+            assert await f.q(hold.release()) is True
+            assert not hold.held and lane.active_count == 0
+            assert await f.q(lane.try_acquire("k")) is True  # someone else now
+        assert lane.active_count == 1  # leaving the block did not end theirs
+        assert await f.q(lane.manual_release("k")) is True
+        st = lane.stats
+        assert (st.acquired, st.released, st.unmatched_releases) == (2, 2, 0)
+    assert lane_logs(caplog) == []
+
+
+@contract
+async def test_release_twice(f: Face) -> None:
+    """A second ``hold.release()`` raises NotOwnerError and never ends the next
+    holder's hold."""
+    lane = f.lane()
+    hold = await f.enter(lane.acquire("k"))
+    assert await f.q(hold.release()) is True
+    assert await f.q(lane.try_acquire("k")) is True
+    with pytest.raises(NotOwnerError):
+        await f.q(hold.release())
+    assert lane.active_count == 1 and await f.q(lane.try_acquire("k")) is False
+    assert await f.q(lane.manual_release("k")) is True
+    never = lane.acquire("k")
+    with pytest.raises(NotOwnerError):  # never granted: not the caller's either
+        await f.q(never.release())
+
+
+@contract
+async def test_release_foreign(f: Face) -> None:
+    """A hold ended by someone else (``manual_release(key)``) is not the caller's any
+    more: its ``release()`` raises NotOwnerError. ``manual_release`` of a key that holds
+    nothing returns False, logs a warning and changes nothing."""
+    lane = f.lane()
+    hold = await f.enter(lane.acquire("k"))
+    assert await f.q(lane.manual_release("k")) is True  # the foreign release
+    assert await f.q(lane.try_acquire("k")) is True  # the key moved on
+    with pytest.raises(NotOwnerError):
+        await f.q(hold.release())
+    assert lane.active_count == 1
+    assert await f.q(lane.manual_release("k")) is True
+    with _captured() as caplog:
+        assert await f.q(lane.manual_release("k")) is False
+        assert await f.q(lane.manual_release("never")) is False
+    logs = lane_logs(caplog)
+    assert len(logs) == 2 and "'k'" in logs[0] and "'never'" in logs[1]
+    assert lane.active_count == 0 and lane.stats.unmatched_releases == 3
+
+
+# -- views -----------------------------------------------------------------------------
+
+
+@contract
+async def test_views(f: Face) -> None:
+    """The plain views describe this lane object; the queries are lane-wide."""
+    lane = f.lane(timeout_s=None, cap=2)
+    idle = lane.status()
+    assert {"kind", "name", "timeout_s", "active", "waiting", "stats"} <= set(idle)
+    assert (idle["kind"], idle["name"], idle["active"], idle["waiting"]) == (
+        f.spec.cls, "lane", 0, 0)
+    hold = await f.enter(lane.acquire("a"))
+    assert await f.q(lane.try_acquire("b")) is True
+    assert lane.active_count == 2 and set(lane.get_active()) == {"a", "b"}
+    assert all(age >= 0 for age in lane.get_active().values())
+    st = lane.stats
+    assert isinstance(st, LaneStats) and st == lane.statistics()
+    assert (st.acquired, st.holders, st.waiters) == (2, 2, 0)
+    status = lane.status()
+    assert (status["active"], status["waiting"]) == (2, 0)
+    assert status["stats"] == st.to_dict()
+    if f.counting:  # full now (2 permits): a third caller waits
+        assert lane.max_concurrent == 2 and lane.available == 0
+        assert await f.q(lane.holds_of("a")) == 1 and await f.q(lane.holds_of("z")) == 0
+        wide = await f.q(lane.lane_status())
+        assert (wide["active"], wide["waiting"], wide["available"]) == (2, 0, 0)
+        assert set(wide["keys"]) == {"a", "b"} and wide["max_concurrent"] == 2
+        key = "c"
+    else:
+        assert lane.session_count == 2
+        assert await f.q(lane.is_held("a")) is True
+        assert await f.q(lane.is_held("c")) is False
+        key = "a"
+    waiter = f.spawn(lambda: f.q(lane.acquire_timeout(key, BOUND)))
+    await f.until(lambda: lane.waiting == 1)
+    assert lane.stats.waiters == 1 and lane.status()["waiting"] == 1
+    if f.counting:
+        assert (await f.q(lane.lane_status()))["waiting"] == 1
+    else:
+        assert await f.q(lane.waiting_for("a")) == 1
+        assert await f.q(lane.waiting_for("b")) == 0
+    await f.leave(hold)
+    assert await waiter.join() is True
+    assert lane.waiting == 0 and lane.active_count == 2
+    assert await f.q(lane.manual_release(key)) is True
+    assert await f.q(lane.manual_release("b")) is True
+    assert lane.active_count == 0 and lane.get_active() == {}
+    if f.counting:
+        assert lane.available == 2 and (await f.q(lane.lane_status()))["active"] == 0
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+@contract
+async def test_bad_keys(f: Face) -> None:
+    """A key that is not a str is a TypeError, an empty key a ValueError (at the call;
+    for a query of an asyncio lane, when it is awaited); nothing is taken."""
+    lane = f.lane()
+    for bad, error in [(1, TypeError), (None, TypeError), (b"k", TypeError),
+                       ("", ValueError)]:
+        with pytest.raises(error, match="key"):
+            lane.acquire(bad)
+        calls = [lambda b=bad: lane.try_acquire(b),
+                 lambda b=bad: lane.acquire_timeout(b, 0),
+                 lambda b=bad: lane.manual_release(b)]
+        if f.counting:
+            calls.append(lambda b=bad: lane.holds_of(b))
+        else:
+            calls += [lambda b=bad: lane.is_held(b), lambda b=bad: lane.waiting_for(b)]
+        for call in calls:
+            with pytest.raises(error, match="key"):
+                await f.q(call())
+    assert lane.active_count == 0 and lane.stats.acquired == 0
+
+
+# -- a missing await ---------------------------------------------------------------------
+
+
+@contract
+async def test_unawaited_query_fails_loudly(f: Face) -> None:
+    """On an asyncio lane a query's result, tested for truth without ``await``, raises
+    TypeError (it never reads as True), never runs, and adds no "never awaited"
+    warning; dropped untested, Python's own warning still names it. On a thread lane
+    (the documented alternative) the same calls return plain values at once."""
+    lane = f.lane()
+    hold = await f.enter(lane.acquire("h"))
+    queries: list[Callable[[], Any]] = [
+        lambda: lane.try_acquire("k"),
+        lambda: lane.acquire_timeout("k", 0),
+        lambda: lane.manual_release("h"),
+        lambda: hold.release(),
+    ]
+    if f.counting:
+        queries += [lambda: lane.holds_of("h"), lambda: lane.lane_status()]
+    else:
+        queries += [lambda: lane.is_held("h"), lambda: lane.waiting_for("h")]
+    if not f.is_async:  # plain values, and each call took effect at once
+        for query in queries[:2] + queries[4:]:  # those that leave "h" alone
+            assert not inspect.isawaitable(query())
+        assert queries[2]() is True and lane.active_count in (0, 1)
+        with pytest.raises(NotOwnerError):  # the manual_release above ended it already
+            queries[3]()
+        await f.q(lane.manual_release("k"))  # "k" if try_acquire took it (per-key lane)
+        assert lane.active_count == 0
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for query in queries:
+            result = query()
+            with pytest.raises(TypeError, match="must be awaited"):
+                if result:
+                    pass
+            del result
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    assert lane.active_count == 1 and hold.held  # nothing ran
+    # Still a coroutine for asyncio itself (create_task, gather) to run.
+    assert await asyncio.create_task(lane.acquire_timeout("h", 0)) is False
+    with pytest.warns(RuntimeWarning, match="never awaited"):
+        lane.try_acquire("k")  # dropped: the coroutine's own warning
+        gc.collect()
+    assert lane.active_count == 1
+    assert await f.q(hold.release()) is True
+
+
+# -- acquire_all: in-process and Redis lanes in one queue ---------------------------------
+
+
+async def _mixed_queue(f: Face, *, x_timeout: float | None, y_timeout: float | None) -> Any:
+    """A queue of this face: "x" a lane of the class under test, "y" one of the other
+    backend (Redis when "x" is in-process, in-process when "x" is Redis), registered in
+    that order; both one permit per key."""
+    queue = f.queue()
+    queue.add(f.lane("x", timeout_s=x_timeout))
+    if f.spec.redis:
+        y: Any = (AsyncLane if f.is_async else Lane)("y", max_concurrent=1, timeout_s=y_timeout)
+        queue.add(y)
+    else:
+        queue.add_lane("y", max_concurrent=1, timeout_s=y_timeout, backend=f.backend())
+    return queue
+
+
+@contract
+async def test_acquire_all_mixes_backends(f: Face) -> None:
+    """``acquire_all`` takes an in-process and a Redis lane for one key, in registration
+    order, and gives both back; when the second cannot be had it releases the first
+    and names the lane and key."""
+    queue = await _mixed_queue(f, x_timeout=5.0, y_timeout=5.0)
+    x, y = queue["x"], queue["y"]
+    assert queue.list_lanes() == ["x", "y"]
+    async with f.hold(queue.acquire_all("k", ["y", "x"])) as holds:
+        assert [h.lane for h in holds] == [x, y]
+        assert holds["x"].held and holds["y"].token > 0
+        assert x.active_count == 1 and y.active_count == 1
+    assert x.active_count == 0 and y.active_count == 0
+    assert await f.q(y.try_acquire("k")) is True  # y busy for "k"
+    with pytest.raises(LaneTimeoutError) as info:
+        async with f.hold(queue.acquire_all("k", ["x", "y"], timeout_s=0.1)):
+            pass
+    assert (info.value.lane, info.value.key) == ("y", "k")
+    assert x.active_count == 0 and x.waiting == 0  # x given back
+    assert await f.q(y.manual_release("k")) is True
+    assert set(queue.status()) == {"x", "y"}
+
+
+@contract
+async def test_acquire_all_timeouts(f: Face) -> None:
+    """``acquire_all``: omitted, the smallest default of its lanes; None, no limit;
+    0, no wait; negative or NaN, ValueError at the call."""
+    queue = await _mixed_queue(f, x_timeout=0.05, y_timeout=0.3)
+    y = queue["y"]
+    hold = await f.enter(y.acquire("k"))
+    t0 = time.monotonic()
+    with pytest.raises(LaneTimeoutError) as info:
+        await f.enter(queue.acquire_all("k", ["x", "y"]))
+    assert 0.05 <= _since(t0) < 0.05 + 5 and info.value.timeout_s == 0.05
+    with pytest.raises(LaneTimeoutError):
+        await f.enter(queue.acquire_all("k", ["x", "y"], timeout_s=0))
+    for bad in (-1, math.nan):
+        with pytest.raises(ValueError, match="timeout_s"):
+            queue.acquire_all("k", ["x", "y"], timeout_s=bad)
+
+    async def unlimited() -> int:
+        async with f.hold(queue.acquire_all("k", ["x", "y"], timeout_s=None)) as holds:
+            return len(holds)
+
+    waiter = f.spawn(unlimited)
+    await f.until(lambda: y.waiting == 1)
+    await asyncio.sleep(0.5)  # past both lanes' defaults
+    assert not waiter.done
+    await f.leave(hold)
+    assert await waiter.join() == 2
+    assert queue["x"].active_count == 0 and y.active_count == 0
+
+
+class _captured:
+    """Capture the library's log records (a context manager yielding a handler with
+    ``records``), without pytest's caplog fixture (the bodies take only ``f``)."""
+
+    def __enter__(self) -> Any:
+        self.handler = _Records()
+        self.logger = logging.getLogger("lanequeue")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.WARNING)
+        self.logger.addHandler(self.handler)
+        return self.handler
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contract
+async def test_raw_pair(f: Face) -> None:
+    """The source design's internal pair: ``_raw_acquire`` waits the lane's timeout,
+    ``_raw_release`` is ``manual_release`` (queries: coroutines on asyncio lanes)."""
+    lane = f.lane(timeout_s=0.1)
+    assert await f.q(lane._raw_acquire("k")) is True
+    assert await f.q(lane._raw_acquire("k")) is False  # waited 0.1 s: busy
+    assert lane.stats.timeouts == 1
+    assert await f.q(lane._raw_release("k")) is None
+    assert lane.active_count == 0
