@@ -946,9 +946,19 @@ def write_plan_plot(plan: CapacityPlan, path: str | Path) -> None:
 
     plt = require_matplotlib()
     fig, ax = plt.subplots(figsize=(10, 5.5), constrained_layout=True)
-    caps = [r.global_cap for r in plan.table]
-    ax.plot(caps, [r.wait_p99_s for r in plan.table], "o-", ms=3, lw=1, label="p99 wait")
-    ax.plot(caps, [r.wait_max_s for r in plan.table], "s-", ms=3, lw=1, label="max wait")
+    # The scanned caps are joined by lines; the saturation row (standing for every cap
+    # from there on) is drawn apart when caps between were not simulated.
+    scanned = [r for r in plan.table if r.global_cap != plan.saturation_global]
+    sat = plan.row_by_cap.get(plan.saturation_global)
+    if sat is not None and (not scanned or scanned[-1].global_cap == plan.saturation_global - 1):
+        scanned.append(sat)
+        sat = None
+    caps = [r.global_cap for r in scanned]
+    ax.plot(caps, [r.wait_p99_s for r in scanned], "o-", ms=3, lw=1, color="C0", label="p99 wait")
+    ax.plot(caps, [r.wait_max_s for r in scanned], "s-", ms=3, lw=1, color="C1", label="max wait")
+    if sat is not None:
+        ax.plot([sat.global_cap], [sat.wait_p99_s], "o", ms=5, color="C0")
+        ax.plot([sat.global_cap], [sat.wait_max_s], "s", ms=5, color="C1")
     s = float(plan.goal.p99_wait_s)
     ax.axhline(s, color="C0", ls=":", lw=1, label=f"goal p99 <= {s:g} s")
     if plan.goal.max_wait_s is not None:
@@ -977,6 +987,7 @@ def write_plan_plot(plan: CapacityPlan, path: str | Path) -> None:
         label=f"waits stop improving {plan.saturation_global}",
     )
     ax.set_yscale("symlog", linthresh=max(s / 10, 1e-3))
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("global cap (requests working at once)")
     ax.set_ylabel("simulated wait (s)")
     ax.set_title(
