@@ -23,7 +23,7 @@ from lanequeue.replay.plan import (
     plan_inputs,
     verify_plan,
 )
-from lanequeue.replay.simulate import simulate_ticks
+from lanequeue.replay.simulate import _simulate_ticks, simulate_ticks
 
 
 def generic(rows: Sequence[tuple[float | str, str, float]]) -> Trace:
@@ -171,6 +171,28 @@ def test_recommendation_is_the_smallest_cap_that_meets_the_goal(
         if cap >= p:
             assert waits == free
     assert plan.floor_meets == meets_at(n)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 4), st.integers(0, 6)),
+        max_size=25,
+    ),
+    cap=st.integers(1, 4),
+    record=st.booleans(),
+)
+def test_session_loop_takes_the_general_loops_decisions(
+    rows: list[tuple[int, int, int]], cap: int, record: bool
+) -> None:
+    """simulate_ticks runs the session policy on a specialised loop: it must give the
+    general loop's schedule exactly (arrivals in any order, ties, zero work)."""
+    arr, keys, work = ([r[i] for r in rows] for i in range(3))
+    lanes = policy_lanes("session", cap)
+    fast = _simulate_ticks(arr, keys, work, lanes, record_grants=record)
+    general = _simulate_ticks(arr, keys, work, lanes, record_grants=record, general=True)
+    assert fast == general
 
 
 @pytest.mark.timeout(30)

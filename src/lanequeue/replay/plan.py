@@ -221,8 +221,12 @@ def plan_inputs(trace: Trace, tpot_ms: float | None = None) -> PlanInputs:
             )
         tpot_ms = DEFAULT_TPOT_MS
     tpot_us = Fraction(tpot_ms if tpot_ms is not None else 0) * 1000
-    t0 = Fraction(reqs[0].timestamp_ms) if reqs else Fraction(0)
-    arrival = [round((Fraction(r.timestamp_ms) - t0) * 1000) for r in reqs]
+    # Whole microseconds: exact for integer milliseconds, and for a generic trace's
+    # microseconds (kept as milliseconds with three decimals, which round back exactly).
+    arrival = [round(r.timestamp_ms * 1000) for r in reqs]
+    if arrival and arrival[0]:
+        t0 = arrival[0]
+        arrival = [a - t0 for a in arrival]
     if tpot_us.denominator == 1:
         per_token = int(tpot_us)
         work = [

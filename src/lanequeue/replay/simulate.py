@@ -28,7 +28,9 @@ capacity planner) call it directly and skip the Fractions.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import operator
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -166,8 +168,11 @@ def simulate_ticks(
 
     Same model and tie-breaking as :func:`simulate`, whose inputs it takes already scaled to
     integers; it skips the exact conversion to and from Fractions, so a caller that has
-    integer times (the capacity planner, :mod:`lanequeue.replay.plan`) simulates about three
-    times faster. Arrivals already in non-decreasing order are not sorted again.
+    integer times (the capacity planner, :mod:`lanequeue.replay.plan`) simulates far
+    faster. Arrivals already in non-decreasing order are not sorted again. The replay's
+    ``session`` policy (a per-key lane of one permit, then a shared lane) runs on a loop
+    specialised to those two lanes; it takes the same decisions as the general loop, which
+    runs every other list of lanes (a test checks that they agree).
 
     Args:
         arrivals: arrival time of each request, integer ticks.
@@ -181,11 +186,155 @@ def simulate_ticks(
 
     Raises:
         ValueError: the sequences differ in length, or a lane's capacity is < 1.
+
+    Example::
+
+        >>> from lanequeue.replay.policy import policy_lanes
+        >>> lanes = policy_lanes("session", 1)
+        >>> simulate_ticks([0, 0, 1], ["a", "b", "a"], [10, 10, 5], lanes).start
+        [0, 10, 20]
     """
+    return _simulate_ticks(arrivals, keys, works, lanes, record_grants=record_grants)
+
+
+def _simulate_ticks(
+    arrivals: Sequence[int],
+    keys: Sequence[Hashable],
+    works: Sequence[int],
+    lanes: Sequence[LaneSpec],
+    *,
+    record_grants: bool = False,
+    general: bool = False,
+) -> TickSchedule:
+    """:func:`simulate_ticks`; ``general`` forces the general loop (for tests)."""
     n = len(arrivals)
     if len(keys) != n or len(works) != n:
         raise ValueError("arrivals, keys and works must have the same length")
-    sim_lanes = [_SimLane(spec) for spec in lanes]
+    sim_lanes = [_SimLane(spec) for spec in lanes]  # validates the capacities
+    if n == 0:
+        return TickSchedule([], [], [], (0,) * len(sim_lanes), [] if record_grants else None)
+    # Arrival order: by time, ties by index (sorted() is stable).
+    order: Sequence[int] = range(n)
+    if not all(map(operator.le, arrivals, itertools.islice(arrivals, 1, None))):
+        order = sorted(range(n), key=arrivals.__getitem__)
+    if (
+        not general
+        and len(lanes) == 2
+        and lanes[0].per_key
+        and lanes[0].capacity == 1
+        and not lanes[1].per_key
+    ):
+        return _session_then_global(arrivals, keys, works, order, lanes[1].capacity, record_grants)
+    return _general(arrivals, keys, works, order, sim_lanes, record_grants)
+
+
+def _session_then_global(
+    arrivals: Sequence[int],
+    keys: Sequence[Hashable],
+    works: Sequence[int],
+    order: Sequence[int],
+    cap: int,
+    record_grants: bool,
+) -> TickSchedule:
+    """The general loop specialised to [a per-key lane of 1 permit, a shared lane of
+    ``cap``]: the same events in the same order, with the two lanes inlined."""
+    n = len(arrivals)
+    start = [0] * n
+    end = [0] * n
+    session_grant = [0] * n if record_grants else None
+    start_order: list[int] = []
+    started = start_order.append
+    # A key present in ``owners`` holds its lane; its value is its line of waiters (None
+    # while nobody waits).
+    owners: dict[Hashable, deque[int] | None] = {}
+    line: deque[int] = deque()  # the shared lane's line
+    held = peak = 0
+    done: list[int] = []  # completions, ``end * n + start rank`` (see _general)
+    push = heapq.heappush
+    pop = heapq.heappop
+    i = rid = now = 0
+    while True:
+        # Completions first: those ending up to the next arrival's instant (included),
+        # then, past the last arrival, all of them.
+        limit: float = math.inf
+        if i < n:
+            rid = order[i]
+            now = arrivals[rid]
+            limit = (now + 1) * n
+        while done and done[0] < limit:
+            t, rank = divmod(pop(done), n)
+            r = start_order[rank]
+            end[r] = t
+            # Release the shared lane: hand-off to the head of its line, or free a permit.
+            if line:
+                w = line.popleft()
+                start[w] = t
+                push(done, (t + works[w]) * n + len(start_order))
+                started(w)
+            else:
+                held -= 1
+            # Release the key's lane: hand-off to its next waiter, who asks for the shared
+            # lane at once; or free it.
+            k = keys[r]
+            waiting = owners[k]
+            if waiting:
+                w = waiting.popleft()
+                if not waiting:
+                    owners[k] = None
+                if session_grant is not None:
+                    session_grant[w] = t
+                if held < cap and not line:
+                    held += 1
+                    if held > peak:
+                        peak = held
+                    start[w] = t
+                    push(done, (t + works[w]) * n + len(start_order))
+                    started(w)
+                else:
+                    line.append(w)
+            else:
+                del owners[k]
+        if i >= n:
+            break
+        i += 1
+        # The arrival asks for its key's lane, then (granted) for the shared lane.
+        k = keys[rid]
+        if k in owners:
+            waiting = owners[k]
+            if waiting is None:
+                owners[k] = deque((rid,))
+            else:
+                waiting.append(rid)
+            continue
+        owners[k] = None
+        if session_grant is not None:
+            session_grant[rid] = now
+        if held < cap and not line:
+            held += 1
+            if held > peak:
+                peak = held
+            start[rid] = now
+            push(done, (now + works[rid]) * n + len(start_order))
+            started(rid)
+        else:
+            line.append(rid)
+    grants = (
+        None
+        if session_grant is None
+        else [[g, s] for g, s in zip(session_grant, start, strict=True)]
+    )
+    return TickSchedule(start, end, start_order, (1, peak), grants)
+
+
+def _general(
+    arrivals: Sequence[int],
+    keys: Sequence[Hashable],
+    works: Sequence[int],
+    order: Sequence[int],
+    sim_lanes: list[_SimLane],
+    record_grants: bool,
+) -> TickSchedule:
+    n = len(arrivals)
     n_lanes = len(sim_lanes)
     stage = [0] * n  # lanes held by each request
     grants: list[list[int]] | None = [[] for _ in range(n)] if record_grants else None
@@ -193,13 +342,6 @@ def simulate_ticks(
     end = [0] * n
     start_order: list[int] = []
     peak = [0] * n_lanes
-    if n == 0:
-        return TickSchedule(start, end, start_order, tuple(peak), grants)
-
-    # Arrival order: by time, ties by index (sorted() is stable).
-    order: Sequence[int] = range(n)
-    if any(arrivals[i] > arrivals[i + 1] for i in range(n - 1)):
-        order = sorted(range(n), key=arrivals.__getitem__)
 
     # Completions wait in a heap of single integers ``end * n + rank``, rank = the start
     # rank (``start_order`` position): ordered by end time, ties by start rank.
