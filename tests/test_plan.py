@@ -355,7 +355,7 @@ def test_cli_no_feasible_cap_exits_3(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["plan", str(trace), "--p99-wait-s", "8.72", "--json", str(out)]) == 3
     printed = capsys.readouterr().out
     assert "no cap meets the goal" in printed
-    assert "conversation a: 1 requests over, longest wait 9.000 s" in printed
+    assert "conversation a: 1 request over, longest wait 9.000 s" in printed
     assert json.loads(out.read_text())["recommended_global"] is None
     # A max goal below a's 9 s serialisation wait: also infeasible.
     assert main(["plan", str(trace), "--p99-wait-s", "100", "--max-wait-s", "8"]) == 3
@@ -451,3 +451,43 @@ def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     printed = capsys.readouterr().out
     assert "verify: replayed at global cap" in printed
     assert "measured" in printed and "simulated" in printed
+
+
+# --------------------------------------------------------------------------------------
+# The README's section, kept true
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_blocks() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Capacity planning: `lanequeue plan`", 1)[1].split("\n## ", 1)[0]
+    return section.split("```")[1::2]
+
+
+@pytest.mark.timeout(30)
+def test_readme_run_on_the_bundled_trace_is_what_plan_prints() -> None:
+    block = next(b for b in readme_blocks() if "$ lanequeue plan" in b)
+    shown = block.strip().splitlines()
+    assert shown[0] == "$ lanequeue plan --p99-wait-s 2 --max-wait-s 60"
+    printed = plan_capacity(read_trace(), PlanGoal(2, 60)).text().splitlines()
+    # Everything but the last line (the time taken) is the same.
+    assert shown[1:-1] == printed[:-1]
+    assert shown[-1].split(" in ")[0] == printed[-1].split(" in ")[0]
+
+
+@pytest.mark.timeout(30)
+def test_readme_generic_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    block = next(b for b in readme_blocks() if b.lstrip().startswith("timestamp,key"))
+    lines = block.strip().splitlines()
+    assert len(lines) == 10
+    path = tmp_path / "example.csv"
+    path.write_text("\n".join(lines) + "\n")
+    trace = read_trace(path, trace_format="auto")
+    assert len(trace.requests) == 9 and trace.skipped == ()
+    assert main(["plan", str(path), "--tpot-ms", "20", "--p99-wait-s", "0.5"]) == 3
+    printed = capsys.readouterr().out
+    assert "conversation conv-22: 2 requests over, longest wait 3.905 s" in printed
+    # conv-22's first request: 310 tokens x 20 ms.
+    assert plan_inputs(trace, tpot_ms=20).work[1] == 6_200_000
+    assert main(["plan", str(path), "--p99-wait-s", "0.5"]) == 2

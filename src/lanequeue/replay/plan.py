@@ -117,7 +117,7 @@ DEFAULT_TPOT_MS = 30.0
 #: A trace at least this long is scanned on several processes (when there are cores).
 PARALLEL_MIN_REQUESTS = 50_000
 #: ``bound=None`` uses the load bound when it saves at least this many request-simulations.
-BOUND_MIN_SAVING = 2_000_000
+BOUND_MIN_SAVING = 100_000
 #: The most floor offenders kept (the conversations with the longest floor waits).
 MAX_OFFENDERS = 50
 
@@ -613,7 +613,7 @@ class CapacityPlan:
             )
             for o in self.floor_offenders[:20]:
                 lines.append(
-                    f"  conversation {o.key}: {o.requests} requests over, longest wait "
+                    f"  conversation {o.key}: {_count(o.requests, 'request')} over, longest wait "
                     f"{o.worst_wait_s:.3f} s"
                 )
             more = self.floor_offending_conversations - min(20, len(self.floor_offenders))
@@ -625,10 +625,14 @@ class CapacityPlan:
             "requests"
         )
         lines.append(
-            f"{self.simulations} simulations of {self.requests:,} requests in "
+            f"{_count(self.simulations, 'simulation')} of {self.requests:,} requests in "
             f"{self.elapsed_s:.2f} s ({self.jobs} process{'es' if self.jobs > 1 else ''})"
         )
         return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _usable_cores() -> int:
