@@ -57,9 +57,9 @@ that certainly wait more than ``T``. The exact p99 exceeds ``S`` as soon as at l
 ``n - floor((n - 1) * 99 / 100)`` waits exceed ``S`` (then the sorted wait at the lower
 closest rank already does, and the interpolated value is no smaller); the max exceeds
 ``M`` as soon as one wait does. The count never grows with ``c``, so the caps it proves to
-miss are ``1 .. L - 1`` for some ``L``: the scan starts at ``L``. It is used only when it
-saves simulations of a large trace (``bound=None``), so a small trace's table shows every
-cap from the first one searched.
+miss are ``1 .. L - 1`` for some ``L``: the scan starts at ``L``. By default
+(``bound=None``) it is used only when it saves at least ``BOUND_MIN_SAVING``
+request-simulations, so a small trace's table shows every cap from the first one searched.
 
 The caps that remain (from ``max(L, min_global)`` up to ``min(P, max_global)``) are
 simulated in order, on several processes for a large trace (each process simulates whole
