@@ -135,7 +135,8 @@ def measure(requests: int) -> list[Row]:
         "plan", f"synthetic {requests:,} req / {big.conversations:,} conv: read + plan", total,
         "s",
         f"read {read_s:.1f} s, plan {plan_s:.1f} s ({plan.simulations} simulations, "
-        f"{plan.jobs} processes; caps below {plan.proven_below} by bound); recommended "
+        f"{plan.jobs} process{'es' if plan.jobs != 1 else ''}; caps below "
+        f"{plan.proven_below} by bound); recommended "
         f"{plan.recommended_global}, saturation {plan.saturation_global}; trace written in "
         f"{made:.0f} s",
         goal=f"<= {MILLION_GOAL_S:g}" if is_million else None,
