@@ -340,6 +340,13 @@ def test_generic_csv_with_seconds_and_bad_rows(tmp_path: Path) -> None:
     assert [s.line for s in trace.skipped] == [4, 5]
     assert "CSV columns" in trace.skipped[0].reason
     assert plan_inputs(trace).arrival == [0, 500_000, 1_500_001]
+    # A spreadsheet's export: byte-order mark, CRLF line ends.
+    excel = tmp_path / "excel.csv"
+    excel.write_bytes(b"\xef\xbb\xbftimestamp,key,duration_s\r\n5,a,1\r\n6,b,2\r\n")
+    assert [(r.key, r.timestamp_ms) for r in read_trace(excel, trace_format="auto").requests] == [
+        ("a", 0),
+        ("b", 1000),
+    ]
     bad_header = tmp_path / "h.csv"
     bad_header.write_text("time,conversation,duration_s\n1,a,1\n")
     from lanequeue.replay import TraceError

@@ -207,16 +207,18 @@ def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
 
 
 def _decoded(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | SkippedLine]]:
-    """Number the lines from 1 and decode bytes as UTF-8 (a line that is not valid UTF-8
-    comes out as its SkippedLine)."""
+    """Number the lines from 1 and decode bytes as UTF-8, dropping a byte-order mark at the
+    start of the file (a line that is not valid UTF-8 comes out as its SkippedLine)."""
     for lineno, raw in enumerate(lines, start=1):
         if isinstance(raw, bytes):
             try:
-                yield lineno, raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 yield lineno, SkippedLine(lineno, f"not valid UTF-8 ({exc.reason})")
+                continue
         else:
-            yield lineno, raw
+            text = raw
+        yield lineno, text[1:] if lineno == 1 and text[:1] == "\ufeff" else text
 
 
 def _detect(text: str) -> str | None:
