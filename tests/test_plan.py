@@ -276,7 +276,14 @@ def test_bundled_trace_plan_matches_direct_simulation() -> None:
 def test_generic_json_lines_iso_timestamps_and_malformed_lines() -> None:
     lines = [
         json.dumps({"timestamp": "2025-01-31T09:00:00.250Z", "key": "c1", "duration_s": 2}),
-        json.dumps({"timestamp": "2025-01-31T10:00:01+01:00", "key": "c2", "duration_s": 1.5}),
+        json.dumps(  # both work fields: the duration is used
+            {
+                "timestamp": "2025-01-31T10:00:01+01:00",
+                "key": "c2",
+                "duration_s": 1.5,
+                "output_tokens": 99,
+            }
+        ),
         "{not json",
         json.dumps({"timestamp": "2025-01-31T09:00:00", "key": 7, "output_tokens": 40}),
         json.dumps({"timestamp": "yesterday", "key": "c1", "duration_s": 1}),
