@@ -36,6 +36,7 @@ except ImportError:  # not installed: use the source tree
 
 from bench_async import section_asyncio  # noqa: E402
 from bench_common import Config, Row, format_row, format_table_header, machine_info  # noqa: E402
+from bench_plan import section_plan  # noqa: E402
 from bench_redis import redis_sizes, section_redis  # noqa: E402
 from bench_threads import (  # noqa: E402
     section_handoff,
@@ -54,6 +55,8 @@ SECTIONS: dict[str, tuple[str, Callable[[Config], list[Row]]]] = {
                 section_asyncio),
     "redis": ("redis: acquire+release per second vs redis-py's Lock, and fairness of many "
               "processes on one key (private redis-server)", section_redis),
+    "plan": ("plan: lanequeue plan on the bundled trace and a synthetic one "
+             "(LANEQUEUE_BENCH_PLAN_REQUESTS=1000000 for the 1M figure)", section_plan),
 }
 
 

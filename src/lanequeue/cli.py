@@ -8,6 +8,12 @@ Exit status: 0 when the replay ran and every check held; 1 when a check failed (
 violated, two requests of one conversation at once, the global cap exceeded, a request
 failed); 2 for bad arguments, an unreadable trace, or a backend that cannot be used (bad
 URL, server unreachable, a worker process that failed).
+
+``lanequeue plan`` finds the smallest global cap whose simulated waits meet a goal
+(``--p99-wait-s S``, optionally ``--max-wait-s M``) from a trace; see
+:mod:`lanequeue.replay.plan`. Exit status: 0 with a recommendation; 3 when no cap (in the
+range searched) meets the goal; 2 for bad arguments or an unreadable trace; 1 when the
+``--verify`` replay broke a lane invariant.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -163,7 +170,113 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no progress bar (it is shown only on a terminal, with tqdm)",
     )
+    _add_plan_parser(sub)
     return parser
+
+
+def _seconds(text: str) -> Fraction:
+    """A number of seconds, kept exact (``0.1`` is one tenth); :class:`PlanGoal` checks
+    its range."""
+    try:
+        return Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+
+
+def _add_plan_parser(sub: Any) -> None:
+    pp = sub.add_parser(
+        "plan",
+        help="find the smallest global cap whose waits meet a goal, from a trace",
+        description=(
+            "Capacity planning: simulate the trace exactly under the session policy "
+            "(each request takes its conversation's lane, then one global lane) for the "
+            "global caps that matter, and recommend the smallest cap whose waits meet "
+            "the goal (p99 <= S, and max <= M when given), every smaller cap shown to "
+            "miss it. Exit status 3 when no cap meets the goal."
+        ),
+    )
+    pp.add_argument(
+        "trace",
+        nargs="?",
+        default=None,
+        metavar="TRACE",
+        help="trace file, plain or gzip: the Mooncake format, or the generic format "
+        "(JSON lines or CSV with timestamp, key, duration_s or output_tokens); default: "
+        "the bundled Mooncake trace",
+    )
+    pp.add_argument(
+        "--p99-wait-s",
+        type=_seconds,
+        required=True,
+        metavar="S",
+        help="goal: the 99th percentile of the waits (start of work - arrival), seconds",
+    )
+    pp.add_argument(
+        "--max-wait-s",
+        type=_seconds,
+        default=None,
+        metavar="M",
+        help="goal: also every wait at most M seconds",
+    )
+    pp.add_argument(
+        "--tpot-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="work per output token, milliseconds, for lines that give tokens "
+        "(default 30 for a Mooncake trace; required for generic output_tokens lines)",
+    )
+    pp.add_argument(
+        "--min-global",
+        type=int,
+        default=1,
+        metavar="A",
+        help="smallest global cap to consider (default 1)",
+    )
+    pp.add_argument(
+        "--max-global",
+        type=int,
+        default=None,
+        metavar="B",
+        help="largest global cap to consider (default: no limit)",
+    )
+    pp.add_argument(
+        "--json",
+        dest="json_path",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also write the recommendation, goal and table as JSON to PATH",
+    )
+    pp.add_argument(
+        "--plot",
+        dest="plot_path",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="write a PNG of the p99 and max wait against the cap "
+        "(needs matplotlib: pip install 'lanequeue[plot]')",
+    )
+    pp.add_argument(
+        "--verify",
+        action="store_true",
+        help="replay the trace at the recommended cap through real lanes and print the "
+        "measured waits next to the simulated ones (takes the trace's duration / --speed)",
+    )
+    pp.add_argument(
+        "--speed",
+        type=float,
+        default=60.0,
+        help="with --verify: divide trace time by this (default 60)",
+    )
+    pp.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes simulating caps (default: the usable cores for a trace of "
+        "50,000 requests or more, else 1)",
+    )
 
 
 def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
@@ -178,19 +291,21 @@ def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
     return tqdm(total=total, file=stream, unit="req", desc="replay", dynamic_ncols=True)
 
 
-def _report_skipped(skipped: Sequence[Any], source: str, err: TextIO) -> None:
+def _report_skipped(
+    skipped: Sequence[Any], source: str, err: TextIO, command: str = "replay"
+) -> None:
     """The first :data:`MAX_LINE_MESSAGES` skipped lines with their numbers and reasons,
     then how many more, then the total."""
     for s in skipped[:MAX_LINE_MESSAGES]:
-        print(f"lanequeue replay: {source}: line {s.line}: {s.reason}; skipped", file=err)
+        print(f"lanequeue {command}: {source}: line {s.line}: {s.reason}; skipped", file=err)
     if len(skipped) > MAX_LINE_MESSAGES:
         print(
-            f"lanequeue replay: ... and {len(skipped) - MAX_LINE_MESSAGES} more "
+            f"lanequeue {command}: ... and {len(skipped) - MAX_LINE_MESSAGES} more "
             "invalid lines skipped",
             file=err,
         )
     if skipped:
-        print(f"lanequeue replay: {len(skipped)} invalid lines skipped", file=err)
+        print(f"lanequeue {command}: {len(skipped)} invalid lines skipped", file=err)
 
 
 def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -285,9 +400,81 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from lanequeue.replay.plan import PlanGoal, plan_capacity, verify_plan, write_plan_plot
+    from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib
+    from lanequeue.replay.trace import TraceError, read_trace
+
+    def fail(message: str) -> int:
+        print(f"lanequeue plan: error: {message}", file=err)
+        return 2
+
+    if args.plot_path is not None:
+        try:
+            require_matplotlib()
+        except PlotUnavailableError as exc:
+            return fail(str(exc))
+    for path in (args.json_path, args.plot_path):
+        if path is None:
+            continue
+        if path.is_dir():
+            return fail(f"cannot write {path}: it is a directory; give a file name")
+        if not path.resolve().parent.is_dir():
+            return fail(f"cannot write {path}: directory {path.parent} does not exist")
+    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
+        return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
+    try:
+        trace = read_trace(args.trace, trace_format="auto")
+    except (ValueError, TraceError) as exc:
+        return fail(str(exc))
+    _report_skipped(trace.skipped, trace.source, err, "plan")
+    if not trace.requests:
+        return fail(f"no valid request to plan with in {trace.source}")
+    try:
+        goal = PlanGoal(args.p99_wait_s, args.max_wait_s)
+        plan = plan_capacity(
+            trace,
+            goal,
+            tpot_ms=args.tpot_ms,
+            min_global=args.min_global,
+            max_global=args.max_global,
+            jobs=args.jobs,
+        )
+    except ValueError as exc:
+        return fail(str(exc))
+    print(plan.text(), file=out)
+    if args.json_path is not None:
+        plan.write_json(args.json_path)
+        print(f"\nwrote {args.json_path}", file=out)
+    if args.plot_path is not None:
+        write_plan_plot(plan, args.plot_path)
+        print(f"wrote {args.plot_path}", file=out)
+    if plan.recommended_global is None:
+        return 3
+    if args.verify:
+        last = trace.requests[-1].timestamp_ms - trace.requests[0].timestamp_ms
+        print(
+            f"\nverify: replaying {plan.requests:,} requests at global cap "
+            f"{plan.recommended_global}, speed {args.speed:g}x (arrivals over "
+            f"{last / 1000 / args.speed:.1f} s) ...",
+            file=out,
+            flush=True,
+        )
+        check = verify_plan(
+            trace, plan.recommended_global, tpot_ms=args.tpot_ms, speed=args.speed, goal=goal
+        )
+        print(check.text(), file=out)
+        failed = check.failed_checks()
+        if failed:
+            print("checks FAILED: " + "; ".join(failed), file=out)
+            return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``lanequeue`` command with ``argv`` (default ``sys.argv[1:]``); return the
-    exit status (0 success, 1 a replay check failed, 2 bad arguments or input)."""
+    exit status (0 success, 1 a replay check failed, 2 bad arguments or input, 3 no cap
+    meets a ``plan`` goal)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "replay":
@@ -295,6 +482,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _replay(args, sys.stdout, sys.stderr)
         except KeyboardInterrupt:
             print("lanequeue replay: interrupted", file=sys.stderr)
+            return 130
+    if args.command == "plan":
+        try:
+            return _plan(args, sys.stdout, sys.stderr)
+        except KeyboardInterrupt:
+            print("lanequeue plan: interrupted", file=sys.stderr)
             return 130
     parser.print_help(sys.stderr)
     return 2

@@ -1,28 +1,50 @@
-"""Reading request traces in the Mooncake conversation-trace format.
+"""Reading request traces: the Mooncake conversation-trace format and a generic format.
 
-One JSON object per line with the fields ``timestamp`` (arrival, milliseconds from the start
-of the trace), ``input_length`` and ``output_length`` (tokens) and ``hash_ids`` (prefix-block
-ids; ``hash_ids[1]`` identifies the conversation, see ``lanequeue/data/README.md``).
+Mooncake (the bundled trace, and what ``lanequeue replay`` reads): one JSON object per line
+with the fields ``timestamp`` (arrival, milliseconds from the start of the trace),
+``input_length`` and ``output_length`` (tokens) and ``hash_ids`` (prefix-block ids;
+``hash_ids[1]`` identifies the conversation, see ``lanequeue/data/README.md``).
 
-A line that is blank, is not valid JSON, or lacks a field (or holds one of the wrong type) is
-not fatal: it is skipped and reported with its 1-based line number, so one bad line in a
-production dump does not stop a replay.
+Generic (what an operator exports from gateway logs; read by ``lanequeue plan``): JSON lines,
+or CSV with a header line, with the fields
+
+- ``timestamp``: arrival, in seconds (any origin, e.g. Unix time) or as an ISO 8601 date and
+  time (``2025-01-31T09:00:00.250Z``; without a UTC offset it is taken as UTC);
+- ``key``: the conversation (any string, or an integer in JSON);
+- ``duration_s``: service time in seconds, from the start of work to its end (not the
+  end-to-end latency, which includes the queueing), or ``output_tokens``, an integer that
+  the planner multiplies by a time per output token. When a line has both, ``duration_s``
+  is used; an empty CSV cell or a JSON ``null`` counts as absent.
+
+Generic times are read to the microsecond and made relative to the earliest arrival. With
+``trace_format="auto"`` the format is told from the content: a first line that is not a
+JSON object is a CSV header; a first JSON object with ``hash_ids`` is Mooncake, one with
+``key`` is generic.
+
+A line that is blank, is not valid JSON (or CSV), or lacks a field (or holds one of the
+wrong type or out of range) is not fatal: it is skipped and reported with its 1-based line
+number, so one bad line in a production dump does not stop a replay.
 """
 
 from __future__ import annotations
 
+import csv
 import gzip
+import itertools
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from importlib import resources
 from pathlib import Path
 from typing import IO
 
 __all__ = [
     "DEFAULT_TRACE_NAME",
+    "GENERIC_FIELDS",
     "REQUIRED_FIELDS",
+    "TRACE_FORMATS",
     "SkippedLine",
     "Trace",
     "TraceError",
@@ -41,6 +63,18 @@ REQUIRED_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 #: time, and far more tokens than any model generates for one request.
 MAX_TIMESTAMP_MS = 3.2e10
 MAX_LENGTH_TOKENS = 10_000_000
+#: Generic format: fields every line must carry, and the work fields (one is needed).
+GENERIC_FIELDS = ("timestamp", "key")
+GENERIC_WORK_FIELDS = ("duration_s", "output_tokens")
+#: Generic format: largest absolute timestamp in seconds (beyond the year 5000) and longest
+#: service time (about a year, the same bound as a Mooncake timestamp).
+MAX_GENERIC_TIMESTAMP_S = 1e11
+MAX_DURATION_S = MAX_TIMESTAMP_MS / 1000
+#: Values of ``trace_format`` accepted by :func:`parse_trace_lines` and :func:`read_trace`.
+TRACE_FORMATS = ("mooncake", "generic", "auto")
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -59,7 +93,12 @@ class TraceRequest:
         timestamp_ms: arrival time in milliseconds from the start of the trace.
         input_length: prompt length in tokens.
         output_length: generated length in tokens; the replay's work time is proportional.
-        conversation: the conversation id, ``hash_ids[1]``.
+            In a generic trace: ``output_tokens``, or 0 for a line with ``duration_s``.
+        conversation: the conversation id, ``hash_ids[1]``; in a generic trace, a number
+            per distinct ``key`` (0, 1, ... in order of first appearance in the file).
+        key: the conversation's ``key`` in a generic trace; None for Mooncake.
+        duration_us: the service time (``duration_s``) of a generic line in whole
+            microseconds; None when the work comes from the tokens.
     """
 
     index: int
@@ -68,6 +107,13 @@ class TraceRequest:
     input_length: int
     output_length: int
     conversation: int
+    key: str | None = None
+    duration_us: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The conversation as the operator knows it: ``key``, else the conversation id."""
+        return self.key if self.key is not None else str(self.conversation)
 
 
 @dataclass(frozen=True)
@@ -87,11 +133,13 @@ class Trace:
             re-indexed so that ``requests[i].index == i``.
         skipped: the lines that were skipped, in file order.
         source: a human-readable name of where the trace came from.
+        format: ``"mooncake"`` or ``"generic"``.
     """
 
     requests: tuple[TraceRequest, ...]
     skipped: tuple[SkippedLine, ...]
     source: str
+    format: str = "mooncake"
 
     @property
     def conversations(self) -> int:
@@ -104,7 +152,7 @@ class Trace:
             return self
         if n < 0:
             raise ValueError(f"limit must be >= 0, got {n}")
-        return Trace(self.requests[:n], self.skipped, self.source)
+        return Trace(self.requests[:n], self.skipped, self.source, self.format)
 
 
 def _is_number(value: object) -> bool:
@@ -158,23 +206,50 @@ def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
     return ts, obj["input_length"], obj["output_length"], hash_ids[1]
 
 
-def parse_trace_lines(lines: Iterable[str | bytes], *, source: str = "<lines>") -> Trace:
-    """Parse trace lines (text or UTF-8 bytes, with or without line endings) into a Trace.
-
-    Invalid lines are collected in ``Trace.skipped`` with their 1-based line numbers; nothing is
-    printed here. Requests are sorted by ``timestamp`` (milliseconds), stably.
-    """
-    parsed: list[TraceRequest] = []
-    skipped: list[SkippedLine] = []
+def _decoded(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | SkippedLine]]:
+    """Number the lines from 1 and decode bytes as UTF-8, dropping a byte-order mark at the
+    start of the file (a line that is not valid UTF-8 comes out as its SkippedLine)."""
     for lineno, raw in enumerate(lines, start=1):
         if isinstance(raw, bytes):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                skipped.append(SkippedLine(lineno, f"not valid UTF-8 ({exc.reason})"))
+                yield lineno, SkippedLine(lineno, f"not valid UTF-8 ({exc.reason})")
                 continue
         else:
             text = raw
+        yield lineno, text[1:] if lineno == 1 and text[:1] == "\ufeff" else text
+
+
+def _detect(text: str) -> str | None:
+    """The format a line shows: ``"csv"`` (not a JSON object: a CSV header), ``"mooncake"``,
+    ``"generic"`` (a JSON object with ``hash_ids`` / with ``key``), or None (blank or not
+    telling)."""
+    stripped = text.strip()
+    if not stripped:
+        return None
+    if not stripped.startswith("{"):
+        return "csv"
+    try:
+        obj = json.loads(stripped)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if "hash_ids" in obj:
+        return "mooncake"
+    if "key" in obj:
+        return "generic"
+    return None
+
+
+def _parse_mooncake(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
+    parsed: list[TraceRequest] = []
+    skipped: list[SkippedLine] = []
+    for lineno, text in numbered:
+        if isinstance(text, SkippedLine):
+            skipped.append(text)
+            continue
         result = _parse_line(text)
         if isinstance(result, str):
             skipped.append(SkippedLine(lineno, result))
@@ -186,7 +261,232 @@ def parse_trace_lines(lines: Iterable[str | bytes], *, source: str = "<lines>") 
         TraceRequest(i, r.line, r.timestamp_ms, r.input_length, r.output_length, r.conversation)
         for i, r in enumerate(parsed)
     )
-    return Trace(requests, tuple(skipped), source)
+    return Trace(requests, tuple(skipped), "", "mooncake")
+
+
+def _absent(value: object) -> bool:
+    return value is None or (isinstance(value, str) and not value.strip())
+
+
+def _generic_timestamp_us(value: object) -> int | str:
+    """A generic ``timestamp`` (seconds, or ISO 8601 text) in whole microseconds, or the
+    reason it is not valid."""
+    seconds: float | None = None
+    if _is_number(value):
+        seconds = float(value)  # type: ignore[arg-type]
+    elif isinstance(value, str):
+        text = value.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            try:
+                when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" else text)
+            except ValueError:
+                return (
+                    f"field 'timestamp' must be seconds or an ISO 8601 date and time "
+                    f"(got {value!r})"
+                )
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            return (when - _EPOCH) // _MICROSECOND
+    if seconds is None or not math.isfinite(seconds) or abs(seconds) > MAX_GENERIC_TIMESTAMP_S:
+        return (
+            f"field 'timestamp' must be a number of seconds within "
+            f"+-{MAX_GENERIC_TIMESTAMP_S:.0e} or an ISO 8601 date and time (got {value!r})"
+        )
+    return round(seconds * 1_000_000)
+
+
+def _parse_generic_record(
+    record: dict[str, object],
+) -> tuple[int, str, int | None, int] | str:
+    """One generic record: ``(timestamp_us, key, duration_us or None, output_tokens)``, or
+    the reason it is not a valid request. CSV cells arrive as strings."""
+    missing = [repr(f) for f in GENERIC_FIELDS if _absent(record.get(f))]
+    if all(_absent(record.get(f)) for f in GENERIC_WORK_FIELDS):
+        missing.append(" or ".join(repr(f) for f in GENERIC_WORK_FIELDS))
+    if missing:
+        return "missing field" + ("s " if len(missing) > 1 else " ") + ", ".join(missing)
+    ts = _generic_timestamp_us(record["timestamp"])
+    if isinstance(ts, str):
+        return ts
+    key = record["key"]
+    if _is_int(key):
+        key = str(key)
+    if not isinstance(key, str):
+        return f"field 'key' must be a string (got {key!r})"
+    duration = record.get("duration_s")
+    if not _absent(duration):
+        seconds: float | None = None
+        if _is_number(duration):
+            seconds = float(duration)  # type: ignore[arg-type]
+        elif isinstance(duration, str):
+            try:
+                seconds = float(duration)
+            except ValueError:
+                seconds = None
+        if seconds is None or not 0 <= seconds <= MAX_DURATION_S:
+            return (
+                f"field 'duration_s' must be a number of seconds from 0 to "
+                f"{MAX_DURATION_S:.1e} (got {duration!r})"
+            )
+        return ts, key, round(seconds * 1_000_000), 0
+    tokens = record["output_tokens"]
+    if isinstance(tokens, str):
+        try:
+            tokens = int(tokens.strip())
+        except ValueError:
+            pass
+    if not _is_int(tokens) or not 0 <= tokens <= MAX_LENGTH_TOKENS:  # type: ignore[operator]
+        return (
+            f"field 'output_tokens' must be an integer from 0 to {MAX_LENGTH_TOKENS:,} "
+            f"(got {record['output_tokens']!r})"
+        )
+    return ts, key, None, tokens  # type: ignore[return-value]
+
+
+def _generic_records(
+    numbered: Iterable[tuple[int, str | SkippedLine]],
+) -> Iterator[tuple[int, dict[str, object] | SkippedLine]]:
+    """The records of a generic trace, JSON lines or CSV (told by the first non-blank
+    line), with their line numbers; lines that are not records come out as SkippedLine.
+
+    Raises:
+        TraceError: a CSV header without the required columns.
+    """
+    header: list[str] | None = None
+    mode: str | None = None
+    for lineno, text in numbered:
+        if isinstance(text, SkippedLine):
+            yield lineno, text
+            continue
+        if not text.strip():
+            yield lineno, SkippedLine(lineno, "blank line")
+            continue
+        if mode is None:
+            mode = "json" if text.lstrip().startswith("{") else "csv"
+            if mode == "csv":
+                header = [h.strip() for h in next(csv.reader([text]))]
+                absent = [f for f in GENERIC_FIELDS if f not in header]
+                if absent or not any(f in header for f in GENERIC_WORK_FIELDS):
+                    raise TraceError(
+                        f"line {lineno}: a CSV trace needs a header line with the columns "
+                        "timestamp, key and duration_s or output_tokens (got "
+                        f"{', '.join(header) or 'nothing'})"
+                    )
+                continue
+        if mode == "json":
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                yield lineno, SkippedLine(lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")
+                continue
+            if not isinstance(obj, dict):
+                yield lineno, SkippedLine(
+                    lineno, f"not a JSON object (got {type(obj).__name__})"
+                )
+                continue
+            yield lineno, obj
+            continue
+        assert header is not None
+        try:
+            cells = next(csv.reader([text]))
+        except csv.Error as exc:
+            yield lineno, SkippedLine(lineno, f"invalid CSV: {exc}")
+            continue
+        if len(cells) != len(header):
+            yield lineno, SkippedLine(
+                lineno, f"expected {len(header)} CSV columns, got {len(cells)}"
+            )
+            continue
+        yield lineno, dict(zip(header, cells, strict=True))
+
+
+def _parse_generic(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
+    parsed: list[tuple[int, int, str, int | None, int]] = []
+    skipped: list[SkippedLine] = []
+    for lineno, record in _generic_records(numbered):
+        if isinstance(record, SkippedLine):
+            skipped.append(record)
+            continue
+        result = _parse_generic_record(record)
+        if isinstance(result, str):
+            skipped.append(SkippedLine(lineno, result))
+            continue
+        ts, key, duration_us, tokens = result
+        parsed.append((ts, lineno, key, duration_us, tokens))
+    if parsed:
+        t0 = min(p[0] for p in parsed)
+        span = max(p[0] for p in parsed) - t0
+        if span > MAX_TIMESTAMP_MS * 1000:
+            raise TraceError(
+                f"the trace spans {span / 1e6:.3g} s, more than {MAX_TIMESTAMP_MS / 1000:.3g} s"
+            )
+    ids: dict[str, int] = {}
+    for p in sorted(parsed, key=lambda p: p[1]):  # ids in order of first appearance
+        ids.setdefault(p[2], len(ids))
+    parsed.sort(key=lambda p: (p[0], p[1]))
+    requests = tuple(
+        TraceRequest(
+            i,
+            lineno,
+            (ts - t0) // 1000 if (ts - t0) % 1000 == 0 else (ts - t0) / 1000,
+            0,
+            tokens,
+            ids[key],
+            key,
+            duration_us,
+        )
+        for i, (ts, lineno, key, duration_us, tokens) in enumerate(parsed)
+    )
+    return Trace(requests, tuple(skipped), "", "generic")
+
+
+def parse_trace_lines(
+    lines: Iterable[str | bytes], *, source: str = "<lines>", trace_format: str = "mooncake"
+) -> Trace:
+    """Parse trace lines (text or UTF-8 bytes, with or without line endings) into a Trace.
+
+    Invalid lines are collected in ``Trace.skipped`` with their 1-based line numbers; nothing is
+    printed here. Requests are sorted by arrival, stably.
+
+    Args:
+        lines: the lines of the file.
+        source: a name for the trace, kept in ``Trace.source``.
+        trace_format: ``"mooncake"`` (the default), ``"generic"`` (JSON lines or CSV, see
+            the module docstring) or ``"auto"`` (told from the first telling line).
+
+    Raises:
+        ValueError: an unknown ``trace_format``.
+        TraceError: a generic CSV trace whose header lacks a required column, or a
+            generic trace spanning more than about a year.
+
+    Example::
+
+        >>> t = parse_trace_lines(["timestamp,key,duration_s", "0.5,a,2", "1,b,x"],
+        ...                       trace_format="auto")
+        >>> [(r.timestamp_ms, r.key, r.duration_us) for r in t.requests], t.skipped[0].line
+        ([(0, 'a', 2000000)], 3)
+    """
+    if trace_format not in TRACE_FORMATS:
+        raise ValueError(
+            f"unknown trace_format {trace_format!r}; choose from {', '.join(TRACE_FORMATS)}"
+        )
+    numbered: Iterator[tuple[int, str | SkippedLine]] = _decoded(lines)
+    fmt = trace_format
+    if fmt == "auto":
+        seen: list[tuple[int, str | SkippedLine]] = []
+        detected: str | None = None
+        for item in numbered:
+            seen.append(item)
+            if not isinstance(item[1], SkippedLine):
+                detected = _detect(item[1])
+                if detected is not None:
+                    break
+        fmt = "mooncake" if detected in (None, "mooncake") else "generic"
+        numbered = itertools.chain(seen, numbered)
+    trace = _parse_mooncake(numbered) if fmt == "mooncake" else _parse_generic(numbered)
+    return Trace(trace.requests, trace.skipped, source, trace.format)
 
 
 def default_trace_source() -> str:
@@ -194,27 +494,37 @@ def default_trace_source() -> str:
     return f"lanequeue/data/{DEFAULT_TRACE_NAME} (bundled)"
 
 
-def _parse_binary(stream: IO[bytes], *, gzipped: bool, source: str) -> Trace:
+def _parse_binary(
+    stream: IO[bytes], *, gzipped: bool, source: str, trace_format: str = "mooncake"
+) -> Trace:
     try:
         if gzipped:
             with gzip.GzipFile(fileobj=stream, mode="rb") as gz:
-                return parse_trace_lines(gz, source=source)
-        return parse_trace_lines(stream, source=source)
+                return parse_trace_lines(gz, source=source, trace_format=trace_format)
+        return parse_trace_lines(stream, source=source, trace_format=trace_format)
     except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
         raise TraceError(f"cannot read trace {source}: {exc}") from exc
 
 
-def read_trace(path: str | Path | None = None) -> Trace:
+def read_trace(path: str | Path | None = None, *, trace_format: str = "mooncake") -> Trace:
     """Read a trace file (plain or gzip, detected from its first bytes) into a Trace.
 
     Args:
         path: the file to read; None reads the bundled Mooncake trace through
             ``importlib.resources`` so that no argument is needed on a fresh install.
+        trace_format: ``"mooncake"`` (the default), ``"generic"`` or ``"auto"``, as for
+            :func:`parse_trace_lines`.
 
     Raises:
-        TraceError: the file cannot be opened or its gzip stream is corrupt. Bad *lines* do
-            not raise; they are listed in ``Trace.skipped``.
+        ValueError: an unknown ``trace_format``.
+        TraceError: the file cannot be opened or its gzip stream is corrupt, or (generic
+            format) a CSV header lacks a required column. Bad *lines* do not raise; they are
+            listed in ``Trace.skipped``.
     """
+    if trace_format not in TRACE_FORMATS:
+        raise ValueError(
+            f"unknown trace_format {trace_format!r}; choose from {', '.join(TRACE_FORMATS)}"
+        )
     if path is None:
         resource = resources.files("lanequeue") / "data" / DEFAULT_TRACE_NAME
         try:
@@ -224,7 +534,9 @@ def read_trace(path: str | Path | None = None) -> Trace:
                 f"the bundled trace {DEFAULT_TRACE_NAME} is missing from the installed package"
             ) from exc
         with stream:
-            return _parse_binary(stream, gzipped=True, source=default_trace_source())
+            return _parse_binary(
+                stream, gzipped=True, source=default_trace_source(), trace_format=trace_format
+            )
     source = str(path)
     try:
         stream = open(path, "rb")  # noqa: SIM115 - closed by the with below
@@ -236,4 +548,4 @@ def read_trace(path: str | Path | None = None) -> Trace:
             stream.seek(0)
         except OSError as exc:
             raise TraceError(f"cannot read trace {source}: {exc.strerror or exc}") from exc
-        return _parse_binary(stream, gzipped=gzipped, source=source)
+        return _parse_binary(stream, gzipped=gzipped, source=source, trace_format=trace_format)

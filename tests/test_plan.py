@@ -1,0 +1,549 @@
+"""`lanequeue plan`: capacity planning on the exact simulation, the generic trace format,
+the search's proven bounds, the CLI (exit codes, JSON, plot) and `--verify` on real lanes."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from lanequeue.cli import main
+from lanequeue.replay import Trace, parse_trace_lines, policy_lanes, read_trace, simulate
+from lanequeue.replay.plan import (
+    TICKS_PER_S,
+    PlanGoal,
+    exact_percentile,
+    plan_capacity,
+    plan_inputs,
+    verify_plan,
+)
+from lanequeue.replay.simulate import _simulate_ticks, simulate_ticks
+
+
+def generic(rows: Sequence[tuple[float | str, str, float]]) -> Trace:
+    """A generic JSON-lines trace from (timestamp_s, key, duration_s) rows."""
+    lines = [json.dumps({"timestamp": t, "key": k, "duration_s": d}) for t, k, d in rows]
+    return parse_trace_lines(lines, source="test", trace_format="auto")
+
+
+# The hand-computed trace. Conversations a, b, c each send one request at t=0 working 10 s;
+# a sends a second request at t=1 working 5 s, which must wait for a's first (until 10 s).
+#
+# cap 1: r0 0-10; r1 and r2 queue for the global lane; r3 queues on a's lane. At 10, r0's
+#        global permit goes to r1 (10-20), then a's lane to r3, which queues behind r2
+#        (20-30): r3 works 30-35. Waits 0, 10, 20, 29.
+# cap 2: r0, r1 0-10; r2 queues. At 10 r0 completes first: its global permit goes to r2
+#        (10-20), a's lane to r3, which finds the lane full (r1, r2) and queues; r1's
+#        completion at 10 hands its permit to r3 (10-15). Waits 0, 0, 10, 9.
+# cap 3: r0, r1, r2 0-10; r3 gets a's lane and a free permit at 10. Waits 0, 0, 0, 9. This
+#        is the unlimited schedule: at most 3 work at once, so waits stop improving at 3.
+# p99 of 4 sorted waits w: w[2] + 0.97 * (w[3] - w[2]).
+HAND = [(0.0, "a", 10.0), (0.0, "b", 10.0), (0.0, "c", 10.0), (1.0, "a", 5.0)]
+HAND_P99 = {1: 20 + Fraction(97, 100) * 9, 2: 9 + Fraction(97, 100), 3: Fraction(97, 100) * 9}
+HAND_MAX = {1: 29, 2: 10, 3: 9}
+
+
+@pytest.mark.timeout(10)
+def test_hand_computed_trace_exact_answers() -> None:
+    trace = generic(HAND)
+    for bound in (False, True):
+        # p99 <= 9.97 s exactly: cap 2 meets with no room to spare; cap 1 misses.
+        plan = plan_capacity(trace, PlanGoal(Fraction("9.97")), bound=bound)
+        assert plan.recommended_global == 2
+        assert plan.saturation_global == 3
+        # With the load bound, cap 1 is proven to miss without simulating it: 35 s of
+        # work arrives within 1 s, and one slot serves at most 1 + 9.97 + 10 s of it.
+        assert plan.proven_below == (2 if bound else 1)
+        assert [r.global_cap for r in plan.table] == list(range(plan.proven_below, 4))
+        for r in plan.table:
+            assert r.wait_p99_s == float(HAND_P99[r.global_cap])
+            assert r.wait_max_s == HAND_MAX[r.global_cap]
+        assert [r.meets for r in plan.table] == [False, True, True][plan.proven_below - 1 :]
+    one, two, three = plan_capacity(trace, PlanGoal(Fraction("9.97")), bound=False).table
+    # Spans from the first arrival to the last completion: 35, 20 and 15 s; total work 35 s.
+    assert one.throughput_rps == 4 / 35 and one.utilisation_mean == 1.0
+    assert two.throughput_rps == 4 / 20 and two.utilisation_mean == 35 / 40
+    assert three.throughput_rps == 4 / 15 and three.utilisation_mean == 35 / 45
+    assert [r.utilisation_peak for r in (one, two, three)] == [1.0, 1.0, 1.0]
+    assert [r.wait_p50_s for r in (one, two, three)] == [15.0, 4.5, 0.0]
+
+    # 0.01 s less: cap 2 misses by that much, so cap 3.
+    assert plan_capacity(trace, PlanGoal(Fraction("9.96"))).recommended_global == 3
+    # A max goal below cap 2's longest wait (10 s) also needs cap 3.
+    assert plan_capacity(trace, PlanGoal(10, max_wait_s=Fraction("9.5"))).recommended_global == 3
+    # The range: from 3 on every cap is the unlimited schedule; up to 1 nothing meets.
+    assert plan_capacity(trace, PlanGoal(10), min_global=5).recommended_global == 5
+    capped = plan_capacity(trace, PlanGoal(Fraction("9.96")), max_global=2)
+    assert capped.recommended_global is None and capped.floor_meets
+    # Below the floor (r3 waits 9 s at every cap): no cap meets; a is the reason.
+    floor = plan_capacity(trace, PlanGoal(Fraction("8.72")))
+    assert floor.recommended_global is None and not floor.floor_meets
+    assert [(o.key, o.requests, o.worst_wait_s) for o in floor.floor_offenders] == [("a", 1, 9.0)]
+
+
+# A trace (found by search: about 1 random small trace in 20,000) whose waits rise from
+# cap 2 to cap 3: max 11 s -> 12 s, p99 10.8 s -> 11.2 s. (timestamp, conversation, work).
+NON_MONOTONE = [
+    (0, 0, 9),
+    (5, 0, 3),
+    (6, 2, 8),
+    (11, 2, 0),
+    (12, 0, 8),
+    (12, 6, 7),
+    (14, 0, 0),
+    (14, 4, 5),
+    (16, 6, 8),
+    (17, 2, 8),
+    (18, 4, 6),
+]
+
+
+NON_MONOTONE_ROWS = list(NON_MONOTONE)
+
+
+@pytest.mark.timeout(10)
+def test_waits_are_not_monotone_in_the_cap_and_the_scan_finds_the_smallest() -> None:
+    arr, keys, work = ([r[i] for r in NON_MONOTONE] for i in range(3))
+    maxes = []
+    for cap in (2, 3):
+        sched = simulate(arr, keys, work, policy_lanes("session", cap))
+        maxes.append(max(sched.waits))
+    assert maxes == [11, 12]  # a larger cap, a longer wait
+    trace = generic([(float(a), str(k), float(w)) for a, k, w in NON_MONOTONE])
+    # max <= 11.5: 2 meets, 3 misses, 4 meets; the answer is 2, not "above the last miss".
+    plan = plan_capacity(trace, PlanGoal(100, max_wait_s=Fraction(23, 2)), bound=False)
+    assert plan.recommended_global == 2
+    # p99 <= 11: the same shape on the p99.
+    assert plan_capacity(trace, PlanGoal(11), bound=False).recommended_global == 2
+    # p99 <= 10.7: caps 2 and 3 both miss, 4 meets.
+    rows = plan_capacity(trace, PlanGoal(Fraction(107, 10)), bound=False)
+    assert rows.recommended_global == 4
+    assert [(r.global_cap, r.wait_p99_s) for r in rows.table][1:3] == [(2, 10.8), (3, 11.2)]
+
+
+def brute_force(
+    arr: list[int], keys: list[int], work: list[int], cap: int, goal: PlanGoal
+) -> tuple[bool, list[Fraction]]:
+    """Whether ``cap`` meets ``goal``, from the public exact simulation (times in
+    seconds), and the waits; the p99 interpolated with Fractions."""
+    sched = simulate(arr, keys, work, policy_lanes("session", cap))
+    waits = sorted(sched.waits)
+    pos = Fraction((len(waits) - 1) * 99, 100)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(waits) - 1)
+    p99 = waits[lo] + (waits[hi] - waits[lo]) * (pos - lo)
+    ok = p99 <= Fraction(goal.p99_wait_s)
+    if goal.max_wait_s is not None:
+        ok = ok and waits[-1] <= Fraction(goal.max_wait_s)
+    return ok, list(sched.waits)
+
+
+@pytest.mark.timeout(90)
+@settings(max_examples=250, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 12), st.integers(0, 3), st.integers(0, 9)),
+        min_size=1,
+        max_size=14,
+    ),
+    p99_pick=st.integers(0, 40),
+    max_pick=st.one_of(st.none(), st.integers(0, 40)),
+    nudge=st.sampled_from([Fraction(0), Fraction(-1, 100), Fraction(1, 100)]),
+    min_global=st.integers(1, 3),
+    max_global=st.one_of(st.none(), st.integers(1, 16)),
+    bound=st.booleans(),
+)
+# The non-monotone trace: goals between its caps 2 and 3 (max <= 11; p99 <= 11).
+@example(NON_MONOTONE_ROWS, 17, 9, Fraction(0), 1, None, False)
+@example(NON_MONOTONE_ROWS, 9, None, Fraction(0), 1, None, True)
+def test_recommendation_is_the_smallest_cap_that_meets_the_goal(
+    rows: list[tuple[int, int, int]],
+    p99_pick: int,
+    max_pick: int | None,
+    nudge: Fraction,
+    min_global: int,
+    max_global: int | None,
+    bound: bool,
+) -> None:
+    """The property: the recommended cap meets the goal and every smaller cap in the
+    range misses it, checked against a brute-force simulation of every cap; every cap
+    shown as meeting or missing does so; caps from the saturation cap on all give the
+    unlimited schedule, which no cap beats for any request."""
+    if max_global is not None and max_global < min_global:
+        max_global = None
+    rows.sort(key=lambda r: r[0])
+    arr, keys, work = ([r[i] for r in rows] for i in range(3))
+    n = len(rows)
+    brute = {cap: brute_force(arr, keys, work, cap, PlanGoal(0)) for cap in range(1, n + 1)}
+    # Goals at (or 0.01 s around) waits that really occur, so boundaries are hit.
+    occurring = sorted({w for _, waits in brute.values() for w in waits})
+    s = max(Fraction(0), occurring[p99_pick % len(occurring)] + nudge)
+    m = None if max_pick is None else occurring[max_pick % len(occurring)]
+    goal = PlanGoal(s, m)
+    meets = {cap: brute_force(arr, keys, work, cap, goal)[0] for cap in range(1, n + 1)}
+
+    def meets_at(cap: int) -> bool:
+        return meets[min(cap, n)]  # a cap of n never queues anyone
+
+    trace = generic([(float(a), str(k), float(w)) for a, k, w in rows])
+    plan = plan_capacity(
+        trace, goal, min_global=min_global, max_global=max_global, jobs=1, bound=bound
+    )
+    top = max_global if max_global is not None else n + min_global
+    expected = next((c for c in range(min_global, top + 1) if meets_at(c)), None)
+    assert plan.recommended_global == expected
+    if expected is not None:
+        assert meets_at(expected)
+        assert not any(meets_at(c) for c in range(min_global, expected))
+    for row in plan.table:
+        assert row.meets == meets_at(row.global_cap)
+    # Caps proven to miss by the load bound do miss.
+    assert not any(meets_at(c) for c in range(min_global, plan.proven_below))
+    # Saturation: every cap >= P gives the unlimited schedule; none is better anywhere.
+    free = brute[n][1]
+    p = plan.saturation_global
+    for cap in range(1, n + 1):
+        waits = brute[cap][1]
+        assert all(w >= f for w, f in zip(waits, free, strict=True))
+        if cap >= p:
+            assert waits == free
+    assert plan.floor_meets == meets_at(n)
+
+
+@pytest.mark.timeout(60)
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(st.integers(0, 30), st.integers(0, 4), st.integers(0, 6)),
+        max_size=25,
+    ),
+    cap=st.integers(1, 4),
+    record=st.booleans(),
+)
+def test_session_loop_takes_the_general_loops_decisions(
+    rows: list[tuple[int, int, int]], cap: int, record: bool
+) -> None:
+    """simulate_ticks runs the session policy on a specialised loop: it must give the
+    general loop's schedule exactly (arrivals in any order, ties, zero work)."""
+    arr, keys, work = ([r[i] for r in rows] for i in range(3))
+    lanes = policy_lanes("session", cap)
+    fast = _simulate_ticks(arr, keys, work, lanes, record_grants=record)
+    general = _simulate_ticks(arr, keys, work, lanes, record_grants=record, general=True)
+    assert fast == general
+
+
+@pytest.mark.timeout(30)
+def test_parallel_scan_agrees_with_the_serial_one() -> None:
+    trace = read_trace().head(3000)
+    goal = PlanGoal(Fraction(1, 2), 120)
+    serial = plan_capacity(trace, goal, jobs=1, bound=False)
+    parallel = plan_capacity(trace, goal, jobs=2, bound=False)
+    assert serial.recommended_global is not None
+    assert parallel.table == serial.table
+    assert parallel.recommended_global == serial.recommended_global
+    assert parallel.jobs == 2
+
+
+@pytest.mark.timeout(30)
+def test_bundled_trace_plan_matches_direct_simulation() -> None:
+    """The bundled trace: the recommendation meets the goal in a direct simulation of
+    that cap, the cap below it misses, and the load bound skips only missing caps."""
+    trace = read_trace()
+    goal = PlanGoal(2)
+    plan = plan_capacity(trace, goal, bound=True)
+    rec = plan.recommended_global
+    assert rec is not None and plan.proven_below > 1
+    inputs = plan_inputs(trace)
+    for cap, should_meet in ((rec, True), (rec - 1, False), (plan.proven_below - 1, False)):
+        sched = simulate_ticks(
+            inputs.arrival, inputs.keys, inputs.work, policy_lanes("session", cap)
+        )
+        waits = sorted(s - a for s, a in zip(sched.start, inputs.arrival, strict=True))
+        assert (exact_percentile(waits, 99) <= 2 * TICKS_PER_S) is should_meet
+
+
+# --------------------------------------------------------------------------------------
+# Generic trace format
+
+
+@pytest.mark.timeout(10)
+def test_generic_json_lines_iso_timestamps_and_malformed_lines() -> None:
+    lines = [
+        json.dumps({"timestamp": "2025-01-31T09:00:00.250Z", "key": "c1", "duration_s": 2}),
+        json.dumps(  # both work fields: the duration is used
+            {
+                "timestamp": "2025-01-31T10:00:01+01:00",
+                "key": "c2",
+                "duration_s": 1.5,
+                "output_tokens": 99,
+            }
+        ),
+        "{not json",
+        json.dumps({"timestamp": "2025-01-31T09:00:00", "key": 7, "output_tokens": 40}),
+        json.dumps({"timestamp": "yesterday", "key": "c1", "duration_s": 1}),
+        json.dumps({"timestamp": "2025-01-31T09:00:02Z", "key": "c1"}),
+        "",
+        json.dumps({"timestamp": "2025-01-31T09:00:03Z", "key": "c1", "duration_s": -1}),
+        json.dumps({"timestamp": "2025-01-31T09:00:03Z", "key": ["x"], "duration_s": 1}),
+        json.dumps(
+            {
+                "timestamp": "2025-01-31T09:00:03.5Z",
+                "key": "c3",
+                "duration_s": None,
+                "output_tokens": 10,
+            }
+        ),
+    ]
+    trace = parse_trace_lines(lines, trace_format="auto")
+    assert trace.format == "generic"
+    # Sorted by time: 09:00:00 (naive = UTC), 09:00:00.250, 09:00:01 (10:00:01+01:00).
+    got = [(r.line, r.timestamp_ms, r.key, r.duration_us, r.output_length) for r in trace.requests]
+    assert got == [
+        (4, 0, "7", None, 40),
+        (1, 250, "c1", 2_000_000, 0),
+        (2, 1000, "c2", 1_500_000, 0),
+        (10, 3500, "c3", None, 10),
+    ]
+    assert [r.conversation for r in trace.requests] == [2, 0, 1, 3]  # by first appearance
+    reasons = {s.line: s.reason for s in trace.skipped}
+    assert sorted(reasons) == [3, 5, 6, 7, 8, 9]
+    assert reasons[3].startswith("invalid JSON")
+    assert "ISO 8601" in reasons[5]
+    assert "'duration_s' or 'output_tokens'" in reasons[6]
+    assert reasons[7] == "blank line"
+    assert "duration_s" in reasons[8]
+    assert "key" in reasons[9]
+    # Tokens need a time per token for a generic trace; durations do not.
+    with pytest.raises(ValueError, match="tpot"):
+        plan_inputs(trace)
+    inputs = plan_inputs(trace, tpot_ms=12.5)
+    assert inputs.arrival == [0, 250_000, 1_000_000, 3_500_000]
+    assert inputs.work == [500_000, 2_000_000, 1_500_000, 125_000]
+
+
+@pytest.mark.timeout(10)
+def test_generic_csv_with_seconds_and_bad_rows(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.csv"
+    path.write_text(
+        "timestamp,key,duration_s\n"
+        "1700000000.5,conv-a,1.25\n"
+        "1700000001,conv-b,0.5\n"
+        "1700000001,conv-a\n"  # a column short
+        "soon,conv-c,1\n"
+        '1700000002.000001,"conv,c",2\n'
+    )
+    trace = read_trace(path, trace_format="auto")
+    assert [(r.timestamp_ms, r.key, r.duration_us) for r in trace.requests] == [
+        (0, "conv-a", 1_250_000),
+        (500, "conv-b", 500_000),
+        (1500.001, "conv,c", 2_000_000),
+    ]
+    assert [s.line for s in trace.skipped] == [4, 5]
+    assert "CSV columns" in trace.skipped[0].reason
+    assert plan_inputs(trace).arrival == [0, 500_000, 1_500_001]
+    # A spreadsheet's export: byte-order mark, CRLF line ends.
+    excel = tmp_path / "excel.csv"
+    excel.write_bytes(b"\xef\xbb\xbftimestamp,key,duration_s\r\n5,a,1\r\n6,b,2\r\n")
+    assert [(r.key, r.timestamp_ms) for r in read_trace(excel, trace_format="auto").requests] == [
+        ("a", 0),
+        ("b", 1000),
+    ]
+    bad_header = tmp_path / "h.csv"
+    bad_header.write_text("time,conversation,duration_s\n1,a,1\n")
+    from lanequeue.replay import TraceError
+
+    with pytest.raises(TraceError, match="header"):
+        read_trace(bad_header, trace_format="auto")
+    # The Mooncake format is still told apart, and is still the default reader.
+    assert read_trace(trace_format="auto").format == "mooncake"
+
+
+# --------------------------------------------------------------------------------------
+# CLI
+
+
+def write_generic(path: Path, rows: list[tuple[float, str, float]]) -> Path:
+    path.write_text(
+        "".join(json.dumps({"timestamp": t, "key": k, "duration_s": d}) + "\n" for t, k, d in rows)
+    )
+    return path
+
+
+@pytest.mark.timeout(30)
+def test_cli_plan_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_generic(tmp_path / "t.jsonl", HAND)
+    out, png = tmp_path / "plan.json", tmp_path / "plan.png"
+    code = main(
+        ["plan", str(trace), "--p99-wait-s", "9.97", "--json", str(out), "--plot", str(png)]
+    )
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert list(data) == ["recommended_global", "goal", "table"]
+    assert data["recommended_global"] == 2
+    assert data["goal"] == {"p99_wait_s": 9.97, "max_wait_s": None}
+    assert [row["global"] for row in data["table"]] == [1, 2, 3]
+    assert list(data["table"][0]) == [
+        "global",
+        "wait_p50_s",
+        "wait_p95_s",
+        "wait_p99_s",
+        "wait_max_s",
+        "throughput_rps",
+        "utilisation_mean",
+        "utilisation_peak",
+    ]
+    assert data["table"][1]["wait_max_s"] == 10.0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "recommended global cap: 2" in printed
+    assert "waits stop improving at global cap 3" in printed
+
+
+@pytest.mark.timeout(30)
+def test_cli_no_feasible_cap_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_generic(tmp_path / "t.jsonl", HAND)
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(trace), "--p99-wait-s", "8.72", "--json", str(out)]) == 3
+    printed = capsys.readouterr().out
+    assert "no cap meets the goal" in printed
+    assert "conversation a: 1 request over, longest wait 9.000 s" in printed
+    assert json.loads(out.read_text())["recommended_global"] is None
+    # A max goal below a's 9 s serialisation wait: also infeasible.
+    assert main(["plan", str(trace), "--p99-wait-s", "100", "--max-wait-s", "8"]) == 3
+    # Feasible, but not within --max-global: 3 too.
+    assert main(["plan", str(trace), "--p99-wait-s", "9.96", "--max-global", "2"]) == 3
+    assert "raise --max-global" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(30)
+def test_cli_plan_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tokens = tmp_path / "tokens.jsonl"
+    tokens.write_text(json.dumps({"timestamp": 0, "key": "a", "output_tokens": 10}) + "\n")
+    assert main(["plan", str(tokens), "--p99-wait-s", "1"]) == 2
+    assert "--tpot-ms" in capsys.readouterr().err
+    assert main(["plan", str(tokens), "--p99-wait-s", "1", "--tpot-ms", "20"]) == 0
+    assert main(["plan", str(tmp_path / "missing"), "--p99-wait-s", "1"]) == 2
+    assert (
+        main(["plan", str(tokens), "--p99-wait-s", "1", "--min-global", "5", "--max-global", "2"])
+        == 2
+    )
+    assert main(["plan", str(tokens), "--p99-wait-s", "-1"]) == 2
+    assert "p99_wait_s must be >= 0, got -1" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("{bad\n")
+    assert main(["plan", str(empty), "--p99-wait-s", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "lanequeue plan:" in err and "line 1: invalid JSON" in err
+
+
+@pytest.mark.timeout(30)
+def test_cli_reports_malformed_lines_with_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "timestamp,key,duration_s\n2025-01-31T09:00:00Z,a,1\nnope,a,1\n\n"
+        "2025-01-31T09:00:01Z,b,x\n2025-01-31T09:00:02Z,b,1\n"
+    )
+    assert main(["plan", str(path), "--p99-wait-s", "0"]) == 0
+    err = capsys.readouterr().err
+    assert "line 3: field 'timestamp'" in err
+    assert "line 4: blank line" in err
+    assert "line 5: field 'duration_s'" in err
+    assert "3 invalid lines skipped" in err
+
+
+# --------------------------------------------------------------------------------------
+# --verify: the recommendation replayed through real lanes
+
+# Three conversations over 2 s of trace time, work 0.3-0.8 s; at cap 2 several requests
+# wait for the global lane and some for their own conversation.
+VERIFY_ROWS = [
+    (0.0, "a", 0.6),
+    (0.05, "b", 0.5),
+    (0.1, "c", 0.8),
+    (0.3, "a", 0.3),
+    (0.5, "b", 0.4),
+    (0.7, "c", 0.3),
+    (0.9, "a", 0.5),
+    (1.2, "b", 0.6),
+    (1.4, "c", 0.4),
+    (1.6, "a", 0.3),
+    (1.8, "b", 0.3),
+    (2.0, "c", 0.5),
+]
+#: Measured waits may differ from the simulated ones by scheduling latency and sleep
+#: overshoot; on a loaded 2-core machine 0.25 s of trace time (speed 1) is generous.
+VERIFY_TOLERANCE_S = 0.25
+
+
+@pytest.mark.timeout(30)
+def test_verify_real_waits_match_simulated_ones() -> None:
+    trace = generic(VERIFY_ROWS)
+    check = verify_plan(trace, 2, speed=1.0)
+    sim = check.simulated
+    assert sim.wait_max_s > 0.3  # the cap really makes requests wait
+    assert check.failed_checks() == []
+    assert check.peak_global <= 2
+    for measured, simulated in (
+        (check.wait_p50_s, sim.wait_p50_s),
+        (check.wait_p95_s, sim.wait_p95_s),
+        (check.wait_p99_s, sim.wait_p99_s),
+        (check.wait_max_s, sim.wait_max_s),
+    ):
+        assert abs(measured - simulated) <= VERIFY_TOLERANCE_S, (measured, simulated)
+
+
+@pytest.mark.timeout(30)
+def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_generic(tmp_path / "t.jsonl", VERIFY_ROWS)
+    assert main(["plan", str(trace), "--p99-wait-s", "0.5", "--verify", "--speed", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "verify: replayed at global cap" in printed
+    assert "measured" in printed and "simulated" in printed
+
+
+# --------------------------------------------------------------------------------------
+# The README's section, kept true
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_blocks() -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Capacity planning: `lanequeue plan`", 1)[1].split("\n## ", 1)[0]
+    return section.split("```")[1::2]
+
+
+@pytest.mark.timeout(30)
+def test_readme_run_on_the_bundled_trace_is_what_plan_prints() -> None:
+    block = next(b for b in readme_blocks() if "$ lanequeue plan" in b)
+    shown = block.strip().splitlines()
+    assert shown[0] == "$ lanequeue plan --p99-wait-s 2 --max-wait-s 60"
+    printed = plan_capacity(read_trace(), PlanGoal(2, 60)).text().splitlines()
+    # Everything but the last line (the time taken) is the same.
+    assert shown[1:-1] == printed[:-1]
+    assert shown[-1].split(" in ")[0] == printed[-1].split(" in ")[0]
+
+
+@pytest.mark.timeout(30)
+def test_readme_generic_example(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    block = next(b for b in readme_blocks() if b.lstrip().startswith("timestamp,key"))
+    lines = block.strip().splitlines()
+    assert len(lines) == 10
+    path = tmp_path / "example.csv"
+    path.write_text("\n".join(lines) + "\n")
+    trace = read_trace(path, trace_format="auto")
+    assert len(trace.requests) == 9 and trace.skipped == ()
+    assert main(["plan", str(path), "--tpot-ms", "20", "--p99-wait-s", "0.5"]) == 3
+    printed = capsys.readouterr().out
+    assert "conversation conv-22: 2 requests over, longest wait 3.905 s" in printed
+    # conv-22's first request: 310 tokens x 20 ms.
+    assert plan_inputs(trace, tpot_ms=20).work[1] == 6_200_000
+    assert main(["plan", str(path), "--p99-wait-s", "0.5"]) == 2
