@@ -23,6 +23,8 @@ Example:
 from ._core import LaneStats
 from ._errors import (
     LaneBackendError,
+    LaneClearedError,
+    LaneDrainingError,
     LaneError,
     LaneTimeoutError,
     LeaseLostError,
@@ -34,8 +36,10 @@ from ._face import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_WARN_AFTER_S,
     Hold,
 )
+from ._obs import HistogramSnapshot, LaneMetrics, StuckHold
 from .aio import (
     AsyncHold,
     AsyncLane,
@@ -79,10 +83,15 @@ __all__ = [
     "DEFAULT_MAX_CONCURRENT",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_WARN_AFTER_S",
+    "HistogramSnapshot",
     "Hold",
     "Lane",
     "LaneBackendError",
+    "LaneClearedError",
+    "LaneDrainingError",
     "LaneError",
+    "LaneMetrics",
     "LaneQueue",
     "LaneStats",
     "LaneTimeoutError",
@@ -90,6 +99,7 @@ __all__ = [
     "MultiHold",
     "NotOwnerError",
     "SessionLane",
+    "StuckHold",
     "ThreadHold",
     "build_default_lanes",
     "build_gateway_session_key",

@@ -30,10 +30,15 @@ from ._face import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_WARN_AFTER_S,
+    IDLE_POLL_S,
     CountingKind,
     Hold,
+    LaneKind,
+    OnWait,
     SessionKind,
 )
+from ._obs import StuckHold
 from ._validate import check_key, check_timeout
 from .lanes import Lane, SessionLane, _ThreadFace, _ThreadWaiter
 
@@ -310,7 +315,17 @@ class QueueBase(Generic[CL, SL]):
     _counting: type[CL]
     _session: type[SL]
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
+    ) -> None:
+        # Given to every lane add_lane / add_session_lane make (checked by the lanes).
+        self._ops: dict[str, Any] = {
+            "warn_after_s": warn_after_s, "on_wait": on_wait, "warn_hold_s": warn_hold_s,
+        }
         self._lanes: dict[str, Any] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
@@ -329,7 +344,8 @@ class QueueBase(Generic[CL, SL]):
         if name in self._lanes:
             raise ValueError(f"a lane named {name!r} is already registered")
         return self.add(
-            self._counting(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock)
+            self._counting(name, max_concurrent=max_concurrent, timeout_s=timeout_s, clock=clock,
+                           **self._ops)
         )
 
     def add_session_lane(
@@ -353,6 +369,7 @@ class QueueBase(Generic[CL, SL]):
                 idle_timeout_s=idle_timeout_s,
                 timeout_s=timeout_s,
                 clock=clock,
+                **self._ops,
             )
         )
 
@@ -409,6 +426,42 @@ class QueueBase(Generic[CL, SL]):
             st = getattr(lane, "status", None)
             out[name] = st() if callable(st) else {"name": name, "kind": type(lane).__name__}
         return out
+
+    # -- operations over every lane (lanes without them, such as Redis lanes, are skipped)
+
+    def _ops_lanes(self) -> list[LaneKind[Any]]:
+        return [x for x in self._lanes.values() if isinstance(x, LaneKind)]
+
+    def stuck(self, older_than_s: float) -> dict[str, list[StuckHold]]:
+        """Each in-process lane's :meth:`~lanequeue.Lane.stuck` holds, by lane name (lanes
+        with none left out). Raises TypeError/ValueError for a bad threshold."""
+        out: dict[str, list[StuckHold]] = {}
+        for lane in self._ops_lanes():
+            holds = lane.stuck(older_than_s)
+            if holds:
+                out[lane.name] = holds
+        return out
+
+    def clear(self, key: str) -> int:
+        """End every wait for ``key`` on every in-process lane (each waiter raises
+        :class:`LaneClearedError`; an ``acquire_all`` waiting for ``key`` gives back what
+        it took first). Holders keep their permits. Returns how many waits were ended.
+        Raises TypeError/ValueError for a bad key."""
+        key = check_key(key)
+        return sum(lane.clear(key) for lane in self._ops_lanes())
+
+    def close(self) -> None:
+        """:meth:`~lanequeue.Lane.close` every in-process lane: refuse new acquisitions
+        and end every wait with :class:`LaneDrainingError`; holders finish. Idempotent."""
+        for lane in self._ops_lanes():
+            lane.close()
+
+    def _start_drain(self, cancel_waiting: bool) -> None:
+        for lane in self._ops_lanes():
+            lane._start_drain(cancel_waiting)
+
+    def _idle(self) -> bool:
+        return all(lane._idle() for lane in self._ops_lanes())
 
     def _step(self, lane: Any) -> Step:
         """How this queue drives ``lane``: (lane, its core) for an in-process lane of the
@@ -518,6 +571,38 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
             (True, 1)
         """
         return self._multi(_MultiAcquire, key, lane_names, timeout_s)
+
+    def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
+        """:meth:`lanequeue.Lane.drain` for every in-process lane at once, with ONE wait:
+        every lane refuses new acquisitions (an ``acquire_all`` naming any of them raises
+        :class:`LaneDrainingError`, holding nothing), then this waits up to
+        ``timeout_s`` seconds (0: not at all; None: no limit) for all of them to be idle.
+
+        Returns True if every lane is idle on return. Raises TypeError/ValueError for a
+        bad timeout. Lanes without these operations (Redis lanes) are left as they are.
+
+        Example:
+
+            >>> queue = build_default_lanes()
+            >>> queue.drain(timeout_s=1.0)
+            True
+        """
+        timeout = check_timeout(timeout_s)
+        self._start_drain(cancel_waiting)
+        return self.wait_idle(timeout)
+
+    def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: no limit) until no in-process lane of
+        the queue has a holder or a waiter; False when the timeout passed first. Looks
+        every 10 ms. Raises TypeError/ValueError for a bad timeout."""
+        timeout = check_timeout(timeout_s)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._idle():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
+        return True
 
 
 def build_default_lanes() -> LaneQueue:
