@@ -306,7 +306,15 @@ class Lane(_ThreadFace, CountingKind):
         name: the lane's name (non-empty ``str``).
         max_concurrent: permits, >= 1.
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
-        clock: monotonic clock in seconds for hold ages (replaceable in tests).
+        clock: monotonic clock in seconds for hold ages and waits (replaceable in tests).
+        warn_after_s: a wait longer than this many seconds is logged once (lane, key,
+            seconds waited, waiters ahead when it joined, age of the hold it waits
+            behind); None: never. Default 2.0.
+        on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
+            its exceptions are logged, not raised.
+        warn_hold_s: a hold longer than this many seconds is logged once (checked at
+            ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
+            warning); None (default): never.
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it.
@@ -338,8 +346,16 @@ class SessionLane(_ThreadFace, SessionKind):
         idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is
             needed; None: until room is needed).
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
-        clock: monotonic clock in seconds for idle and hold ages (replaceable in tests;
-            waits always run on ``threading``'s own clock).
+        clock: monotonic clock in seconds for idle and hold ages and for measuring waits
+            (replaceable in tests; deadlines always run on ``threading``'s own clock).
+        warn_after_s: a wait longer than this many seconds is logged once (lane, key,
+            seconds waited, waiters ahead when it joined, age of the hold it waits
+            behind); None: never. Default 2.0.
+        on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
+            its exceptions are logged, not raised.
+        warn_hold_s: a hold longer than this many seconds is logged once (checked at
+            ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
+            warning); None (default): never.
 
     Not re-entrant: a thread holding a key that acquires it again waits for itself
     until its timeout (use one hold per request).

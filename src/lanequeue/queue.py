@@ -513,6 +513,11 @@ class LaneQueue(QueueBase[Lane, SessionLane]):
     ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane`;
     ``add`` registers any lane of the thread face (Redis lanes included).
 
+    ``warn_after_s``, ``on_wait`` and ``warn_hold_s`` (keyword arguments, see
+    :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make.
+    ``drain``, ``wait_idle``, ``clear``, ``close`` and ``stuck`` apply to every in-process
+    lane of the queue.
+
     Example:
 
         >>> queue = LaneQueue()
