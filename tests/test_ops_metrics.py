@@ -241,3 +241,21 @@ def test_waits_ended_by_an_interrupt_are_observed(park_hooks: ParkHooks) -> None
     assert isinstance(box["W"], KeyboardInterrupt)
     [m] = lane.metrics_snapshot()
     assert m.stats.cancelled == 1 and m.wait.count == 2  # the grant (0) and the interrupt
+
+
+def test_hold_times_can_be_left_off(fake_clock: FakeClock) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    lane = SessionLane(clock=fake_clock)
+    registry = CollectorRegistry()
+    PrometheusCollector(lane, registry=registry, hold_times=False)
+    instruments = instrument_otel(lane, meter_provider=MeterProvider(
+        metric_readers=[InMemoryMetricReader()]), hold_times=False)
+    assert len(instruments) == 4 + 7 + 3  # no hold histogram
+    with lane.acquire("k"):
+        fake_clock.advance(1.0)
+    assert lane.metrics_snapshot()[0].hold is None  # the release path was left alone
+    got = samples(registry)
+    assert not any(name.startswith("lanequeue_hold_seconds") for name, _ in got)
+    assert got[("lanequeue_acquired_total", (("kind", "session"), ("lane", "session")))] == 1

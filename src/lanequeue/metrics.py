@@ -34,9 +34,11 @@ name                                type       meaning
 ``lane`` (the lane's name) and ``kind`` (``session`` or ``counting``); lanes that report a
 ``scope`` (Redis: ``process`` or ``lane``) add that label.
 
-Cost: attaching an exporter turns on hold-time observation (:meth:`track_holds`), a clock
-read and a bucket increment per release; ``benchmarks/run.py --only uncontended`` prints
-the figures with metrics on and off.
+Cost: nothing per acquisition; attaching an exporter turns on hold-time observation
+(:meth:`~lanequeue.Lane.track_holds`: a clock read and a bucket increment per release)
+unless it is given ``hold_times=False`` (then ``lanequeue_hold_seconds`` is not
+reported). ``benchmarks/run.py --only uncontended`` prints the figures with hold times on
+and off.
 """
 
 from __future__ import annotations
@@ -88,10 +90,11 @@ def lane_sources(target: Any) -> list[Any]:
     )
 
 
-def _snapshots(target: Any) -> list[LaneMetrics]:
+def _snapshots(target: Any, hold_times: bool) -> list[LaneMetrics]:
     out: list[LaneMetrics] = []
     for lane in lane_sources(target):
-        lane.track_holds()  # idempotent; lanes added to a queue later join here
+        if hold_times:
+            lane.track_holds()  # idempotent; lanes added to a queue later join here
         out.extend(lane.metrics_snapshot())
     return out
 
@@ -125,8 +128,11 @@ class PrometheusCollector:
         target: a lane, or a queue (its lanes at each scrape).
         registry: the ``CollectorRegistry`` to register on; None: prometheus_client's
             default ``REGISTRY``.
+        hold_times: observe hold times for ``lanequeue_hold_seconds`` (a clock read per
+            release); False leaves the release path as it is and omits that histogram.
 
-    Registers itself at construction and turns on hold-time observation of the lanes.
+    Registers itself at construction and (``hold_times``) turns on hold-time observation
+    of the lanes.
     Each scrape reads :meth:`metrics_snapshot` of every lane (under each lane's lock,
     briefly). One collector per registry: two would report the same metric names (use a
     queue for several lanes). :meth:`unregister` removes it.
@@ -150,12 +156,14 @@ class PrometheusCollector:
         True
     """
 
-    def __init__(self, target: Any, *, registry: Any = None) -> None:
+    def __init__(self, target: Any, *, registry: Any = None, hold_times: bool = True) -> None:
         from prometheus_client import REGISTRY
 
         self._target = target
+        self._hold_times = hold_times
         for lane in lane_sources(target):
-            lane.track_holds()
+            if hold_times:
+                lane.track_holds()
         self._registry = REGISTRY if registry is None else registry
         self._registry.register(self)
 
@@ -171,7 +179,7 @@ class PrometheusCollector:
             HistogramMetricFamily,
         )
 
-        snaps = _snapshots(self._target)
+        snaps = _snapshots(self._target, self._hold_times)
         scoped = any(m.scope is not None for m in snaps)
         labels = ["lane", "kind", "scope"] if scoped else ["lane", "kind"]
 
@@ -185,7 +193,7 @@ class PrometheusCollector:
         for m in snaps:
             wait.add_metric([*values(m), _REASON.get(m.kind, m.kind)], _buckets(m.wait),
                             m.wait.sum)
-            if m.hold is not None:
+            if m.hold is not None and self._hold_times:
                 hold.add_metric(values(m), _buckets(m.hold), m.hold.sum)
         yield wait
         yield hold
@@ -207,19 +215,23 @@ def _buckets(h: HistogramSnapshot) -> list[tuple[str, float]]:
     return [(_le(bound), float(n)) for bound, n in h.cumulative()]
 
 
-def instrument_otel(target: Any, *, meter_provider: Any = None) -> list[Any]:
+def instrument_otel(
+    target: Any, *, meter_provider: Any = None, hold_times: bool = True
+) -> list[Any]:
     """Report one lane's or one queue's metrics through OpenTelemetry (extra ``[otel]``).
 
     Args:
         target: a lane, or a queue (its lanes at each collection).
         meter_provider: the ``MeterProvider`` to use; None: the global one
             (``opentelemetry.metrics.get_meter_provider()``).
+        hold_times: as for :class:`PrometheusCollector`.
 
     Creates asynchronous instruments on the meter ``"lanequeue"`` whose callbacks read
     the lanes at collection time, with the names and attributes of the module docstring.
     The OpenTelemetry API has no asynchronous histogram, so each histogram is exported
     Prometheus-style as three observable counters: ``<name>_bucket`` (attribute ``le``,
-    cumulative), ``<name>_sum`` and ``<name>_count``. Turns on hold-time observation.
+    cumulative), ``<name>_sum`` and ``<name>_count``. Turns on hold-time observation
+    (``hold_times``).
 
     Returns:
         the instruments created.
@@ -232,7 +244,8 @@ def instrument_otel(target: Any, *, meter_provider: Any = None) -> list[Any]:
     from opentelemetry.metrics import CallbackOptions, Observation
 
     for lane in lane_sources(target):
-        lane.track_holds()
+        if hold_times:
+            lane.track_holds()
     provider = otel.get_meter_provider() if meter_provider is None else meter_provider
     meter = provider.get_meter("lanequeue")
 
@@ -249,7 +262,7 @@ def instrument_otel(target: Any, *, meter_provider: Any = None) -> list[Any]:
 
     def gauge_cb(name: str) -> Any:
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in _snapshots(target):
+            for m in _snapshots(target, hold_times):
                 v = _gauge_value(m, name)
                 if v is not None:
                     yield Observation(v, attrs(m))
@@ -257,13 +270,13 @@ def instrument_otel(target: Any, *, meter_provider: Any = None) -> list[Any]:
 
     def counter_cb(field: str) -> Any:
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in _snapshots(target):
+            for m in _snapshots(target, hold_times):
                 yield Observation(_counter_value(m, field), attrs(m))
         return cb
 
     def hist_cb(name: str, part: str) -> Any:
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in _snapshots(target):
+            for m in _snapshots(target, hold_times):
                 h, a = hist_parts(m, name)
                 if h is None:
                     continue
@@ -284,8 +297,10 @@ def instrument_otel(target: Any, *, meter_provider: Any = None) -> list[Any]:
     for name, field, help_text in _COUNTERS:
         instruments.append(meter.create_observable_counter(
             f"{name}_total", callbacks=[counter_cb(field)], unit="1", description=help_text))
-    for name, help_text in (("lanequeue_wait_seconds", _WAIT_HELP),
-                            ("lanequeue_hold_seconds", _HOLD_HELP)):
+    histograms = [("lanequeue_wait_seconds", _WAIT_HELP)]
+    if hold_times:
+        histograms.append(("lanequeue_hold_seconds", _HOLD_HELP))
+    for name, help_text in histograms:
         for part, unit in (("bucket", "1"), ("sum", "s"), ("count", "1")):
             instruments.append(meter.create_observable_counter(
                 f"{name}_{part}", callbacks=[hist_cb(name, part)], unit=unit,
