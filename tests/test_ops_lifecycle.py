@@ -337,3 +337,12 @@ def test_async_queue_drain_clear() -> None:
         assert loop.run_until_complete(queue.wait_idle(0)) is True
     finally:
         loop.shutdown()
+
+
+def test_async_clear_and_close_come_from_the_lanes_loop() -> None:
+    lane = AsyncSessionLane()
+    with pytest.raises(RuntimeError, match="event loop"):
+        lane.clear("k")
+    with pytest.raises(RuntimeError, match="event loop"):
+        lane.close()
+    assert not lane.draining

@@ -198,17 +198,22 @@ class LaneKind(Generic[C]):
         return self._core.holders() == 0 and self._core.waiting == 0
 
     def _start_drain(self, cancel_waiting: bool) -> None:
+        if cancel_waiting:
+            self._check_waker()
         self._core.draining = True
         if cancel_waiting:
             self._core.end_waiters(None, cleared=False)
+
+    def _check_waker(self) -> None:
+        """Check that this caller may wake the lane's waiters (asyncio: on its loop)."""
 
     def clear(self, key: str) -> int:
         """End every wait for ``key``: each waiter raises :class:`LaneClearedError`.
 
         On a counting lane, the waiters that asked for ``key``. A holder is never torn
         away: the key's current hold lasts until it is released. Returns how many waits
-        were ended. Never waits; thread-safe (from an asyncio lane's loop for that face).
-        Raises TypeError/ValueError for a bad key.
+        were ended. Never waits; thread-safe. Raises TypeError/ValueError for a bad key;
+        on an asyncio lane, RuntimeError when not called from the lane's event loop.
 
         Example: a conversation is abandoned; its queued turns go.
 
@@ -233,13 +238,16 @@ class LaneKind(Generic[C]):
             >>> sessions.is_held("gateway:web:42")  # the holder keeps its permit
             True
         """
-        return self._core.end_waiters(check_key(key), cleared=True)
+        key = check_key(key)
+        self._check_waker()
+        return self._core.end_waiters(key, cleared=True)
 
     def close(self) -> None:
         """Refuse new acquisitions (:class:`LaneDrainingError`) and end every wait with
         that error, at once; holders keep their permits until they release. Idempotent;
         the same as ``drain(0, cancel_waiting=True)`` without looking whether the lane
-        is idle. Never waits."""
+        is idle. Never waits. On an asyncio lane, RuntimeError when not called from the
+        lane's event loop."""
         self._start_drain(True)
 
     @property

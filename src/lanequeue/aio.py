@@ -329,6 +329,10 @@ class _AsyncFace:
         """The source design's internal release (see :meth:`manual_release`)."""
         self.manual_release(key)
 
+    def _check_waker(self) -> None:
+        # Waiters' futures belong to the lane's loop: only that loop may resolve them.
+        self._bind()
+
     def _wait_clock(self) -> float:
         loop = self._loop
         return loop.time() if loop is not None else float(self._core._clock())
