@@ -132,6 +132,8 @@ def test_thread_clear_ends_the_waiters_of_one_key(park_hooks: ParkHooks) -> None
     lane.manual_release("k")
     assert lane.try_acquire("k")
     assert lane.stats.cancelled == 2
+    # The cleared waits are observed too: 3 immediate grants, J's wait, W1's and W2's.
+    assert lane.metrics_snapshot()[0].wait.count == 6
 
 
 @pytest.mark.timeout(20)

@@ -259,3 +259,41 @@ def test_hold_times_can_be_left_off(fake_clock: FakeClock) -> None:
     got = samples(registry)
     assert not any(name.startswith("lanequeue_hold_seconds") for name, _ in got)
     assert got[("lanequeue_acquired_total", (("kind", "session"), ("lane", "session")))] == 1
+
+
+@pytest.mark.timeout(10)
+def test_asyncio_waits_are_observed_on_the_loop_clock() -> None:
+    from conftest import FakeClockLoop
+
+    from lanequeue import AsyncLane
+
+    loop = FakeClockLoop()
+    try:
+        lane = AsyncLane("cnt", max_concurrent=1, clock=loop.time, warn_after_s=None)
+        out: list[bool] = []
+
+        async def hold() -> None:
+            assert lane.try_acquire("k")
+
+        async def wait(timeout: float | None) -> None:
+            out.append(await lane.acquire_timeout("k", timeout))
+
+        loop.run_until_complete(hold())
+        granted = loop.create_task(wait(None))
+        cancelled = loop.create_task(wait(None))
+        loop.settle()
+        loop.advance(0.2)
+        assert lane.metrics_snapshot()[0].oldest_wait_s == pytest.approx(0.2)
+        cancelled.cancel()
+        loop.settle()
+        loop.advance(0.5)
+        loop.call_soon(lane.manual_release, "k")  # 0.7 s after the waiters joined
+        loop.settle()
+        assert granted.done() and out == [True]
+        [m] = lane.metrics_snapshot()
+        assert m.stats.cancelled == 1 and m.wait.count == 3
+        assert m.wait.sum == pytest.approx(0.2 + 0.7)
+        assert m.wait.counts[m.wait.bounds.index(0.25)] == 1  # the cancelled one: 0.2 s
+        assert m.wait.counts[m.wait.bounds.index(1.0)] == 1  # the granted one: 0.7 s
+    finally:
+        loop.shutdown()
