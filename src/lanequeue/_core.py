@@ -61,6 +61,14 @@ ends; a release naming no current hold changes nothing and returns ``False``.
 
 Time: a monotonic clock (``time.monotonic`` unless the lane is given another), read only
 for idle ages and hold ages; deadlines of waiting belong to the faces.
+
+Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
+``take`` checks one flag (``draining``) and refuses while it is set; a release observes
+the hold's length only once an exporter turned hold times on (``hold_hist``). Waits are
+observed by the faces' slow path (:meth:`_CoreBase.observe_wait`); immediate grants are
+counted at read time. ``clear``/``drain`` end waits through the same grant machinery as a
+hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
+:data:`DRAINED`) instead of a permit, and its face raises the matching error.
 """
 
 from __future__ import annotations
@@ -93,6 +101,8 @@ def ended_error(lane: str, key: str, outcome: int) -> LaneClearedError | LaneDra
     if outcome == CLEARED:
         return LaneClearedError(lane, key)
     return LaneDrainingError(lane, key)
+
+
 W = TypeVar("W", bound="Waiter")
 
 
@@ -254,8 +264,8 @@ class _CoreBase:
     # -- operations (off the hot path; see lanequeue._obs) ------------------------------
 
     # Each core: its waiters for ``key`` (None: all) taken out of line; the first waiter
-    # of each line; since when the hold blocking ``key``
-    # exists (clock seconds); every hold as (key, token, since). All with ``_lock`` held.
+    # of each line; since when the hold that blocks ``key`` exists (clock seconds); every
+    # hold as (key, token, since); the length of the line ``key`` joins. Lock held.
     _pop_line: Callable[[str | None], list[Waiter]]
     _line_heads: Callable[[], list[Waiter]]
     _blocker_since: Callable[[str], float | None]
