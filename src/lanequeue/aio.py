@@ -188,8 +188,8 @@ class _AsyncFace:
         timer for ``warn_after_s`` first, logs there and re-arms it for the deadline
         (:meth:`_warn_then_expire`); a wait without a timeout is logged when it ends, if
         it lasted ``warn_after_s`` or more. The warning gives the waiters that were
-        ahead when it joined. Raises LaneClearedError / LaneDrainingError when ``clear`` or a drain
-        ended the wait.
+        ahead when it joined. Raises LaneClearedError / LaneDrainingError when ``clear``
+        or a drain ended the wait.
         """
         if waiter is None:
             return 0
