@@ -90,8 +90,10 @@ _UNCONTENDED = [
     ("lock_dict", "dict of Locks behind a guard Lock (per-key)", None),
     ("ours_session", "ours  SessionLane.acquire(key)", "session"),
     ("seed_session", "seed  SessionLane.acquire(key)", "session"),
+    ("obs_session", "ours  SessionLane.acquire(key), metrics on", "session"),
     ("ours_lane", "ours  Lane.acquire(key)", "lane"),
     ("seed_lane", "seed  Lane.acquire(key)", "lane"),
+    ("obs_lane", "ours  Lane.acquire(key), metrics on", "lane"),
     ("ours_all", "ours  acquire_all(key, [session, global])", "all"),
     ("seed_all", "seed  acquire_all(key, [session, global])", "all"),
 ]
@@ -100,6 +102,18 @@ _RATIO_LABELS = {
     "lane": "ratio ours/seed  Lane.acquire",
     "all": "ratio ours/seed  acquire_all",
 }
+# Metrics on (what a PrometheusCollector or instrument_otel turns on: hold times observed
+# at release) against off, per kind.
+_OBS_LABELS = {
+    "session": "ratio metrics on/off  SessionLane.acquire",
+    "lane": "ratio metrics on/off  Lane.acquire",
+}
+OBS_GOAL = 1.10
+
+
+def _observed(lane: Any) -> Any:
+    lane.track_holds()
+    return lane
 
 
 def section_uncontended(cfg: Config) -> list[Row]:
@@ -112,10 +126,15 @@ def section_uncontended(cfg: Config) -> list[Row]:
         "seed_session": _loop_lane(seed.SessionLane("session"), KEY),
         "ours_lane": _loop_lane(lanequeue.Lane("global", max_concurrent=8), KEY),
         "seed_lane": _loop_lane(seed.Lane("global", max_concurrent=8), KEY),
+        "obs_session": _loop_lane(_observed(lanequeue.SessionLane()), KEY),
+        "obs_lane": _loop_lane(_observed(lanequeue.Lane("global", max_concurrent=8)), KEY),
         "ours_all": _loop_queue(lanequeue.build_default_lanes(), KEY, names),
         "seed_all": _loop_queue(seed.build_default_lanes(), KEY, names),
     }
-    groups = [["lock", "lock_dict"]] + [[f"ours_{k}", f"seed_{k}"] for k in _RATIO_LABELS]
+    groups = [["lock", "lock_dict"]] + [
+        [f"ours_{k}", f"seed_{k}"] + ([f"obs_{k}"] if k in _OBS_LABELS else [])
+        for k in _RATIO_LABELS
+    ]
     res = interleave(cands, cfg.rounds, cfg.batch_s, groups)
     lock_ns = median(res["lock"])
     rows: list[Row] = []
@@ -132,6 +151,15 @@ def section_uncontended(cfg: Config) -> list[Row]:
             "uncontended", label, r, "x",
             f"median of {len(ratios)} per-round ratios, +-{spread(ratios) * 100:.0f}%",
             goal=f"<= {RATIO_GOAL:.3f}", status=verdict(r, RATIO_GOAL),
+            data={"rounds_ratio": ratios},
+        ))
+    for kind, label in _OBS_LABELS.items():
+        ratios = per_round_ratio(res[f"obs_{kind}"], res[f"ours_{kind}"])
+        r = median(ratios)
+        rows.append(Row(
+            "uncontended", label, r, "x",
+            f"median of {len(ratios)} per-round ratios, +-{spread(ratios) * 100:.0f}%",
+            goal=f"<= {OBS_GOAL:.2f}", status=verdict(r, OBS_GOAL),
             data={"rounds_ratio": ratios},
         ))
     return rows

@@ -187,8 +187,7 @@ class LaneMachine(RuleBasedStateMachine):
             self.model_grant(g, i)
         elif timeout == 0:
             self.status[i] = "timeout"
-            self.counts.timeouts += 1
-            self.counts.rejected += 1
+            self.counts.rejected += 1  # a refusal: counted apart from timeouts
         else:
             g.line.append(i)
             self.status[i] = "waiting"

@@ -133,6 +133,7 @@ def test_zero_timeout_does_not_wait(make: Any) -> None:
 def test_none_timeout_waits_without_limit(park_hooks: ParkHooks, make: Any, how: str) -> None:
     lane = make()
     lane.timeout_s = 0.01  # the lane default must not apply
+    lane.warn_after_s = None  # one park, not two (the slow-wait warning's split)
     assert lane.try_acquire("k")
     seen: list[float | None] = []
     park_hooks.on("W", lambda waiter, timeout: seen.append(timeout))

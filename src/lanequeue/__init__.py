@@ -25,6 +25,8 @@ Example:
 from ._core import LaneStats
 from ._errors import (
     LaneBackendError,
+    LaneClearedError,
+    LaneDrainingError,
     LaneError,
     LaneTimeoutError,
     LeaseLostError,
@@ -36,8 +38,10 @@ from ._face import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_WARN_AFTER_S,
     Hold,
 )
+from ._obs import HistogramSnapshot, LaneMetrics, StuckHold
 from .aio import (
     AsyncHold,
     AsyncLane,
@@ -94,12 +98,17 @@ __all__ = [
     "DEFAULT_MAX_CONCURRENT",
     "DEFAULT_MAX_SESSIONS",
     "DEFAULT_TIMEOUT_S",
+    "DEFAULT_WARN_AFTER_S",
+    "HistogramSnapshot",
     "Hold",
     "Lane",
     "LaneBackend",
     "LaneBackendError",
+    "LaneClearedError",
+    "LaneDrainingError",
     "LaneError",
     "LaneHold",
+    "LaneMetrics",
     "LaneQueue",
     "LaneStats",
     "LaneTimeoutError",
@@ -109,6 +118,7 @@ __all__ = [
     "MustAwait",
     "NotOwnerError",
     "SessionLane",
+    "StuckHold",
     "SyncCountingLane",
     "SyncHold",
     "SyncLane",

@@ -61,6 +61,14 @@ ends; a release naming no current hold changes nothing and returns ``False``.
 
 Time: a monotonic clock (``time.monotonic`` unless the lane is given another), read only
 for idle ages and hold ages; deadlines of waiting belong to the faces.
+
+Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
+``take`` checks one flag (``draining``) and refuses while it is set; a release observes
+the hold's length only once an exporter turned hold times on (``hold_hist``). Waits are
+observed by the faces' slow path (:meth:`_CoreBase.observe_wait`); immediate grants are
+counted at read time. ``clear``/``drain`` end waits through the same grant machinery as a
+hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
+:data:`DRAINED`) instead of a permit, and its face raises the matching error.
 """
 
 from __future__ import annotations
@@ -73,11 +81,28 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol, TypeVar
 
-__all__ = ["Core", "CountingCore", "LaneStats", "SessionCore", "Waiter"]
+from ._errors import LaneClearedError, LaneDrainingError
+from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
+
+__all__ = ["CLEARED", "DRAINED", "Core", "CountingCore", "LaneStats", "SessionCore", "Waiter"]
 
 log = logging.getLogger("lanequeue")
 
 Clock = Callable[[], float]
+
+#: Outcome tokens handed to a waiter by :meth:`_CoreBase.end_waiters` instead of a
+#: permit: its wait was ended by ``clear(key)``, or by a drain/close.
+CLEARED = -1
+DRAINED = -2
+
+
+def ended_error(lane: str, key: str, outcome: int) -> LaneClearedError | LaneDrainingError:
+    """The error a face raises for a wait ended with ``outcome`` (a negative token)."""
+    if outcome == CLEARED:
+        return LaneClearedError(lane, key)
+    return LaneDrainingError(lane, key)
+
+
 W = TypeVar("W", bound="Waiter")
 
 
@@ -89,7 +114,10 @@ class Waiter:
     block and must not call back into the core.
     """
 
-    __slots__ = ("token", "left")
+    __slots__ = ("token", "left", "since")
+
+    # ``since``: when the face parked it (the face's clock); unset until then.
+    since: float
 
     def __init__(self) -> None:
         self.token = 0
@@ -121,12 +149,12 @@ class LaneStats:
     Attributes (all counts since the lane was created, except the last two):
         acquired: permits granted (immediately or by hand-off).
         released: holds ended by a matching release.
-        timeouts: failed acquisitions: waits that ran out plus non-blocking refusals
-            (the source design's meaning).
-        rejected: the non-blocking refusals among ``timeouts`` (``try_acquire`` or a
-            zero timeout on a busy lane).
+        timeouts: waits that ran out (non-blocking refusals are not counted here).
+        rejected: non-blocking refusals (``try_acquire``, or a zero timeout, on a busy
+            key or a full lane); not counted in ``timeouts``.
         cancelled: waits abandoned by cancellation or an exception such as
-            KeyboardInterrupt (not counted in ``timeouts``).
+            KeyboardInterrupt, or ended by ``clear()`` / ``drain(cancel_waiting=True)`` /
+            ``close()`` (not counted in ``timeouts``).
         evicted: idle per-key entries removed (expired or to make room); 0 on a Lane.
         unmatched_releases: releases that matched no hold and changed nothing.
         holders: permits held now.
@@ -165,6 +193,10 @@ class _CoreBase:
         "cancelled",
         "evicted",
         "unmatched",
+        "draining",
+        "wait_hist",
+        "waited",
+        "hold_hist",
     )
 
     def __init__(self, name: str, clock: Clock) -> None:
@@ -181,6 +213,15 @@ class _CoreBase:
         self.cancelled = 0
         self.evicted = 0
         self.unmatched = 0
+        # Operations (see lanequeue._obs). Set by drain()/close(): take refuses while set.
+        self.draining = False
+        # Waits that parked (grants after a wait, timeouts, cancellations), observed by
+        # the faces' slow path. Immediate grants are added at read time as acquired -
+        # waited (``waited``: the grants that parked), so the fast path pays nothing.
+        self.wait_hist = Histogram(WAIT_BUCKETS)
+        self.waited = 0
+        # Hold times, observed by release once an exporter turns them on (None: off).
+        self.hold_hist: Histogram | None = None
 
     def _hand_off(self, line: OrderedDict[Waiter, str]) -> tuple[int, str] | None:
         """Pop waiters from the front of ``line`` until one takes the permit.
@@ -219,6 +260,79 @@ class _CoreBase:
                 else:
                     self.cancelled += 1
             return 0
+
+    # -- operations (off the hot path; see lanequeue._obs) ------------------------------
+
+    # Each core: its waiters for ``key`` (None: all) taken out of line; the first waiter
+    # of each line; since when the hold that blocks ``key`` exists (clock seconds); every
+    # hold as (key, token, since); the length of the line ``key`` joins. Lock held.
+    _pop_line: Callable[[str | None], list[Waiter]]
+    _line_heads: Callable[[], list[Waiter]]
+    _blocker_since: Callable[[str], float | None]
+    _hold_list: Callable[[], list[tuple[str, int, float]]]
+    _line_len: Callable[[str], int]
+    holders: Callable[[], int]
+
+    def observe_wait(self, seconds: float, granted: bool) -> None:
+        """Count a wait that parked and ended after ``seconds``; ``granted`` if it ended
+        holding the permit."""
+        with self._lock:
+            self.wait_hist.observe(seconds)
+            if granted:
+                self.waited += 1
+
+    def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
+        """The counters, the wait histogram (its first bucket includes the immediate
+        grants: ``acquired - waited``) and the hold histogram (None: off), read together."""
+        with self._lock:
+            hold = self.hold_hist
+            return (
+                self._stats(self.holders()),
+                self.wait_hist.snapshot(self._token - self.waited),
+                None if hold is None else hold.snapshot(),
+            )
+
+    def end_waiters(self, key: str | None, cleared: bool) -> int:
+        """End the waits of ``key`` (None: every key) through the grant machinery: each
+        waiter is granted the outcome :data:`CLEARED` (``cleared``) or :data:`DRAINED`
+        instead of a token, and its face raises the matching error. Returns how many
+        waiters took it (they count as ``cancelled``; a cancelled task refuses it and
+        counts itself). Holders are untouched."""
+        outcome = CLEARED if cleared else DRAINED
+        n = 0
+        with self._lock:
+            for waiter in self._pop_line(key):
+                self._waiting -= 1
+                if waiter.grant(outcome):
+                    n += 1
+            self.cancelled += n
+        return n
+
+    def oldest_wait_since(self) -> float | None:
+        """When the longest waiter now in line started waiting (face clock), or None."""
+        with self._lock:
+            starts = [getattr(w, "since", None) for w in self._line_heads()]
+        known = [s for s in starts if s is not None]
+        return min(known) if known else None
+
+    def holder_age(self, key: str) -> float | None:
+        """Seconds the hold that a waiter for ``key`` waits behind has lasted (the key's
+        holder; on a counting lane the lane's oldest hold), None if there is none."""
+        with self._lock:
+            since = self._blocker_since(key)
+            return None if since is None else self._clock() - since
+
+    def queued(self, key: str) -> int:
+        """Waiters in the line ``key`` joins (its key's line; the lane's on a counting
+        lane)."""
+        with self._lock:
+            return self._line_len(key)
+
+    def hold_list(self) -> list[tuple[str, int, float]]:
+        """Every hold now as (key, token, seconds held)."""
+        with self._lock:
+            now = self._clock()
+            return [(k, t, now - s) for k, t, s in self._hold_list()]
 
     def _stats(self, holders: int) -> LaneStats:
         return LaneStats(
@@ -302,7 +416,10 @@ class SessionCore(_CoreBase):
     def take(self, key: str, make_waiter: Callable[[], W] | None) -> int | W | None:
         """Grant ``key`` now if nobody holds it (returns the token); else put a new waiter
         from ``make_waiter`` at the end of the key's line and return it (the caller parks
-        on it); with ``make_waiter=None`` refuse instead (returns None)."""
+        on it); with ``make_waiter=None`` refuse instead (returns None).
+        Raises LaneDrainingError while the lane drains."""
+        if self.draining:
+            raise LaneDrainingError(self.name, key)
         lock = self._lock
         lock.acquire()
         try:
@@ -318,7 +435,6 @@ class SessionCore(_CoreBase):
                     return token
                 if make_waiter is None:
                     self.rejected += 1
-                    self.timeouts += 1
                     return None
                 waiter = make_waiter()
                 if entry.line is None:
@@ -352,6 +468,8 @@ class SessionCore(_CoreBase):
         try:
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
+                if self.hold_hist is not None:
+                    self.hold_hist.observe(self._clock() - entry.since)
                 line = entry.line
                 if line is not None:
                     granted = self._hand_off(line)
@@ -385,6 +503,29 @@ class SessionCore(_CoreBase):
         if not entry.line:
             entry.line = None
         return found
+
+    def _pop_line(self, key: str | None) -> list[Waiter]:
+        entries = self._entries.values() if key is None else [self._entries.get(key)]
+        out: list[Waiter] = []
+        for entry in entries:
+            if entry is not None and entry.line is not None:
+                out.extend(entry.line)
+                entry.line = None
+        return out
+
+    def _line_heads(self) -> list[Waiter]:
+        return [next(iter(e.line)) for e in self._entries.values() if e.line]
+
+    def _blocker_since(self, key: str) -> float | None:
+        entry = self._entries.get(key)
+        return entry.since if entry is not None and entry.token else None
+
+    def _line_len(self, key: str) -> int:
+        entry = self._entries.get(key)
+        return len(entry.line) if entry is not None and entry.line else 0
+
+    def _hold_list(self) -> list[tuple[str, int, float]]:
+        return [(k, e.token, e.since) for k, e in self._entries.items() if e.token]
 
     # -- eviction ------------------------------------------------------------------------
 
@@ -473,7 +614,10 @@ class CountingCore(_CoreBase):
 
     def take(self, key: str, make_waiter: Callable[[], W] | None) -> int | W | None:
         """Grant a permit now if one is free (returns the token); else put a new waiter
-        from ``make_waiter`` at the end of the line (returned), or refuse (None)."""
+        from ``make_waiter`` at the end of the line (returned), or refuse (None).
+        Raises LaneDrainingError while the lane drains."""
+        if self.draining:
+            raise LaneDrainingError(self.name, key)
         lock = self._lock
         lock.acquire()
         try:
@@ -486,7 +630,6 @@ class CountingCore(_CoreBase):
                 return token
             if make_waiter is None:
                 self.rejected += 1
-                self.timeouts += 1
                 return None
             waiter = make_waiter()
             self._line[waiter] = key
@@ -510,6 +653,8 @@ class CountingCore(_CoreBase):
                 token = next((t for t, h in holds.items() if h[0] == key), 0)
                 found = token != 0
             if found:
+                if self.hold_hist is not None:
+                    self.hold_hist.observe(self._clock() - holds[token][1])
                 del holds[token]
                 line = self._line
                 if line:
@@ -529,6 +674,26 @@ class CountingCore(_CoreBase):
 
     def _unlink(self, key: str, waiter: Waiter) -> bool:
         return self._line.pop(waiter, None) is not None
+
+    def _pop_line(self, key: str | None) -> list[Waiter]:
+        line = self._line
+        out = [w for w, k in line.items() if key is None or k == key]
+        for w in out:
+            del line[w]
+        return out
+
+    def _line_heads(self) -> list[Waiter]:
+        return [next(iter(self._line))] if self._line else []
+
+    def _blocker_since(self, key: str) -> float | None:
+        # The oldest hold of the lane: the first permit a release is likely to free.
+        return next(iter(self._holds.values()))[1] if self._holds else None
+
+    def _line_len(self, key: str) -> int:
+        return len(self._line)
+
+    def _hold_list(self) -> list[tuple[str, int, float]]:
+        return [(k, t, s) for t, (k, s) in self._holds.items()]
 
     def holders(self) -> int:
         return len(self._holds)

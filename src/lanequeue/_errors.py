@@ -10,6 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     "LaneBackendError",
+    "LaneClearedError",
+    "LaneDrainingError",
     "LaneError",
     "LaneTimeoutError",
     "LeaseLostError",
@@ -63,3 +65,42 @@ class LaneBackendError(LaneError):
 
     Never means "granted": when this is raised, the caller holds nothing new.
     """
+
+
+class LaneDrainingError(LaneError):
+    """The lane is draining or closed: it takes no new acquisitions.
+
+    Raised by ``acquire``, ``try_acquire``, ``acquire_timeout`` and a queue's
+    ``acquire_all`` once :meth:`drain` or :meth:`close` was called on the lane (or its
+    queue), and by the waits that ``drain(cancel_waiting=True)`` or ``close()`` ended. The
+    caller holds nothing new.
+
+    Attributes:
+        lane: name of the lane.
+        key: the key the caller asked for.
+    """
+
+    def __init__(self, lane: str, key: str) -> None:
+        self.lane = lane
+        self.key = key
+        super().__init__(f"lane {lane!r} is draining: no permit for key {key!r}")
+
+    def __reduce__(self) -> tuple[type[LaneDrainingError], tuple[str, str]]:
+        return (type(self), (self.lane, self.key))
+
+
+class LaneClearedError(LaneError):
+    """The wait for a permit was ended by ``lane.clear(key)``. The caller holds nothing.
+
+    Attributes:
+        lane: name of the lane.
+        key: the key whose waiters were cleared.
+    """
+
+    def __init__(self, lane: str, key: str) -> None:
+        self.lane = lane
+        self.key = key
+        super().__init__(f"lane {lane!r}: the wait for key {key!r} was cleared")
+
+    def __reduce__(self) -> tuple[type[LaneClearedError], tuple[str, str]]:
+        return (type(self), (self.lane, self.key))

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._core import Clock, CountingCore, LaneStats, SessionCore
+from ._core import Clock, CountingCore, LaneStats, SessionCore, log
+from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics, StuckHold
 from ._validate import check_count, check_key, check_timeout
 from .contract import not_held_error
 
 __all__ = [
+    "DEFAULT_WARN_AFTER_S",
     "DEFAULT_GLOBAL_CONCURRENCY",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_MAX_CONCURRENT",
@@ -38,6 +41,13 @@ DEFAULT_GLOBAL_CONCURRENCY = 8
 DEFAULT_MAX_SESSIONS = 256
 #: Seconds an idle per-key entry is kept.
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
+#: Seconds a wait may last before it is logged as slow (``warn_after_s``).
+DEFAULT_WARN_AFTER_S = 2.0
+#: How often ``wait_idle`` looks whether the lane is idle, in seconds.
+IDLE_POLL_S = 0.01
+
+#: ``on_wait(lane, key, waited_s, ahead)``: called once per wait that passes warn_after_s.
+OnWait = Callable[[Any, str, float, int], object]
 
 
 class _Default:
@@ -55,15 +65,191 @@ C = TypeVar("C", CountingCore, SessionCore)
 
 
 class LaneKind(Generic[C]):
-    """Name, timeout and read-only views shared by every in-process lane."""
+    """Name, timeout, read-only views and operations shared by every in-process lane."""
 
     _core: C
+    _kind = ""  # the ``kind`` label of the metrics: "counting" or "session"
 
-    def __init__(self, name: str, timeout_s: float | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        name: str,
+        timeout_s: float | None,
+        clock: Clock,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
+    ) -> None:
         self.name = check_key(name, "name")
         self.timeout_s: float | None = check_timeout(timeout_s)
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, not {clock!r}")
+        #: Seconds after which a wait is logged once as slow (None: never).
+        self.warn_after_s: float | None = check_timeout(warn_after_s, "warn_after_s")
+        if on_wait is not None and not callable(on_wait):
+            raise TypeError(f"on_wait must be callable or None, not {on_wait!r}")
+        #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
+        self.on_wait: OnWait | None = on_wait
+        #: Seconds after which a hold is logged once as long (None: never).
+        self.warn_hold_s: float | None = check_timeout(warn_hold_s, "warn_hold_s")
+        self._warned_holds: set[int] = set()
+
+    # -- operations: slow waits, stuck holds, metrics, lifecycle -------------------------
+
+    def _wait_clock(self) -> float:
+        """Now, on the clock the face measures waits with."""
+        return self._core._clock()
+
+    def _slow_wait(self, key: str, waited_s: float, ahead: int) -> None:
+        """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
+        ``ahead``: the waiters that were ahead of it in line when it joined."""
+        core = self._core
+        holder_age = core.holder_age(key)
+        log.warning(
+            "lane %r: key %r has waited %.3f s for a permit (%d waiters were ahead when it "
+            "joined; the current holder has held for %s s)", self.name, key, waited_s, ahead,
+            "-" if holder_age is None else f"{holder_age:.3f}",
+        )
+        if self.warn_hold_s is not None:
+            self._check_holds(core.hold_list())
+        if self.on_wait is not None:
+            try:
+                self.on_wait(self, key, waited_s, ahead)
+            except Exception:
+                log.exception("lane %r: on_wait callback failed", self.name)
+
+    def _check_holds(self, holds: list[tuple[str, int, float]]) -> None:
+        """Log, once per hold, the holds older than ``warn_hold_s``."""
+        limit = self.warn_hold_s
+        if limit is None:
+            return
+        warned = self._warned_holds
+        for key, token, age in holds:
+            if age >= limit and token not in warned:
+                warned.add(token)
+                log.warning("lane %r: key %r has held its permit for %.3f s (token %d)",
+                            self.name, key, age, token)
+        if warned:
+            warned.intersection_update(t for _, t, _ in holds)
+
+    def stuck(self, older_than_s: float) -> list[StuckHold]:
+        """The holds older than ``older_than_s`` seconds, oldest first.
+
+        Each is a :class:`lanequeue.StuckHold` (``key``, ``age_s``, ``token``: the hold's
+        fencing token). Also logs the holds past ``warn_hold_s`` not logged yet.
+        O(holds). Thread-safe. Raises TypeError/ValueError for a bad threshold.
+
+        Example:
+
+            >>> from lanequeue import Lane
+            >>> lane = Lane("global", max_concurrent=2)
+            >>> lane.try_acquire("job-1")
+            True
+            >>> [h.key for h in lane.stuck(0)]
+            ['job-1']
+            >>> lane.stuck(3600)
+            []
+        """
+        limit = check_timeout(older_than_s, "older_than_s")
+        holds = self._core.hold_list()
+        self._check_holds(holds)
+        if limit is None:
+            return []
+        out = [StuckHold(k, age, t) for k, t, age in holds if age >= limit]
+        out.sort(key=lambda h: -h.age_s)
+        return out
+
+    def metrics_snapshot(self) -> list[LaneMetrics]:
+        """The lane's metrics now (one :class:`lanequeue.LaneMetrics`), for an exporter
+        (:mod:`lanequeue.metrics`); read under the lane's lock, O(keys with waiters).
+        Also logs the holds past ``warn_hold_s`` not logged yet. Thread-safe."""
+        core = self._core
+        stats, wait, hold = core.metrics_read()
+        oldest = core.oldest_wait_since()
+        if self.warn_hold_s is not None:
+            self._check_holds(core.hold_list())
+        return [LaneMetrics(
+            lane=self.name,
+            kind=self._kind,
+            stats=stats,
+            wait=wait,
+            hold=hold,
+            sessions=self._sessions(),
+            oldest_wait_s=0.0 if oldest is None else max(0.0, self._wait_clock() - oldest),
+        )]
+
+    def _sessions(self) -> int | None:
+        return None
+
+    def track_holds(self) -> None:
+        """Start observing hold times for ``lanequeue_hold_seconds`` (idempotent).
+
+        Off until an exporter calls it, since it costs a clock read per release.
+        """
+        core = self._core
+        with core._lock:
+            if core.hold_hist is None:
+                core.hold_hist = Histogram(HOLD_BUCKETS)
+
+    @property
+    def draining(self) -> bool:
+        """True once :meth:`drain` or :meth:`close` was called: acquisitions are refused."""
+        return self._core.draining
+
+    def _idle(self) -> bool:
+        return self._core.holders() == 0 and self._core.waiting == 0
+
+    def _start_drain(self, cancel_waiting: bool) -> None:
+        if cancel_waiting:
+            self._check_waker()
+        self._core.draining = True
+        if cancel_waiting:
+            self._core.end_waiters(None, cleared=False)
+
+    def _check_waker(self) -> None:
+        """Check that this caller may wake the lane's waiters (asyncio: on its loop)."""
+
+    def clear(self, key: str) -> int:
+        """End every wait for ``key``: each waiter raises :class:`LaneClearedError`.
+
+        On a counting lane, the waiters that asked for ``key``. A holder is never torn
+        away: the key's current hold lasts until it is released. Returns how many waits
+        were ended. Never waits; thread-safe. Raises TypeError/ValueError for a bad key;
+        on an asyncio lane, RuntimeError when not called from the lane's event loop.
+
+        Example: a conversation is abandoned; its queued turns go.
+
+            >>> import threading, time
+            >>> from lanequeue import LaneClearedError, SessionLane
+            >>> sessions = SessionLane()
+            >>> sessions.try_acquire("gateway:web:42")
+            True
+            >>> def queued_turn():
+            ...     try:
+            ...         sessions.acquire_timeout("gateway:web:42", 30)
+            ...     except LaneClearedError:
+            ...         print("cleared")
+            >>> turn = threading.Thread(target=queued_turn)
+            >>> turn.start()
+            >>> while sessions.waiting_for("gateway:web:42") == 0:
+            ...     time.sleep(0.001)
+            >>> sessions.clear("gateway:web:42")
+            1
+            >>> turn.join()
+            cleared
+            >>> sessions.is_held("gateway:web:42")  # the holder keeps its permit
+            True
+        """
+        key = check_key(key)
+        self._check_waker()
+        return self._core.end_waiters(key, cleared=True)
+
+    def close(self) -> None:
+        """Refuse new acquisitions (:class:`LaneDrainingError`) and end every wait with
+        that error, at once; holders keep their permits until they release. Idempotent;
+        the same as ``drain(0, cancel_waiting=True)`` without looking whether the lane
+        is idle. Never waits. On an asyncio lane, RuntimeError when not called from the
+        lane's event loop."""
+        self._start_drain(True)
 
     @property
     def active_count(self) -> int:
@@ -90,7 +276,10 @@ class LaneKind(Generic[C]):
         return self._core.held_since()
 
     def status(self) -> dict[str, Any]:
-        """A JSON-ready picture of the lane: kind, limits, holders, waiters, counters."""
+        """A JSON-ready picture of the lane: kind, limits, holders, waiters, counters.
+        Also logs the holds past ``warn_hold_s`` not logged yet."""
+        if self.warn_hold_s is not None:
+            self._check_holds(self._core.hold_list())
         return {
             "kind": type(self).__name__,
             "name": self.name,
@@ -115,6 +304,8 @@ class LaneKind(Generic[C]):
 class CountingKind(LaneKind[CountingCore]):
     """A counting lane: at most ``max_concurrent`` holders over all keys, FIFO."""
 
+    _kind = "counting"
+
     def __init__(
         self,
         name: str,
@@ -122,8 +313,11 @@ class CountingKind(LaneKind[CountingCore]):
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         clock: Clock = time.monotonic,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
     ) -> None:
-        super().__init__(name, timeout_s, clock)
+        super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
         self._core = CountingCore(self.name, check_count(max_concurrent, "max_concurrent"), clock)
 
     @property
@@ -159,6 +353,8 @@ class CountingKind(LaneKind[CountingCore]):
 class SessionKind(LaneKind[SessionCore]):
     """A per-key lane: one holder per key, FIFO per key, keys independent."""
 
+    _kind = "session"
+
     def __init__(
         self,
         name: str = "session",
@@ -167,8 +363,11 @@ class SessionKind(LaneKind[SessionCore]):
         idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         clock: Clock = time.monotonic,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
     ) -> None:
-        super().__init__(name, timeout_s, clock)
+        super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
         idle = check_timeout(idle_timeout_s, "idle_timeout_s")
         self._core = SessionCore(
             self.name,
@@ -190,6 +389,9 @@ class SessionKind(LaneKind[SessionCore]):
     @property
     def session_count(self) -> int:
         """Entries alive now, held or idle (expired idle entries are dropped first)."""
+        return self._core.session_count()
+
+    def _sessions(self) -> int | None:
         return self._core.session_count()
 
     def cleanup_idle(self) -> int:

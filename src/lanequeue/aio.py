@@ -34,10 +34,11 @@ from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal, cast
 
-from ._core import Core, Waiter
+from ._core import Core, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
+    IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
@@ -59,12 +60,13 @@ __all__ = [
 class _TaskWaiter(Waiter):
     """A task in line: parks on a future of the lane's loop."""
 
-    __slots__ = ("fut",)
+    __slots__ = ("fut", "timer")
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.token = 0
         self.left = False
         self.fut = fut
+        self.timer: asyncio.TimerHandle | None = None  # the wait's one timer, if any
 
     def grant(self, token: int) -> bool:
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
@@ -132,6 +134,10 @@ class _AsyncFace:
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     name: str
     timeout_s: float | None
+    warn_after_s: float | None
+    _slow_wait: Any
+    _idle: Any
+    _start_drain: Any
     _loop: asyncio.AbstractEventLoop | None = None
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
 
@@ -189,26 +195,63 @@ class _AsyncFace:
 
     async def _park(self, key: str, waiter: object, timeout: float | None) -> int:
         """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
-        it did not grant (a waiter now in line, or None for a refusal)."""
+        it did not grant (a waiter now in line, or None for a refusal).
+
+        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. Slow
+        waits (``warn_after_s``) never add a timer: a wait with a timeout arms its one
+        timer for ``warn_after_s`` first, logs there and re-arms it for the deadline
+        (:meth:`_warn_then_expire`); a wait without a timeout is logged when it ends, if
+        it lasted ``warn_after_s`` or more. The warning gives the waiters that were
+        ahead when it joined. Raises LaneClearedError / LaneDrainingError when ``clear``
+        or a drain ended the wait.
+        """
         if waiter is None:
             return 0
         assert isinstance(waiter, _TaskWaiter)
-        core: Core = self._core
+        core = self._core
         loop = waiter.fut.get_loop()
-        timer = None if timeout is None else loop.call_later(timeout, self._expire, key, waiter)
+        waiter.since = start = loop.time()
+        warn = self.warn_after_s
+        ahead = -1
+        if warn is not None and (timeout is None or timeout > warn):
+            ahead = core.queued(key) - 1  # joined at the end: the others are ahead
+            if timeout is not None:
+                waiter.timer = loop.call_later(
+                    warn, self._warn_then_expire, key, waiter, timeout, ahead)
+        elif timeout is not None:
+            waiter.timer = loop.call_later(timeout, self._expire, key, waiter)
         try:
             await waiter.fut
         except BaseException:
             # Cancelled in line, or after the grant but before resuming: withdraw tells
             # which; a permit already ours is passed on at once.
             token = core.withdraw(key, waiter, timed_out=False)
-            if token:
+            if token > 0:
                 core.release(key, token)
+            core.observe_wait(loop.time() - start, token > 0)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
-        return waiter.token
+            if waiter.timer is not None:
+                waiter.timer.cancel()
+        token = waiter.token
+        waited = loop.time() - start
+        core.observe_wait(waited, token > 0)
+        if timeout is None and ahead >= 0 and warn is not None and waited >= warn:
+            self._slow_wait(key, waited, ahead)
+        if token < 0:
+            raise ended_error(self.name, key, token)
+        return int(token)
+
+    def _warn_then_expire(
+        self, key: str, waiter: _TaskWaiter, timeout: float, ahead: int
+    ) -> None:
+        """The wait's timer at ``warn_after_s``: log the slow wait, then re-arm the same
+        timer for the wait's deadline (``timeout`` seconds after it started)."""
+        if waiter.fut.done():
+            return
+        loop = waiter.fut.get_loop()
+        waiter.timer = loop.call_at(waiter.since + timeout, self._expire, key, waiter)
+        self._slow_wait(key, loop.time() - waiter.since, ahead)
 
     def _expire(self, key: str, waiter: _TaskWaiter) -> None:
         """Timer callback at a waiter's deadline (on the loop, so no grant can race it)."""
@@ -272,8 +315,9 @@ class _AsyncFace:
     async def try_acquire(self, key: str) -> bool:
         """A coroutine: take a permit for ``key`` if one is free now; never waits.
 
-        Returns True if taken (release with :meth:`manual_release`), False otherwise.
-        Raises TypeError/ValueError for a bad key, RuntimeError outside the lane's loop.
+        Returns True if taken (release with :meth:`manual_release`), False otherwise (a
+        refusal counts in ``stats.rejected``). Raises TypeError/ValueError for a bad key,
+        RuntimeError outside the lane's loop, LaneDrainingError once the lane drains.
         Plain twin: :meth:`try_acquire_nowait`.
         """
         return self.try_acquire_nowait(key)
@@ -309,6 +353,56 @@ class _AsyncFace:
     async def _raw_release(self, key: str) -> None:
         """The source design's internal release (see :meth:`manual_release`)."""
         self.manual_release_nowait(key)
+
+    def _check_waker(self) -> None:
+        # Waiters' futures belong to the lane's loop: only that loop may resolve them.
+        self._bind()
+
+    def _wait_clock(self) -> float:
+        loop = self._loop
+        return loop.time() if loop is not None else float(self._core._clock())
+
+    async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
+                    ) -> bool:
+        """Stop taking new acquisitions, then wait up to ``timeout_s`` (loop clock) for
+        the lane to go idle. A coroutine; same contract as :meth:`lanequeue.Lane.drain`.
+
+        Returns True if the lane is idle (no holder, no waiter) on return. Raises
+        TypeError/ValueError for a bad timeout; RuntimeError from a foreign loop.
+
+        Example:
+
+            >>> import asyncio
+            >>> lane = AsyncLane("global", max_concurrent=2)
+            >>> async def shutdown():
+            ...     async with lane.acquire("job-1"):
+            ...         idle_inside = await lane.drain()
+            ...     return idle_inside, await lane.drain()
+            >>> asyncio.run(shutdown())
+            (False, True)
+        """
+        timeout = check_timeout(timeout_s)
+        self._bind_loop()
+        self._start_drain(cancel_waiting)
+        return await self.wait_idle(timeout)
+
+    async def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (loop clock; None: no limit) until the lane
+        has no holder and no waiter; True if idle on return, False when the timeout
+        passed first. A coroutine; looks every 10 ms (``asyncio.sleep``). Raises
+        TypeError/ValueError for a bad timeout; RuntimeError from a foreign loop."""
+        timeout = check_timeout(timeout_s)
+        loop = self._bind_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._idle():
+            if deadline is None:
+                await asyncio.sleep(IDLE_POLL_S)
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(IDLE_POLL_S, left))
+        return True
 
 
 class AsyncLane(_AsyncFace, CountingKind):
@@ -498,6 +592,29 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         it releases the lanes already taken, in reverse, then re-raises CancelledError.
         """
         return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s)
+
+    async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
+                    ) -> bool:
+        """:meth:`lanequeue.LaneQueue.drain` for asyncio: every in-process lane refuses
+        new acquisitions at once, then this waits up to ``timeout_s`` (loop clock) for all
+        to be idle. A coroutine; True if every lane is idle on return."""
+        timeout = check_timeout(timeout_s)
+        self._start_drain(cancel_waiting)
+        return await self.wait_idle(timeout)
+
+    async def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (loop clock; None: no limit) until no
+        in-process lane has a holder or a waiter; False when the timeout passed first.
+        A coroutine; looks every 10 ms."""
+        timeout = check_timeout(timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._idle():
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
+        return True
 
 
 def build_default_async_lanes() -> AsyncLaneQueue:

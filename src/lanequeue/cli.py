@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 from fractions import Fraction
@@ -162,8 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="PATH",
-        help="write a PNG of concurrency over time and the wait distribution "
+        help="write a PNG of concurrency over time, the wait distribution, in-flight "
+        "requests against the cap and the lanes' own wait histograms "
         "(needs matplotlib: pip install 'lanequeue[plot]')",
+    )
+    rp.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve the lanes' Prometheus metrics on http://127.0.0.1:N/metrics while the "
+        "replay runs (0: any free port; in-process runtimes only; needs prometheus_client: "
+        "pip install 'lanequeue[prometheus]')",
     )
     rp.add_argument(
         "--no-progress",
@@ -308,6 +319,30 @@ def _report_skipped(
         print(f"lanequeue {command}: {len(skipped)} invalid lines skipped", file=err)
 
 
+def _lanes_of(queues: list[Any]) -> list[Any]:
+    return [q[name] for q in queues for name in q.list_lanes()]
+
+
+def _serve_metrics(port: int, queues: list[Any], err: TextIO) -> tuple[Any, Any]:
+    """Start a Prometheus endpoint on 127.0.0.1:``port`` (0: any free port) with its own
+    registry; return the server and the ``on_queue`` hook that attaches the replay's queue
+    to it (and remembers the queue in ``queues``)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from lanequeue.metrics import PrometheusCollector
+
+    registry = CollectorRegistry()
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    print(f"serving Prometheus metrics on http://127.0.0.1:{server.server_port}/metrics",
+          file=err, flush=True)
+
+    def attach(queue: Any) -> None:
+        queues.append(queue)
+        PrometheusCollector(queue, registry=registry)
+
+    return server, attach
+
+
 def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.replay import ReplayConfig, TraceError, read_trace, run_replay
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
@@ -344,6 +379,15 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             return fail(f"cannot write {path}: it is a directory; give a file name")
         if not path.resolve().parent.is_dir():
             return fail(f"cannot write {path}: directory {path.parent} does not exist")
+    if args.metrics_port is not None:
+        if not 0 <= args.metrics_port <= 65535:
+            return fail(f"--metrics-port must be a port number (0-65535), not {args.metrics_port}")
+        if args.backend is not None:
+            return fail("--metrics-port serves in-process lanes; the lanes of --backend live "
+                        "in the worker processes")
+        if importlib.util.find_spec("prometheus_client") is None:
+            return fail("--metrics-port needs prometheus_client, which is not installed; "
+                        "install it with: pip install 'lanequeue[prometheus]'")
     if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
         return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
     try:
@@ -363,6 +407,11 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
 
+    queues: list[Any] = []  # the in-process queue, once the runtime has built it
+    on_queue = queues.append if args.backend is None else None
+    server = None
+    if args.metrics_port is not None:
+        server, on_queue = _serve_metrics(args.metrics_port, queues, err)
     bar = _progress_bar(len(trace.requests), not args.no_progress, err)
     try:
         if bar is not None:
@@ -371,12 +420,15 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 bar.update(done - bar.n)
         else:
             progress = None  # type: ignore[assignment]
-        result = run_replay(trace, config, progress=progress)
+        result = run_replay(trace, config, progress=progress, on_queue=on_queue)
     except BackendError as exc:
         return fail(str(exc))
     finally:
         if bar is not None:
             bar.close()
+        if server is not None:
+            server.shutdown()
+            server.server_close()
 
     report = result.report
     print(report.table(), file=out)
@@ -384,7 +436,8 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         report.write_json(args.json_path)
         print(f"\nwrote {args.json_path}", file=out)
     if args.plot_path is not None:
-        write_plot(result, args.plot_path)
+        lanes = [m for lane in _lanes_of(queues) for m in lane.metrics_snapshot()]
+        write_plot(result, args.plot_path, lane_metrics=lanes or None)
         print(f"wrote {args.plot_path}", file=out)
     for rid, error in result.record.errors[:MAX_LINE_MESSAGES]:
         print(f"lanequeue replay: request {rid} failed: {error}", file=err)

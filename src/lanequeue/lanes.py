@@ -11,12 +11,14 @@ shared state machine of :mod:`lanequeue._core`.
 from __future__ import annotations
 
 import threading
+import time
 from types import TracebackType
 from typing import Any, Literal
 
-from ._core import Core, Waiter
+from ._core import Core, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._face import (
+    IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
@@ -99,6 +101,10 @@ class _ThreadFace:
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     name: str
     timeout_s: float | None
+    warn_after_s: float | None
+    _slow_wait: Any
+    _idle: Any
+    _start_drain: Any
 
     def _take(self, key: str, timeout: float | None) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
@@ -111,25 +117,45 @@ class _ThreadFace:
 
     def _park(self, key: str, waiter: object, timeout: float | None) -> int:
         """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
-        it did not grant (a waiter now in line, or None for a refusal)."""
+        it did not grant (a waiter now in line, or None for a refusal).
+
+        The wait is observed (``lanequeue_wait_seconds``) when it ends. With
+        ``warn_after_s`` set and shorter than ``timeout``, the thread parks in two steps:
+        up to ``warn_after_s``, then (not granted yet) it logs the slow wait once, with
+        the waiters that were ahead when it joined, and parks for the rest. Raises
+        LaneClearedError / LaneDrainingError when ``clear`` or a drain ended the wait.
+        """
         if waiter is None:
             return 0
         assert isinstance(waiter, _ThreadWaiter)
-        core: Core = self._core
+        core = self._core
+        clock = core._clock
+        waiter.since = start = clock()
+        warn = self.warn_after_s
         try:
-            granted = waiter.park(timeout)
+            if warn is not None and (timeout is None or timeout > warn):
+                ahead = core.queued(key) - 1  # joined at the end: the others are ahead
+                granted = waiter.park(warn)
+                if not granted:
+                    self._slow_wait(key, clock() - start, ahead)
+                    granted = waiter.park(None if timeout is None else timeout - warn)
+            else:
+                granted = waiter.park(timeout)
         except BaseException:
             # Interrupted while parked (KeyboardInterrupt, an async exception): leave no
             # ghost in line; if the permit was handed over meanwhile, pass it on.
             token = core.withdraw(key, waiter, timed_out=False)
-            if token:
+            if token > 0:
                 core.release(key, token)
+            core.observe_wait(clock() - start, token > 0)
             raise
-        if granted:
-            return waiter.token
-        # Ran out of time; the releaser may still have granted us just now: withdraw
+        # Ran out of time? The releaser may still have granted us just now: withdraw
         # settles that race under the core's lock and returns the token if so.
-        return core.withdraw(key, waiter, timed_out=True)
+        token = waiter.token if granted else core.withdraw(key, waiter, timed_out=True)
+        core.observe_wait(clock() - start, token > 0)
+        if token < 0:
+            raise ended_error(self.name, key, token)
+        return int(token)
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""
@@ -174,8 +200,8 @@ class _ThreadFace:
         """Take a permit for ``key`` if one is free now; never waits.
 
         Returns True if taken (release it with :meth:`manual_release`), False if not (the
-        refusal counts in ``stats.timeouts`` and ``stats.rejected``). Raises TypeError /
-        ValueError for a bad key.
+        refusal counts in ``stats.rejected``, not in ``stats.timeouts``). Raises TypeError
+        / ValueError for a bad key, LaneDrainingError once the lane drains.
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
@@ -213,6 +239,62 @@ class _ThreadFace:
         """The source design's internal release (see :meth:`manual_release`)."""
         self.manual_release(key)
 
+    def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
+        """Stop taking new acquisitions, then wait up to ``timeout_s`` for the lane to go
+        idle.
+
+        At once, every new ``acquire`` / ``acquire_timeout`` / ``try_acquire`` (and a
+        queue's ``acquire_all`` naming this lane) raises :class:`LaneDrainingError`.
+        Holders finish and release as usual; waiters keep their place and are served,
+        unless ``cancel_waiting`` ends their waits with :class:`LaneDrainingError`.
+        Draining cannot be undone: make a new lane.
+
+        Args:
+            timeout_s: seconds to wait for idle; 0 (default) returns at once; None: no
+                limit.
+            cancel_waiting: end every wait now instead of serving it.
+
+        Returns:
+            True if the lane is idle (no holder, no waiter) on return, else False.
+
+        Raises TypeError/ValueError for a bad timeout. Thread-safe.
+
+        Example:
+
+            >>> lane = Lane("global", max_concurrent=2)
+            >>> lane.try_acquire("job-1")
+            True
+            >>> lane.drain()
+            False
+            >>> lane.manual_release("job-1")
+            True
+            >>> lane.drain()
+            True
+        """
+        timeout = check_timeout(timeout_s)
+        self._start_drain(cancel_waiting)
+        return self.wait_idle(timeout)
+
+    def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: no limit) until the lane has no holder
+        and no waiter; True if it is idle on return, False when the timeout passed first.
+
+        It looks every 10 ms (``time.sleep``), so the release path carries no idle
+        notification. Does not refuse anything by itself (see :meth:`drain`). Raises
+        TypeError/ValueError for a bad timeout. Thread-safe.
+        """
+        timeout = check_timeout(timeout_s)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._idle():
+            if deadline is None:
+                time.sleep(IDLE_POLL_S)
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(IDLE_POLL_S, left))
+        return True
+
 
 class Lane(_ThreadFace, CountingKind):
     """A counting lane for threads: at most ``max_concurrent`` holders over all keys.
@@ -225,7 +307,15 @@ class Lane(_ThreadFace, CountingKind):
         name: the lane's name (non-empty ``str``).
         max_concurrent: permits, >= 1.
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
-        clock: monotonic clock in seconds for hold ages (replaceable in tests).
+        clock: monotonic clock in seconds for hold ages and waits (replaceable in tests).
+        warn_after_s: a wait longer than this many seconds is logged once (lane, key,
+            seconds waited, waiters ahead when it joined, age of the hold it waits
+            behind); None: never. Default 2.0.
+        on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
+            its exceptions are logged, not raised.
+        warn_hold_s: a hold longer than this many seconds is logged once (checked at
+            ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
+            warning); None (default): never.
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it.
@@ -265,8 +355,16 @@ class SessionLane(_ThreadFace, SessionKind):
         idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is
             needed; None: until room is needed).
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
-        clock: monotonic clock in seconds for idle and hold ages (replaceable in tests;
-            waits always run on ``threading``'s own clock).
+        clock: monotonic clock in seconds for idle and hold ages and for measuring waits
+            (replaceable in tests; deadlines always run on ``threading``'s own clock).
+        warn_after_s: a wait longer than this many seconds is logged once (lane, key,
+            seconds waited, waiters ahead when it joined, age of the hold it waits
+            behind); None: never. Default 2.0.
+        on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
+            its exceptions are logged, not raised.
+        warn_hold_s: a hold longer than this many seconds is logged once (checked at
+            ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
+            warning); None (default): never.
 
     Not re-entrant: a thread holding a key that acquires it again waits for itself
     until its timeout (use one hold per request).

@@ -30,11 +30,16 @@ from ._face import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
+    DEFAULT_WARN_AFTER_S,
+    IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
+    LaneKind,
+    OnWait,
     SessionKind,
 )
+from ._obs import StuckHold
 from ._validate import check_key, check_timeout
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace, _ThreadWaiter
@@ -325,7 +330,18 @@ class QueueBase(Generic[L, CL, SL]):
     _face: str
     _surface: type[L]
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
+    ) -> None:
+        # Given to every in-process lane add_lane / add_session_lane make (checked by the
+        # lanes).
+        self._ops: dict[str, Any] = {
+            "warn_after_s": warn_after_s, "on_wait": on_wait, "warn_hold_s": warn_hold_s,
+        }
         self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
@@ -382,6 +398,7 @@ class QueueBase(Generic[L, CL, SL]):
             return self.add(self._counting(
                 name, max_concurrent=max_concurrent, timeout_s=timeout_s,
                 clock=time.monotonic if clock is None else clock,
+                **self._ops,
             ))
         self._no_clock(clock)
         lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s)
@@ -442,6 +459,7 @@ class QueueBase(Generic[L, CL, SL]):
             return self.add(self._session(
                 name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
                 timeout_s=timeout_s, clock=time.monotonic if clock is None else clock,
+                **self._ops,
             ))
         self._no_clock(clock)
         lane = backend.session_lane(
@@ -511,6 +529,42 @@ class QueueBase(Generic[L, CL, SL]):
         """Each lane's ``status()`` by name (never a round trip to Redis)."""
         return {name: lane.status() for name, lane in self._lanes.items()}
 
+    # -- operations over every lane (lanes without them, such as Redis lanes, are skipped)
+
+    def _ops_lanes(self) -> list[LaneKind[Any]]:
+        return [x for x in self._lanes.values() if isinstance(x, LaneKind)]
+
+    def stuck(self, older_than_s: float) -> dict[str, list[StuckHold]]:
+        """Each in-process lane's :meth:`~lanequeue.Lane.stuck` holds, by lane name (lanes
+        with none left out). Raises TypeError/ValueError for a bad threshold."""
+        out: dict[str, list[StuckHold]] = {}
+        for lane in self._ops_lanes():
+            holds = lane.stuck(older_than_s)
+            if holds:
+                out[lane.name] = holds
+        return out
+
+    def clear(self, key: str) -> int:
+        """End every wait for ``key`` on every in-process lane (each waiter raises
+        :class:`LaneClearedError`; an ``acquire_all`` waiting for ``key`` gives back what
+        it took first). Holders keep their permits. Returns how many waits were ended.
+        Raises TypeError/ValueError for a bad key."""
+        key = check_key(key)
+        return sum(lane.clear(key) for lane in self._ops_lanes())
+
+    def close(self) -> None:
+        """:meth:`~lanequeue.Lane.close` every in-process lane: refuse new acquisitions
+        and end every wait with :class:`LaneDrainingError`; holders finish. Idempotent."""
+        for lane in self._ops_lanes():
+            lane.close()
+
+    def _start_drain(self, cancel_waiting: bool) -> None:
+        for lane in self._ops_lanes():
+            lane._start_drain(cancel_waiting)
+
+    def _idle(self) -> bool:
+        return all(lane._idle() for lane in self._ops_lanes())
+
     def _step(self, lane: L) -> Step:
         """How this queue drives ``lane``: (lane, its core) for an in-process lane of the
         queue's own face, (lane, None) for lanes reached through their ``_hold``."""
@@ -561,6 +615,11 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
     ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane` (or,
     with ``backend=RedisBackend(client)``, their Redis twins); ``add`` registers any lane
     of the thread face (:class:`lanequeue.SyncLane`).
+
+    ``warn_after_s``, ``on_wait`` and ``warn_hold_s`` (keyword arguments, see
+    :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make.
+    ``drain``, ``wait_idle``, ``clear``, ``close`` and ``stuck`` apply to every in-process
+    lane of the queue.
 
     Example:
 
@@ -616,6 +675,38 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             (True, 1)
         """
         return self._multi(_MultiAcquire, key, lane_names, timeout_s)
+
+    def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
+        """:meth:`lanequeue.Lane.drain` for every in-process lane at once, with ONE wait:
+        every lane refuses new acquisitions (an ``acquire_all`` naming any of them raises
+        :class:`LaneDrainingError`, holding nothing), then this waits up to
+        ``timeout_s`` seconds (0: not at all; None: no limit) for all of them to be idle.
+
+        Returns True if every lane is idle on return. Raises TypeError/ValueError for a
+        bad timeout. Lanes without these operations (Redis lanes) are left as they are.
+
+        Example:
+
+            >>> queue = build_default_lanes()
+            >>> queue.drain(timeout_s=1.0)
+            True
+        """
+        timeout = check_timeout(timeout_s)
+        self._start_drain(cancel_waiting)
+        return self.wait_idle(timeout)
+
+    def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: no limit) until no in-process lane of
+        the queue has a holder or a waiter; False when the timeout passed first. Looks
+        every 10 ms. Raises TypeError/ValueError for a bad timeout."""
+        timeout = check_timeout(timeout_s)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._idle():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
+        return True
 
 
 def build_default_lanes() -> LaneQueue:

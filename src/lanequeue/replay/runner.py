@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from fractions import Fraction
+from typing import Any
 
 from lanequeue import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, build_gateway_session_key
 from lanequeue.replay.observe import count_order_violations, peak_concurrency
@@ -183,7 +185,11 @@ def simulate_trace(trace: Trace, config: ReplayConfig) -> Schedule:
 
 
 def run_replay(
-    trace: Trace, config: ReplayConfig | None = None, *, progress: ProgressFn | None = None
+    trace: Trace,
+    config: ReplayConfig | None = None,
+    *,
+    progress: ProgressFn | None = None,
+    on_queue: Callable[[Any], object] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` through real lanes in real time and measure it.
 
@@ -196,16 +202,22 @@ def run_replay(
         trace: the requests (see :func:`lanequeue.replay.read_trace`).
         config: the settings; defaults to :class:`ReplayConfig()`.
         progress: called now and then with (completed, total).
+        on_queue: called with the queue of in-process lanes once it is built, before the
+            first request (``lanequeue replay --metrics-port`` attaches its Prometheus
+            collector there). In-process runtimes only.
 
     Returns:
         The report and the data behind it. Takes about the trace's duration / speed.
 
     Raises:
-        ValueError: an unknown runtime or policy, or bad settings.
+        ValueError: an unknown runtime or policy, bad settings, or ``on_queue`` with a
+            backend.
         lanequeue.replay.runtimes.redis_processes.BackendError: with a backend: the server cannot be
             reached, or a worker process failed.
     """
     config = config or ReplayConfig()
+    if on_queue is not None and config.backend is not None:
+        raise ValueError("on_queue: the lanes of a backend live in the worker processes")
     runtime: Runtime
     if config.backend is not None:
         from lanequeue.replay.runtimes.redis_processes import RedisProcessRuntime
@@ -214,6 +226,8 @@ def run_replay(
     else:
         runtime = get_runtime(config.runtime)
     plan = make_plan(trace, config)
+    if on_queue is not None:
+        plan = replace(plan, on_queue=on_queue)
     ideal = simulate_trace(trace, config)
     record = runtime.run(plan, progress)
 

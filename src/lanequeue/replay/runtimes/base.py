@@ -58,6 +58,8 @@ class ReplayPlan:
         lanes: the lanes every request takes, in acquisition (= registration) order.
         max_sessions: soft cap of a per-key lane's registry (entries).
         idle_timeout_s: seconds an idle per-key entry is kept; None keeps it for ever.
+        on_queue: called with the in-process queue once :func:`add_plan_lanes` has
+            registered its lanes (to export its metrics while it runs); None: nothing.
 
     Raises:
         ValueError: lengths differ, no lane, or arrivals out of order.
@@ -69,6 +71,7 @@ class ReplayPlan:
     lanes: Sequence[LaneSpec]
     max_sessions: int = DEFAULT_MAX_SESSIONS
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
+    on_queue: Callable[[Any], object] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -169,6 +172,7 @@ Q = TypeVar("Q", bound=LaneRegistry)
 def add_plan_lanes(queue: Q, plan: ReplayPlan) -> Q:
     """Register the lanes of ``plan`` on ``queue`` in order (so they are taken in that
     order), all of them waiting without limit (``timeout_s=None``); return ``queue``.
+    Then ``plan.on_queue(queue)``, if set.
 
     A per-key spec becomes a session lane with the plan's ``max_sessions`` and
     ``idle_timeout_s``, a counting spec a lane of ``capacity`` permits, of whichever face
@@ -190,6 +194,8 @@ def add_plan_lanes(queue: Q, plan: ReplayPlan) -> Q:
             )
         else:
             queue.add_lane(spec.name, max_concurrent=spec.capacity, timeout_s=None)
+    if plan.on_queue is not None:
+        plan.on_queue(queue)
     return queue
 
 

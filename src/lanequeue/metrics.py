@@ -1,0 +1,308 @@
+"""Metrics exporters: Prometheus (extra ``[prometheus]``) and OpenTelemetry (extra ``[otel]``).
+
+Both read the lanes at collection time (:meth:`lanequeue.Lane.metrics_snapshot`); nothing
+calls a metrics library per acquisition. A target is a lane, or a queue (every lane it
+has at collection time that offers ``metrics_snapshot``, so lanes added later are
+included).
+
+Names and labels (never the key: conversation ids would explode the cardinality):
+
+==================================  =========  ==========================================
+name                                type       meaning
+==================================  =========  ==========================================
+``lanequeue_wait_seconds``          histogram  wait of every acquisition: an immediate
+                                               grant counts 0, a wait its length, also
+                                               when it timed out, was cancelled or
+                                               cleared. Label ``reason``: ``key_busy``
+                                               (session lane) or ``lane_full`` (counting)
+``lanequeue_hold_seconds``          histogram  hold times, observed at release from the
+                                               moment an exporter is attached
+``lanequeue_holders``               gauge      permits held now
+``lanequeue_waiters``               gauge      callers waiting now
+``lanequeue_sessions``              gauge      live per-key entries (session lanes only)
+``lanequeue_oldest_wait_seconds``   gauge      the longest current wait (0: none)
+``lanequeue_acquired_total``        counter    permits granted
+``lanequeue_timeouts_total``        counter    waits that ran out
+``lanequeue_rejected_total``        counter    non-blocking refusals
+``lanequeue_cancelled_total``       counter    waits abandoned or ended (clear, drain)
+``lanequeue_evicted_total``         counter    idle per-key entries evicted
+``lanequeue_unmatched_releases...`` counter    releases that matched no hold
+``lanequeue_leases_lost_total``     counter    Redis holds whose lease ran out
+==================================  =========  ==========================================
+
+(the unmatched one is ``lanequeue_unmatched_releases_total``). Every series has the labels
+``lane`` (the lane's name) and ``kind`` (``session`` or ``counting``); lanes that report a
+``scope`` (Redis: ``process`` or ``lane``) add that label.
+
+Cost: nothing per acquisition; attaching an exporter turns on hold-time observation
+(:meth:`~lanequeue.Lane.track_holds`: a clock read and a bucket increment per release)
+unless it is given ``hold_times=False`` (then ``lanequeue_hold_seconds`` is not
+reported). ``benchmarks/run.py --only uncontended`` prints the figures with hold times on
+and off.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from ._obs import HistogramSnapshot, LaneMetrics, MetricsSource
+
+__all__ = ["PrometheusCollector", "instrument_otel", "lane_sources"]
+
+_REASON = {"session": "key_busy", "counting": "lane_full"}
+
+# (name without _total, LaneStats field or LaneMetrics attribute, help)
+_COUNTERS = (
+    ("lanequeue_acquired", "acquired", "Permits granted."),
+    ("lanequeue_timeouts", "timeouts", "Waits that ran out."),
+    ("lanequeue_rejected", "rejected", "Non-blocking refusals (not counted as timeouts)."),
+    ("lanequeue_cancelled", "cancelled",
+     "Waits abandoned (cancellation, an exception) or ended by clear/drain/close."),
+    ("lanequeue_evicted", "evicted", "Idle per-key entries evicted."),
+    ("lanequeue_unmatched_releases", "unmatched_releases",
+     "Releases that matched no hold and changed nothing."),
+    ("lanequeue_leases_lost", "leases_lost", "Holds whose lease ran out (Redis lanes)."),
+)
+_GAUGES = (
+    ("lanequeue_holders", "Permits held now."),
+    ("lanequeue_waiters", "Callers waiting now."),
+    ("lanequeue_sessions", "Live per-key entries, held or idle (session lanes)."),
+    ("lanequeue_oldest_wait_seconds", "Seconds the longest current wait has lasted."),
+)
+_WAIT_HELP = ("Wait of each acquisition in seconds (0 for an immediate grant); reason: "
+              "key_busy (session lane) or lane_full (counting lane).")
+_HOLD_HELP = "Hold times in seconds, observed at release."
+
+
+def lane_sources(target: Any) -> list[Any]:
+    """The lanes behind ``target``: ``[target]`` for a lane, every lane with
+    ``metrics_snapshot`` for a queue (in registration order). Raises TypeError for
+    anything else."""
+    if isinstance(target, MetricsSource):
+        return [target]
+    lanes = getattr(target, "list_lanes", None)
+    if callable(lanes):
+        return [lane for lane in (target[n] for n in lanes()) if isinstance(lane, MetricsSource)]
+    raise TypeError(
+        f"target must be a lane or a queue of lanes, not {type(target).__name__}"
+    )
+
+
+def _snapshots(target: Any, hold_times: bool) -> list[LaneMetrics]:
+    out: list[LaneMetrics] = []
+    for lane in lane_sources(target):
+        if hold_times:
+            lane.track_holds()  # idempotent; lanes added to a queue later join here
+        out.extend(lane.metrics_snapshot())
+    return out
+
+
+def _gauge_value(m: LaneMetrics, name: str) -> float | None:
+    if name == "lanequeue_holders":
+        return m.stats.holders
+    if name == "lanequeue_waiters":
+        return m.stats.waiters
+    if name == "lanequeue_sessions":
+        return m.sessions
+    return m.oldest_wait_s
+
+
+def _counter_value(m: LaneMetrics, field: str) -> int:
+    if field == "leases_lost":
+        return m.leases_lost
+    value: int = getattr(m.stats, field)
+    return value
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+class PrometheusCollector:
+    """A prometheus_client collector of one lane or one queue's lanes (extra
+    ``[prometheus]``).
+
+    Args:
+        target: a lane, or a queue (its lanes at each scrape).
+        registry: the ``CollectorRegistry`` to register on; None: prometheus_client's
+            default ``REGISTRY``.
+        hold_times: observe hold times for ``lanequeue_hold_seconds`` (a clock read per
+            release); False leaves the release path as it is and omits that histogram.
+
+    Registers itself at construction and (``hold_times``) turns on hold-time observation
+    of the lanes.
+    Each scrape reads :meth:`metrics_snapshot` of every lane (under each lane's lock,
+    briefly). One collector per registry: two would report the same metric names (use a
+    queue for several lanes). :meth:`unregister` removes it.
+
+    Raises:
+        ImportError: prometheus_client is not installed.
+        TypeError: ``target`` is neither a lane nor a queue.
+        ValueError: from prometheus_client, if the registry already has these names.
+
+    Example:
+
+        >>> from prometheus_client import CollectorRegistry, generate_latest
+        >>> from lanequeue import Lane
+        >>> lane = Lane("global", max_concurrent=2)
+        >>> registry = CollectorRegistry()
+        >>> collector = PrometheusCollector(lane, registry=registry)
+        >>> with lane.acquire("job-1"):
+        ...     pass
+        >>> text = generate_latest(registry).decode()
+        >>> 'lanequeue_acquired_total{kind="counting",lane="global"} 1.0' in text
+        True
+    """
+
+    def __init__(self, target: Any, *, registry: Any = None, hold_times: bool = True) -> None:
+        from prometheus_client import REGISTRY
+
+        self._target = target
+        self._hold_times = hold_times
+        for lane in lane_sources(target):
+            if hold_times:
+                lane.track_holds()
+        self._registry = REGISTRY if registry is None else registry
+        self._registry.register(self)
+
+    def unregister(self) -> None:
+        """Remove this collector from its registry."""
+        self._registry.unregister(self)
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families now (called by prometheus_client at each scrape)."""
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        snaps = _snapshots(self._target, self._hold_times)
+        scoped = any(m.scope is not None for m in snaps)
+        labels = ["lane", "kind", "scope"] if scoped else ["lane", "kind"]
+
+        def values(m: LaneMetrics) -> list[str]:
+            base = [m.lane, m.kind]
+            return [*base, m.scope or ""] if scoped else base
+
+        wait = HistogramMetricFamily("lanequeue_wait_seconds", _WAIT_HELP,
+                                     labels=[*labels, "reason"])
+        hold = HistogramMetricFamily("lanequeue_hold_seconds", _HOLD_HELP, labels=labels)
+        for m in snaps:
+            wait.add_metric([*values(m), _REASON.get(m.kind, m.kind)], _buckets(m.wait),
+                            m.wait.sum)
+            if m.hold is not None and self._hold_times:
+                hold.add_metric(values(m), _buckets(m.hold), m.hold.sum)
+        yield wait
+        yield hold
+        for name, help_text in _GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=labels)
+            for m in snaps:
+                v = _gauge_value(m, name)
+                if v is not None:
+                    gauge.add_metric(values(m), v)
+            yield gauge
+        for name, field, help_text in _COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=labels)
+            for m in snaps:
+                counter.add_metric(values(m), _counter_value(m, field))
+            yield counter
+
+
+def _buckets(h: HistogramSnapshot) -> list[tuple[str, float]]:
+    return [(_le(bound), float(n)) for bound, n in h.cumulative()]
+
+
+def instrument_otel(
+    target: Any, *, meter_provider: Any = None, hold_times: bool = True
+) -> list[Any]:
+    """Report one lane's or one queue's metrics through OpenTelemetry (extra ``[otel]``).
+
+    Args:
+        target: a lane, or a queue (its lanes at each collection).
+        meter_provider: the ``MeterProvider`` to use; None: the global one
+            (``opentelemetry.metrics.get_meter_provider()``).
+        hold_times: as for :class:`PrometheusCollector`.
+
+    Creates asynchronous instruments on the meter ``"lanequeue"`` whose callbacks read
+    the lanes at collection time, with the names and attributes of the module docstring.
+    The OpenTelemetry API has no asynchronous histogram, so each histogram is exported
+    Prometheus-style as three observable counters: ``<name>_bucket`` (attribute ``le``,
+    cumulative), ``<name>_sum`` and ``<name>_count``. Turns on hold-time observation
+    (``hold_times``).
+
+    Returns:
+        the instruments created.
+
+    Raises:
+        ImportError: opentelemetry-api is not installed.
+        TypeError: ``target`` is neither a lane nor a queue.
+    """
+    from opentelemetry import metrics as otel
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    for lane in lane_sources(target):
+        if hold_times:
+            lane.track_holds()
+    provider = otel.get_meter_provider() if meter_provider is None else meter_provider
+    meter = provider.get_meter("lanequeue")
+
+    def attrs(m: LaneMetrics) -> dict[str, str]:
+        out = {"lane": m.lane, "kind": m.kind}
+        if m.scope is not None:
+            out["scope"] = m.scope
+        return out
+
+    def hist_parts(m: LaneMetrics, name: str) -> tuple[HistogramSnapshot | None, dict[str, str]]:
+        if name == "lanequeue_wait_seconds":
+            return m.wait, {**attrs(m), "reason": _REASON.get(m.kind, m.kind)}
+        return m.hold, attrs(m)
+
+    def gauge_cb(name: str) -> Any:
+        def cb(options: CallbackOptions) -> Iterable[Observation]:
+            for m in _snapshots(target, hold_times):
+                v = _gauge_value(m, name)
+                if v is not None:
+                    yield Observation(v, attrs(m))
+        return cb
+
+    def counter_cb(field: str) -> Any:
+        def cb(options: CallbackOptions) -> Iterable[Observation]:
+            for m in _snapshots(target, hold_times):
+                yield Observation(_counter_value(m, field), attrs(m))
+        return cb
+
+    def hist_cb(name: str, part: str) -> Any:
+        def cb(options: CallbackOptions) -> Iterable[Observation]:
+            for m in _snapshots(target, hold_times):
+                h, a = hist_parts(m, name)
+                if h is None:
+                    continue
+                if part == "sum":
+                    yield Observation(h.sum, a)
+                elif part == "count":
+                    yield Observation(h.count, a)
+                else:
+                    for bound, n in h.cumulative():
+                        yield Observation(n, {**a, "le": _le(bound)})
+        return cb
+
+    instruments: list[Any] = []
+    for name, help_text in _GAUGES:
+        unit = "s" if name.endswith("_seconds") else "1"
+        instruments.append(meter.create_observable_gauge(
+            name, callbacks=[gauge_cb(name)], unit=unit, description=help_text))
+    for name, field, help_text in _COUNTERS:
+        instruments.append(meter.create_observable_counter(
+            f"{name}_total", callbacks=[counter_cb(field)], unit="1", description=help_text))
+    histograms = [("lanequeue_wait_seconds", _WAIT_HELP)]
+    if hold_times:
+        histograms.append(("lanequeue_hold_seconds", _HOLD_HELP))
+    for name, help_text in histograms:
+        for part, unit in (("bucket", "1"), ("sum", "s"), ("count", "1")):
+            instruments.append(meter.create_observable_counter(
+                f"{name}_{part}", callbacks=[hist_cb(name, part)], unit=unit,
+                description=help_text))
+    return instruments

@@ -1,0 +1,299 @@
+"""Metrics of the in-process lanes: the wait and hold histograms kept as counters in the
+lane, and the exporters of lanequeue.metrics (Prometheus through prometheus_client's own
+text parser, OpenTelemetry through the SDK's in-memory reader).
+
+A scripted run on a fake clock gives waits of known length: the test drives it with the
+park hook (a waiter is in line when it parks) and moves the clock by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import FakeClock, ParkHooks, run_thread
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from lanequeue import Lane, LaneQueue, SessionLane
+from lanequeue.metrics import PrometheusCollector, instrument_otel
+
+
+def scripted_run(lane: Any, clock: FakeClock, park_hooks: ParkHooks) -> None:
+    """On ``lane`` (one permit for key "k"): 2 immediate grants, one wait of 0.3 s that is
+    granted, one wait that times out, one refusal. Holds last 0.2 s (the first) and 0.3 s
+    (the one handed over), and 0 s (the second immediate one)."""
+    with lane.acquire("k"):
+        clock.advance(0.2)
+    assert lane.try_acquire("k")  # held from now on by the main thread
+    box: dict[str, Any] = {}
+
+    def granted() -> bool:
+        ok: bool = lane.acquire_timeout("k", 30)
+        clock.advance(0.3)  # its hold lasts 0.3 s
+        lane.manual_release("k")
+        return ok
+
+    t = run_thread("W", granted, box)
+    assert park_hooks.parked("W").wait(10)
+    clock.advance(0.3)  # the waiter has waited 0.3 s when the key is handed over
+    lane.manual_release("k")
+    t.join(10)
+    assert box["W"] is True
+    assert lane.try_acquire("k")
+    assert lane.acquire_timeout("k", 0.01) is False  # a real wait that runs out
+    assert lane.try_acquire("k") is False  # a refusal: not a wait, not a timeout
+    lane.manual_release("k")
+
+
+def make(kind: str, clock: FakeClock) -> Any:
+    if kind == "session":
+        return SessionLane("sess", clock=clock)
+    return Lane("cnt", max_concurrent=1, clock=clock)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_wait_histogram_counts_immediate_grants_and_waits(
+    kind: str, fake_clock: FakeClock, park_hooks: ParkHooks
+) -> None:
+    lane = make(kind, fake_clock)
+    lane.track_holds()
+    scripted_run(lane, fake_clock, park_hooks)
+    [m] = lane.metrics_snapshot()
+    st = lane.stats
+    assert (st.acquired, st.timeouts, st.rejected, st.cancelled) == (4, 1, 1, 0)
+    assert m.stats == st and m.kind == kind and m.lane == lane.name
+    # Every acquisition that was not refused: 3 immediate grants (0 s), the granted wait
+    # (0.3 s) and the timed-out one (0 s on the fake clock).
+    assert m.wait.count == st.acquired + st.timeouts == 5
+    bounds = m.wait.bounds
+    assert m.wait.counts[0] == 4  # 3 immediate grants + the timeout (0 s, fake clock)
+    assert m.wait.counts[bounds.index(0.5)] == 1  # the 0.3 s wait: 0.25 < w <= 0.5
+    assert m.wait.sum == pytest.approx(0.3)
+    # Holds: 0.2 s, 0.3 s (handed over to W), 0.3 s (W's own), 0 s (the last one).
+    assert m.hold is not None and m.hold.count == st.released == 4
+    assert m.hold.sum == pytest.approx(0.8)
+    assert m.sessions == (1 if kind == "session" else None)
+    assert m.oldest_wait_s == 0.0
+
+
+def test_hold_times_are_off_until_asked(fake_clock: FakeClock) -> None:
+    lane = SessionLane(clock=fake_clock)
+    with lane.acquire("k"):
+        fake_clock.advance(1.0)
+    assert lane.metrics_snapshot()[0].hold is None
+    lane.track_holds()
+    lane.track_holds()  # idempotent
+    with lane.acquire("k"):
+        fake_clock.advance(2.0)
+    hold = lane.metrics_snapshot()[0].hold
+    assert hold is not None and hold.count == 1 and hold.sum == pytest.approx(2.0)
+
+
+@pytest.mark.timeout(10)
+def test_oldest_wait_is_the_longest_current_wait(
+    fake_clock: FakeClock, park_hooks: ParkHooks
+) -> None:
+    lane = SessionLane(clock=fake_clock, warn_after_s=None)
+    assert lane.try_acquire("a") and lane.try_acquire("b")
+    box: dict[str, Any] = {}
+    ta = run_thread("A", lambda: lane.acquire_timeout("a", 30), box)
+    assert park_hooks.parked("A").wait(10)
+    fake_clock.advance(5.0)
+    tb = run_thread("B", lambda: lane.acquire_timeout("b", 30), box)
+    assert park_hooks.parked("B").wait(10)
+    fake_clock.advance(1.0)
+    assert lane.metrics_snapshot()[0].oldest_wait_s == pytest.approx(6.0)
+    lane.manual_release("a")
+    ta.join(10)
+    assert lane.metrics_snapshot()[0].oldest_wait_s == pytest.approx(1.0)
+    lane.manual_release("b")
+    tb.join(10)
+    assert lane.metrics_snapshot()[0].oldest_wait_s == 0.0
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of the registry's text output, parsed by prometheus_client."""
+    text = generate_latest(registry).decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_prometheus_output_matches_the_lane(
+    kind: str, fake_clock: FakeClock, park_hooks: ParkHooks
+) -> None:
+    lane = make(kind, fake_clock)
+    registry = CollectorRegistry()
+    PrometheusCollector(lane, registry=registry)  # turns hold times on
+    scripted_run(lane, fake_clock, park_hooks)
+    got = samples(registry)
+    st = lane.stats
+    lab = (("kind", kind), ("lane", lane.name))
+    assert got[("lanequeue_acquired_total", lab)] == st.acquired
+    assert got[("lanequeue_timeouts_total", lab)] == st.timeouts
+    assert got[("lanequeue_rejected_total", lab)] == st.rejected
+    assert got[("lanequeue_cancelled_total", lab)] == st.cancelled
+    assert got[("lanequeue_evicted_total", lab)] == st.evicted
+    assert got[("lanequeue_unmatched_releases_total", lab)] == st.unmatched_releases
+    assert got[("lanequeue_leases_lost_total", lab)] == 0
+    assert got[("lanequeue_holders", lab)] == st.holders
+    assert got[("lanequeue_waiters", lab)] == st.waiters
+    assert got[("lanequeue_oldest_wait_seconds", lab)] == 0.0
+    assert (("lanequeue_sessions", lab) in got) == (kind == "session")
+    reason = "key_busy" if kind == "session" else "lane_full"
+    wlab = tuple(sorted((*lab, ("reason", reason))))
+    [m] = lane.metrics_snapshot()
+    assert got[("lanequeue_wait_seconds_count", wlab)] == m.wait.count == 5
+    assert got[("lanequeue_wait_seconds_sum", wlab)] == pytest.approx(m.wait.sum)
+    for bound, n in m.wait.cumulative():
+        le = "+Inf" if bound == float("inf") else str(float(bound))
+        assert got[("lanequeue_wait_seconds_bucket", tuple(sorted((*wlab, ("le", le)))))] == n
+    assert got[("lanequeue_wait_seconds_bucket", tuple(sorted((*wlab, ("le", "0.005")))))] == 4
+    assert got[("lanequeue_hold_seconds_count", lab)] == st.released
+    assert got[("lanequeue_hold_seconds_sum", lab)] == pytest.approx(0.8)
+    # Never the key as a label.
+    assert not any(dict(labels).get(name) == "k" for (_, labels) in got for name in dict(labels))
+
+
+def test_prometheus_queue_reports_each_lane_and_lanes_added_later() -> None:
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    registry = CollectorRegistry()
+    collector = PrometheusCollector(queue, registry=registry)
+    queue.add_lane("global", max_concurrent=2)
+    with queue.acquire_all("k", ["session", "global"]):
+        got = samples(registry)
+        assert got[("lanequeue_holders", (("kind", "session"), ("lane", "session")))] == 1
+        assert got[("lanequeue_holders", (("kind", "counting"), ("lane", "global")))] == 1
+    got = samples(registry)
+    assert got[("lanequeue_hold_seconds_count", (("kind", "counting"), ("lane", "global")))] == 1
+    collector.unregister()
+    assert not any(name.startswith("lanequeue_") for name, _ in samples(registry))
+
+
+def test_prometheus_registers_on_the_default_registry() -> None:
+    from prometheus_client import REGISTRY
+
+    lane = Lane("default-registry-probe", max_concurrent=1)
+    collector = PrometheusCollector(lane)
+    try:
+        assert REGISTRY.get_sample_value(
+            "lanequeue_acquired_total", {"lane": lane.name, "kind": "counting"}) == 0
+    finally:
+        collector.unregister()
+
+
+def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:
+    with pytest.raises(TypeError, match="target must be a lane or a queue"):
+        PrometheusCollector(object(), registry=CollectorRegistry())
+    with pytest.raises(TypeError, match="target must be a lane or a queue"):
+        instrument_otel(42)
+
+
+@pytest.mark.timeout(20)
+def test_otel_reads_the_same_figures(fake_clock: FakeClock, park_hooks: ParkHooks) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    lane = make("session", fake_clock)
+    instruments = instrument_otel(lane, meter_provider=provider)
+    assert len(instruments) == 4 + 7 + 6
+    scripted_run(lane, fake_clock, park_hooks)
+    data = reader.get_metrics_data()
+    points: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
+    for rm in data.resource_metrics:
+        for sm in rm.scope_metrics:
+            assert sm.scope.name == "lanequeue"
+            for metric in sm.metrics:
+                for p in metric.data.data_points:
+                    points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
+    st = lane.stats
+    lab = (("kind", "session"), ("lane", "sess"))
+    assert points[("lanequeue_acquired_total", lab)] == st.acquired == 4
+    assert points[("lanequeue_timeouts_total", lab)] == st.timeouts == 1
+    assert points[("lanequeue_rejected_total", lab)] == st.rejected == 1
+    assert points[("lanequeue_holders", lab)] == 0
+    assert points[("lanequeue_sessions", lab)] == 1
+    wlab = tuple(sorted((*lab, ("reason", "key_busy"))))
+    assert points[("lanequeue_wait_seconds_count", wlab)] == 5
+    assert points[("lanequeue_wait_seconds_sum", wlab)] == pytest.approx(0.3)
+    assert points[("lanequeue_wait_seconds_bucket", tuple(sorted((*wlab, ("le", "+Inf")))))] == 5
+    assert points[("lanequeue_wait_seconds_bucket", tuple(sorted((*wlab, ("le", "0.25")))))] == 4
+    assert points[("lanequeue_hold_seconds_count", lab)] == st.released
+
+
+@pytest.mark.timeout(20)
+def test_waits_ended_by_an_interrupt_are_observed(park_hooks: ParkHooks) -> None:
+    lane = SessionLane(warn_after_s=None)
+    assert lane.try_acquire("k")
+    park_hooks.on("W", lambda waiter, timeout: (_ for _ in ()).throw(KeyboardInterrupt()))
+    box: dict[str, Any] = {}
+    t = run_thread("W", lambda: lane.acquire_timeout("k", 30), box)
+    t.join(10)
+    assert isinstance(box["W"], KeyboardInterrupt)
+    [m] = lane.metrics_snapshot()
+    assert m.stats.cancelled == 1 and m.wait.count == 2  # the grant (0) and the interrupt
+
+
+def test_hold_times_can_be_left_off(fake_clock: FakeClock) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    lane = SessionLane(clock=fake_clock)
+    registry = CollectorRegistry()
+    PrometheusCollector(lane, registry=registry, hold_times=False)
+    instruments = instrument_otel(lane, meter_provider=MeterProvider(
+        metric_readers=[InMemoryMetricReader()]), hold_times=False)
+    assert len(instruments) == 4 + 7 + 3  # no hold histogram
+    with lane.acquire("k"):
+        fake_clock.advance(1.0)
+    assert lane.metrics_snapshot()[0].hold is None  # the release path was left alone
+    got = samples(registry)
+    assert not any(name.startswith("lanequeue_hold_seconds") for name, _ in got)
+    assert got[("lanequeue_acquired_total", (("kind", "session"), ("lane", "session")))] == 1
+
+
+@pytest.mark.timeout(10)
+def test_asyncio_waits_are_observed_on_the_loop_clock() -> None:
+    from conftest import FakeClockLoop
+
+    from lanequeue import AsyncLane
+
+    loop = FakeClockLoop()
+    try:
+        lane = AsyncLane("cnt", max_concurrent=1, clock=loop.time, warn_after_s=None)
+        out: list[bool] = []
+
+        async def hold() -> None:
+            assert await lane.try_acquire("k")
+
+        async def wait(timeout: float | None) -> None:
+            out.append(await lane.acquire_timeout("k", timeout))
+
+        loop.run_until_complete(hold())
+        granted = loop.create_task(wait(None))
+        cancelled = loop.create_task(wait(None))
+        loop.settle()
+        loop.advance(0.2)
+        assert lane.metrics_snapshot()[0].oldest_wait_s == pytest.approx(0.2)
+        cancelled.cancel()
+        loop.settle()
+        loop.advance(0.5)
+        loop.call_soon(lane.manual_release_nowait, "k")  # 0.7 s after the waiters joined
+        loop.settle()
+        assert granted.done() and out == [True]
+        [m] = lane.metrics_snapshot()
+        assert m.stats.cancelled == 1 and m.wait.count == 3
+        assert m.wait.sum == pytest.approx(0.2 + 0.7)
+        assert m.wait.counts[m.wait.bounds.index(0.25)] == 1  # the cancelled one: 0.2 s
+        assert m.wait.counts[m.wait.bounds.index(1.0)] == 1  # the granted one: 0.7 s
+    finally:
+        loop.shutdown()
