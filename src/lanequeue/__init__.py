@@ -20,11 +20,18 @@ Example::
 
 from ._core import LaneStats
 from ._errors import (
+    DispatcherDrainingError,
     LaneBackendError,
     LaneError,
     LaneTimeoutError,
     LeaseLostError,
     NotOwnerError,
+    TurnCancelledError,
+    TurnDedupedError,
+    TurnDroppedError,
+    TurnError,
+    TurnRejectedError,
+    TurnTimedOutError,
 )
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -40,6 +47,14 @@ from .aio import (
     AsyncLaneQueue,
     AsyncSessionLane,
     build_default_async_lanes,
+)
+from .dispatch import (
+    Dispatcher,
+    DispatchStats,
+    ThreadDispatcher,
+    Ticket,
+    Turn,
+    current_turn,
 )
 from .keys import (
     build_gateway_session_key,
@@ -80,4 +95,18 @@ __all__ = [
     "build_scheduler_session_key",
     "build_subagent_session_key",
     "normalize_key_part",
+    # the dispatcher
+    "DispatchStats",
+    "Dispatcher",
+    "DispatcherDrainingError",
+    "ThreadDispatcher",
+    "Ticket",
+    "Turn",
+    "TurnCancelledError",
+    "TurnDedupedError",
+    "TurnDroppedError",
+    "TurnError",
+    "TurnRejectedError",
+    "TurnTimedOutError",
+    "current_turn",
 ]
