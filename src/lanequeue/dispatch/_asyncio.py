@@ -113,6 +113,10 @@ class Dispatcher(DispatcherBase):
 
     def launch(self, job: Job) -> None:
         assert self._loop is not None
+        if self._loop.is_closed():
+            # The loop is gone (shut down with turns still pending): nothing can run.
+            self._machine.finish(job, False, asyncio.CancelledError())
+            return
         task = self._loop.create_task(self._run(job))
         job.handle = task
         self._tasks.add(task)
