@@ -1,0 +1,256 @@
+"""The thread-pool dispatcher: the same state machine, turns in worker threads. Driven by
+events (a turn runs until the test sets its event) and a fake clock (deadlines, run
+timeouts); every wait is bounded."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from lanequeue import (
+    AsyncLaneQueue,
+    Dispatcher,
+    DispatcherDrainingError,
+    LaneQueue,
+    ThreadDispatcher,
+    TurnCancelledError,
+    TurnTimedOutError,
+    current_turn,
+)
+
+WAIT = 5.0
+
+
+def lanes(global_cap: int = 8) -> LaneQueue:
+    q = LaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=global_cap)
+    return q
+
+
+class Gates:
+    """Thread turn functions: ``turn(label)`` sets started[label], waits for go[label]."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: dict[Any, threading.Event] = defaultdict(threading.Event)
+        self.go: dict[Any, threading.Event] = defaultdict(threading.Event)
+        self.order: list[Any] = []
+
+    def turn(self, label: Any) -> str:
+        with self.lock:
+            self.order.append(label)
+            started, go = self.started[label], self.go[label]
+        started.set()
+        assert go.wait(WAIT), f"turn {label} was never let go"
+        return f"r:{label}"
+
+
+def test_interrupt_keeps_the_lanes_until_the_thread_returns() -> None:
+    q = lanes()
+    d = ThreadDispatcher(q, busy="interrupt")
+    saw_cancel = threading.Event()
+    may_return = threading.Event()
+    second_started = threading.Event()
+
+    def first() -> str:
+        turn = current_turn()
+        assert turn.cancel_event.wait(WAIT)  # a thread turn polls its cancel event
+        saw_cancel.set()
+        assert may_return.wait(WAIT)
+        return "finished anyway"
+
+    def second() -> str:
+        second_started.set()
+        return "second"
+
+    try:
+        t1 = d.submit("k", first)
+        t2 = d.submit("k", second)
+        assert saw_cancel.wait(WAIT)
+        # The interrupted thread still runs: it keeps the key's lane, the next waits.
+        assert q["session"].is_held("k")
+        assert not second_started.is_set() and t1.state == "running"
+        may_return.set()
+        assert t2.result(WAIT) == "second"
+        with pytest.raises(TurnCancelledError) as info:
+            t1.result(WAIT)
+        assert info.value.reason == "superseded"
+    finally:
+        may_return.set()
+        d.close()
+
+
+def test_steer_in_threads() -> None:
+    d = ThreadDispatcher(lanes(), busy="steer")
+    arrived = threading.Event()
+    first_in = threading.Event()
+
+    def chat(text: str) -> list[str]:
+        if text == "a":
+            first_in.set()
+            assert arrived.wait(WAIT)
+            return [text, *current_turn().inbox.take()]
+        return [text]
+
+    try:
+        t1 = d.submit("k", chat, "a")
+        assert first_in.wait(WAIT)
+        t2 = d.submit("k", chat, "b")
+        arrived.set()
+        assert t1.result(WAIT) == t2.result(WAIT) == ["a", "b"]
+        assert d.stats.steered == 1
+    finally:
+        d.close()
+
+
+def test_run_timeout_signals_the_thread_and_ends_timed_out(fake_clock: FakeClock) -> None:
+    d = ThreadDispatcher(lanes(), clock=fake_clock)
+    inside = threading.Event()
+
+    def work() -> str:
+        inside.set()
+        assert current_turn().cancel_event.wait(WAIT)
+        return "stopped"
+
+    try:
+        t = d.submit("k", work, run_timeout_s=10.0)
+        assert inside.wait(WAIT)
+        fake_clock.advance(10.0)
+        with pytest.raises(TurnTimedOutError) as info:
+            t.result(WAIT)
+        assert info.value.reason == "run timeout"
+    finally:
+        d.close()
+
+
+def test_start_timeout_on_a_fake_clock(fake_clock: FakeClock) -> None:
+    g = Gates()
+    d = ThreadDispatcher(lanes(), clock=fake_clock)
+    try:
+        first = d.submit("k", g.turn, 1)
+        late = d.submit("k", g.turn, 2, timeout_s=3.0)
+        assert g.started[1].wait(WAIT)
+        fake_clock.advance(3.0)
+        with pytest.raises(TurnTimedOutError):
+            late.result(WAIT)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            first.result(0.01)  # still running: result(timeout) gives up like a Future
+        g.go[1].set()
+        assert first.result(WAIT) == "r:1"
+        assert g.order == [1]
+    finally:
+        d.close()
+
+
+def test_cancel_while_waiting_for_a_key_held_elsewhere_never_calls_fn() -> None:
+    q = lanes()
+    d = ThreadDispatcher(q)
+    called = threading.Event()
+    try:
+        with q.acquire_all("k", ["session"]):  # another user of the lane holds the key
+            t = d.submit("k", called.set)
+            deadline = time.monotonic() + WAIT
+            while q["session"].waiting_for("k") == 0:  # the worker is in line for it
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            assert d.snapshot()["keys"]["k"]["blocked_by"] == "lanes"
+            assert d.cancel(t) is True
+            assert t.state == "cancelled"  # ended at once: it had not started
+        assert d.wait_idle(WAIT)
+        assert not called.is_set()
+        assert q["global"].stats.holders == 0 and not q["session"].is_held("k")
+    finally:
+        d.close()
+
+
+def test_priority_at_the_worker_gate() -> None:
+    g = Gates()
+    d = ThreadDispatcher(lanes(), max_workers=1)
+    try:
+        d.submit("a", g.turn, "a")
+        assert g.started["a"].wait(WAIT)
+        d.submit("b", g.turn, "b", priority=0)
+        d.submit("c", g.turn, "c", priority=3)
+        assert d.snapshot()["keys"]["b"]["blocked_by"] == "workers"
+        for label in ("a", "c", "b"):
+            g.go[label].set()
+        assert d.wait_idle(WAIT)
+        assert g.order == ["a", "c", "b"]
+    finally:
+        d.close()
+
+
+def test_drain_blocks_until_idle_and_refuses_new_work() -> None:
+    g = Gates()
+    d = ThreadDispatcher(lanes())
+    try:
+        t = d.submit("k", g.turn, 1)
+        assert d.drain(0.0) is False
+        with pytest.raises(DispatcherDrainingError):
+            d.submit("k", g.turn, 2)
+        threading.Timer(0.05, g.go[1].set).start()
+        assert d.drain(WAIT) is True
+        assert t.result(0) == "r:1"
+    finally:
+        d.close()
+
+
+def test_many_threads_keep_per_key_order_and_exclusion() -> None:
+    d = ThreadDispatcher(lanes(global_cap=4), max_pending=10_000)
+    active: dict[str, int] = defaultdict(int)
+    seen: dict[str, list[int]] = defaultdict(list)
+    overlaps = []
+    guard = threading.Lock()
+
+    def work(key: str, n: int) -> int:
+        with guard:
+            active[key] += 1
+            if active[key] > 1:
+                overlaps.append(key)
+            seen[key].append(n)
+        time.sleep(random.random() * 0.0002)
+        with guard:
+            active[key] -= 1
+        return n
+
+    submitted: dict[str, list[int]] = defaultdict(list)
+    sub_lock = threading.Lock()
+
+    def producer(p: int) -> None:
+        for i in range(300):
+            key = f"k{(p * 7 + i) % 12}"
+            with sub_lock:  # the submit order of a key is the order of this lock
+                n = len(submitted[key])
+                submitted[key].append(n)
+                d.submit(key, work, key, n)
+
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 6)
+    try:
+        assert d.wait_idle(60)
+        assert not overlaps
+        assert dict(seen) == dict(submitted)
+        s = d.stats
+        assert s.submitted == s.done == 1800
+    finally:
+        d.close()
+
+
+def test_each_dispatcher_takes_its_own_kind_of_queue() -> None:
+    with pytest.raises(TypeError, match="LaneQueue"):
+        ThreadDispatcher(AsyncLaneQueue())
+    with pytest.raises(TypeError, match="AsyncLaneQueue"):
+        Dispatcher(lanes())
+    with pytest.raises(ValueError, match="max_workers"):
+        ThreadDispatcher(lanes(), max_workers=0)
