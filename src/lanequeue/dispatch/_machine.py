@@ -590,8 +590,10 @@ class Machine:
                 self._tidy(t.key, k)
                 return
             job = k.job
-            if (policy == "steer" and job is not None and job.end_req is None
-                    and not job.abandoned and job.fn == t.fn):
+            # Steer only past an empty line: a payload steered past pending turns would be
+            # seen before them, and per-key submit order would break.
+            if (policy == "steer" and job is not None and not k.line
+                    and job.end_req is None and not job.abandoned and job.fn == t.fn):
                 job.steered.append(t)
                 t._job = job
                 self._arm_deadline(t, now, fx)
