@@ -208,7 +208,7 @@ class Ticket:
     __slots__ = (
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
-        "_callbacks", "_machine", "_timer", "_started", "_end_req", "_job", "__weakref__",
+        "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
@@ -228,10 +228,11 @@ class Ticket:
         self.reason: str | None = None
         self._value: Any = None
         self._error: BaseException | None = None
-        self._event = threading.Event()
+        # Made on first wait (most tickets are awaited through a callback, or not at all).
+        self._event: threading.Event | None = None
         self._callbacks: list[Callable[[Ticket], Any]] | None = []
         self._machine = machine
-        self._timer: Timer | None = None
+        self._armed = False  # in the machine's deadline heap, not started or ended yet
         self._started = False
         self._end_req: tuple[str, str] | None = None
         self._job: Job | None = None
@@ -278,12 +279,20 @@ class Ticket:
         value. Raises ``fn``'s exception (``failed``), the state's TurnError subclass
         (``cancelled``, ``dropped``, ``rejected``, ``timed_out``, ``deduped``), or
         ``concurrent.futures.TimeoutError`` when ``timeout`` passes first."""
-        if not self._event.wait(timeout):
+        if not self._wait_event().wait(timeout):
             import concurrent.futures
 
             raise concurrent.futures.TimeoutError(
                 f"ticket {self.id} of key {self.key!r} still {self.state} after {timeout} s")
         return self._outcome()
+
+    def _wait_event(self) -> threading.Event:
+        with self._machine._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._callbacks is None:  # ended already
+                    self._event.set()
+            return self._event
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Like :meth:`result`, but returns the exception instead of raising it (None for
@@ -299,7 +308,7 @@ class Ticket:
         return None
 
     def __await__(self) -> Any:
-        if not self._event.is_set():
+        if self._callbacks is not None:  # not ended (or not notified) yet
             import asyncio
 
             loop = asyncio.get_running_loop()
@@ -383,12 +392,28 @@ class Turn:
         inbox: the :class:`Inbox` of payloads steered into the turn.
     """
 
-    __slots__ = ("_job", "cancel_event", "inbox")
+    __slots__ = ("_job", "_event", "_cancelled", "inbox")
 
     def __init__(self, job: Job) -> None:
         self._job = job
-        self.cancel_event = threading.Event()
+        self._event: threading.Event | None = None  # made on first look
+        self._cancelled = False
         self.inbox = Inbox(job)
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        with self._job.machine._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._cancelled:
+                    self._event.set()
+            return self._event
+
+    def _signal(self) -> None:
+        """Set the cancel event (machine lock held; Event.set never blocks)."""
+        self._cancelled = True
+        if self._event is not None:
+            self._event.set()
 
     @property
     def key(self) -> str:
@@ -404,7 +429,8 @@ class Turn:
 
     @property
     def cancelled(self) -> bool:
-        return self.cancel_event.is_set()
+        """True once the turn was asked to end (same as ``cancel_event.is_set()``)."""
+        return self._cancelled
 
     def __repr__(self) -> str:
         return f"<Turn key={self.key!r} tickets={len(self._job.tickets)}>"
@@ -528,11 +554,17 @@ class Machine:
         self.ageing_s = ageing_s
         self._lock = threading.Lock()
         self._keys: dict[str, _Key] = {}
+        self._keys_high = 0  # most keys alive at once since the table was last rebuilt
         self._ready: list[Job] = []  # the gate's heap (abandoned jobs skipped when popped)
         self._admitted = 0  # jobs past the gate whose runner has not returned
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
         self._dedupe_timer: Timer | None = None
+        # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
+        self._deadlines: list[tuple[float, int, Ticket]] = []
+        self._deadline_timer: Timer | None = None
+        self._deadline_due = 0.0
+        self._stale = 0  # entries of tickets no longer pending
         self._ids = itertools.count(1)
         self._seq = itertools.count()
         self.draining = False
@@ -582,6 +614,8 @@ class Machine:
         k = self._keys.get(t.key)
         if k is None:
             k = self._keys[t.key] = _Key()
+            if len(self._keys) > self._keys_high:
+                self._keys_high = len(self._keys)
         busy = k.job is not None or bool(k.line)
         policy = t.busy
         if busy:
@@ -618,9 +652,58 @@ class Machine:
             self._advance(t.key, k, now, fx)
 
     def _arm_deadline(self, t: Ticket, now: float, fx: _Effects) -> None:
-        if t.deadline is not None and t.state == PENDING:
-            t._timer = self.face.call_later(max(0.0, t.deadline - now),
-                                            lambda: self._deadline(t))
+        """Put a pending ticket's start deadline in the heap; one face timer serves the
+        earliest deadline of all (cheaper than a timer per ticket) (lock held)."""
+        if t.deadline is None or t.state != PENDING or t._armed:
+            return
+        t._armed = True
+        heapq.heappush(self._deadlines, (t.deadline, t.id, t))
+        if self._deadline_timer is None or t.deadline < self._deadline_due:
+            if self._deadline_timer is not None:
+                fx.timers.append(self._deadline_timer)
+            self._deadline_due = t.deadline
+            self._deadline_timer = self.face.call_later(max(0.0, t.deadline - now),
+                                                        self._deadlines_due)
+
+    def _disarm(self, t: Ticket) -> None:
+        """``t`` left PENDING: its heap entry is now stale (lock held). Once most of the
+        heap is stale it is rebuilt (amortised O(1)), so ended tickets are not kept."""
+        if t._armed:
+            t._armed = False
+            self._stale += 1
+            heap = self._deadlines
+            if self._stale == len(heap):  # every entry stale: drop them, and the timer
+                self._deadlines = []
+                self._stale = 0
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
+                    self._deadline_timer = None
+            elif self._stale > 64 and self._stale * 2 > len(heap):
+                self._deadlines = [e for e in heap if e[2]._armed]
+                heapq.heapify(self._deadlines)
+                self._stale = 0
+
+    def _deadlines_due(self) -> None:
+        """The deadline timer fired: end every pending ticket whose deadline passed."""
+        fx = _Effects()
+        with self._lock:
+            self._deadline_timer = None
+            now = self.face.now()
+            heap = self._deadlines
+            while heap and (heap[0][0] <= now or not heap[0][2]._armed):
+                t = heapq.heappop(heap)[2]
+                if not t._armed:
+                    self._stale -= 1
+                    continue
+                t._armed = False
+                self._detach(t, fx)
+                self._end(t, TIMED_OUT, "start timeout", fx)
+                self._tidy(t.key, self._keys.get(t.key))
+            if heap:
+                self._deadline_due = heap[0][0]
+                self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
+                                                            self._deadlines_due)
+        self._after(fx)
 
     # -- forming and admitting jobs -------------------------------------------------------
 
@@ -713,9 +796,7 @@ class Machine:
             for t in job.tickets:
                 t.state = RUNNING
                 t._started = True
-                if t._timer is not None:
-                    fx.timers.append(t._timer)
-                    t._timer = None
+                self._disarm(t)
                 if t.run_timeout_s is not None:
                     run_timeout = t.run_timeout_s if run_timeout is None else min(
                         run_timeout, t.run_timeout_s)
@@ -793,9 +874,7 @@ class Machine:
         t._error = error
         t._job = None
         self._c[state] += 1
-        if t._timer is not None:
-            fx.timers.append(t._timer)
-            t._timer = None
+        self._disarm(t)
         if not t._started and t.dedupe_id is not None:
             # A turn that never ran is forgotten, so a genuine retry runs.
             seen = self._dedupe.get(t.dedupe_id)
@@ -830,7 +909,7 @@ class Machine:
         if job.phase == STARTED:
             if job.end_req is None:
                 job.end_req = (running, reason)
-                job.turn.cancel_event.set()
+                job.turn._signal()
                 fx.interrupt.append(job)
             return n
         for t in job.tickets:
@@ -846,7 +925,7 @@ class Machine:
         job is skipped when the heap reaches it; an ADMITTING job's runner is interrupted
         (asyncio) or finds it abandoned once it holds the lanes (threads)."""
         job.abandoned = True
-        job.turn.cancel_event.set()
+        job.turn._signal()
         if job.phase == ADMITTING:
             fx.interrupt.append(job)
         if k.job is job:
@@ -879,23 +958,13 @@ class Machine:
                 self._abandon(k, job, fx)
                 self._advance(t.key, k, self.face.now(), fx)
 
-    def _deadline(self, t: Ticket) -> None:
-        fx = _Effects()
-        with self._lock:
-            t._timer = None
-            if t.state == PENDING:
-                self._detach(t, fx)
-                self._end(t, TIMED_OUT, "start timeout", fx)
-                self._tidy(t.key, self._keys.get(t.key))
-        self._after(fx)
-
     def _run_timeout(self, job: Job) -> None:
         fx = _Effects()
         with self._lock:
             job.run_timer = None
             if job.phase == STARTED and job.end_req is None:
                 job.end_req = (TIMED_OUT, "run timeout")
-                job.turn.cancel_event.set()
+                job.turn._signal()
                 fx.interrupt.append(job)
         self._after(fx)
 
@@ -907,9 +976,7 @@ class Machine:
             for t in taken:
                 t.state = RUNNING
                 t._started = True
-                if t._timer is not None:
-                    t._timer.cancel()
-                    t._timer = None
+                self._disarm(t)
             job.taken.extend(taken)
             self._c["running"] += len(taken)
             self._c["steered"] += len(taken)
@@ -935,7 +1002,7 @@ class Machine:
                 if job is not None and job.end_req is None and all(
                         x._end_req is not None for x in job.tickets + job.taken):
                     job.end_req = (CANCELLED, "cancelled")
-                    job.turn.cancel_event.set()
+                    job.turn._signal()
                     fx.interrupt.append(job)
         self._after(fx)
         return True
@@ -1094,8 +1161,13 @@ class Machine:
             if k.timer is not None:
                 k.timer.cancel()
                 k.timer = None
-            if self._keys.get(key) is k:
-                del self._keys[key]
+            keys = self._keys
+            if keys.get(key) is k:
+                del keys[key]
+                if not keys and self._keys_high > 64:
+                    # Dicts never shrink: drop the table a burst of keys grew.
+                    self._keys = {}
+                    self._keys_high = 0
 
     def _after(self, fx: _Effects) -> None:
         """Run an operation's effects, lock released."""
@@ -1110,7 +1182,9 @@ class Machine:
         for t in fx.ended:
             with self._lock:
                 callbacks, t._callbacks = t._callbacks, None
-            t._event.set()
+                event = t._event
+            if event is not None:
+                event.set()
             for cb in callbacks or ():
                 _call(cb, t)
         with self._lock:
