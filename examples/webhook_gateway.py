@@ -24,7 +24,8 @@ One JSON line per event goes to ``--log PATH`` (``submit``, ``start``, ``end``, 
 Run::
 
     python examples/webhook_gateway.py --port 8000 --debounce 0.3 --log /tmp/hooks.jsonl
-    curl -s localhost:8000/slack/events -d '{"event_id": "Ev1", "channel": "C1", "user": "U1", "text": "hi"}'
+    curl -s localhost:8000/slack/events \
+         -d '{"event_id": "Ev1", "channel": "C1", "user": "U1", "text": "hi"}'
 """
 
 from __future__ import annotations
