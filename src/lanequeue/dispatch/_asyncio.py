@@ -46,6 +46,12 @@ class Dispatcher(DispatcherBase):
             window (None: no bound).
         ageing_s: a waiting turn gains one priority level per ``ageing_s`` seconds
             (None: strict priority).
+        dedupe_redis: a synchronous ``redis.Redis`` client: the dedupe window is then
+            shared with every dispatcher using the same Redis and ``dedupe_prefix``
+            (``SET NX PX`` on ``{prefix:d:<dedupe_id>}``, one round trip per submit with a
+            ``dedupe_id``, made from ``submit`` itself). A repeat owned by another
+            process gets a ticket already ended as ``deduped``.
+        dedupe_prefix: the Redis key prefix (default the Redis lanes' ``"lanequeue"``).
 
     Raises TypeError/ValueError for a bad argument, KeyError for an unknown lane.
 
@@ -78,6 +84,8 @@ class Dispatcher(DispatcherBase):
         debounce_s: float = 0.0,
         max_wait_s: float | None = None,
         ageing_s: float | None = 30.0,
+        dedupe_redis: Any = None,
+        dedupe_prefix: str = "lanequeue",
     ) -> None:
         if not getattr(queue, "_async_face", True) or type(queue).__name__ == "LaneQueue":
             raise TypeError("Dispatcher runs on asyncio: give it an AsyncLaneQueue "
@@ -85,7 +93,8 @@ class Dispatcher(DispatcherBase):
         super().__init__(queue, lanes=lanes, busy=busy, max_pending=max_pending,
                          overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
                          dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,
-                         ageing_s=ageing_s, workers=None)
+                         ageing_s=ageing_s, workers=None,
+                         dedupe_redis=dedupe_redis, dedupe_prefix=dedupe_prefix)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle_waiters: set[asyncio.Future[None]] = set()

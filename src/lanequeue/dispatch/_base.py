@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._face import LANE_DEFAULT
+from .._validate import check_timeout
 from ._machine import DispatchStats, Job, Machine, Ticket, Timer, counting_lanes
 
 __all__ = ["DispatcherBase"]
@@ -33,6 +34,8 @@ class DispatcherBase:
         max_wait_s: float | None,
         ageing_s: float | None,
         workers: int | None,
+        dedupe_redis: Any = None,
+        dedupe_prefix: str = "lanequeue",
     ) -> None:
         if not callable(getattr(queue, "acquire_all", None)):
             raise TypeError(f"queue must be a lane queue with acquire_all(), not {queue!r}")
@@ -53,6 +56,14 @@ class DispatcherBase:
         if workers is not None and (slots is None or workers < slots):
             slots, gate = workers, "workers"
         timeouts = [t for t in (getattr(x, "timeout_s", None) for x in objs) if t is not None]
+        window = None
+        if dedupe_redis is not None:
+            from ._redis import RedisDedupeWindow
+
+            ttl = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
+            if not ttl:
+                raise ValueError("a shared dedupe window needs a finite dedupe_ttl_s > 0")
+            window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl)
         self._machine = Machine(
             self,
             slots=slots,
@@ -67,6 +78,7 @@ class DispatcherBase:
             debounce_s=debounce_s,
             max_wait_s=max_wait_s,
             ageing_s=ageing_s,
+            window=window,
         )
 
     # -- the face's part (overridden) ------------------------------------------------------
@@ -130,6 +142,8 @@ class DispatcherBase:
         Raises:
             TypeError/ValueError: for a bad argument, naming it.
             DispatcherDrainingError: after ``drain()`` or ``close()``.
+            LaneBackendError: the shared dedupe window (``dedupe_redis``) failed; nothing
+                was submitted.
             RuntimeError: (asyncio) outside the dispatcher's event loop.
         """
         self._check_caller()

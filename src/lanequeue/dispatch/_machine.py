@@ -500,9 +500,10 @@ class _Key:
 class _Effects:
     """What an operation does after releasing the lock."""
 
-    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers")
+    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "forget")
 
     def __init__(self) -> None:
+        self.forget: list[str] = []
         self.ended: list[Ticket] = []
         self.dropped: list[Ticket] = []
         self.launch: list[Job] = []
@@ -529,8 +530,10 @@ class Machine:
         debounce_s: float,
         max_wait_s: float | None,
         ageing_s: float | None,
+        window: Any = None,
     ) -> None:
         self.face = face
+        self.window = window  # a RedisDedupeWindow shared with other processes, or None
         self.slots = slots
         self.gate_lane = gate_lane
         self.default_timeout_s = default_timeout_s
@@ -589,23 +592,39 @@ class Machine:
             timeout_s)
         run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
         fx = _Effects()
-        with self._lock:
-            if self.draining:
-                raise DispatcherDrainingError(
-                    "the dispatcher is draining or closed: it takes no new turns")
-            now = self.face.now()
-            if dedupe_id is not None:
-                self._expire_dedupe(now)
-                seen = self._dedupe.get(dedupe_id)
-                if seen is not None:
-                    self._c["deduped"] += 1
-                    return seen[0]
-            self._c["submitted"] += 1
-            t = Ticket(self, next(self._ids), key, fn, args, policy, priority, dedupe_id,
-                       now, None if timeout is None else now + timeout, run_timeout)
-            if dedupe_id is not None:
-                self._remember(dedupe_id, t, now, fx)
-            self._place(t, now, fx)
+        shared = self.window is not None and dedupe_id is not None
+        ours = True
+        for attempt in (0, 1) if shared else (1,):
+            if attempt == 1 and shared:
+                # Not in this process's table: ask the shared window (outside the lock:
+                # one round trip). Another thread may claim the same id meanwhile; the
+                # table is looked at again below.
+                ours = self.window.claim(dedupe_id)
+            with self._lock:
+                if self.draining:
+                    raise DispatcherDrainingError(
+                        "the dispatcher is draining or closed: it takes no new turns")
+                now = self.face.now()
+                if dedupe_id is not None:
+                    self._expire_dedupe(now)
+                    seen = self._dedupe.get(dedupe_id)
+                    if seen is not None:
+                        self._c["deduped"] += 1
+                        return seen[0]
+                if attempt == 0:
+                    continue
+                t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
+                           dedupe_id, now, None if timeout is None else now + timeout,
+                           run_timeout)
+                if not ours:
+                    # Another process owns this id within the window: nothing runs here.
+                    t._started = True  # nothing to give back
+                    self._end(t, DEDUPED, "duplicate", fx)
+                else:
+                    self._c["submitted"] += 1
+                    if dedupe_id is not None:
+                        self._remember(dedupe_id, t, now, fx)
+                    self._place(t, now, fx)
         self._after(fx)
         return t
 
@@ -880,6 +899,8 @@ class Machine:
             seen = self._dedupe.get(t.dedupe_id)
             if seen is not None and seen[0] is t:
                 del self._dedupe[t.dedupe_id]
+                if self.window is not None:
+                    fx.forget.append(t.dedupe_id)
         fx.ended.append(t)
         return True
 
@@ -1173,6 +1194,8 @@ class Machine:
         """Run an operation's effects, lock released."""
         for timer in fx.timers:
             timer.cancel()
+        for dedupe_id in fx.forget:
+            self.window.give_back(dedupe_id)
         for job in fx.interrupt:
             self.face.interrupt(job)
         for job in fx.launch:

@@ -159,6 +159,8 @@ class ThreadDispatcher(DispatcherBase):
         debounce_s: float = 0.0,
         max_wait_s: float | None = None,
         ageing_s: float | None = 30.0,
+        dedupe_redis: Any = None,
+        dedupe_prefix: str = "lanequeue",
         max_workers: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -174,7 +176,8 @@ class ThreadDispatcher(DispatcherBase):
                          overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
                          dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,
                          ageing_s=ageing_s,
-                         workers=max_workers if max_workers is not None else DEFAULT_WORKERS)
+                         workers=max_workers if max_workers is not None else DEFAULT_WORKERS,
+                         dedupe_redis=dedupe_redis, dedupe_prefix=dedupe_prefix)
         slots = self._machine.slots
         assert slots is not None
         self._pool = ThreadPoolExecutor(slots, thread_name_prefix="lanequeue-dispatch")
