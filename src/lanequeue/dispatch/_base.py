@@ -184,9 +184,8 @@ class DispatcherBase:
         (why they wait: ``"key"``: the key's own turn runs; the gate's name (the
         smallest counting lane, or ``"workers"``): waiting for the dispatcher's turn at
         the counting lanes; ``"lanes"``: waiting inside ``acquire_all``;
-        ``"debounce"``: a collect window; ``"draining"``: the dispatcher is closed; None:
-        nothing waits); plus ``draining``, ``closed``, ``admitted``, ``slots``, ``ready``
-        and ``dedupe_entries``."""
+        ``"debounce"``: a collect window; None: nothing waits); plus ``draining``,
+        ``closed``, ``admitted``, ``slots``, ``ready`` and ``dedupe_entries``."""
         return self._machine.snapshot()
 
     @property

@@ -1162,7 +1162,7 @@ class Machine:
                     "pending": len(waiting),
                     "oldest_wait_s": max((now - t.submitted_at for t in waiting),
                                          default=0.0),
-                    "blocked_by": "draining" if self.closed and waiting else blocked,
+                    "blocked_by": blocked,
                 }
             return {
                 "keys": keys,
