@@ -31,7 +31,8 @@ class Dispatcher(DispatcherBase):
         busy: what a submit does when its key has a running or pending turn:
             ``"enqueue"`` (default), ``"reject"``, ``"steer"``, ``"interrupt"``,
             ``"replace"`` or ``"collect"`` (see the README's policy table).
-        max_pending: pending turns kept per key (the running one not counted), >= 0.
+        max_pending: pending turns kept per key, >= 0; the key's current turn (running,
+            or admitted and waiting for the lanes) is not counted.
         overflow: a submit beyond ``max_pending``: ``"reject_new"`` (the new ticket ends
             ``rejected``, reason "overflow") or ``"drop_oldest"`` (the oldest pending
             ends ``dropped``, reason "overflow").
