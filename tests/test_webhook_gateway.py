@@ -132,10 +132,22 @@ def test_webhook_gateway_dedupes_collects_cancels_and_drains(tmp_path: Path) -> 
         starts = [e for e in gw.events() if e["event"] == "start" and "c2" in e["key"]]
         assert [s["texts"] for s in starts] == [["one", "two", "three"]]
 
-        # A client that hangs up cancels its ticket.
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(gw.url("/chat"), timeout=httpx.Timeout(5.0, read=0.5),
-                       json={"conversation_id": "hangup", "text": "slow", "delay": 30})
+        # A client that hangs up cancels its ticket: here once its turn runs (a 30 s model
+        # call), the client goes away (its request task is cancelled, the connection closes).
+        async def hang_up() -> None:
+            async with httpx.AsyncClient(timeout=60) as client:
+                post = asyncio.ensure_future(client.post(gw.url("/chat"), json={
+                    "conversation_id": "hangup", "text": "slow", "delay": 30}))
+                deadline = time.monotonic() + 20
+                while not any(e["event"] == "start" and "hangup" in e["key"]
+                              for e in gw.events()):
+                    assert time.monotonic() < deadline and not post.done()
+                    await asyncio.sleep(0.02)
+                post.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await post
+
+        asyncio.run(hang_up())
         sub = gw.wait_for(lambda e: e["event"] == "submit" and "hangup" in e.get("key", ""),
                           "the hang-up's submit")
         gone = gw.wait_for(lambda e: e["event"] == "ticket" and e["ticket"] == sub["ticket"],
