@@ -254,3 +254,49 @@ def test_each_dispatcher_takes_its_own_kind_of_queue() -> None:
         Dispatcher(lanes())
     with pytest.raises(ValueError, match="max_workers"):
         ThreadDispatcher(lanes(), max_workers=0)
+
+
+# The same policies as tests/test_dispatch_policies.py, on the thread face: a first turn
+# holds the key until the test lets it go; what the later submits become is the policy's.
+POLICY_OUTCOMES = {
+    "enqueue": (["done", "done", "done"], [[0], [1], [2]]),
+    "reject": (["done", "rejected", "rejected"], [[0]]),
+    "interrupt": (["cancelled", "dropped", "done"], [[0], [2]]),
+    "replace": (["done", "dropped", "done"], [[0], [2]]),
+    "collect": (["done", "done", "done"], [[0], [1, 2]]),
+    "steer": (["done", "done", "done"], [[0, 1, 2]]),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICY_OUTCOMES))
+def test_each_policy_on_threads(policy: str) -> None:
+    d = ThreadDispatcher(lanes(), busy=policy)
+    first_in = threading.Event()
+    let_go = threading.Event()
+    calls: list[list[int]] = []
+
+    def turn(payload: Any) -> list[int]:
+        got = list(payload) if isinstance(payload, list) else [payload]
+        if got[0] == 0:
+            first_in.set()
+            if policy == "interrupt":  # it sees the interrupt, and returns once let go
+                assert current_turn().cancel_event.wait(WAIT)
+            assert let_go.wait(WAIT)
+            got += current_turn().inbox.take()
+        calls.append(got)
+        return got
+
+    try:
+        tickets = [d.submit("k", turn, 0)]
+        assert first_in.wait(WAIT)
+        tickets += [d.submit("k", turn, i) for i in (1, 2)]
+        let_go.set()
+        assert d.wait_idle(WAIT)
+        states, expected_calls = POLICY_OUTCOMES[policy]
+        assert [t.state for t in tickets] == states
+        assert calls == expected_calls
+        s = d.stats
+        assert s.submitted == 3 == s.done + s.cancelled + s.dropped + s.rejected
+    finally:
+        let_go.set()
+        d.close()
