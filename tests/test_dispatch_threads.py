@@ -300,3 +300,81 @@ def test_each_policy_on_threads(policy: str) -> None:
     finally:
         let_go.set()
         d.close()
+
+
+def test_random_concurrent_operations_on_threads() -> None:
+    """Four threads submit with every policy, cancel, clear and steer at random over six
+    keys: every ticket ends exactly once, the books balance, no key runs two turns at
+    once, and each key's turns begin in submit order."""
+    d = ThreadDispatcher(lanes(global_cap=3), max_pending=5, overflow="drop_oldest",
+                         debounce_s=0.0)
+    guard = threading.Lock()
+    active: dict[str, int] = defaultdict(int)
+    begun: dict[str, list[int]] = defaultdict(list)
+    overlaps: list[str] = []
+    ends: dict[int, int] = defaultdict(int)
+    tickets: list[Any] = []
+    order = threading.Lock()  # the submit order of a key is the order of this lock
+    seq = iter(range(10**9))
+
+    def work(payload: Any) -> int:
+        turn = current_turn()
+        labels = list(payload) if isinstance(payload, list) else [payload]
+        with guard:
+            active[turn.key] += 1
+            if active[turn.key] > 1:
+                overlaps.append(turn.key)
+            begun[turn.key].extend(labels)
+        try:
+            turn.cancel_event.wait(random.random() * 0.002)
+            taken = turn.inbox.take()
+            with guard:
+                begun[turn.key].extend(taken)
+        finally:
+            with guard:
+                active[turn.key] -= 1
+        return len(labels)
+
+    def count_end(t: Any) -> None:
+        with guard:
+            ends[id(t)] += 1
+
+    def actor(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            op = rng.random()
+            key = f"k{rng.randrange(6)}"
+            if op < 0.75:
+                with order:
+                    t = d.submit(key, work, next(seq), busy=rng.choice(
+                        ["enqueue", "reject", "steer", "interrupt", "replace", "collect"]))
+                t.add_done_callback(count_end)
+                with guard:
+                    tickets.append(t)
+            elif op < 0.9:
+                with guard:
+                    victim = rng.choice(tickets) if tickets else None
+                if victim is not None:
+                    d.cancel(victim)
+            else:
+                d.clear(key)
+
+    threads = [threading.Thread(target=actor, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert d.drain(30)
+        assert not overlaps
+        for labels in begun.values():
+            assert labels == sorted(labels)
+        assert all(t.done() for t in tickets)
+        assert all(ends[id(t)] == 1 for t in tickets)
+        s = d.stats
+        assert s.submitted == len(tickets)
+        assert s.submitted == (s.done + s.failed + s.cancelled + s.dropped + s.rejected
+                               + s.timed_out)
+        assert s.failed == 0 and s.pending == 0 and s.running == 0
+    finally:
+        d.close()
