@@ -71,6 +71,17 @@ Ending, and who decides
   run timeout, close) is recorded on the job and wins over ``fn``'s own outcome.
 - Per key, the next job is formed only after the current job ended or was abandoned.
 
+Timers and memory
+=================
+The face gives one primitive, ``call_later`` (the loop's timers on asyncio, one timer
+thread on threads), on the dispatcher's clock. The machine keeps at most one timer for all
+start deadlines (a heap of pending tickets by deadline; entries of tickets that started or
+ended are dropped lazily and the heap is rebuilt once they are most of it), one per key
+waiting for a collect window, one per running job with a ``run_timeout_s``, and one that
+sweeps the dedupe table when its oldest id expires. A key with no job and no pending turn
+is forgotten, and the tables are rebuilt after a burst, so once the work is done and the
+dedupe window has passed the dispatcher holds no ticket, job or key.
+
 Priority, precisely
 ===================
 It orders this dispatcher's jobs of different keys waiting at the gate: the job with the
