@@ -577,3 +577,14 @@ def test_submit_outside_the_loop_raises() -> None:
             h.d.submit("k", lambda: None)
     finally:
         h.close()
+
+
+def test_ticket_cancel_off_the_loop_raises_and_changes_nothing(turns: Turns) -> None:
+    h = make()
+    try:
+        t = h.submit("k", turns.turn, 1)
+        with pytest.raises(RuntimeError, match="event loop"):
+            t.cancel()  # called from outside the loop (this test's thread)
+        assert t.state == "running"
+    finally:
+        h.close()

@@ -168,6 +168,8 @@ class Face(Protocol):
 
     def idle(self) -> None: ...
 
+    def cancel(self, ticket: Ticket) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchStats:
@@ -264,8 +266,8 @@ class Ticket:
         return self.state == CANCELLED
 
     def cancel(self) -> bool:
-        """Same as ``dispatcher.cancel(ticket)``."""
-        return self._machine.cancel(self)
+        """Same as ``dispatcher.cancel(ticket)`` (on asyncio: from the dispatcher's loop)."""
+        return self._machine.face.cancel(self)
 
     def add_done_callback(self, fn: Callable[[Ticket], Any]) -> None:
         """Call ``fn(ticket)`` once the ticket ends (at once if it has), from the thread
