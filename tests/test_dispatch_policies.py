@@ -588,3 +588,31 @@ def test_ticket_cancel_off_the_loop_raises_and_changes_nothing(turns: Turns) -> 
         assert t.state == "running"
     finally:
         h.close()
+
+
+def test_start_timeout_defaults_to_the_smallest_lane_timeout(turns: Turns) -> None:
+    h = Stepped(session_timeout_s=5.0)  # the global lane waits 300 s
+    try:
+        h.submit("k", turns.turn, 1)
+        waiting = h.submit("k", turns.turn, 2)
+        unlimited = h.submit("k", turns.turn, 3, timeout_s=None)
+        h.advance(4.9)
+        assert waiting.state == "pending"
+        h.advance(0.1)
+        assert (waiting.state, waiting.reason) == ("timed_out", "start timeout")
+        h.advance(10_000.0)
+        assert unlimited.state == "pending"
+    finally:
+        h.close()
+
+
+def test_without_a_counting_lane_there_is_no_gate(turns: Turns) -> None:
+    h = Stepped(lanes=("session",))
+    try:
+        for i in range(20):
+            h.submit(f"k{i}", turns.turn, i, priority=i % 3)
+        assert sorted(turns.started()) == list(range(20))  # all at once, in submit order
+        assert turns.started() == list(range(20))
+        assert h.d.snapshot()["slots"] is None
+    finally:
+        h.close()
