@@ -1,6 +1,7 @@
 """The dispatcher across processes on Redis: the shared dedupe window (``dedupe_redis``),
 and two processes that each receive some of one conversation's turns (and every webhook
-twice, one copy each) running them one at a time under Redis lanes, each id once.
+twice, one copy each) running them one at a time under Redis lanes, each id once, while
+other conversations of both keep the global cap across the two.
 
 Real redis-server (tests/redis_server.py), never a mock. Processes use ``spawn``; their
 time stamps are ``time.monotonic()``, one system-wide clock on Linux."""
@@ -23,6 +24,7 @@ from lanequeue import (
     LaneQueue,
     ThreadDispatcher,
     TurnDedupedError,
+    current_turn,
 )
 from lanequeue.redis import RedisLane, RedisSessionLane
 
@@ -123,7 +125,8 @@ def _replica(port: int, prefix: str, idx: int, start_at: float, out: str) -> Non
     def turn(n: int) -> int:
         t0 = time.monotonic()
         time.sleep(0.003)
-        records.append({"n": n, "start": t0, "end": time.monotonic(), "proc": idx})
+        records.append({"n": n, "start": t0, "end": time.monotonic(), "proc": idx,
+                        "key": current_turn().key})
         return n
 
     # Every webhook of the conversation reaches both replicas: first the one whose turn
@@ -134,6 +137,8 @@ def _replica(port: int, prefix: str, idx: int, start_at: float, out: str) -> Non
         while time.monotonic() < at:
             time.sleep(0.0005)
         tickets.append(d.submit("conv", turn, n, dedupe_id=f"ev{n}"))
+        # Other conversations of this replica compete for the global lane meanwhile.
+        d.submit(f"other-{idx}-{n % 3}", turn, -1)
     assert d.wait_idle(60)
     states = [t.state for t in tickets]
     Path(out).write_text(json.dumps({"records": records, "states": states,
@@ -157,21 +162,30 @@ def test_two_processes_one_conversation_run_each_turn_once_one_at_a_time(
     results = [json.loads(Path(o).read_text()) for o in outs]
     records = sorted(itertools.chain.from_iterable(r["records"] for r in results),
                      key=lambda r: r["start"])
+    conv = [r for r in records if r["key"] == "conv"]
     # Each webhook ran exactly once over both replicas.
-    assert sorted(r["n"] for r in records) == list(range(TURNS))
+    assert sorted(r["n"] for r in conv) == list(range(TURNS))
     # One conversation: never two turns at once, across processes.
-    for before, after in itertools.pairwise(records):
+    for before, after in itertools.pairwise(conv):
         assert before["end"] <= after["start"], (before, after)
     # Within each replica, its turns ran in its submit order.
     for i in range(2):
-        mine = [r["n"] for r in records if r["proc"] == i]
+        mine = [r["n"] for r in conv if r["proc"] == i]
         assert mine == sorted(mine)
+    # The global lane's cap (2) held across both replicas, and was reached.
+    edges = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records])
+    level = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        level += step
+        peak = max(peak, level)
+    assert peak == 2
     # The books: every submit of each replica ran there or was deduped by the other.
     for r in results:
         s = r["stats"]
-        assert s["submitted"] + s["deduped"] == TURNS
+        assert s["submitted"] + s["deduped"] == 2 * TURNS  # conv (webhooks) + others
         assert s["submitted"] == s["done"]
         assert set(r["states"]) <= {"done", "deduped"}
-    assert sum(r["stats"]["done"] for r in results) == TURNS
-    assert all(r["stats"]["done"] > 0 for r in results)  # both replicas ran turns
-    print("\nturns run per replica:", [r["stats"]["done"] for r in results])
+    assert sum(r["stats"]["done"] for r in results) == 3 * TURNS  # webhooks once + others
+    assert all(sum(1 for c in conv if c["proc"] == i) > 0 for i in range(2))
+    print("\nwebhooks run per replica:",
+          [sum(1 for c in conv if c["proc"] == i) for i in range(2)])
