@@ -7,8 +7,8 @@ under the lanes of a queue, and apply a busy policy when a key already has work:
 =============  ==============================================================================
 ``enqueue``    join the end of the key's line (default)
 ``reject``     end at once as ``rejected`` ("busy")
-``steer``      hand the payload to the running turn's ``inbox``; if it never takes it, it
-               runs as a normal turn next
+``steer``      hand the payload to the current turn's ``inbox`` (same ``fn``, nothing
+               pending); if it never takes it, it runs as a normal turn next
 ``interrupt``  cancel the running turn, drop the pending ones ("superseded"), run this next
 ``replace``    the running turn goes on; drop the pending ones ("superseded"); this waits
 ``collect``    merge the key's pending turns of the same ``fn`` into one call with the list
