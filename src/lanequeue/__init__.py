@@ -24,6 +24,7 @@ Example:
 
 from ._core import LaneStats
 from ._errors import (
+    DispatcherDrainingError,
     LaneBackendError,
     LaneClearedError,
     LaneDrainingError,
@@ -31,6 +32,12 @@ from ._errors import (
     LaneTimeoutError,
     LeaseLostError,
     NotOwnerError,
+    TurnCancelledError,
+    TurnDedupedError,
+    TurnDroppedError,
+    TurnError,
+    TurnRejectedError,
+    TurnTimedOutError,
 )
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -62,6 +69,14 @@ from .contract import (
     TaskHold,
     TaskLane,
     TaskSessionLane,
+)
+from .dispatch import (
+    Dispatcher,
+    DispatchStats,
+    ThreadDispatcher,
+    Ticket,
+    Turn,
+    current_turn,
 )
 from .keys import (
     build_gateway_session_key,
@@ -134,4 +149,18 @@ __all__ = [
     "build_scheduler_session_key",
     "build_subagent_session_key",
     "normalize_key_part",
+    # the dispatcher
+    "DispatchStats",
+    "Dispatcher",
+    "DispatcherDrainingError",
+    "ThreadDispatcher",
+    "Ticket",
+    "Turn",
+    "TurnCancelledError",
+    "TurnDedupedError",
+    "TurnDroppedError",
+    "TurnError",
+    "TurnRejectedError",
+    "TurnTimedOutError",
+    "current_turn",
 ]

@@ -9,6 +9,7 @@ which caught ``TimeoutError``, keeps working.
 from __future__ import annotations
 
 __all__ = [
+    "DispatcherDrainingError",
     "LaneBackendError",
     "LaneClearedError",
     "LaneDrainingError",
@@ -16,6 +17,12 @@ __all__ = [
     "LaneTimeoutError",
     "LeaseLostError",
     "NotOwnerError",
+    "TurnCancelledError",
+    "TurnDedupedError",
+    "TurnDroppedError",
+    "TurnError",
+    "TurnRejectedError",
+    "TurnTimedOutError",
 ]
 
 
@@ -104,3 +111,60 @@ class LaneClearedError(LaneError):
 
     def __reduce__(self) -> tuple[type[LaneClearedError], tuple[str, str]]:
         return (type(self), (self.lane, self.key))
+# -- the dispatcher's errors (lanequeue.Dispatcher, lanequeue.ThreadDispatcher) -----------
+
+
+class TurnError(LaneError):
+    """A dispatcher turn ended in a state other than ``done`` or ``failed``.
+
+    Raised when a ticket is awaited (``await ticket``, ``ticket.result()``); each terminal
+    state has its own subclass.
+
+    Attributes:
+        state: the ticket's terminal state (``"cancelled"``, ``"dropped"``, ...).
+        key: the turn's key.
+        reason: why it ended so (``"busy"``, ``"overflow"``, ``"superseded"``,
+            ``"cancelled"``, ``"cleared"``, ``"closed"``, ``"start timeout"``,
+            ``"run timeout"``, ``"duplicate"``).
+        ticket_id: the ticket's number in its dispatcher.
+    """
+
+    def __init__(self, state: str, key: str, reason: str, ticket_id: int = 0) -> None:
+        self.state = state
+        self.key = key
+        self.reason = reason
+        self.ticket_id = ticket_id
+        super().__init__(f"turn {ticket_id} of key {key!r} {state}: {reason}")
+
+    def __reduce__(self) -> tuple[type[TurnError], tuple[str, str, str, int]]:
+        return (type(self), (self.state, self.key, self.reason, self.ticket_id))
+
+
+class TurnCancelledError(TurnError):
+    """The turn was ended by ``cancel()``, ``clear()`` or ``close()`` (before or while
+    running), or its task was cancelled from outside the dispatcher."""
+
+
+class TurnDroppedError(TurnError):
+    """A busy policy or the line's bound ended the turn before it started
+    (``"superseded"`` by interrupt/replace, ``"overflow"`` by drop_oldest)."""
+
+
+class TurnRejectedError(TurnError):
+    """The submit was refused at once: ``"busy"`` (busy policy reject) or ``"overflow"``
+    (the key's line was full under reject_new)."""
+
+
+class TurnTimedOutError(TurnError, TimeoutError):
+    """The turn did not start within ``timeout_s`` (``"start timeout"``) or ran longer than
+    ``run_timeout_s`` (``"run timeout"``)."""
+
+
+class TurnDedupedError(TurnError):
+    """The submit repeated a ``dedupe_id`` that another process already owns (shared
+    dedupe window over Redis): this process runs nothing for it."""
+
+
+class DispatcherDrainingError(LaneError):
+    """``submit`` was called after ``drain()`` or ``close()``: the dispatcher takes no new
+    turns."""

@@ -177,6 +177,15 @@ def build_parser() -> argparse.ArgumentParser:
         "pip install 'lanequeue[prometheus]')",
     )
     rp.add_argument(
+        "--busy",
+        default=None,
+        metavar="POLICY",
+        help="submit the requests to a Dispatcher with this busy policy instead of taking "
+        "the lanes directly (enqueue, reject, steer, interrupt, replace, collect, or "
+        "'all' for one run each; asyncio); reports calls made, requests merged, "
+        "dropped, rejected and cancelled, and wait percentiles per policy",
+    )
+    rp.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress bar (it is shown only on a terminal, with tqdm)",
@@ -343,7 +352,56 @@ def _serve_metrics(port: int, queues: list[Any], err: TextIO) -> tuple[Any, Any]
     return server, attach
 
 
+def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``replay --busy``: the trace through a Dispatcher, one run per policy."""
+    from lanequeue.dispatch import BUSY_POLICIES
+    from lanequeue.replay import TraceError, read_trace
+    from lanequeue.replay.busy import busy_table, ideal_waits, run_busy
+
+    def fail(message: str) -> int:
+        print(f"lanequeue replay: error: {message}", file=err)
+        return 2
+
+    policies = list(BUSY_POLICIES) if args.busy == "all" else args.busy.split(",")
+    for p in policies:
+        if p not in BUSY_POLICIES:
+            return fail(f"unknown busy policy {p!r}; available: {', '.join(BUSY_POLICIES)}"
+                        ", or all")
+    if args.backend is not None:
+        return fail("--busy runs one process on asyncio: it cannot be combined with "
+                    "--backend")
+    for path in (args.json_path, args.plot_path):
+        if path is not None:
+            return fail(f"--busy prints a table only: {path} would not be written")
+    try:
+        trace = read_trace(args.trace)
+    except (ValueError, TraceError) as exc:
+        return fail(str(exc))
+    _report_skipped(trace.skipped, trace.source, err)
+    trace = trace.head(args.limit)
+    if not trace.requests:
+        return fail(f"no valid request to replay in {trace.source}")
+    results = []
+    for p in policies:
+        results.append(run_busy(trace, p, speed=args.speed, tpot_ms=args.tpot_ms,
+                                global_cap=args.global_cap, max_sessions=args.max_sessions))
+    ideal = None
+    if "enqueue" in policies:
+        ideal = ideal_waits(trace, speed=args.speed, tpot_ms=args.tpot_ms,
+                            global_cap=args.global_cap)
+    print(busy_table(results, ideal), file=out)
+    bad = [r.policy for r in results if r.overlaps or r.order_violations]
+    if bad:
+        print(f"\nchecks FAILED for: {', '.join(bad)}", file=out)
+        return 1
+    print("\nchecks passed: one call per conversation at a time, each conversation's "
+          "requests begun in arrival order", file=out)
+    return 0
+
+
 def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if getattr(args, "busy", None) is not None:
+        return _replay_busy(args, out, err)
     from lanequeue.replay import ReplayConfig, TraceError, read_trace, run_replay
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
     from lanequeue.replay.runtimes.redis_processes import BackendError, check_backend

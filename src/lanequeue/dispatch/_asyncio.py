@@ -1,0 +1,206 @@
+"""The asyncio face of the dispatcher: each admitted turn is a task of the loop.
+
+The task enters ``acquire_all(key, lanes)``, calls ``fn`` (a coroutine function, or a
+plain function that then runs on the loop) and releases; cancelling the task is how a turn
+is interrupted, before or after it holds the lanes (the lanes' own cancellation safety
+gives back what was taken). Timers are the loop's (``loop.call_later``), so the loop's
+clock is the dispatcher's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._base import DispatcherBase
+from ._machine import _CURRENT, Job, Ticket, Timer
+
+__all__ = ["Dispatcher"]
+
+
+class Dispatcher(DispatcherBase):
+    """Runs the turns of busy conversations on asyncio tasks, under an AsyncLaneQueue.
+
+    Args:
+        queue: the :class:`~lanequeue.AsyncLaneQueue` (or any asyncio queue with
+            ``acquire_all``) whose lanes every turn takes.
+        lanes: the lane names every turn takes (default ``("session", "global")``).
+        busy: what a submit does when its key has a running or pending turn:
+            ``"enqueue"`` (default), ``"reject"``, ``"steer"``, ``"interrupt"``,
+            ``"replace"`` or ``"collect"`` (see the README's policy table).
+        max_pending: pending turns kept per key, >= 0; the key's current turn (running,
+            or admitted and waiting for the lanes) is not counted.
+        overflow: a submit beyond ``max_pending``: ``"reject_new"`` (the new ticket ends
+            ``rejected``, reason "overflow") or ``"drop_oldest"`` (the oldest pending
+            ends ``dropped``, reason "overflow").
+        on_drop: called with the list of tickets a submit dropped (overflow, interrupt,
+            replace), after they ended; exceptions are logged.
+        dedupe_ttl_s: seconds a ``dedupe_id`` is remembered from its submit.
+        dedupe_max: ids remembered at most (the oldest is forgotten first).
+        debounce_s: under ``collect``, the quiet window in seconds: a merged call starts
+            once no new turn of the key came for this long (0: merge whatever is
+            pending when the key frees up).
+        max_wait_s: under ``collect``, the longest the first pending turn waits for the
+            window (None: no bound).
+        ageing_s: a waiting turn gains one priority level per ``ageing_s`` seconds
+            (None: strict priority).
+        dedupe_redis: a synchronous ``redis.Redis`` client: the dedupe window is then
+            shared with every dispatcher using the same Redis and ``dedupe_prefix``
+            (``SET NX PX`` on ``{prefix:d:<dedupe_id>}``, one round trip per submit with a
+            ``dedupe_id``, made from ``submit`` itself). A repeat owned by another
+            process gets a ticket already ended as ``deduped``.
+        dedupe_prefix: the Redis key prefix (default the Redis lanes' ``"lanequeue"``).
+
+    Raises TypeError/ValueError for a bad argument, KeyError for an unknown lane.
+
+    Use it from one event loop (the first that calls ``submit``); every method is a plain
+    call except :meth:`drain` and :meth:`wait_idle`.
+
+    Example::
+
+        queue = build_default_async_lanes()
+        dispatcher = Dispatcher(queue, busy="collect", debounce_s=0.5)
+
+        async def reply(messages: list[str]) -> str:
+            return await model.chat(messages)
+
+        ticket = dispatcher.submit(conversation_key, reply, "hello")
+        answer = await ticket
+    """
+
+    def __init__(
+        self,
+        queue: Any,
+        *,
+        lanes: Sequence[str] = ("session", "global"),
+        busy: str = "enqueue",
+        max_pending: int = 20,
+        overflow: str = "reject_new",
+        on_drop: Callable[[list[Ticket]], Any] | None = None,
+        dedupe_ttl_s: float = 300.0,
+        dedupe_max: int = 10_000,
+        debounce_s: float = 0.0,
+        max_wait_s: float | None = None,
+        ageing_s: float | None = 30.0,
+        dedupe_redis: Any = None,
+        dedupe_prefix: str = "lanequeue",
+    ) -> None:
+        if not getattr(queue, "_async_face", True) or type(queue).__name__ == "LaneQueue":
+            raise TypeError("Dispatcher runs on asyncio: give it an AsyncLaneQueue "
+                            "(ThreadDispatcher takes a LaneQueue)")
+        super().__init__(queue, lanes=lanes, busy=busy, max_pending=max_pending,
+                         overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
+                         dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,
+                         ageing_s=ageing_s, workers=None,
+                         dedupe_redis=dedupe_redis, dedupe_prefix=dedupe_prefix)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle_waiters: set[asyncio.Future[None]] = set()
+
+    def _check_caller(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError("Dispatcher must be used from its event loop "
+                               "(no event loop is running in this thread)") from None
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise RuntimeError("Dispatcher is bound to another event loop")
+
+    # -- the face -----------------------------------------------------------------------
+
+    def now(self) -> float:
+        loop = self._loop
+        return 0.0 if loop is None else loop.time()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        assert self._loop is not None
+        return self._loop.call_later(delay, fn)
+
+    def launch(self, job: Job) -> None:
+        assert self._loop is not None
+        if self._loop.is_closed():
+            # The loop is gone (shut down with turns still pending): nothing can run.
+            self._machine.finish(job, False, asyncio.CancelledError())
+            return
+        task = self._loop.create_task(self._run(job))
+        job.handle = task
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._reap(t, job))
+
+    def _reap(self, task: asyncio.Task[None], job: Job) -> None:
+        self._tasks.discard(task)
+        if not job.reported:
+            # Cancelled before its first step (an abandoned job, or the loop shutting
+            # down): the coroutine never ran, so report the end here.
+            self._machine.finish(job, False, asyncio.CancelledError())
+
+    def interrupt(self, job: Job) -> None:
+        task = job.handle
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def idle(self) -> None:
+        for fut in self._idle_waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _run(self, job: Job) -> None:
+        """One turn: hold the lanes, call ``fn``, release; report to the machine."""
+        machine = self._machine
+        budget = machine.budget(job)
+        ok, value = False, None
+        try:
+            async with self._queue.acquire_all(
+                job.key, self._lanes, timeout_s=math.inf if budget is None else budget
+            ):
+                if machine.start(job):
+                    token = _CURRENT.set(job.turn)
+                    try:
+                        value = job.fn(*job.args)
+                        if inspect.isawaitable(value):
+                            value = await value
+                        ok = True
+                    finally:
+                        _CURRENT.reset(token)
+        except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
+            ok, value = False, exc
+        machine.finish(job, ok, value)
+        if isinstance(value, (KeyboardInterrupt, SystemExit)):
+            raise value
+
+    # -- waiting ------------------------------------------------------------------------
+
+    async def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no turn
+        is running or pending. Returns True when idle, False when the time ran out."""
+        from .._validate import check_timeout
+
+        timeout = check_timeout(timeout_s)
+        self._check_caller()
+        if self._machine.is_idle():
+            return True
+        if timeout == 0:
+            return False
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._idle_waiters.add(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
+            return self._machine.is_idle()
+        finally:
+            self._idle_waiters.discard(fut)
+        return True
+
+    async def drain(self, timeout_s: float | None = 0.0) -> bool:
+        """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
+        then wait up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
+        running and pending turns to end. Returns True when nothing is left."""
+        self._check_caller()
+        self._machine.drain()
+        return await self.wait_idle(timeout_s)

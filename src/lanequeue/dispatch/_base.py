@@ -1,0 +1,204 @@
+"""What both dispatchers share: arguments, checks, and the calls that only forward to the
+state machine (:mod:`lanequeue.dispatch._machine`). The faces add how a turn is run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._face import LANE_DEFAULT
+from .._validate import check_timeout
+from ._machine import DispatchStats, Job, Machine, Ticket, Timer, counting_lanes
+
+__all__ = ["DispatcherBase"]
+
+
+class DispatcherBase:
+    """The surface common to :class:`~lanequeue.Dispatcher` and
+    :class:`~lanequeue.ThreadDispatcher` (see their docstrings)."""
+
+    _machine: Machine
+
+    def __init__(
+        self,
+        queue: Any,
+        *,
+        lanes: Sequence[str],
+        busy: str,
+        max_pending: int,
+        overflow: str,
+        on_drop: Callable[[list[Ticket]], Any] | None,
+        dedupe_ttl_s: float,
+        dedupe_max: int,
+        debounce_s: float,
+        max_wait_s: float | None,
+        ageing_s: float | None,
+        workers: int | None,
+        dedupe_redis: Any = None,
+        dedupe_prefix: str = "lanequeue",
+    ) -> None:
+        if not callable(getattr(queue, "acquire_all", None)):
+            raise TypeError(f"queue must be a lane queue with acquire_all(), not {queue!r}")
+        if isinstance(lanes, str):
+            raise TypeError("lanes must be a sequence of lane names, not a str")
+        names = tuple(lanes)
+        if not names:
+            raise ValueError("lanes must name at least one lane")
+        for name in names:
+            if name not in queue:
+                raise KeyError(f"lane {name!r} not found in the queue")
+        objs = [queue[n] for n in names]
+        self._queue = queue
+        self._lanes = names
+        counting = counting_lanes(objs)
+        slots: int | None = min((cap for _, cap in counting), default=None)
+        gate = min(counting, key=lambda c: c[1])[0] if counting else None
+        if workers is not None and (slots is None or workers < slots):
+            slots, gate = workers, "workers"
+        timeouts = [t for t in (getattr(x, "timeout_s", None) for x in objs) if t is not None]
+        window = None
+        if dedupe_redis is not None:
+            from ._redis import RedisDedupeWindow
+
+            ttl = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
+            if not ttl:
+                raise ValueError("a shared dedupe window needs a finite dedupe_ttl_s > 0")
+            window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl)
+        self._machine = Machine(
+            self,
+            slots=slots,
+            gate_lane=gate,
+            default_timeout_s=min(timeouts) if timeouts else None,
+            busy=busy,
+            max_pending=max_pending,
+            overflow=overflow,
+            on_drop=on_drop,
+            dedupe_ttl_s=dedupe_ttl_s,
+            dedupe_max=dedupe_max,
+            debounce_s=debounce_s,
+            max_wait_s=max_wait_s,
+            ageing_s=ageing_s,
+            window=window,
+        )
+
+    # -- the face's part (overridden) ------------------------------------------------------
+
+    def now(self) -> float:
+        raise NotImplementedError
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        raise NotImplementedError
+
+    def launch(self, job: Job) -> None:
+        raise NotImplementedError
+
+    def interrupt(self, job: Job) -> None:
+        """Threads only see the turn's cancel event (set by the machine)."""
+
+    def idle(self) -> None:
+        raise NotImplementedError
+
+    def _check_caller(self) -> None:
+        """Face-specific check of the calling thread/loop (RuntimeError if wrong)."""
+
+    # -- the common surface -----------------------------------------------------------------
+
+    def submit(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        busy: str | None = None,
+        dedupe_id: str | None = None,
+        priority: int = 0,
+        timeout_s: Any = LANE_DEFAULT,
+        run_timeout_s: float | None = None,
+    ) -> Ticket:
+        """Submit one turn of ``key``: ``fn(*args)``, run under the dispatcher's lanes.
+
+        A plain (non-async) call that returns the :class:`Ticket` at once.
+
+        Args:
+            key: the conversation's key (non-empty ``str``).
+            fn: the turn's function; under ``collect`` it is called with the list of the
+                merged turns' payloads (one payload per submit), in submit order.
+            args: its arguments (the payload, for ``collect`` and ``steer``).
+            busy: this submit's busy policy (default: the dispatcher's): ``"enqueue"``,
+                ``"reject"``, ``"steer"``, ``"interrupt"``, ``"replace"``, ``"collect"``.
+            dedupe_id: an idempotency id: a repeat within ``dedupe_ttl_s`` returns the
+                same ``Ticket`` object and runs nothing.
+            priority: a larger value is admitted first among waiting turns of different
+                keys (see "Priority" in the module docs); a key's own turns stay FIFO.
+            timeout_s: seconds from submit to start, pending time included (default: the
+                smallest ``timeout_s`` of the lanes; None or ``math.inf``: no limit).
+                Past it the ticket ends ``timed_out`` ("start timeout").
+            run_timeout_s: seconds the turn may run (None: no limit); past it the turn
+                is cancelled (its cancel event set; an asyncio turn's task cancelled) and
+                the ticket ends ``timed_out`` ("run timeout") once ``fn`` returns.
+
+        Returns:
+            the new :class:`Ticket`, or the original one for a repeated ``dedupe_id``.
+
+        Raises:
+            TypeError/ValueError: for a bad argument, naming it.
+            DispatcherDrainingError: after ``drain()`` or ``close()``.
+            LaneBackendError: the shared dedupe window (``dedupe_redis``) failed; nothing
+                was submitted.
+            RuntimeError: (asyncio) outside the dispatcher's event loop.
+        """
+        self._check_caller()
+        return self._machine.submit(key, fn, args, busy, dedupe_id, priority, timeout_s,
+                                    run_timeout_s, LANE_DEFAULT)
+
+    def cancel(self, ticket: Ticket) -> bool:
+        """End ``ticket`` as ``cancelled``: at once if it has not started; if it runs, its
+        turn is cancelled (cancel event; an asyncio task is cancelled too) and the ticket
+        ends when ``fn`` returns. Returns False if the ticket had already ended."""
+        if not isinstance(ticket, Ticket) or ticket._machine is not self._machine:
+            raise TypeError(f"ticket must be a Ticket of this dispatcher, not {ticket!r}")
+        self._check_caller()
+        return self._machine.cancel(ticket)
+
+    def clear(self, key: str) -> int:
+        """End every turn of ``key`` that has not started as ``cancelled`` ("cleared");
+        the running turn goes on. Returns how many ended."""
+        self._check_caller()
+        return self._machine.clear(key)
+
+    def pending(self, key: str) -> int:
+        """Turns of ``key`` not started yet (the running turn is not counted)."""
+        return self._machine.pending(key)
+
+    def close(self, *, cancel_pending: bool = True) -> None:
+        """Refuse new turns (submit raises DispatcherDrainingError). With
+        ``cancel_pending`` (default), end every turn not started as ``cancelled``
+        ("closed") and cancel the running turns likewise (they end when ``fn``
+        returns); else let them run. Does not wait: use ``wait_idle`` for that."""
+        self._check_caller()
+        self._machine.close(cancel_pending)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A JSON-ready picture: ``keys`` maps each key with work to ``running`` (bool),
+        ``running_s`` (seconds its turn has run, or None), ``pending`` (turns not started),
+        ``oldest_wait_s`` (seconds the oldest of them has waited) and ``blocked_by``
+        (why they wait: ``"key"``: the key's own turn runs; the gate's name (the
+        smallest counting lane, or ``"workers"``): waiting for the dispatcher's turn at
+        the counting lanes; ``"lanes"``: waiting inside ``acquire_all``;
+        ``"debounce"``: a collect window; None: nothing waits); plus ``draining``,
+        ``closed``, ``admitted``, ``slots``, ``ready`` and ``dedupe_entries``."""
+        return self._machine.snapshot()
+
+    @property
+    def stats(self) -> DispatchStats:
+        """An atomic snapshot of the counters (:class:`DispatchStats`)."""
+        return self._machine.stats()
+
+    @property
+    def draining(self) -> bool:
+        """True once ``drain()`` or ``close()`` was called."""
+        return self._machine.draining
+
+    def __repr__(self) -> str:
+        s = self._machine.stats()
+        return (f"<{type(self).__name__} lanes={list(self._lanes)} busy={self._machine.busy!r}"
+                f" pending={s.pending} running={s.running}>")

@@ -1,0 +1,1261 @@
+"""The one dispatcher state machine: what happens to each turn of a busy conversation.
+
+Both dispatchers (asyncio tasks in :mod:`lanequeue.dispatch._asyncio`, a thread pool in
+:mod:`lanequeue.dispatch._threads`) drive the :class:`Machine` below. A face only knows
+how a turn is *run* (a task or a pool thread that enters ``acquire_all``, calls ``fn`` and
+releases), how it is *interrupted* (cancel the task; a thread only sees the cancel event),
+how a *timer* is set, and how a caller *waits*. Every decision (which turn runs next for a
+key, which policy applies, what is dropped, merged, steered, deduplicated, timed out, and
+which terminal state each ticket ends in) is made here, once.
+
+Words
+=====
+- A **ticket** is one ``submit``. It ends exactly once, in one terminal state.
+- A **job** is one call of ``fn``: one ticket, or several merged by ``collect``, plus the
+  tickets steered into its inbox and taken by it.
+- Per key the machine keeps ``line`` (pending tickets, in submit order) and ``job`` (the
+  key's current job, if any). A key's next job is formed only when ``job`` is None: per
+  key, at most one job exists, so turns of a key run one at a time in submit order.
+- The **gate**: with counting lanes among the dispatcher's lanes, at most ``slots`` jobs
+  (the smallest ``max_concurrent`` of those lanes; on threads also at most the pool's
+  workers) are admitted to the lanes at once. A job that finds the gate full waits in the
+  dispatcher's ``ready`` heap, ordered by priority with ageing, and is admitted when an
+  admitted job ends. So the dispatcher's own jobs never queue behind each other in a
+  counting lane's FIFO line; they queue here, in priority order.
+
+A ticket's life::
+
+                        submit
+                           |                 dedupe hit: the original ticket is returned
+                           v
+        +------------- PENDING (in the key's line, or steered into a job's inbox) ------+
+        |                  |                                                           |
+        | job formed       | cancel/clear/close: CANCELLED; overflow/interrupt/replace: |
+        v                  |  DROPPED; deadline (timeout_s): TIMED_OUT; busy reject or   |
+     in a job, READY       |  full line: REJECTED (at submit)                          |
+     (gate heap) or        |                                                           |
+     ADMITTING (in         v                                                           |
+     acquire_all) ----> ended before start (the same states as above; a job left with  |
+        |               no ticket is abandoned: it never calls fn)                    |
+        | lanes held, start()                                                          |
+        v                                                                              |
+     RUNNING (fn called) --- fn returns / raises / is interrupted; lanes released --->  |
+        |                    DONE, FAILED, or the end asked for (CANCELLED, TIMED_OUT)   |
+        +--- a steered ticket taken from the inbox follows its job's end <--------------+
+
+The job's phases: READY -> ADMITTING -> RUNNING -> ENDED (the runner returned), or
+abandoned in READY/ADMITTING (all its tickets ended before it started: the runner, if one
+was launched, releases whatever it took and never calls ``fn``).
+
+Locking
+=======
+All state (keys, lines, jobs, the gate, the dedupe table, the counters, every ticket's
+state) changes under ONE ``threading.Lock`` (``_lock``), held for short O(1) or O(line)
+work and never while waiting, running ``fn``, acquiring lanes or calling user code. Each
+operation collects its *effects* under the lock (tickets to notify, ``on_drop`` batches,
+jobs to launch or interrupt, timers to cancel) and runs them after releasing it, so user
+callbacks may call back into the dispatcher. On asyncio the lock is only ever taken by the
+loop's thread (uncontended); on threads any thread may call in.
+
+A ticket's terminal state is written under the lock by :meth:`Machine._end`, which refuses
+a ticket already ended: every ticket ends exactly once, and the counters (``stats``) are
+bumped at that one place, so ``submitted`` always equals the sum of the six terminal
+counts plus the tickets still pending or running.
+
+Ending, and who decides
+=======================
+- A ticket that never started ends at once (its waiters are woken at once).
+- A started job ends when its runner returns, after ``fn`` returned and the lanes were
+  released: an interrupted thread turn keeps its lanes until ``fn`` returns, so per-key
+  exclusion is never broken. An end asked for while running (cancel, interrupt,
+  run timeout, close) is recorded on the job and wins over ``fn``'s own outcome.
+- Per key, the next job is formed only after the current job ended or was abandoned.
+
+Timers and memory
+=================
+The face gives one primitive, ``call_later`` (the loop's timers on asyncio, one timer
+thread on threads), on the dispatcher's clock. The machine keeps at most one timer for all
+start deadlines (a heap of pending tickets by deadline; entries of tickets that started or
+ended are dropped lazily and the heap is rebuilt once they are most of it), one per key
+waiting for a collect window, one per running job with a ``run_timeout_s``, and one that
+sweeps the dedupe table when its oldest id expires. A key with no job and no pending turn
+is forgotten, and the tables are rebuilt after a burst, so once the work is done and the
+dedupe window has passed the dispatcher holds no ticket, job or key.
+
+Priority, precisely
+===================
+It orders this dispatcher's jobs of different keys waiting at the gate: the job with the
+largest ``priority`` is admitted first; a waiting job ranks as if it had arrived
+``priority * ageing_s`` seconds earlier (one level per ``ageing_s`` of waiting), ties by
+arrival at the gate. It does not order jobs of one key (FIFO), nor this dispatcher's jobs
+against other users of the same lanes (other dispatchers, direct ``acquire_all`` calls,
+other processes on Redis lanes): those meet in the lane's own FIFO line. Without a
+counting lane there is no gate and priority changes nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from .._errors import (
+    DispatcherDrainingError,
+    TurnCancelledError,
+    TurnDedupedError,
+    TurnDroppedError,
+    TurnError,
+    TurnRejectedError,
+    TurnTimedOutError,
+)
+from .._validate import check_key, check_timeout
+
+__all__ = [
+    "BUSY_POLICIES",
+    "DispatchStats",
+    "Inbox",
+    "Job",
+    "Machine",
+    "OVERFLOW_POLICIES",
+    "Ticket",
+    "Turn",
+    "current_turn",
+]
+
+#: The busy policies, in the order of the README's table.
+BUSY_POLICIES = ("enqueue", "reject", "steer", "interrupt", "replace", "collect")
+#: What a submit beyond ``max_pending`` does.
+OVERFLOW_POLICIES = ("reject_new", "drop_oldest")
+
+PENDING, RUNNING = "pending", "running"
+DONE, FAILED, CANCELLED, DROPPED, REJECTED, TIMED_OUT, DEDUPED = (
+    "done", "failed", "cancelled", "dropped", "rejected", "timed_out", "deduped"
+)
+TERMINAL = (DONE, FAILED, CANCELLED, DROPPED, REJECTED, TIMED_OUT, DEDUPED)
+
+_ERRORS: dict[str, type[TurnError]] = {
+    CANCELLED: TurnCancelledError,
+    DROPPED: TurnDroppedError,
+    REJECTED: TurnRejectedError,
+    TIMED_OUT: TurnTimedOutError,
+    DEDUPED: TurnDedupedError,
+}
+
+# Job phases.
+READY, ADMITTING, STARTED, ENDED = "ready", "admitting", "running", "ended"
+
+
+class Timer(Protocol):
+    def cancel(self) -> Any: ...
+
+
+class Face(Protocol):
+    """What the machine asks of a dispatcher face. Called without the machine's lock."""
+
+    def now(self) -> float: ...
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer: ...
+
+    def launch(self, job: Job) -> None: ...
+
+    def interrupt(self, job: Job) -> None: ...
+
+    def idle(self) -> None: ...
+
+    def cancel(self, ticket: Ticket) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchStats:
+    """The dispatcher's counters, taken atomically.
+
+    ``submitted`` counts new tickets; each ended ticket adds one to exactly one of
+    ``done``, ``failed``, ``cancelled``, ``dropped``, ``rejected``, ``timed_out``, so
+    ``submitted == done + failed + cancelled + dropped + rejected + timed_out + pending +
+    running``. ``deduped`` counts submits answered without a new turn (a repeated
+    ``dedupe_id``), which are not in ``submitted``. ``merged`` counts tickets that ran in
+    a call of another ticket (collect), ``steered`` tickets taken from a running turn's
+    inbox; both end as ``done``/``failed``/... with that call. ``pending`` and ``running``
+    are tickets now.
+    """
+
+    submitted: int = 0
+    done: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    dropped: int = 0
+    rejected: int = 0
+    timed_out: int = 0
+    deduped: int = 0
+    merged: int = 0
+    steered: int = 0
+    pending: int = 0
+    running: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        """The counters as a plain ``dict``."""
+        return asdict(self)
+
+
+class Ticket:
+    """One submitted turn, from ``submit`` to its one terminal state.
+
+    ``state`` is ``"pending"``, ``"running"``, or one of the terminal states ``"done"``,
+    ``"failed"``, ``"cancelled"``, ``"dropped"``, ``"rejected"``, ``"timed_out"``,
+    ``"deduped"``; ``reason`` says why a non-done state was reached (``"busy"``,
+    ``"overflow"``, ``"superseded"``, ``"cancelled"``, ``"cleared"``, ``"closed"``,
+    ``"start timeout"``, ``"run timeout"``, ...), None otherwise.
+
+    Waiting: ``await ticket`` (asyncio) or ``ticket.result(timeout)`` (any thread) returns
+    ``fn``'s value for ``done``, re-raises ``fn``'s exception for ``failed``, and raises the
+    state's :class:`~lanequeue.TurnError` subclass otherwise. Cancelling a task that awaits
+    a ticket does not cancel the turn; :meth:`cancel` does. Thread-safe.
+    """
+
+    __slots__ = (
+        "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
+        "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
+        "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "__weakref__",
+    )
+
+    def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
+                 busy: str, priority: int, dedupe_id: str | None, now: float,
+                 deadline: float | None, run_timeout_s: float | None) -> None:
+        self.id = tid
+        self.key = key
+        self.fn = fn
+        self.args = args
+        self.busy = busy
+        self.priority = priority
+        self.dedupe_id = dedupe_id
+        self.submitted_at = now
+        self.deadline = deadline
+        self.run_timeout_s = run_timeout_s
+        self.state = PENDING
+        self.reason: str | None = None
+        self._value: Any = None
+        self._error: BaseException | None = None
+        # Made on first wait (most tickets are awaited through a callback, or not at all).
+        self._event: threading.Event | None = None
+        self._callbacks: list[Callable[[Ticket], Any]] | None = []
+        self._machine = machine
+        self._armed = False  # in the machine's deadline heap, not started or ended yet
+        self._started = False
+        self._end_req: tuple[str, str] | None = None
+        self._job: Job | None = None
+
+    @property
+    def payload(self) -> Any:
+        """What ``collect`` and ``steer`` hand on: the one argument, or the tuple of them."""
+        return self.args[0] if len(self.args) == 1 else self.args
+
+    def done(self) -> bool:
+        """True once the ticket is in a terminal state."""
+        return self.state in TERMINAL
+
+    def running(self) -> bool:
+        return self.state == RUNNING
+
+    def cancelled(self) -> bool:
+        return self.state == CANCELLED
+
+    def cancel(self) -> bool:
+        """Same as ``dispatcher.cancel(ticket)`` (on asyncio: from the dispatcher's loop)."""
+        return self._machine.face.cancel(self)
+
+    def add_done_callback(self, fn: Callable[[Ticket], Any]) -> None:
+        """Call ``fn(ticket)`` once the ticket ends (at once if it has), from the thread
+        that ends it. Exceptions from ``fn`` are logged and ignored."""
+        with self._machine._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        _call(fn, self)
+
+    def _outcome(self) -> Any:
+        state = self.state
+        if state == DONE:
+            return self._value
+        if state == FAILED:
+            assert self._error is not None
+            raise self._error
+        raise _ERRORS[state](state, self.key, self.reason or state, self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds (None: no limit) for the end; return ``fn``'s
+        value. Raises ``fn``'s exception (``failed``), the state's TurnError subclass
+        (``cancelled``, ``dropped``, ``rejected``, ``timed_out``, ``deduped``), or
+        ``concurrent.futures.TimeoutError`` when ``timeout`` passes first."""
+        if not self._wait_event().wait(timeout):
+            import concurrent.futures
+
+            raise concurrent.futures.TimeoutError(
+                f"ticket {self.id} of key {self.key!r} still {self.state} after {timeout} s")
+        return self._outcome()
+
+    def _wait_event(self) -> threading.Event:
+        with self._machine._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._callbacks is None:  # ended already
+                    self._event.set()
+            return self._event
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Like :meth:`result`, but returns the exception instead of raising it (None for
+        ``done``)."""
+        try:
+            self.result(timeout)
+        except TurnError as exc:
+            return exc
+        except BaseException as exc:
+            if self.state == FAILED:
+                return exc
+            raise
+        return None
+
+    def __await__(self) -> Any:
+        if self._callbacks is not None:  # not ended (or not notified) yet
+            import asyncio
+
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[None] = loop.create_future()
+
+            def wake(_: Ticket) -> None:
+                def settle() -> None:
+                    if not fut.done():
+                        fut.set_result(None)
+
+                if loop.is_closed():
+                    return
+                if _on_loop(loop):
+                    settle()
+                else:
+                    loop.call_soon_threadsafe(settle)
+
+            self.add_done_callback(wake)
+            # A private future: cancelling the awaiting task cancels only this wait.
+            yield from fut.__await__()
+        return self._outcome()
+
+    def __repr__(self) -> str:
+        extra = f" reason={self.reason!r}" if self.reason else ""
+        return f"<Ticket {self.id} key={self.key!r} {self.state}{extra}>"
+
+
+def _on_loop(loop: Any) -> bool:
+    import asyncio
+
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception:
+        import logging
+
+        logging.getLogger("lanequeue").exception("dispatcher callback %r raised", fn)
+
+
+class Inbox:
+    """The payloads steered into a running turn (busy policy ``steer``).
+
+    ``take()`` returns the payloads not taken yet, in submit order, and binds their tickets
+    to this turn: they end with the turn's result. Payloads never taken when the turn ends
+    run as normal turns next. ``len(inbox)`` counts payloads waiting. Thread-safe.
+    """
+
+    __slots__ = ("_job",)
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+
+    def take(self) -> list[Any]:
+        return self._job.machine._take_inbox(self._job)
+
+    def __len__(self) -> int:
+        return len(self._job.steered)
+
+    def __bool__(self) -> bool:
+        return bool(self._job.steered)
+
+    def __repr__(self) -> str:
+        return f"<Inbox waiting={len(self._job.steered)}>"
+
+
+class Turn:
+    """The turn being run, as seen from inside ``fn`` through :func:`current_turn`.
+
+    Attributes:
+        key: the turn's key.
+        ticket: the (first) ticket it serves; ``tickets`` lists every merged one.
+        cancel_event: a ``threading.Event`` set when the turn is cancelled, interrupted
+            or runs out of ``run_timeout_s``; thread turns poll it (asyncio turns are
+            also cancelled as tasks).
+        inbox: the :class:`Inbox` of payloads steered into the turn.
+    """
+
+    __slots__ = ("_job", "_event", "_cancelled", "inbox")
+
+    def __init__(self, job: Job) -> None:
+        self._job = job
+        self._event: threading.Event | None = None  # made on first look
+        self._cancelled = False
+        self.inbox = Inbox(job)
+
+    @property
+    def cancel_event(self) -> threading.Event:
+        with self._job.machine._lock:
+            if self._event is None:
+                self._event = threading.Event()
+                if self._cancelled:
+                    self._event.set()
+            return self._event
+
+    def _signal(self) -> None:
+        """Set the cancel event (machine lock held; Event.set never blocks)."""
+        self._cancelled = True
+        if self._event is not None:
+            self._event.set()
+
+    @property
+    def key(self) -> str:
+        return self._job.key
+
+    @property
+    def ticket(self) -> Ticket:
+        return self._job.tickets[0]
+
+    @property
+    def tickets(self) -> list[Ticket]:
+        return list(self._job.tickets)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the turn was asked to end (same as ``cancel_event.is_set()``)."""
+        return self._cancelled
+
+    def __repr__(self) -> str:
+        return f"<Turn key={self.key!r} tickets={len(self._job.tickets)}>"
+
+
+_CURRENT: ContextVar[Turn | None] = ContextVar("lanequeue_turn", default=None)
+
+
+def current_turn() -> Turn:
+    """The :class:`Turn` whose ``fn`` is running in this task or thread.
+
+    Raises LookupError when called outside a dispatcher's turn.
+    """
+    turn = _CURRENT.get()
+    if turn is None:
+        raise LookupError("current_turn() called outside a dispatcher turn")
+    return turn
+
+
+class Job:
+    """One call of ``fn`` for one key (see the module docstring). Faces read ``key``,
+    ``fn``, ``args``, ``turn`` and keep their run handle in ``handle``."""
+
+    __slots__ = (
+        "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
+        "handle", "abandoned", "rank", "run_timer", "started_at", "end_req", "seq",
+        "reported",
+    )
+
+    def __init__(self, machine: Machine, key: str, tickets: list[Ticket], seq: int) -> None:
+        self.machine = machine
+        self.key = key
+        self.tickets = tickets
+        head = tickets[0]
+        self.fn = head.fn
+        if head.busy == "collect":
+            self.args: tuple[Any, ...] = ([t.payload for t in tickets],)
+        else:
+            self.args = head.args
+        self.steered: list[Ticket] = []
+        self.taken: list[Ticket] = []
+        self.phase = READY
+        self.turn = Turn(self)
+        self.handle: Any = None
+        self.abandoned = False
+        self.rank: tuple[float, int] = (0.0, seq)
+        self.run_timer: Timer | None = None
+        self.started_at = 0.0
+        self.end_req: tuple[str, str] | None = None
+        self.seq = seq
+        self.reported = False  # finish() was called for it
+
+    def __lt__(self, other: Job) -> bool:
+        return self.rank < other.rank
+
+
+class _Key:
+    __slots__ = ("line", "job", "timer", "timer_due")
+
+    def __init__(self) -> None:
+        self.line: deque[Ticket] = deque()
+        self.job: Job | None = None
+        self.timer: Timer | None = None
+        self.timer_due = 0.0
+
+
+class _Effects:
+    """What an operation does after releasing the lock."""
+
+    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "forget")
+
+    def __init__(self) -> None:
+        self.forget: list[str] = []
+        self.ended: list[Ticket] = []
+        self.dropped: list[Ticket] = []
+        self.launch: list[Job] = []
+        self.interrupt: list[Job] = []
+        self.timers: list[Timer] = []
+
+
+class Machine:
+    """The dispatcher's state (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        face: Face,
+        *,
+        slots: int | None,
+        gate_lane: str | None,
+        default_timeout_s: float | None,
+        busy: str,
+        max_pending: int,
+        overflow: str,
+        on_drop: Callable[[list[Ticket]], Any] | None,
+        dedupe_ttl_s: float,
+        dedupe_max: int,
+        debounce_s: float,
+        max_wait_s: float | None,
+        ageing_s: float | None,
+        window: Any = None,
+    ) -> None:
+        self.face = face
+        self.window = window  # a RedisDedupeWindow shared with other processes, or None
+        self.slots = slots
+        self.gate_lane = gate_lane
+        self.default_timeout_s = default_timeout_s
+        self.busy = check_busy(busy, "busy")
+        self.max_pending = check_int(max_pending, "max_pending", 0)
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+        self.overflow = overflow
+        if on_drop is not None and not callable(on_drop):
+            raise TypeError(f"on_drop must be callable or None, not {on_drop!r}")
+        self.on_drop = on_drop
+        ttl = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
+        self.dedupe_ttl_s = math.inf if ttl is None else ttl
+        self.dedupe_max = check_int(dedupe_max, "dedupe_max", 0)
+        self.debounce_s = check_timeout(debounce_s, "debounce_s") or 0.0
+        self.max_wait_s = check_timeout(max_wait_s, "max_wait_s")
+        if ageing_s is not None:
+            ageing_s = check_timeout(ageing_s, "ageing_s")
+            if ageing_s == 0:
+                raise ValueError("ageing_s must be > 0 seconds (None: no ageing)")
+        self.ageing_s = ageing_s
+        self._lock = threading.Lock()
+        self._keys: dict[str, _Key] = {}
+        self._keys_high = 0  # most keys alive at once since the table was last rebuilt
+        self._ready: list[Job] = []  # the gate's heap (abandoned jobs skipped when popped)
+        self._admitted = 0  # jobs past the gate whose runner has not returned
+        self._runners = 0  # runners launched and not returned (gated or not)
+        self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
+        self._dedupe_timer: Timer | None = None
+        # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
+        self._deadlines: list[tuple[float, int, Ticket]] = []
+        self._deadline_timer: Timer | None = None
+        self._deadline_due = 0.0
+        self._stale = 0  # entries of tickets no longer pending
+        self._ids = itertools.count(1)
+        self._seq = itertools.count()
+        self.draining = False
+        self.closed = False
+        self._c = dict.fromkeys(
+            ("submitted", *TERMINAL[:-1], "deduped", "merged", "steered", "running"), 0)
+
+    # -- submit ---------------------------------------------------------------------------
+
+    def submit(self, key: str, fn: Any, args: tuple[Any, ...], busy: str | None,
+               dedupe_id: str | None, priority: int, timeout_s: Any,
+               run_timeout_s: float | None, lane_default: Any) -> Ticket:
+        key = check_key(key)
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {fn!r}")
+        policy = self.busy if busy is None else check_busy(busy, "busy")
+        if dedupe_id is not None and (not isinstance(dedupe_id, str) or not dedupe_id):
+            raise TypeError(f"dedupe_id must be a non-empty str or None, not {dedupe_id!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, not {type(priority).__name__}")
+        timeout = self.default_timeout_s if timeout_s is lane_default else check_timeout(
+            timeout_s)
+        run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
+        fx = _Effects()
+        shared = self.window is not None and dedupe_id is not None
+        ours = True
+        for attempt in (0, 1) if shared else (1,):
+            if attempt == 1 and shared:
+                # Not in this process's table: ask the shared window (outside the lock:
+                # one round trip). Another thread may claim the same id meanwhile; the
+                # table is looked at again below.
+                ours = self.window.claim(dedupe_id)
+            with self._lock:
+                if self.draining:
+                    raise DispatcherDrainingError(
+                        "the dispatcher is draining or closed: it takes no new turns")
+                now = self.face.now()
+                if dedupe_id is not None:
+                    self._expire_dedupe(now)
+                    seen = self._dedupe.get(dedupe_id)
+                    if seen is not None:
+                        self._c["deduped"] += 1
+                        return seen[0]
+                if attempt == 0:
+                    continue
+                t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
+                           dedupe_id, now, None if timeout is None else now + timeout,
+                           run_timeout)
+                if not ours:
+                    # Another process owns this id within the window: nothing runs here.
+                    t._started = True  # nothing to give back
+                    self._end(t, DEDUPED, "duplicate", fx)
+                else:
+                    self._c["submitted"] += 1
+                    if dedupe_id is not None:
+                        self._remember(dedupe_id, t, now, fx)
+                    self._place(t, now, fx)
+        self._after(fx)
+        return t
+
+    def _place(self, t: Ticket, now: float, fx: _Effects) -> None:
+        """Apply the busy policy and the line's bound to a new ticket (lock held)."""
+        k = self._keys.get(t.key)
+        if k is None:
+            k = self._keys[t.key] = _Key()
+            if len(self._keys) > self._keys_high:
+                self._keys_high = len(self._keys)
+        busy = k.job is not None or bool(k.line)
+        policy = t.busy
+        if busy:
+            if policy == "reject":
+                self._end(t, REJECTED, "busy", fx)
+                self._tidy(t.key, k)
+                return
+            job = k.job
+            # Steer only past an empty line: a payload steered past pending turns would be
+            # seen before them, and per-key submit order would break.
+            if (policy == "steer" and job is not None and not k.line
+                    and job.end_req is None and not job.abandoned and job.fn == t.fn):
+                job.steered.append(t)
+                t._job = job
+                self._arm_deadline(t, now, fx)
+                return
+            if policy == "interrupt":
+                self._drop_line(k, DROPPED, "superseded", fx)
+                if job is not None:
+                    self._stop_job(k, job, DROPPED, CANCELLED, "superseded", fx)
+            elif policy == "replace":
+                self._drop_line(k, DROPPED, "superseded", fx)
+            if len(k.line) >= self.max_pending:
+                if self.overflow == "reject_new" or not k.line:
+                    self._end(t, REJECTED, "overflow", fx)
+                    self._tidy(t.key, k)
+                    return
+                old = k.line.popleft()
+                self._end(old, DROPPED, "overflow", fx)
+                fx.dropped.append(old)
+        k.line.append(t)
+        self._arm_deadline(t, now, fx)
+        if k.job is None:
+            self._advance(t.key, k, now, fx)
+
+    def _arm_deadline(self, t: Ticket, now: float, fx: _Effects) -> None:
+        """Put a pending ticket's start deadline in the heap; one face timer serves the
+        earliest deadline of all (cheaper than a timer per ticket) (lock held)."""
+        if t.deadline is None or t.state != PENDING or t._armed:
+            return
+        t._armed = True
+        heapq.heappush(self._deadlines, (t.deadline, t.id, t))
+        if self._deadline_timer is None or t.deadline < self._deadline_due:
+            if self._deadline_timer is not None:
+                fx.timers.append(self._deadline_timer)
+            self._deadline_due = t.deadline
+            self._deadline_timer = self.face.call_later(max(0.0, t.deadline - now),
+                                                        self._deadlines_due)
+
+    def _disarm(self, t: Ticket) -> None:
+        """``t`` left PENDING: its heap entry is now stale (lock held). Once most of the
+        heap is stale it is rebuilt (amortised O(1)), so ended tickets are not kept."""
+        if t._armed:
+            t._armed = False
+            self._stale += 1
+            heap = self._deadlines
+            if self._stale == len(heap):  # every entry stale: drop them, and the timer
+                self._deadlines = []
+                self._stale = 0
+                if self._deadline_timer is not None:
+                    self._deadline_timer.cancel()
+                    self._deadline_timer = None
+            elif self._stale > 64 and self._stale * 2 > len(heap):
+                self._deadlines = [e for e in heap if e[2]._armed]
+                heapq.heapify(self._deadlines)
+                self._stale = 0
+
+    def _deadlines_due(self) -> None:
+        """The deadline timer fired: end every pending ticket whose deadline passed."""
+        fx = _Effects()
+        with self._lock:
+            self._deadline_timer = None
+            now = self.face.now()
+            heap = self._deadlines
+            while heap and (heap[0][0] <= now or not heap[0][2]._armed):
+                t = heapq.heappop(heap)[2]
+                if not t._armed:
+                    self._stale -= 1
+                    continue
+                t._armed = False
+                self._detach(t, fx)
+                self._end(t, TIMED_OUT, "start timeout", fx)
+                self._tidy(t.key, self._keys.get(t.key))
+            if heap:
+                self._deadline_due = heap[0][0]
+                self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
+                                                            self._deadlines_due)
+        self._after(fx)
+
+    # -- forming and admitting jobs -------------------------------------------------------
+
+    def _advance(self, key: str, k: _Key, now: float, fx: _Effects) -> None:
+        """Form the key's next job if it has none (lock held)."""
+        if k.job is not None:
+            return
+        line = k.line
+        if not line:
+            self._tidy(key, k)
+            return
+        head = line[0]
+        if head.busy == "collect":
+            n = 1
+            while n < len(line) and line[n].fn == head.fn and line[n].busy == "collect":
+                n += 1
+            if self.debounce_s > 0:
+                due = line[n - 1].submitted_at + self.debounce_s
+                if self.max_wait_s is not None:
+                    due = min(due, head.submitted_at + self.max_wait_s)
+                if now < due:
+                    if k.timer is None or k.timer_due != due:
+                        if k.timer is not None:
+                            fx.timers.append(k.timer)
+                        k.timer_due = due
+                        k.timer = self.face.call_later(due - now, lambda: self._wake(key))
+                    return
+            tickets = [line.popleft() for _ in range(n)]
+            self._c["merged"] += n - 1
+        else:
+            tickets = [line.popleft()]
+        if k.timer is not None:
+            fx.timers.append(k.timer)
+            k.timer = None
+        job = Job(self, key, tickets, next(self._seq))
+        for t in tickets:
+            t._job = job
+        k.job = job
+        if self.slots is None:
+            self._admit(job, fx)
+            return
+        prio = max(t.priority for t in tickets)
+        if self.ageing_s is None:
+            job.rank = (-float(prio), job.seq)
+        else:
+            job.rank = (now - prio * self.ageing_s, job.seq)
+        heapq.heappush(self._ready, job)
+        self._fill_gate(fx)
+
+    def _admit(self, job: Job, fx: _Effects) -> None:
+        job.phase = ADMITTING
+        if self.slots is not None:
+            self._admitted += 1
+        self._runners += 1
+        fx.launch.append(job)
+
+    def _wake(self, key: str) -> None:
+        fx = _Effects()
+        with self._lock:
+            k = self._keys.get(key)
+            if k is not None:
+                k.timer = None
+                self._advance(key, k, self.face.now(), fx)
+        self._after(fx)
+
+    def budget(self, job: Job) -> float | None:
+        """Seconds the job's runner may wait for the lanes: up to the latest deadline of
+        its tickets (None: a ticket has no limit). Tickets whose own deadline passes
+        earlier end by their own timers."""
+        with self._lock:
+            now = self.face.now()
+            latest = 0.0
+            for t in job.tickets:
+                if t.deadline is None:
+                    return None
+                latest = max(latest, t.deadline - now)
+            return max(0.0, latest)
+
+    def start(self, job: Job) -> bool:
+        """The runner holds the lanes: start the job. False if it was abandoned meanwhile
+        (the runner then releases and never calls ``fn``)."""
+        fx = _Effects()
+        with self._lock:
+            if job.abandoned:
+                return False
+            job.phase = STARTED
+            now = self.face.now()
+            job.started_at = now
+            run_timeout: float | None = None
+            for t in job.tickets:
+                t.state = RUNNING
+                t._started = True
+                self._disarm(t)
+                if t.run_timeout_s is not None:
+                    run_timeout = t.run_timeout_s if run_timeout is None else min(
+                        run_timeout, t.run_timeout_s)
+            self._c["running"] += len(job.tickets)
+            if run_timeout is not None:
+                job.run_timer = self.face.call_later(run_timeout, lambda: self._run_timeout(job))
+        self._after(fx)
+        return True
+
+    def finish(self, job: Job, ok: bool, value: Any) -> None:
+        """The runner returned (lanes released): ``ok`` with ``fn``'s value, or not ok with
+        the exception raised (by ``fn``, by the lanes while admitting, or a cancellation)."""
+        fx = _Effects()
+        with self._lock:
+            if job.reported:
+                return
+            job.reported = True
+            self._runners -= 1
+            if self.slots is not None and job.phase != READY:
+                self._admitted -= 1
+            started = job.phase == STARTED
+            job.phase = ENDED
+            if job.run_timer is not None:
+                fx.timers.append(job.run_timer)
+                job.run_timer = None
+            if not job.abandoned:
+                for t in job.tickets + job.taken:
+                    end = t._end_req or job.end_req
+                    if end is not None:
+                        self._end(t, end[0], end[1], fx)
+                    elif ok:
+                        self._end(t, DONE, None, fx, value=value)
+                    elif not started and isinstance(value, TimeoutError):
+                        self._end(t, TIMED_OUT, "start timeout", fx)
+                    elif _is_cancel(value):
+                        self._end(t, CANCELLED, "cancelled", fx)
+                    else:
+                        self._end(t, FAILED, type(value).__name__, fx, error=value)
+                self._release_key(job, fx)
+            self._fill_gate(fx)
+        self._after(fx)
+
+    def _release_key(self, job: Job, fx: _Effects) -> None:
+        """The key's job is over: steered payloads never taken go first in line; the key
+        forms its next job (lock held)."""
+        k = self._keys.get(job.key)
+        if k is None or k.job is not job:
+            return
+        k.job = None
+        for t in reversed(job.steered):
+            t._job = None
+            k.line.appendleft(t)
+        job.steered = []
+        self._advance(job.key, k, self.face.now(), fx)
+
+    def _fill_gate(self, fx: _Effects) -> None:
+        ready = self._ready
+        while ready and self.slots is not None and self._admitted < self.slots:
+            job = heapq.heappop(ready)
+            if not job.abandoned:
+                self._admit(job, fx)
+
+    # -- ending tickets -------------------------------------------------------------------
+
+    def _end(self, t: Ticket, state: str, reason: str | None, fx: _Effects,
+             value: Any = None, error: BaseException | None = None) -> bool:
+        """The ONE place a ticket ends (lock held). False if it had ended already."""
+        if t.state in TERMINAL:
+            return False
+        if t.state == RUNNING:
+            self._c["running"] -= 1
+        t.state = state
+        t.reason = reason
+        t._value = value
+        t._error = error
+        t._job = None
+        self._c[state] += 1
+        self._disarm(t)
+        if not t._started and t.dedupe_id is not None:
+            # A turn that never ran is forgotten, so a genuine retry runs.
+            seen = self._dedupe.get(t.dedupe_id)
+            if seen is not None and seen[0] is t:
+                del self._dedupe[t.dedupe_id]
+                if self.window is not None:
+                    fx.forget.append(t.dedupe_id)
+        fx.ended.append(t)
+        return True
+
+    def _drop_line(self, k: _Key, state: str, reason: str, fx: _Effects) -> int:
+        n = 0
+        while k.line:
+            t = k.line.popleft()
+            self._end(t, state, reason, fx)
+            if state == DROPPED:
+                fx.dropped.append(t)
+            n += 1
+        return n
+
+    def _stop_job(self, k: _Key, job: Job, before: str, running: str, reason: str,
+                  fx: _Effects) -> int:
+        """End the key's current job: its tickets end as ``before`` if it has not started
+        (the job is abandoned), else the job is asked to end as ``running`` (it ends when
+        its runner returns). Steered tickets not taken end as ``before``. Returns how
+        many tickets that had not started were ended (lock held)."""
+        n = 0
+        for t in job.steered:
+            self._end(t, before, reason, fx)
+            if before == DROPPED:
+                fx.dropped.append(t)
+            n += 1
+        job.steered = []
+        if job.phase == STARTED:
+            if job.end_req is None:
+                job.end_req = (running, reason)
+                job.turn._signal()
+                fx.interrupt.append(job)
+            return n
+        for t in job.tickets:
+            self._end(t, before, reason, fx)
+            if before == DROPPED:
+                fx.dropped.append(t)
+            n += 1
+        self._abandon(k, job, fx)
+        return n
+
+    def _abandon(self, k: _Key, job: Job, fx: _Effects) -> None:
+        """A job left without tickets before it started: it never calls ``fn``. A READY
+        job is skipped when the heap reaches it; an ADMITTING job's runner is interrupted
+        (asyncio) or finds it abandoned once it holds the lanes (threads)."""
+        job.abandoned = True
+        job.turn._signal()
+        if job.phase == ADMITTING:
+            fx.interrupt.append(job)
+        if k.job is job:
+            k.job = None
+            for t in reversed(job.steered):
+                t._job = None
+                k.line.appendleft(t)
+            job.steered = []
+        # The caller forms the key's next job (``_advance``) once it is done with the key.
+
+    def _detach(self, t: Ticket, fx: _Effects) -> None:
+        """Take a ticket that has not started out of its line or job (lock held)."""
+        k = self._keys.get(t.key)
+        if k is None:
+            return
+        job = t._job
+        if job is None:
+            try:
+                k.line.remove(t)
+            except ValueError:
+                return
+            self._advance(t.key, k, self.face.now(), fx)  # a debounce may be due now
+            return
+        if t in job.steered:
+            job.steered.remove(t)
+            return
+        if t in job.tickets and job.phase != STARTED:
+            job.tickets.remove(t)
+            if not job.tickets:
+                self._abandon(k, job, fx)
+                self._advance(t.key, k, self.face.now(), fx)
+
+    def _run_timeout(self, job: Job) -> None:
+        fx = _Effects()
+        with self._lock:
+            job.run_timer = None
+            if job.phase == STARTED and job.end_req is None:
+                job.end_req = (TIMED_OUT, "run timeout")
+                job.turn._signal()
+                fx.interrupt.append(job)
+        self._after(fx)
+
+    def _take_inbox(self, job: Job) -> list[Any]:
+        with self._lock:
+            if job.phase != STARTED or job.end_req is not None:
+                return []
+            taken, job.steered = job.steered, []
+            for t in taken:
+                t.state = RUNNING
+                t._started = True
+                self._disarm(t)
+            job.taken.extend(taken)
+            self._c["running"] += len(taken)
+            self._c["steered"] += len(taken)
+            return [t.payload for t in taken]
+
+    # -- control --------------------------------------------------------------------------
+
+    def cancel(self, t: Ticket) -> bool:
+        """End ``t`` as cancelled: at once if it has not started; if it runs, ask its job
+        to end (when every ticket of the call asked, the call is interrupted; the ticket
+        ends when ``fn`` returns). False if it had ended already."""
+        fx = _Effects()
+        with self._lock:
+            if t.state in TERMINAL:
+                return False
+            if t.state == PENDING:
+                self._detach(t, fx)
+                self._end(t, CANCELLED, "cancelled", fx)
+                self._tidy(t.key, self._keys.get(t.key))
+            else:
+                job = t._job
+                t._end_req = (CANCELLED, "cancelled")
+                if job is not None and job.end_req is None and all(
+                        x._end_req is not None for x in job.tickets + job.taken):
+                    job.end_req = (CANCELLED, "cancelled")
+                    job.turn._signal()
+                    fx.interrupt.append(job)
+        self._after(fx)
+        return True
+
+    def clear(self, key: str) -> int:
+        """End every turn of ``key`` that has not started as cancelled ("cleared");
+        the running turn goes on. Returns how many ended."""
+        key = check_key(key)
+        fx = _Effects()
+        with self._lock:
+            k = self._keys.get(key)
+            if k is None:
+                return 0
+            n = self._drop_line(k, CANCELLED, "cleared", fx)
+            if k.job is not None:
+                job = k.job
+                for t in job.steered:
+                    self._end(t, CANCELLED, "cleared", fx)
+                    n += 1
+                job.steered = []
+                if job.phase != STARTED:
+                    n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
+            self._advance(key, k, self.face.now(), fx)
+        self._after(fx)
+        return n
+
+    def pending(self, key: str) -> int:
+        """Turns of ``key`` not started yet (in line, steered and not taken, or waiting
+        for the lanes); the running turn is not counted."""
+        key = check_key(key)
+        with self._lock:
+            k = self._keys.get(key)
+            if k is None:
+                return 0
+            n = len(k.line)
+            if k.job is not None:
+                n += len(k.job.steered)
+                if k.job.phase != STARTED:
+                    n += len(k.job.tickets)
+            return n
+
+    def drain(self) -> None:
+        with self._lock:
+            self.draining = True
+
+    def close(self, cancel_pending: bool) -> None:
+        """Refuse new turns; with ``cancel_pending`` end every turn not started as
+        cancelled ("closed") and ask the running ones to end likewise."""
+        fx = _Effects()
+        with self._lock:
+            self.draining = True
+            self.closed = True
+            if cancel_pending:
+                for key, k in list(self._keys.items()):
+                    self._drop_line(k, CANCELLED, "closed", fx)
+                    if k.job is not None:
+                        self._stop_job(k, k.job, CANCELLED, CANCELLED, "closed", fx)
+                    self._advance(key, k, self.face.now(), fx)
+        self._after(fx)
+
+    def is_idle(self) -> bool:
+        """No key has work, and every runner launched has returned."""
+        with self._lock:
+            return not self._keys and self._runners == 0
+
+    # -- dedupe ---------------------------------------------------------------------------
+
+    def _remember(self, dedupe_id: str, t: Ticket, now: float, fx: _Effects) -> None:
+        table = self._dedupe
+        table[dedupe_id] = (t, now + self.dedupe_ttl_s)
+        while len(table) > self.dedupe_max:
+            table.popitem(last=False)
+        if self._dedupe_timer is None and table and self.dedupe_ttl_s != math.inf:
+            self._arm_sweep(now)
+
+    def _arm_sweep(self, now: float) -> None:
+        due = next(iter(self._dedupe.values()))[1]
+        self._dedupe_timer = self.face.call_later(max(0.0, due - now), self._sweep)
+
+    def _expire_dedupe(self, now: float) -> None:
+        # The table is in insertion order and every entry lives dedupe_ttl_s: the front
+        # is always the first to expire, so expiry pops from the front (O(1) amortised).
+        table = self._dedupe
+        while table:
+            _, (_, expires) = next(iter(table.items()))
+            if expires > now:
+                break
+            table.popitem(last=False)
+
+    def _sweep(self) -> None:
+        with self._lock:
+            now = self.face.now()
+            self._dedupe_timer = None
+            self._expire_dedupe(now)
+            if self._dedupe:
+                self._arm_sweep(now)
+            elif len(self._dedupe) == 0:
+                self._dedupe = OrderedDict()  # drop the table a burst grew
+
+    def dedupe_size(self) -> int:
+        with self._lock:
+            return len(self._dedupe)
+
+    # -- views ----------------------------------------------------------------------------
+
+    def stats(self) -> DispatchStats:
+        with self._lock:
+            c = self._c
+            pending = c["submitted"] - sum(c[s] for s in TERMINAL[:-1]) - c["running"]
+            return DispatchStats(pending=pending, **c)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Per key: whether a turn runs and for how long, pending count, oldest wait,
+        and what blocks it; plus the gate and the dispatcher's own state."""
+        with self._lock:
+            now = self.face.now()
+            keys: dict[str, Any] = {}
+            for key, k in self._keys.items():
+                job = k.job
+                waiting = list(k.line)
+                if job is not None:
+                    waiting += job.steered
+                    if job.phase != STARTED:
+                        waiting += job.tickets
+                blocked: str | None = None
+                if job is not None and job.phase == STARTED:
+                    blocked = "key" if waiting else None
+                elif job is not None:
+                    blocked = self.gate_lane if job.phase == READY else "lanes"
+                elif k.line:
+                    blocked = "debounce"
+                keys[key] = {
+                    "running": job is not None and job.phase == STARTED,
+                    "running_s": now - job.started_at if job and job.phase == STARTED
+                    else None,
+                    "pending": len(waiting),
+                    "oldest_wait_s": max((now - t.submitted_at for t in waiting),
+                                         default=0.0),
+                    "blocked_by": blocked,
+                }
+            return {
+                "keys": keys,
+                "draining": self.draining,
+                "closed": self.closed,
+                "admitted": self._admitted,
+                "slots": self.slots,
+                "ready": sum(1 for j in self._ready if not j.abandoned),
+                "dedupe_entries": len(self._dedupe),
+            }
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def _tidy(self, key: str, k: _Key | None) -> None:
+        # A key with no job, no line and no timer is forgotten: memory follows the work.
+        if k is not None and k.job is None and not k.line:
+            if k.timer is not None:
+                k.timer.cancel()
+                k.timer = None
+            keys = self._keys
+            if keys.get(key) is k:
+                del keys[key]
+                if not keys and self._keys_high > 64:
+                    # Dicts never shrink: drop the table a burst of keys grew.
+                    self._keys = {}
+                    self._keys_high = 0
+
+    def _after(self, fx: _Effects) -> None:
+        """Run an operation's effects, lock released."""
+        for timer in fx.timers:
+            timer.cancel()
+        for dedupe_id in fx.forget:
+            self.window.give_back(dedupe_id)
+        for job in fx.interrupt:
+            self.face.interrupt(job)
+        for job in fx.launch:
+            self.face.launch(job)
+        if fx.dropped and self.on_drop is not None:
+            _call(self.on_drop, fx.dropped)
+        for t in fx.ended:
+            with self._lock:
+                callbacks, t._callbacks = t._callbacks, None
+                event = t._event
+            if event is not None:
+                event.set()
+            for cb in callbacks or ():
+                _call(cb, t)
+        with self._lock:
+            idle = not self._keys and self._runners == 0
+        if idle:
+            self.face.idle()
+
+
+def _is_cancel(exc: Any) -> bool:
+    import asyncio
+
+    return isinstance(exc, asyncio.CancelledError)
+
+
+def check_busy(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if value not in BUSY_POLICIES:
+        raise ValueError(f"{name} must be one of {BUSY_POLICIES}, got {value!r}")
+    return value
+
+
+def check_int(value: object, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return value
+
+
+def counting_lanes(lanes: Iterable[Any]) -> list[tuple[str, int]]:
+    """(name, max_concurrent) of each counting lane among ``lanes``."""
+    out = []
+    for lane in lanes:
+        cap = getattr(lane, "max_concurrent", None)
+        if isinstance(cap, int) and not isinstance(cap, bool):
+            out.append((lane.name, cap))
+    return out

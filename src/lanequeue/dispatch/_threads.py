@@ -1,0 +1,243 @@
+"""The thread face of the dispatcher: each admitted turn runs in a worker of a pool.
+
+The worker enters ``acquire_all(key, lanes)`` (blocking), calls ``fn`` and releases. A
+thread cannot be interrupted from outside: a cancelled, interrupted or timed-out turn sees
+its ``cancel_event`` set and should return soon; until it does, it keeps its lanes, so
+per-key exclusion and the caps are never broken. Timers run on one timer thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .._validate import check_timeout
+from ._base import DispatcherBase
+from ._machine import _CURRENT, Job, Ticket, check_int
+
+__all__ = ["ThreadDispatcher"]
+
+#: Workers of the pool when no counting lane bounds the turns.
+DEFAULT_WORKERS = 32
+
+
+class _Handle:
+    __slots__ = ("fn", "cancelled", "_timers")
+
+    def __init__(self, fn: Callable[[], None], timers: _Timers) -> None:
+        self.fn = fn
+        self.cancelled = False
+        self._timers = timers
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._timers._cancelled()
+
+
+class _Timers:
+    """One daemon thread running callbacks at their due time on ``clock``.
+
+    With a clock other than ``time.monotonic`` (a test's fake clock), the thread re-reads
+    the clock at least every ``poll_s`` seconds, since it cannot know when it moves.
+    """
+
+    def __init__(self, clock: Callable[[], float], poll_s: float | None) -> None:
+        self._clock = clock
+        self._poll_s = poll_s
+        self._heap: list[tuple[float, int, _Handle]] = []
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self._dead = 0  # cancelled handles still in the heap
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> _Handle:
+        handle = _Handle(fn, self)
+        with self._cond:
+            heapq.heappush(self._heap, (self._clock() + delay, next(self._seq), handle))
+            if self._thread is None and not self._stopped:
+                self._thread = threading.Thread(target=self._loop, daemon=True,
+                                                name="lanequeue-dispatch-timers")
+                self._thread.start()
+            self._cond.notify()
+        return handle
+
+    def _cancelled(self) -> None:
+        with self._cond:
+            self._dead += 1
+            # Like asyncio: rebuild once most of the heap is cancelled (amortised O(1)).
+            if self._dead > 64 and self._dead * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2].cancelled]
+                heapq.heapify(self._heap)
+                self._dead = 0
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        heap = self._heap
+        while True:
+            with self._cond:
+                while True:
+                    heap = self._heap
+                    if self._stopped:
+                        return
+                    while heap and heap[0][2].cancelled:
+                        heapq.heappop(heap)
+                        self._dead -= 1
+                    if not heap:
+                        self._cond.wait()
+                        continue
+                    wait = heap[0][0] - self._clock()
+                    if wait <= 0:
+                        handle = heapq.heappop(heap)[2]
+                        handle.cancelled = True  # fired: a later cancel() is a no-op
+                        break
+                    if self._poll_s is not None:
+                        wait = min(wait, self._poll_s)
+                    self._cond.wait(wait)
+            try:
+                handle.fn()
+            except Exception:
+                import logging
+
+                logging.getLogger("lanequeue").exception("dispatcher timer raised")
+
+
+class ThreadDispatcher(DispatcherBase):
+    """Runs the turns of busy conversations in a pool of threads, under a LaneQueue.
+
+    Same arguments, policies, states and errors as :class:`~lanequeue.Dispatcher`, plus:
+
+    Args:
+        queue: the :class:`~lanequeue.LaneQueue` whose lanes every turn takes.
+        max_workers: pool threads (default: the smallest ``max_concurrent`` of the
+            counting lanes among ``lanes``, else 32). At most this many turns hold or
+            wait for the lanes at once; the rest wait in the dispatcher, in priority
+            order.
+        clock: the monotonic clock of deadlines, debounce and the dedupe window
+            (seconds); tests pass a fake clock.
+
+    Every method is a plain call, safe from any thread. ``drain`` and ``wait_idle``
+    block. Tickets are waited for with ``ticket.result(timeout)``.
+
+    Example::
+
+        lanes = build_default_lanes()
+        dispatcher = ThreadDispatcher(lanes, busy="interrupt")
+
+        def reply(text: str) -> str:
+            turn = current_turn()
+            for chunk in model.stream(text):
+                if turn.cancel_event.is_set():
+                    return "interrupted"
+                ...
+            return answer
+
+        print(dispatcher.submit(conversation_key, reply, "hello").result(timeout=60))
+    """
+
+    def __init__(
+        self,
+        queue: Any,
+        *,
+        lanes: Sequence[str] = ("session", "global"),
+        busy: str = "enqueue",
+        max_pending: int = 20,
+        overflow: str = "reject_new",
+        on_drop: Callable[[list[Ticket]], Any] | None = None,
+        dedupe_ttl_s: float = 300.0,
+        dedupe_max: int = 10_000,
+        debounce_s: float = 0.0,
+        max_wait_s: float | None = None,
+        ageing_s: float | None = 30.0,
+        dedupe_redis: Any = None,
+        dedupe_prefix: str = "lanequeue",
+        max_workers: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if getattr(queue, "_async_face", False) or type(queue).__name__ == "AsyncLaneQueue":
+            raise TypeError("ThreadDispatcher runs on threads: give it a LaneQueue "
+                            "(Dispatcher takes an AsyncLaneQueue)")
+        if not callable(clock):
+            raise TypeError(f"clock must be a callable returning seconds, not {clock!r}")
+        self._clock = clock
+        if max_workers is not None:
+            check_int(max_workers, "max_workers", 1)
+        super().__init__(queue, lanes=lanes, busy=busy, max_pending=max_pending,
+                         overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
+                         dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,
+                         ageing_s=ageing_s,
+                         workers=max_workers if max_workers is not None else DEFAULT_WORKERS,
+                         dedupe_redis=dedupe_redis, dedupe_prefix=dedupe_prefix)
+        slots = self._machine.slots
+        assert slots is not None
+        self._pool = ThreadPoolExecutor(slots, thread_name_prefix="lanequeue-dispatch")
+        self._timers = _Timers(clock, None if clock is time.monotonic else 0.005)
+        self._idle_cond = threading.Condition()
+
+    # -- the face -----------------------------------------------------------------------
+
+    def now(self) -> float:
+        return self._clock()
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> _Handle:
+        return self._timers.call_later(delay, fn)
+
+    def launch(self, job: Job) -> None:
+        job.handle = self._pool.submit(self._run, job)
+
+    def idle(self) -> None:
+        with self._idle_cond:
+            self._idle_cond.notify_all()
+        if self._machine.closed:
+            self._timers.stop()
+            self._pool.shutdown(wait=False)
+
+    def _run(self, job: Job) -> None:
+        """One turn in a worker: hold the lanes, call ``fn``, release; report."""
+        machine = self._machine
+        budget = machine.budget(job)
+        ok, value = False, None
+        try:
+            with self._queue.acquire_all(job.key, self._lanes,
+                                         timeout_s=float("inf") if budget is None else budget):
+                if machine.start(job):
+                    token = _CURRENT.set(job.turn)
+                    try:
+                        value = job.fn(*job.args)
+                        ok = True
+                    finally:
+                        _CURRENT.reset(token)
+        except BaseException as exc:  # fn's error, or a lane timeout
+            ok, value = False, exc
+        machine.finish(job, ok, value)
+
+    # -- waiting ------------------------------------------------------------------------
+
+    def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no
+        turn is running or pending. Returns True when idle, False when time ran out."""
+        timeout = check_timeout(timeout_s)
+        with self._idle_cond:
+            return self._idle_cond.wait_for(self._machine.is_idle, timeout)
+
+    def drain(self, timeout_s: float | None = 0.0) -> bool:
+        """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
+        then block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
+        running and pending turns to end. Returns True when nothing is left."""
+        self._machine.drain()
+        return self.wait_idle(timeout_s)
+
+    def close(self, *, cancel_pending: bool = True) -> None:
+        super().close(cancel_pending=cancel_pending)
+        if self._machine.is_idle():
+            self.idle()

@@ -1,0 +1,191 @@
+"""The dispatcher across processes on Redis: the shared dedupe window (``dedupe_redis``),
+and two processes that each receive some of one conversation's turns (and every webhook
+twice, one copy each) running them one at a time under Redis lanes, each id once, while
+other conversations of both keep the global cap across the two.
+
+Real redis-server (tests/redis_server.py), never a mock. Processes use ``spawn``; their
+time stamps are ``time.monotonic()``, one system-wide clock on Linux."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing as mp
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from lanequeue import (
+    LaneBackendError,
+    LaneQueue,
+    ThreadDispatcher,
+    TurnDedupedError,
+    current_turn,
+)
+from lanequeue.redis import RedisLane, RedisSessionLane
+
+WAIT = 10.0
+
+
+def local_lanes() -> LaneQueue:
+    q = LaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def test_C31_across_replicas_a_webhook_runs_once(redis_client: Any, redis_prefix: str) -> None:
+    a = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    ran: list[str] = []
+    go = threading.Event()
+
+    def handle(event: str) -> str:
+        ran.append(event)
+        assert go.wait(WAIT)
+        return f"handled {event}"
+
+    try:
+        first = a.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1")
+        dup = b.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1")
+        # The other replica owns Ev1: this one runs nothing and says so at once.
+        assert (dup.state, dup.reason) == ("deduped", "duplicate")
+        with pytest.raises(TurnDedupedError):
+            dup.result(0)
+        assert b.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1") is not dup
+        assert a.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1") is first  # local repeat
+        go.set()
+        assert first.result(WAIT) == "handled Ev1"
+        assert ran == ["Ev1"]
+        sa, sb = a.stats, b.stats
+        assert (sa.submitted, sa.done, sa.deduped) == (1, 1, 1)
+        assert (sb.submitted, sb.deduped) == (0, 2)
+        key = f"{{{redis_prefix}:d:Ev1}}"
+        assert 0 < redis_client.pttl(key) <= 300_000  # the window has a TTL
+    finally:
+        go.set()
+        a.close()
+        b.close()
+
+
+def test_a_claim_is_given_back_when_the_turn_never_ran(redis_client: Any,
+                                                      redis_prefix: str) -> None:
+    a = ThreadDispatcher(local_lanes(), busy="reject", dedupe_redis=redis_client,
+                         dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    go = threading.Event()
+    try:
+        a.submit("k", go.wait, WAIT)  # keeps k busy
+        rejected = a.submit("k", go.wait, WAIT, dedupe_id="m1")
+        assert rejected.state == "rejected"
+        assert redis_client.exists(f"{{{redis_prefix}:d:m1}}") == 0
+        retry = b.submit("k", lambda: "ran on b", dedupe_id="m1")  # a genuine retry runs
+        assert retry.result(WAIT) == "ran on b"
+    finally:
+        go.set()
+        a.close()
+        b.close()
+
+
+def test_a_redis_failure_at_submit_is_a_backend_error() -> None:
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
+    d = ThreadDispatcher(local_lanes(), dedupe_redis=dead)
+    try:
+        with pytest.raises(LaneBackendError):
+            d.submit("k", lambda: None, dedupe_id="x")
+        assert d.stats.submitted == 0
+        assert d.submit("k", lambda: "no id, no Redis").result(WAIT) == "no id, no Redis"
+    finally:
+        d.close()
+
+
+def test_shared_window_arguments() -> None:
+    with pytest.raises(TypeError, match="dedupe_redis"):
+        ThreadDispatcher(local_lanes(), dedupe_redis=object())
+    with pytest.raises(ValueError, match="dedupe_ttl_s"):
+        ThreadDispatcher(local_lanes(), dedupe_redis=redis.Redis(), dedupe_ttl_s=None)
+
+
+TURNS = 30
+
+
+def _replica(port: int, prefix: str, idx: int, start_at: float, out: str) -> None:
+    client = redis.Redis(port=port)
+    queue = LaneQueue()
+    queue.add(RedisSessionLane(client, "session", prefix=prefix, lease_s=10.0, timeout_s=60))
+    queue.add(RedisLane(client, "global", max_concurrent=2, prefix=prefix, lease_s=10.0,
+                        timeout_s=60))
+    d = ThreadDispatcher(queue, dedupe_redis=client, dedupe_prefix=prefix, max_pending=1000)
+    records: list[dict[str, Any]] = []
+
+    def turn(n: int) -> int:
+        t0 = time.monotonic()
+        time.sleep(0.003)
+        records.append({"n": n, "start": t0, "end": time.monotonic(), "proc": idx,
+                        "key": current_turn().key})
+        return n
+
+    # Every webhook of the conversation reaches both replicas: first the one whose turn
+    # it is (n % 2 == idx), 5 ms later the other (a redelivery). One conversation, one key.
+    tickets = []
+    for n in range(TURNS):
+        at = start_at + 0.01 * n + (0.0 if n % 2 == idx else 0.005)
+        while time.monotonic() < at:
+            time.sleep(0.0005)
+        tickets.append(d.submit("conv", turn, n, dedupe_id=f"ev{n}"))
+        # Other conversations of this replica compete for the global lane meanwhile.
+        d.submit(f"other-{idx}-{n % 3}", turn, -1)
+    assert d.wait_idle(60)
+    states = [t.state for t in tickets]
+    Path(out).write_text(json.dumps({"records": records, "states": states,
+                                     "stats": d.stats.to_dict()}))
+    d.close()
+
+
+@pytest.mark.timeout(120)
+def test_two_processes_one_conversation_run_each_turn_once_one_at_a_time(
+        redis_server: Any, redis_prefix: str, tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    start_at = time.monotonic() + 3.0  # both replicas start submitting together
+    outs = [str(tmp_path / f"r{i}.json") for i in range(2)]
+    procs = [ctx.Process(target=_replica, args=(redis_server.port, redis_prefix, i, start_at,
+                                                outs[i])) for i in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(90)
+        assert p.exitcode == 0
+    results = [json.loads(Path(o).read_text()) for o in outs]
+    records = sorted(itertools.chain.from_iterable(r["records"] for r in results),
+                     key=lambda r: r["start"])
+    conv = [r for r in records if r["key"] == "conv"]
+    # Each webhook ran exactly once over both replicas.
+    assert sorted(r["n"] for r in conv) == list(range(TURNS))
+    # One conversation: never two turns at once, across processes.
+    for before, after in itertools.pairwise(conv):
+        assert before["end"] <= after["start"], (before, after)
+    # Within each replica, its turns ran in its submit order.
+    for i in range(2):
+        mine = [r["n"] for r in conv if r["proc"] == i]
+        assert mine == sorted(mine)
+    # The global lane's cap (2) held across both replicas, and was reached.
+    edges = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records])
+    level = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        level += step
+        peak = max(peak, level)
+    assert peak == 2
+    # The books: every submit of each replica ran there or was deduped by the other.
+    for r in results:
+        s = r["stats"]
+        assert s["submitted"] + s["deduped"] == 2 * TURNS  # conv (webhooks) + others
+        assert s["submitted"] == s["done"]
+        assert set(r["states"]) <= {"done", "deduped"}
+    assert sum(r["stats"]["done"] for r in results) == 3 * TURNS  # webhooks once + others
+    assert all(sum(1 for c in conv if c["proc"] == i) > 0 for i in range(2))
+    print("\nwebhooks run per replica:",
+          [sum(1 for c in conv if c["proc"] == i) for i in range(2)])

@@ -1,0 +1,119 @@
+"""100,000 turns over 1,000 keys under ``interrupt`` and ``collect`` on the asyncio
+Dispatcher, on a stepped fake-clock loop: no key ever runs two turns at once, the books
+balance (submitted = the sum of the terminal states), and once the dedupe window has
+passed on the fake clock the dispatcher's memory is back to its baseline (no ticket, job,
+turn or key record alive, every table back to its size after a warm-up, no task or timer
+left)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import sys
+from collections import Counter
+
+import pytest
+from conftest import FakeClockLoop
+
+from lanequeue import AsyncLaneQueue, Dispatcher, Ticket, Turn, current_turn
+from lanequeue.dispatch._machine import Job, _Key
+
+TURNS = 100_000
+KEYS = 1_000
+BATCH = 2_000
+TTL_S = 60.0
+
+
+@pytest.mark.timeout(60)
+def test_stress_100k_turns_1k_keys_interrupt_and_collect() -> None:
+    loop = FakeClockLoop()
+    try:
+        queue = AsyncLaneQueue()
+        queue.add_session_lane("session", max_sessions=2 * KEYS)
+        queue.add_lane("global", max_concurrent=64)
+        d = Dispatcher(queue, dedupe_ttl_s=TTL_S, dedupe_max=TURNS)
+        active: set[str] = set()
+        overlaps = 0
+        calls = 0
+
+        async def work(payload: object) -> None:
+            nonlocal overlaps, calls
+            key = current_turn().key
+            if key in active:
+                overlaps += 1
+            active.add(key)
+            calls += 1
+            try:
+                await asyncio.sleep(0)  # one loop step: interrupts land here
+                await asyncio.sleep(0)
+            finally:
+                active.discard(key)
+
+        rng = random.Random(11)
+        keys = [f"conv-{i}" for i in range(KEYS)]
+
+        async def submit_batch(start: int, n: int) -> None:
+            for i in range(start, start + n):
+                key = keys[rng.randrange(KEYS)]
+                busy = "interrupt" if i % 2 else "collect"
+                # One submit in ten repeats an earlier id (a redelivered webhook).
+                dedupe = f"m{rng.randrange(i)}" if i and i % 10 == 0 else f"m{i}"
+                d.submit(key, work, i, busy=busy, dedupe_id=dedupe)
+                if i % 50 == 0:
+                    await asyncio.sleep(0)  # let turns start and run between submits
+
+        def run_all(start: int, total: int) -> None:
+            for b in range(start, start + total, BATCH):
+                loop.create_task(submit_batch(b, BATCH))
+                loop.settle()
+            for _ in range(100):
+                if d.snapshot()["keys"] == {}:
+                    break
+                loop.advance(0.001)
+
+        def footprint() -> dict[str, int]:
+            """The dispatcher's memory: its live objects by type, and its tables' sizes."""
+            m = d._machine
+            live = Counter(type(o).__name__ for o in gc.get_objects()
+                           if isinstance(o, (Ticket, Job, Turn, _Key)))
+            return {
+                **{f"live {name}": live[name] for name in ("Ticket", "Job", "Turn", "_Key")},
+                "keys table B": sys.getsizeof(m._keys),
+                "dedupe table B": sys.getsizeof(m._dedupe),
+                "deadline heap B": sys.getsizeof(m._deadlines),
+                "ready heap B": sys.getsizeof(m._ready),
+                "tasks": len(d._tasks),
+                "loop timers": sum(1 for h in loop._scheduled  # type: ignore[attr-defined]
+                                   if not h.cancelled()),
+            }
+
+        # Warm-up: every key and every structure touched once, then the baseline.
+        run_all(0, 2 * KEYS)
+        loop.advance(TTL_S + 1)
+        gc.collect()
+        base = footprint()
+
+        run_all(2 * KEYS, TURNS)
+        s = d.stats
+        assert overlaps == 0
+        assert s.pending == 0 and s.running == 0
+        assert s.submitted + s.deduped == TURNS + 2 * KEYS
+        assert s.submitted == s.done + s.failed + s.cancelled + s.dropped + s.rejected \
+            + s.timed_out
+        assert s.failed == 0 and s.rejected == 0 and s.timed_out == 0
+        # Interrupts hit running turns (cancelled) and pending ones (dropped); collect merged.
+        assert s.done > 0 and s.cancelled > 0 and s.dropped > 0 and s.merged > 0
+        assert calls < s.submitted  # merged and dropped turns made fewer calls
+        assert d.snapshot()["dedupe_entries"] > 0
+
+        loop.advance(TTL_S + 1)  # the dedupe window passes on the fake clock
+        gc.collect()
+        after = footprint()
+        snap = d.snapshot()
+        assert snap["keys"] == {} and snap["dedupe_entries"] == 0
+        assert after == base, (base, after)
+        assert base["live Ticket"] == base["live Job"] == base["tasks"] == 0
+        print(f"\n{s}\nfootprint after the window: {after}")
+    finally:
+        loop.shutdown()

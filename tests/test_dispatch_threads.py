@@ -1,0 +1,380 @@
+"""The thread-pool dispatcher: the same state machine, turns in worker threads. Driven by
+events (a turn runs until the test sets its event) and a fake clock (deadlines, run
+timeouts); every wait is bounded."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from lanequeue import (
+    AsyncLaneQueue,
+    Dispatcher,
+    DispatcherDrainingError,
+    LaneQueue,
+    ThreadDispatcher,
+    TurnCancelledError,
+    TurnTimedOutError,
+    current_turn,
+)
+
+WAIT = 5.0
+
+
+def lanes(global_cap: int = 8) -> LaneQueue:
+    q = LaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=global_cap)
+    return q
+
+
+class Gates:
+    """Thread turn functions: ``turn(label)`` sets started[label], waits for go[label]."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: dict[Any, threading.Event] = defaultdict(threading.Event)
+        self.go: dict[Any, threading.Event] = defaultdict(threading.Event)
+        self.order: list[Any] = []
+
+    def turn(self, label: Any) -> str:
+        with self.lock:
+            self.order.append(label)
+            started, go = self.started[label], self.go[label]
+        started.set()
+        assert go.wait(WAIT), f"turn {label} was never let go"
+        return f"r:{label}"
+
+
+def test_interrupt_keeps_the_lanes_until_the_thread_returns() -> None:
+    q = lanes()
+    d = ThreadDispatcher(q, busy="interrupt")
+    saw_cancel = threading.Event()
+    may_return = threading.Event()
+    second_started = threading.Event()
+
+    def first() -> str:
+        turn = current_turn()
+        assert turn.cancel_event.wait(WAIT)  # a thread turn polls its cancel event
+        saw_cancel.set()
+        assert may_return.wait(WAIT)
+        return "finished anyway"
+
+    def second() -> str:
+        second_started.set()
+        return "second"
+
+    try:
+        t1 = d.submit("k", first)
+        t2 = d.submit("k", second)
+        assert saw_cancel.wait(WAIT)
+        # The interrupted thread still runs: it keeps the key's lane, the next waits.
+        assert q["session"].is_held("k")
+        assert not second_started.is_set() and t1.state == "running"
+        may_return.set()
+        assert t2.result(WAIT) == "second"
+        with pytest.raises(TurnCancelledError) as info:
+            t1.result(WAIT)
+        assert info.value.reason == "superseded"
+    finally:
+        may_return.set()
+        d.close()
+
+
+def test_steer_in_threads() -> None:
+    d = ThreadDispatcher(lanes(), busy="steer")
+    arrived = threading.Event()
+    first_in = threading.Event()
+
+    def chat(text: str) -> list[str]:
+        if text == "a":
+            first_in.set()
+            assert arrived.wait(WAIT)
+            return [text, *current_turn().inbox.take()]
+        return [text]
+
+    try:
+        t1 = d.submit("k", chat, "a")
+        assert first_in.wait(WAIT)
+        t2 = d.submit("k", chat, "b")
+        arrived.set()
+        assert t1.result(WAIT) == t2.result(WAIT) == ["a", "b"]
+        assert d.stats.steered == 1
+    finally:
+        d.close()
+
+
+def test_run_timeout_signals_the_thread_and_ends_timed_out(fake_clock: FakeClock) -> None:
+    d = ThreadDispatcher(lanes(), clock=fake_clock)
+    inside = threading.Event()
+
+    def work() -> str:
+        inside.set()
+        assert current_turn().cancel_event.wait(WAIT)
+        return "stopped"
+
+    try:
+        t = d.submit("k", work, run_timeout_s=10.0)
+        assert inside.wait(WAIT)
+        fake_clock.advance(10.0)
+        with pytest.raises(TurnTimedOutError) as info:
+            t.result(WAIT)
+        assert info.value.reason == "run timeout"
+    finally:
+        d.close()
+
+
+def test_start_timeout_on_a_fake_clock(fake_clock: FakeClock) -> None:
+    g = Gates()
+    d = ThreadDispatcher(lanes(), clock=fake_clock)
+    try:
+        first = d.submit("k", g.turn, 1)
+        late = d.submit("k", g.turn, 2, timeout_s=3.0)
+        assert g.started[1].wait(WAIT)
+        fake_clock.advance(3.0)
+        with pytest.raises(TurnTimedOutError):
+            late.result(WAIT)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            first.result(0.01)  # still running: result(timeout) gives up like a Future
+        g.go[1].set()
+        assert first.result(WAIT) == "r:1"
+        assert g.order == [1]
+    finally:
+        d.close()
+
+
+def test_cancel_while_waiting_for_a_key_held_elsewhere_never_calls_fn() -> None:
+    q = lanes()
+    d = ThreadDispatcher(q)
+    called = threading.Event()
+    try:
+        with q.acquire_all("k", ["session"]):  # another user of the lane holds the key
+            t = d.submit("k", called.set)
+            deadline = time.monotonic() + WAIT
+            while q["session"].waiting_for("k") == 0:  # the worker is in line for it
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+            assert d.snapshot()["keys"]["k"]["blocked_by"] == "lanes"
+            assert d.cancel(t) is True
+            assert t.state == "cancelled"  # ended at once: it had not started
+        assert d.wait_idle(WAIT)
+        assert not called.is_set()
+        assert q["global"].stats.holders == 0 and not q["session"].is_held("k")
+    finally:
+        d.close()
+
+
+def test_priority_at_the_worker_gate() -> None:
+    g = Gates()
+    d = ThreadDispatcher(lanes(), max_workers=1)
+    try:
+        d.submit("a", g.turn, "a")
+        assert g.started["a"].wait(WAIT)
+        d.submit("b", g.turn, "b", priority=0)
+        d.submit("c", g.turn, "c", priority=3)
+        assert d.snapshot()["keys"]["b"]["blocked_by"] == "workers"
+        for label in ("a", "c", "b"):
+            g.go[label].set()
+        assert d.wait_idle(WAIT)
+        assert g.order == ["a", "c", "b"]
+    finally:
+        d.close()
+
+
+def test_drain_blocks_until_idle_and_refuses_new_work() -> None:
+    g = Gates()
+    d = ThreadDispatcher(lanes())
+    try:
+        t = d.submit("k", g.turn, 1)
+        assert d.drain(0.0) is False
+        with pytest.raises(DispatcherDrainingError):
+            d.submit("k", g.turn, 2)
+        threading.Timer(0.05, g.go[1].set).start()
+        assert d.drain(WAIT) is True
+        assert t.result(0) == "r:1"
+    finally:
+        d.close()
+
+
+def test_many_threads_keep_per_key_order_and_exclusion() -> None:
+    d = ThreadDispatcher(lanes(global_cap=4), max_pending=10_000)
+    active: dict[str, int] = defaultdict(int)
+    seen: dict[str, list[int]] = defaultdict(list)
+    overlaps = []
+    guard = threading.Lock()
+
+    def work(key: str, n: int) -> int:
+        with guard:
+            active[key] += 1
+            if active[key] > 1:
+                overlaps.append(key)
+            seen[key].append(n)
+        time.sleep(random.random() * 0.0002)
+        with guard:
+            active[key] -= 1
+        return n
+
+    submitted: dict[str, list[int]] = defaultdict(list)
+    sub_lock = threading.Lock()
+
+    def producer(p: int) -> None:
+        for i in range(300):
+            key = f"k{(p * 7 + i) % 12}"
+            with sub_lock:  # the submit order of a key is the order of this lock
+                n = len(submitted[key])
+                submitted[key].append(n)
+                d.submit(key, work, key, n)
+
+    threads = [threading.Thread(target=producer, args=(p,)) for p in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT * 6)
+    try:
+        assert d.wait_idle(60)
+        assert not overlaps
+        assert dict(seen) == dict(submitted)
+        s = d.stats
+        assert s.submitted == s.done == 1800
+    finally:
+        d.close()
+
+
+def test_each_dispatcher_takes_its_own_kind_of_queue() -> None:
+    with pytest.raises(TypeError, match="LaneQueue"):
+        ThreadDispatcher(AsyncLaneQueue())
+    with pytest.raises(TypeError, match="AsyncLaneQueue"):
+        Dispatcher(lanes())
+    with pytest.raises(ValueError, match="max_workers"):
+        ThreadDispatcher(lanes(), max_workers=0)
+
+
+# The same policies as tests/test_dispatch_policies.py, on the thread face: a first turn
+# holds the key until the test lets it go; what the later submits become is the policy's.
+POLICY_OUTCOMES = {
+    "enqueue": (["done", "done", "done"], [[0], [1], [2]]),
+    "reject": (["done", "rejected", "rejected"], [[0]]),
+    "interrupt": (["cancelled", "dropped", "done"], [[0], [2]]),
+    "replace": (["done", "dropped", "done"], [[0], [2]]),
+    "collect": (["done", "done", "done"], [[0], [1, 2]]),
+    "steer": (["done", "done", "done"], [[0, 1, 2]]),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICY_OUTCOMES))
+def test_each_policy_on_threads(policy: str) -> None:
+    d = ThreadDispatcher(lanes(), busy=policy)
+    first_in = threading.Event()
+    let_go = threading.Event()
+    calls: list[list[int]] = []
+
+    def turn(payload: Any) -> list[int]:
+        got = list(payload) if isinstance(payload, list) else [payload]
+        if got[0] == 0:
+            first_in.set()
+            if policy == "interrupt":  # it sees the interrupt, and returns once let go
+                assert current_turn().cancel_event.wait(WAIT)
+            assert let_go.wait(WAIT)
+            got += current_turn().inbox.take()
+        calls.append(got)
+        return got
+
+    try:
+        tickets = [d.submit("k", turn, 0)]
+        assert first_in.wait(WAIT)
+        tickets += [d.submit("k", turn, i) for i in (1, 2)]
+        let_go.set()
+        assert d.wait_idle(WAIT)
+        states, expected_calls = POLICY_OUTCOMES[policy]
+        assert [t.state for t in tickets] == states
+        assert calls == expected_calls
+        s = d.stats
+        assert s.submitted == 3 == s.done + s.cancelled + s.dropped + s.rejected
+    finally:
+        let_go.set()
+        d.close()
+
+
+def test_random_concurrent_operations_on_threads() -> None:
+    """Four threads submit with every policy, cancel, clear and steer at random over six
+    keys: every ticket ends exactly once, the books balance, no key runs two turns at
+    once, and each key's turns begin in submit order."""
+    d = ThreadDispatcher(lanes(global_cap=3), max_pending=5, overflow="drop_oldest",
+                         debounce_s=0.0)
+    guard = threading.Lock()
+    active: dict[str, int] = defaultdict(int)
+    begun: dict[str, list[int]] = defaultdict(list)
+    overlaps: list[str] = []
+    ends: dict[int, int] = defaultdict(int)
+    tickets: list[Any] = []
+    order = threading.Lock()  # the submit order of a key is the order of this lock
+    seq = iter(range(10**9))
+
+    def work(payload: Any) -> int:
+        turn = current_turn()
+        labels = list(payload) if isinstance(payload, list) else [payload]
+        with guard:
+            active[turn.key] += 1
+            if active[turn.key] > 1:
+                overlaps.append(turn.key)
+            begun[turn.key].extend(labels)
+        try:
+            turn.cancel_event.wait(random.random() * 0.002)
+            taken = turn.inbox.take()
+            with guard:
+                begun[turn.key].extend(taken)
+        finally:
+            with guard:
+                active[turn.key] -= 1
+        return len(labels)
+
+    def count_end(t: Any) -> None:
+        with guard:
+            ends[id(t)] += 1
+
+    def actor(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            op = rng.random()
+            key = f"k{rng.randrange(6)}"
+            if op < 0.75:
+                with order:
+                    t = d.submit(key, work, next(seq), busy=rng.choice(
+                        ["enqueue", "reject", "steer", "interrupt", "replace", "collect"]))
+                t.add_done_callback(count_end)
+                with guard:
+                    tickets.append(t)
+            elif op < 0.9:
+                with guard:
+                    victim = rng.choice(tickets) if tickets else None
+                if victim is not None:
+                    d.cancel(victim)
+            else:
+                d.clear(key)
+
+    threads = [threading.Thread(target=actor, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert d.drain(30)
+        assert not overlaps
+        for labels in begun.values():
+            assert labels == sorted(labels)
+        assert all(t.done() for t in tickets)
+        assert all(ends[id(t)] == 1 for t in tickets)
+        s = d.stats
+        assert s.submitted == len(tickets)
+        assert s.submitted == (s.done + s.failed + s.cancelled + s.dropped + s.rejected
+                               + s.timed_out)
+        assert s.failed == 0 and s.pending == 0 and s.running == 0
+    finally:
+        d.close()
