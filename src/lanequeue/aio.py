@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from functools import partial
 from threading import get_ident
 from types import TracebackType
 from typing import Any
@@ -42,6 +43,7 @@ from ._face import (
     CountingKind,
     Hold,
     SessionKind,
+    drop_hold,
 )
 from ._validate import check_key, check_timeout
 from .queue import MultiHold, QueueBase, Step, _send
@@ -64,15 +66,13 @@ class _TaskWaiter(Waiter):
         self.token = 0
         self.left = False
         self.fut = fut
+        # The grant sets the token first, then resolves the future (builtins only).
+        self.wake = partial(fut.set_result, None)
 
-    def grant(self, token: int) -> bool:
+    def ready(self) -> bool:
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
         # hands the permit to the next waiter instead of to a task that will not use it.
-        if self.fut.done():
-            return False
-        self.token = token
-        self.fut.set_result(None)
-        return True
+        return not self.fut.done()
 
 
 class AsyncHold(Hold):
@@ -81,6 +81,10 @@ class AsyncHold(Hold):
     ``async with lane.acquire(key) as hold:`` waits for the permit (up to the timeout
     given to ``acquire``), raises :class:`LaneTimeoutError` if it does not come, and
     releases it when the block ends, also on cancellation. Single use.
+
+    A hold garbage-collected while held (entered but never left nor released) warns
+    with a ``ResourceWarning`` naming the lane and the key, and its permit returns at
+    the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
     """
 
     __slots__ = ()
@@ -90,11 +94,11 @@ class AsyncHold(Hold):
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
         lane._bind()
-        token = lane._core.take(key, lane._new_waiter if timeout != 0 else None)
-        if type(token) is not int:
-            token = await lane._park(key, token, timeout)
+        token = lane._core.take(key, timeout != 0)
+        if not token:
+            token = await lane._park(key, timeout) if timeout != 0 else 0
             if not token:
-                raise LaneTimeoutError(lane.name, key, timeout)
+                raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
         return self
 
@@ -109,6 +113,10 @@ class AsyncHold(Hold):
             self._token = -token
             # The exit runs in the task that entered, so on the lane's loop: no check.
             self.lane._core.release(self.key, token)
+
+    def __del__(self) -> None:
+        if self._token > 0:
+            drop_hold(self.lane, self.key, self._token)
 
 
 class _AsyncFace:
@@ -168,22 +176,30 @@ class _AsyncFace:
         Returns the grant's token, or 0 if none came. Key already checked."""
         self._bind()
         core: Core = self._core
-        got = core.take(key, self._new_waiter if timeout != 0 else None)
-        if type(got) is int:
+        got = core.take(key, timeout != 0)
+        if got or timeout == 0:
             return got
-        return await self._park(key, got, timeout)
+        return await self._park(key, timeout)
 
-    async def _park(self, key: str, waiter: object, timeout: float | None) -> int:
-        """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
-        it did not grant (a waiter now in line, or None for a refusal)."""
-        if waiter is None:
-            return 0
-        assert isinstance(waiter, _TaskWaiter)
+    async def _park(self, key: str, timeout: float | None) -> int:
+        """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
+        the line with a new waiter and wait up to ``timeout`` seconds (None: no limit).
+        Returns the grant's token, or 0 if none came (counted as a timeout)."""
         core: Core = self._core
-        loop = waiter.fut.get_loop()
-        timer = None if timeout is None else loop.call_later(timeout, self._expire, key, waiter)
+        waiter = self._new_waiter()
+        timer = None
         try:
+            # The waiter exists before the take that may put it in line, and this try
+            # covers that call: whatever instant an interrupt or a cancellation lands
+            # at, the handler below finds the waiter (and its token, if granted).
+            token = core.take(key, True, waiter)
+            if token:  # freed since the first look: granted at once
+                return token
+            if timeout is not None:
+                timer = waiter.fut.get_loop().call_later(timeout, self._expire, key, waiter)
             await waiter.fut
+            # Granted, or resumed by the timer (then withdrawn already, and this is 0).
+            return waiter.token or core.withdraw(key, waiter, timed_out=True)
         except BaseException:
             # Cancelled in line, or after the grant but before resuming: withdraw tells
             # which; a permit already ours is passed on at once.
@@ -194,12 +210,14 @@ class _AsyncFace:
         finally:
             if timer is not None:
                 timer.cancel()
-        return waiter.token
 
     def _expire(self, key: str, waiter: _TaskWaiter) -> None:
-        """Timer callback at a waiter's deadline (on the loop, so no grant can race it)."""
-        if not waiter.fut.done() and not self._core.withdraw(key, waiter, timed_out=True):
+        """Timer callback at a waiter's deadline (on the loop, so no grant can race it).
+        The future first: the task resumes even if the withdraw is interrupted (the task
+        then withdraws itself)."""
+        if not waiter.fut.done():
             waiter.fut.set_result(None)  # resumes the task with token 0: timed out
+            self._core.withdraw(key, waiter, timed_out=True)
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold), from the lane's loop."""
@@ -259,7 +277,8 @@ class _AsyncFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         self._bind()
-        return self._core.take(key, None) is not None
+        token: int = self._core.take(key, False)
+        return token != 0
 
     def manual_release(self, key: str) -> bool:
         """Release a permit taken with try_acquire / acquire_timeout (a plain call).
@@ -334,9 +353,9 @@ async def _hold(lane: Any, key: str, timeout: float | None) -> Any:
     return None
 
 
-def _task_waiter(lane: Any) -> Any:
+def _bind_lane(lane: Any) -> None:
+    """Before taking an asyncio lane: check the loop (binding the lane on first use)."""
     lane._bind()
-    return lane._new_waiter
 
 
 class _AsyncMultiAcquire(MultiHold):
@@ -348,7 +367,7 @@ class _AsyncMultiAcquire(MultiHold):
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _task_waiter, None)
+        steps = self._acquiring(asyncio.get_running_loop().time, _bind_lane, None)
         try:
             wait = next(steps, None)
             while wait is not None:
@@ -360,7 +379,7 @@ class _AsyncMultiAcquire(MultiHold):
 
     async def _wait(self, lane: Any, core: Any, got: Any, remaining: float | None) -> Any:
         if core is not None:
-            return await lane._park(self._key, got, remaining)
+            return await lane._park(self._key, remaining)
         return await _hold(lane, self._key, remaining)
 
     async def __aexit__(

@@ -21,6 +21,7 @@ from ._face import (
     CountingKind,
     Hold,
     SessionKind,
+    drop_hold,
 )
 from ._validate import check_key, check_timeout
 
@@ -38,14 +39,12 @@ class _ThreadWaiter(Waiter):
     def __init__(self) -> None:
         self.token = 0
         self.left = False
-        self._parking = threading.Lock()
-        self._parking.acquire()
-
-    def grant(self, token: int) -> bool:
-        # Token first, then unlock: the unlock publishes the token to the parked thread.
-        self.token = token
-        self._parking.release()
-        return True
+        parking = threading.Lock()
+        parking.acquire()
+        self._parking = parking
+        # The grant sets the token first, then unlocks: the unlock publishes the token
+        # to the parked thread. A builtin, so the call cannot stop before it unlocks.
+        self.wake = parking.release
 
     def park(self, timeout: float | None) -> bool:
         """Block until granted (True) or until ``timeout`` seconds pass (False).
@@ -61,6 +60,10 @@ class ThreadHold(Hold):
     ``with lane.acquire(key) as hold:`` waits for the permit (up to the timeout given to
     ``acquire``), raises :class:`LaneTimeoutError` if it does not come, and releases it
     when the block ends, whether by return, exception or KeyboardInterrupt. Single use.
+
+    A hold garbage-collected while held (entered but never left nor released) warns
+    with a ``ResourceWarning`` naming the lane and the key, and its permit returns at
+    the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
     """
 
     __slots__ = ()
@@ -69,11 +72,11 @@ class ThreadHold(Hold):
         if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
-        token = lane._core.take(key, _ThreadWaiter if timeout != 0 else None)
-        if type(token) is not int:
-            token = lane._park(key, token, timeout)
+        token = lane._core.take(key, timeout != 0)
+        if not token:
+            token = lane._park(key, timeout) if timeout != 0 else 0
             if not token:
-                raise LaneTimeoutError(lane.name, key, timeout)
+                raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
         return self
 
@@ -88,6 +91,10 @@ class ThreadHold(Hold):
             self._token = -token
             self.lane._core.release(self.key, token)
 
+    def __del__(self) -> None:
+        if self._token > 0:
+            drop_hold(self.lane, self.key, self._token)
+
 
 class _ThreadFace:
     """Acquire/release for threads over either core. Thread-safe: any thread may acquire
@@ -101,32 +108,36 @@ class _ThreadFace:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
         Returns the grant's token, or 0 if none came. Key already checked."""
         core: Core = self._core
-        got = core.take(key, _ThreadWaiter if timeout != 0 else None)
-        if type(got) is int:
+        got = core.take(key, timeout != 0)
+        if got or timeout == 0:
             return got
-        return self._park(key, got, timeout)
+        return self._park(key, timeout)
 
-    def _park(self, key: str, waiter: object, timeout: float | None) -> int:
-        """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
-        it did not grant (a waiter now in line, or None for a refusal)."""
-        if waiter is None:
-            return 0
-        assert isinstance(waiter, _ThreadWaiter)
+    def _park(self, key: str, timeout: float | None) -> int:
+        """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
+        the line with a new waiter and wait up to ``timeout`` seconds (None: no limit).
+        Returns the grant's token, or 0 if none came (counted as a timeout)."""
         core: Core = self._core
+        waiter = _ThreadWaiter()
         try:
-            granted = waiter.park(timeout)
+            # The waiter exists before the take that may put it in line, and this try
+            # covers that call: whatever instant an interrupt lands at, the handler
+            # below finds the waiter (and its token, if granted meanwhile).
+            token = core.take(key, True, waiter)
+            if token:  # freed since the first look: granted at once
+                return token
+            if waiter.park(timeout):
+                return waiter.token
+            # Ran out of time; the releaser may still have granted us just now: withdraw
+            # settles that race under the core's lock and returns the token if so.
+            return core.withdraw(key, waiter, timed_out=True)
         except BaseException:
-            # Interrupted while parked (KeyboardInterrupt, an async exception): leave no
-            # ghost in line; if the permit was handed over meanwhile, pass it on.
+            # Interrupted (KeyboardInterrupt, an async exception): leave no ghost in
+            # line; if the permit was handed over meanwhile, pass it on.
             token = core.withdraw(key, waiter, timed_out=False)
             if token:
                 core.release(key, token)
             raise
-        if granted:
-            return waiter.token
-        # Ran out of time; the releaser may still have granted us just now: withdraw
-        # settles that race under the core's lock and returns the token if so.
-        return core.withdraw(key, waiter, timed_out=True)
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""
