@@ -76,19 +76,29 @@ wait and check for signals (a blocking ``lock.acquire``, ``time.sleep``). A plai
 arithmetic, a comparison) never checks it. Two consequences shape every critical
 section below:
 
-- The lock is taken with ``with self._lock:``. ``BEFORE_WITH`` calls ``__enter__``
-  without a check, and the instruction after it is already covered by the ``with``
-  block's exception handler, so an exception cannot fall between "acquired" and "will be
-  released". (``lock.acquire()`` followed by ``try:`` has exactly that gap: the check
-  after the ``acquire`` call is outside the ``try``.) The normal exit calls ``__exit__``
-  after constant loads that do not check either.
+- The lock (an ``RLock``) is taken either by ``with self._lock:`` or, on the hot paths
+  (take, release), by ``lock.acquire()`` as the first statement INSIDE a ``try`` whose
+  ``finally`` releases it. ``BEFORE_WITH`` calls ``__enter__`` without a check and the
+  next instruction is already covered by the ``with`` block's handler; in the second
+  form, the check after the ``acquire`` call falls inside the ``try``. Either way no
+  exception can fall between "acquired" and "will be released". (``lock.acquire()``
+  followed by ``try:`` has exactly that gap: the check after the call is outside the
+  ``try``.) ``acquire`` itself can raise before it took the lock (a signal handler's
+  exception during a contended wait); the ``finally`` then releases a lock it does not
+  own, which an ``RLock`` refuses (RuntimeError, ignored there) where a plain ``Lock``
+  would release another thread's hold. The second form exists for speed: a ``with``
+  builds two bound methods and an argument tuple per call (about 100 ns on CPython
+  3.11), the ``try`` costs nothing. The core never calls itself while holding the lock
+  (finalizers only record, see below), so the ``RLock`` is never re-entered by it.
 - Inside the lock, a step first does everything that may run Python code or check the
   breaker (reading the clock, building an entry or a line, asking a waiter if it
   is ``ready()``, looking things up with calls), and only then changes state, with plain
   stores only. An interrupt before the first store changes nothing; after the stores
   there is nothing left to interrupt. The one call allowed after the stores is the
-  waiter's ``wake()`` (a builtin such as ``Lock.release``), made last: the grant is
-  already recorded, so the state is consistent whether or not it returns. Loops that
+  step's last action, a builtin: the waiter's ``wake()`` (``Lock.release`` for a thread;
+  for a task, its future's ``set_result``, which also runs the loop's ``call_soon``) or
+  ``OrderedDict.move_to_end``. Its check comes after it is done, with the state already
+  consistent. Loops that
   change state (eviction, dropping refused waiters, draining dropped holds) are made of
   such steps, each consistent on its own.
 
@@ -109,8 +119,8 @@ warns with a ``ResourceWarning`` naming the lane and the key, and its permit com
 Its finalizer may run at any instruction of any code, including while this same thread
 holds the core's lock (a collection can start inside a critical section), so it must not
 take the lock: it only appends ``(key, token)`` to ``_dropped`` (``list.append`` is
-atomic). The next operation on the lane that takes the lock (an acquire, a release, or
-a view such as ``get_active()``, ``stats``, ``active_count``, ``is_held``) ends those
+atomic). The next operation on the lane (an acquire, a release, or a view such as
+``get_active()``, ``stats``, ``active_count``, ``is_held``), in any thread, ends those
 holds first, as releases that may hand the key to the next waiter. The hot path pays one
 truth test of that list (C20).
 
@@ -179,7 +189,9 @@ class Core(Protocol):
 
     def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int: ...
 
-    def release(self, key: str, token: int = 0) -> bool: ...
+    def release(
+        self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
+    ) -> bool: ...
 
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int: ...
 
@@ -248,7 +260,7 @@ class _CoreBase:
 
     def __init__(self, name: str, clock: Clock) -> None:
         self.name = name
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._clock = clock
         # The last token granted. Tokens start at 1 (0 means "none") and every grant takes
         # the next one, so this is also the count of grants: acquired == _token and
@@ -256,8 +268,9 @@ class _CoreBase:
         self._token = 0
         self._waiting = 0  # waiters in line, over all keys
         # (key, token) of holds dropped without release, appended by their finalizers
-        # (list.append is atomic and takes no lock); drained by the next operation that
-        # takes the lock. Only the drain, under the lock, removes items, from the front.
+        # (list.append is atomic and takes no lock); drained by the next operation. Only
+        # a release under the lock removes an item (the front one), in the same step
+        # that ends its hold.
         self._dropped: list[tuple[str, int]] = []
         self.timeouts = 0
         self.rejected = 0
@@ -266,10 +279,9 @@ class _CoreBase:
         self.unmatched = 0
         _LIVE.add(self)
 
-    # Per core, with the lock held: end the hold (key, token) (token 0: the key's hold) as
-    # one atomic step (see "Interrupts" in the module docstring) and return whether it
-    # existed. With ``dropped``, also remove the front item of ``_dropped`` in that step.
-    _end: Callable[[str, int, float, list[tuple[str, int]] | None], bool]
+    # Per core: end a hold; with ``dropped`` (the front item of ``_dropped``), end that
+    # dropped hold and remove the item in the same step, quietly (see _drain).
+    release: Callable[[str, int, tuple[str, int] | None], bool]
     # Per core, with the lock held: the line ``key``'s waiters stand in (None if none).
     _line_of: Callable[[str], OrderedDict[Waiter, str] | None]
     # Per core: forget every hold, waiter and entry (a forked child's fresh start).
@@ -296,37 +308,29 @@ class _CoreBase:
         the hold; the next operation that takes the lock ends it)."""
         self._dropped.append((key, token))
 
-    def _drain(self, now: float) -> None:
-        """End the holds recorded by :meth:`drop` (lock held), oldest first.
+    def _drain(self) -> None:
+        """End the holds recorded by :meth:`drop`, oldest first (called WITHOUT the lock,
+        at the start of an operation; each release takes it).
 
         A dropped hold that no longer exists (released by key meanwhile) is skipped
-        without a warning or a count: its finalizer already warned.
+        without a warning or a count: its finalizer already warned. Two threads may
+        drain at once: each release checks, under the lock, that its item is still the
+        front one.
         """
         dropped = self._dropped
         while dropped:
-            key, token = dropped[0]
-            self._end(key, token, now, dropped)
+            item = dropped[0]
+            self.release(item[0], item[1], item)
 
     def _settle(self) -> None:
-        """Drain the dropped holds now, if there are any (for the lock-free views)."""
+        """Drain the dropped holds now, if there are any (before a view)."""
         if self._dropped:
-            with self._lock:
-                self._drain(self._clock())
+            self._drain()
 
-    def release(self, key: str, token: int = 0) -> bool:
-        """End the hold on ``key`` (the one with ``token``, or the key's hold (oldest hold,
-        on a counting lane) when ``token`` is 0) and hand the permit to the first waiter
-        that takes it. Returns False, logs a warning and changes nothing when no such
-        hold exists."""
-        with self._lock:
-            now = self._clock()
-            if self._dropped:
-                self._drain(now)
-            if self._end(key, token, now, None):
-                return True
-            self.unmatched += 1
-        _warn_unmatched(self.name, key, token)
-        return False
+    def _still_dropped(self, item: tuple[str, int]) -> bool:
+        """(lock held) True while ``item`` is the front item of ``_dropped``."""
+        dropped = self._dropped
+        return bool(dropped) and dropped[0] is item
 
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
         """Take ``waiter`` out of line (its wait ran out, or it was cancelled/interrupted).
@@ -371,7 +375,7 @@ class _CoreBase:
         that held or waited do not exist here). Tokens keep growing from the parent's
         last one, and the counters keep the parent's history: the holds the parent had
         count as released, so ``acquired == released + holders`` still holds."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._waiting = 0
         self._dropped = []
         self._clear()
@@ -463,9 +467,11 @@ class SessionCore(_CoreBase):
         putting it at the end of the key's line (the caller then parks on it); without,
         counting a refusal unless ``wait`` (the caller will make a waiter and call again
         with it: a waiter is made outside the lock, and only on this slow path)."""
-        with self._lock:
-            if self._dropped:
-                self._drain(self._clock())
+        if self._dropped:
+            self._drain()
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
             entry = self._entries.get(key)
             if entry is not None:
                 if not entry.token:
@@ -513,42 +519,69 @@ class SessionCore(_CoreBase):
             if waiter is not None:
                 waiter.token = token
             return token
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
 
-    def _end(
-        self, key: str, token: int, now: float, dropped: list[tuple[str, int]] | None
+    def release(
+        self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
     ) -> bool:
-        entry = self._entries.get(key)
-        if entry is None or not (entry.token == token if token else entry.token):
+        """End the hold on ``key`` (the one with ``token``, or whichever hold it has when
+        ``token`` is 0) and hand the key to the first waiter that takes it. Returns False,
+        logs a warning and changes nothing when no such hold exists. (``dropped``: see
+        :meth:`_drain`.)"""
+        if dropped is None and self._dropped:
+            self._drain()
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if dropped is not None and not self._still_dropped(dropped):
+                return False  # another thread's drain ended it
+            entry = self._entries.get(key)
+            if entry is not None and (entry.token == token if token else entry.token):
+                line = entry.line
+                waiter = None if line is None else self._next_waiter(line)
+                now = self._clock()
+                # -- commit: plain stores only, then one last call --
+                if dropped is not None:
+                    del self._dropped[0]
+                if waiter is None or line is None:
+                    entry.token = 0
+                    entry.since = now
+                    entry.line = None
+                    self._held -= 1
+                    # Last, and a builtin that runs no Python code: it cannot be stopped
+                    # before it is done, and nothing is left to do after it.
+                    try:
+                        self._order.move_to_end(key)
+                    except KeyError:  # the eviction scan dropped it while it was held
+                        self._order[key] = entry
+                    return True
+                # Hand-off: the entry stays HELD; no instant exists in which it is free,
+                # so no newcomer can overtake the line.
+                del line[waiter]
+                self._waiting -= 1
+                self._token = granted = self._token + 1
+                waiter.token = granted
+                entry.token = granted
+                entry.since = now
+                if not line:
+                    entry.line = None
+                waiter.wake()  # last: the grant is recorded whether or not this returns
+                return True
             if dropped is not None:
-                del dropped[0]
-            return False
-        line = entry.line
-        waiter = None if line is None else self._next_waiter(line)
-        # -- commit: plain stores only, then the wake-up --
-        if dropped is not None:
-            del dropped[0]
-        if waiter is None or line is None:
-            entry.token = 0
-            entry.since = now
-            entry.line = None
-            self._held -= 1
-            order = self._order
-            if key in order:  # else the eviction scan dropped it while it was held
-                del order[key]
-            order[key] = entry
-            return True
-        # Hand-off: the entry stays HELD; no instant exists in which it is free, so no
-        # newcomer can overtake the line.
-        del line[waiter]
-        self._waiting -= 1
-        self._token = granted = self._token + 1
-        waiter.token = granted
-        entry.token = granted
-        entry.since = now
-        if not line:
-            entry.line = None
-        waiter.wake()  # last: the grant is recorded whether or not this call returns
-        return True
+                del self._dropped[0]
+                return False
+            self.unmatched += 1
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
+        _warn_unmatched(self.name, key, token)
+        return False
 
     def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
         entry = self._entries.get(key)
@@ -590,21 +623,17 @@ class SessionCore(_CoreBase):
 
     def cleanup_idle(self) -> int:
         """Evict expired idle entries now; return how many went."""
+        self._settle()
         with self._lock:
-            now = self._clock()
-            if self._dropped:
-                self._drain(now)
-            return self._evict(now, room=False)
+            return self._evict(self._clock(), room=False)
 
     # -- views ---------------------------------------------------------------------------
 
     def session_count(self) -> int:
         """Live entries (held or idle), after dropping the expired ones."""
+        self._settle()
         with self._lock:
-            now = self._clock()
-            if self._dropped:
-                self._drain(now)
-            self._evict(now, room=False)
+            self._evict(self._clock(), room=False)
             return len(self._entries)
 
     def holders(self) -> int:
@@ -613,10 +642,9 @@ class SessionCore(_CoreBase):
 
     def held_since(self) -> dict[str, float]:
         """Each held key -> seconds it has been held by its current holder."""
+        self._settle()
         with self._lock:
             now = self._clock()
-            if self._dropped:
-                self._drain(now)
             return {k: now - e.since for k, e in self._entries.items() if e.token}
 
     def is_held(self, key: str) -> bool:
@@ -630,9 +658,8 @@ class SessionCore(_CoreBase):
             return len(entry.line) if entry is not None and entry.line else 0
 
     def stats(self) -> LaneStats:
+        self._settle()
         with self._lock:
-            if self._dropped:
-                self._drain(self._clock())
             return self._stats(self._held)
 
 
@@ -663,9 +690,11 @@ class CountingCore(_CoreBase):
         ``waiter.token`` when a waiter is given). Else return 0: with ``waiter``, after
         putting it at the end of the line; without, counting a refusal unless ``wait``
         (see :meth:`SessionCore.take`)."""
-        with self._lock:
-            if self._dropped:
-                self._drain(self._clock())
+        if self._dropped:
+            self._drain()
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
             holds = self._holds
             if len(holds) < self.capacity:
                 # A free permit means nobody is in line (releases hand permits to waiters
@@ -686,44 +715,70 @@ class CountingCore(_CoreBase):
             self._line[waiter] = key
             self._waiting += 1
             return 0
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
 
-    def _end(
-        self, key: str, token: int, now: float, dropped: list[tuple[str, int]] | None
+    def release(
+        self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
     ) -> bool:
-        holds = self._holds
-        if token:
-            hold = holds.get(token)
-            found = hold is not None and hold[0] == key
-        else:
-            token = next((t for t, h in holds.items() if h[0] == key), 0)
-            found = token != 0
-        if not found:
+        """End the hold of ``key`` with ``token`` (or the key's oldest hold when ``token``
+        is 0) and hand the permit to the first waiter that takes it. Returns False, logs a
+        warning and changes nothing when no such hold exists. (``dropped``: see
+        :meth:`_drain`.)"""
+        if dropped is None and self._dropped:
+            self._drain()
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if dropped is not None and not self._still_dropped(dropped):
+                return False  # another thread's drain ended it
+            holds = self._holds
+            if token:
+                hold = holds.get(token)
+                found = hold is not None and hold[0] == key
+            else:
+                token = next((t for t, h in holds.items() if h[0] == key), 0)
+                found = token != 0
+            if found:
+                line = self._line
+                waiter = self._next_waiter(line) if line else None
+                # A fresh table once the last waiter leaves: drop the table a long line
+                # grew (made here, before the stores).
+                fresh: OrderedDict[Waiter, str] | None = None
+                if waiter is not None and len(line) == 1:
+                    fresh = OrderedDict()
+                now = self._clock()
+                # -- commit: plain stores only, then the wake-up --
+                if dropped is not None:
+                    del self._dropped[0]
+                del holds[token]
+                if waiter is None:
+                    return True
+                # Hand-off: the permit goes to the first waiter; the holder count never
+                # dips, so no newcomer can take it first.
+                holds[self._token + 1] = (line[waiter], now)
+                del line[waiter]
+                self._waiting -= 1
+                self._token = granted = self._token + 1
+                waiter.token = granted
+                if fresh is not None:
+                    self._line = fresh
+                waiter.wake()  # last: the grant is recorded whether or not this returns
+                return True
             if dropped is not None:
-                del dropped[0]
-            return False
-        line = self._line
-        waiter = self._next_waiter(line) if line else None
-        # A fresh table once the last waiter leaves: drop the table a long line grew.
-        fresh: OrderedDict[Waiter, str] | None = None
-        if waiter is not None and len(line) == 1:
-            fresh = OrderedDict()
-        # -- commit: plain stores only, then the wake-up --
-        if dropped is not None:
-            del dropped[0]
-        del holds[token]
-        if waiter is None:
-            return True
-        # Hand-off: the permit goes to the first waiter; the holder count never dips, so
-        # no newcomer can take it first.
-        holds[self._token + 1] = (line[waiter], now)
-        del line[waiter]
-        self._waiting -= 1
-        self._token = granted = self._token + 1
-        waiter.token = granted
-        if fresh is not None:
-            self._line = fresh
-        waiter.wake()  # last: the grant is recorded whether or not this call returns
-        return True
+                del self._dropped[0]
+                return False
+            self.unmatched += 1
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
+        _warn_unmatched(self.name, key, token)
+        return False
 
     def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
         return self._line
@@ -734,23 +789,20 @@ class CountingCore(_CoreBase):
 
     def held_since(self) -> dict[str, float]:
         """Each key with at least one hold -> seconds its oldest hold has lasted."""
+        self._settle()
         with self._lock:
             now = self._clock()
-            if self._dropped:
-                self._drain(now)
             out: dict[str, float] = {}
             for key, since in self._holds.values():
                 out.setdefault(key, now - since)
             return out
 
     def holds_of(self, key: str) -> int:
+        self._settle()
         with self._lock:
-            if self._dropped:
-                self._drain(self._clock())
             return sum(1 for k, _ in self._holds.values() if k == key)
 
     def stats(self) -> LaneStats:
+        self._settle()
         with self._lock:
-            if self._dropped:
-                self._drain(self._clock())
             return self._stats(len(self._holds))
