@@ -748,9 +748,11 @@ class CountingCore(_CoreBase):
                 # A fresh table once the last waiter leaves: drop the table a long line
                 # grew (made here, before the stores).
                 fresh: OrderedDict[Waiter, str] | None = None
-                if waiter is not None and len(line) == 1:
-                    fresh = OrderedDict()
-                now = self._clock()
+                now = 0.0
+                if waiter is not None:
+                    now = self._clock()
+                    if len(line) == 1:
+                        fresh = OrderedDict()
                 # -- commit: plain stores only, then the wake-up --
                 if dropped is not None:
                     del self._dropped[0]
