@@ -115,8 +115,12 @@ class AsyncHold(Hold):
             self.lane._core.release(self.key, token)
 
     def __del__(self) -> None:
-        if self._token > 0:
-            drop_hold(self.lane, self.key, self._token)
+        try:
+            token = self._token
+        except AttributeError:  # interrupted while acquire() was making it
+            return
+        if token > 0:
+            drop_hold(self.lane, self.key, token)
 
 
 class _AsyncFace:
