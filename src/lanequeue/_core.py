@@ -532,7 +532,7 @@ class SessionCore(_CoreBase):
         ``token`` is 0) and hand the key to the first waiter that takes it. Returns False,
         logs a warning and changes nothing when no such hold exists. (``dropped``: see
         :meth:`_drain`.)"""
-        if dropped is None and self._dropped:
+        if self._dropped and dropped is None:
             self._drain()
         lock = self._lock
         try:
@@ -728,7 +728,7 @@ class CountingCore(_CoreBase):
         is 0) and hand the permit to the first waiter that takes it. Returns False, logs a
         warning and changes nothing when no such hold exists. (``dropped``: see
         :meth:`_drain`.)"""
-        if dropped is None and self._dropped:
+        if self._dropped and dropped is None:
             self._drain()
         lock = self._lock
         try:
