@@ -728,6 +728,75 @@ def test_c19_forked_children_get_empty_usable_lanes() -> None:
     assert lane.stats.holders == 0  # the parent is untouched
 
 
+def _in_child(check: Callable[[], bool]) -> Any:
+    """Fork; run ``check`` in the child; its exit code (0: True), or "deadlocked"."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if check() else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "deadlocked"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_c19_fork_contract_holds_tokens_counters_and_asyncio() -> None:
+    """What README says of fork: a hold taken before the fork is not held in the child
+    (leaving it there is an unmatched release); tokens keep growing; the counters keep
+    the parent's history with ``acquired == released + holders``; an asyncio lane bound
+    to a parent's loop binds the child's own loop."""
+    lane = SessionLane("s")
+    hold = lane.acquire("p")
+    hold.__enter__()
+    parent_token = hold.token
+    alane = AsyncSessionLane("a")
+    parent_loop = asyncio.new_event_loop()
+
+    async def use() -> bool:
+        async with alane.acquire(KEY, timeout_s=1):
+            return alane.stats.holders == 1
+
+    async def keep() -> Any:
+        kept = alane.acquire(KEY)
+        await kept.__aenter__()
+        return kept
+
+    try:
+        assert parent_loop.run_until_complete(use())
+        kept = parent_loop.run_until_complete(keep())  # held in the parent at the fork
+
+        def child() -> bool:
+            st = lane.stats
+            fresh = lane.acquire("q")
+            fresh.__enter__()
+            ok = (
+                not lane.is_held("p")
+                and (st.acquired, st.released, st.holders) == (1, 1, 0)
+                and fresh.token > parent_token
+            )
+            fresh.__exit__(None, None, None)
+            hold.__exit__(None, None, None)  # the parent's hold: nothing to end here
+            ok = ok and lane.stats.unmatched_releases == 1 and lane.stats.holders == 0
+            return ok and asyncio.run(use()) and alane.stats.holders == 0
+
+        assert _in_child(child) == 0
+        assert lane.is_held("p") and alane.stats.holders == 1  # the parent is untouched
+        parent_loop.run_until_complete(kept.__aexit__(None, None, None))
+    finally:
+        hold.__exit__(None, None, None)
+        parent_loop.close()
+
+
 # -- C20: dropped holds ------------------------------------------------------------------
 
 

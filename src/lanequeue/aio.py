@@ -23,12 +23,14 @@ there first. No task or ``wait_for`` wrapper is created per wait.
 
 A lane is bound to the first event loop that uses it; calls from another loop or another
 thread raise RuntimeError (the lane's futures belong to one loop). Once that loop is
-closed and the lane is quiet (no holder, no waiter), the next loop may take it over.
+closed and the lane is quiet (no holder, no waiter), the next loop may take it over. In
+a child made by ``os.fork()`` the lane is empty and binds the child's own loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Sequence
 from functools import partial
 from threading import get_ident
@@ -131,6 +133,7 @@ class _AsyncFace:
     name: str
     timeout_s: float | None
     _loop: asyncio.AbstractEventLoop | None = None
+    _loop_pid = 0  # the process that bound _loop (a forked child may bind its own)
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
 
     def _bind(self) -> None:
@@ -162,7 +165,10 @@ class _AsyncFace:
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
         old = self._loop
-        if old is not None and not (
+        pid = os.getpid()
+        # A loop of the parent process is not this process's: after os.fork() the lane
+        # is empty (see "fork" in lanequeue._core) and the child binds its own loop.
+        if old is not None and self._loop_pid == pid and not (
             old.is_closed() and self._core.holders() == 0 and self._core.waiting == 0
         ):
             raise RuntimeError(
@@ -171,6 +177,7 @@ class _AsyncFace:
                 "lane across loops and processes)"
             )
         self._loop = loop
+        self._loop_pid = pid
 
     def _new_waiter(self) -> _TaskWaiter:
         return _TaskWaiter(self._bind_loop().create_future())
@@ -308,7 +315,8 @@ class AsyncLane(_AsyncFace, CountingKind):
     """A counting lane for asyncio tasks: at most ``max_concurrent`` holders, FIFO.
 
     Same arguments, properties, counters and errors as :class:`lanequeue.Lane`; waiting
-    is ``await``-ed and cancellable. Use it from one event loop.
+    is ``await``-ed and cancellable. Use it from one event loop. In a child made by
+    ``os.fork()`` it starts empty and binds the child's loop.
 
     Example::
 
@@ -324,7 +332,8 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
 
     Same arguments, properties, counters, eviction and errors as
     :class:`lanequeue.SessionLane`; waiting is ``await``-ed and cancellable. Use it from
-    one event loop.
+    one event loop. In a child made by ``os.fork()`` it starts empty and binds the
+    child's loop.
 
     Example::
 

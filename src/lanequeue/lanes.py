@@ -238,9 +238,10 @@ class Lane(_ThreadFace, CountingKind):
         clock: monotonic clock in seconds for hold ages (replaceable in tests).
 
     Raises:
-        TypeError/ValueError: for a bad argument, naming it.
+        TypeError/ValueError: for a bad argument, naming it and the class.
 
-    Thread-safe. Example::
+    Thread-safe, and safe against KeyboardInterrupt at any instant (see README,
+    Guarantees). In a child made by ``os.fork()`` the lane starts empty. Example::
 
         llm = Lane("global", max_concurrent=8)
         with llm.acquire("any-key"):
@@ -271,9 +272,11 @@ class SessionLane(_ThreadFace, SessionKind):
     until its timeout (use one hold per request).
 
     Raises:
-        TypeError/ValueError: for a bad argument, naming it.
+        TypeError/ValueError: for a bad argument, naming it and the class.
 
-    Thread-safe. Example::
+    Thread-safe, and safe against KeyboardInterrupt at any instant (see README,
+    Guarantees). In a child made by ``os.fork()`` the lane starts empty: no holder, no
+    waiter, no entry. Example::
 
         sessions = SessionLane()
         with sessions.acquire("gateway:slack:c1:u1:t1"):
