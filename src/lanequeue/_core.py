@@ -2,7 +2,7 @@
 
 Both in-process faces (threads in :mod:`lanequeue.lanes`, asyncio in :mod:`lanequeue.aio`)
 drive the two cores below. A face only knows how a waiter *parks* (a thread blocks on a
-private lock, a task awaits a future) and how it is *woken* (:meth:`Waiter.grant`). Who
+private lock, a task awaits a future) and how it is *woken* (``Waiter.wake``). Who
 holds, who waits, who is next, when an entry is born and when it dies, and the statistics
 live here, once.
 

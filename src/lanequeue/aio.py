@@ -8,7 +8,7 @@ so the permit is the task's before it even resumes.
 Cancellation, at every point:
 
 - cancelled while in line (``task.cancel()``, ``asyncio.timeout()``, ``wait_for``): the
-  cancelled future refuses any later grant (:meth:`_TaskWaiter.grant` returns False, the
+  cancelled future refuses any later grant (:meth:`_TaskWaiter.ready` returns False, the
   releaser moves on to the next waiter), and the task withdraws from the line as
   ``CancelledError`` unwinds. Nothing held, no ghost in line.
 - cancelled after the permit was handed to it but before it resumed (the future already
