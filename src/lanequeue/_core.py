@@ -89,7 +89,9 @@ section below:
   would release another thread's hold. The second form exists for speed: a ``with``
   builds two bound methods and an argument tuple per call (about 100 ns on CPython
   3.11), the ``try`` costs nothing. The core never calls itself while holding the lock
-  (finalizers only record, see below), so the ``RLock`` is never re-entered by it.
+  (finalizers only record, see below), so the ``RLock`` is never re-entered by it. A
+  signal handler must not call a lane either: it runs at one of the checks of the
+  interrupted code, possibly inside a critical section of that lane.
 - Inside the lock, a step first does everything that may run Python code or check the
   breaker (reading the clock, building an entry or a line, asking a waiter if it
   is ``ready()``, looking things up with calls), and only then changes state, with plain
