@@ -28,8 +28,8 @@ Which frames are traced, and where an exception is injected:
   where CPython checks). This is more than CPython can do, and the faces must cope.
 - In ``_core.py``: only where CPython itself can deliver an asynchronous exception
   (signal handlers and ``PyThreadState_SetAsyncExc`` run at the eval breaker): at the
-  entry of a function (``call``), at a backward jump (``opcode`` events of
-  ``JUMP_BACKWARD``-type instructions), after a call returns (``c_return`` of builtins,
+  entry of a function (``call``), at a backward jump (``opcode`` events of jumps to a
+  lower offset), after a call returns (``c_return`` of builtins,
   ``return`` of Python callees). Plain stores, arithmetic, comparisons and forward jumps
   never check the eval breaker, so an exception can never land between two of them;
   the core relies on that (see "Interrupts" in ``lanequeue/_core.py``) and they are not
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import dis
+import functools
 import gc
 import inspect
 import os
@@ -55,7 +56,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import pytest
@@ -84,9 +85,18 @@ _CORE = str(_PKG / "_core.py")
 _FACES = {str(_PKG / f) for f in ("lanes.py", "aio.py", "queue.py", "_face.py",
                                   "_validate.py", "_errors.py")}
 _TRACED = _FACES | {_CORE}
-# Backward jumps check the eval breaker (JUMP_BACKWARD_NO_INTERRUPT does not).
-_BACKWARD = {op for name, op in dis.opmap.items()
-             if "BACKWARD" in name and "NO_INTERRUPT" not in name}
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+
+
+@functools.cache
+def _backward_jumps(code: CodeType) -> frozenset[int]:
+    """Offsets of the backward jumps of ``code``: they check the eval breaker (a loop
+    can be interrupted there); JUMP_BACKWARD_NO_INTERRUPT does not."""
+    return frozenset(
+        ins.offset for ins in dis.get_instructions(code)
+        if ins.opcode in _JUMPS and isinstance(ins.argval, int) and ins.argval < ins.offset
+        and "NO_INTERRUPT" not in ins.opname
+    )
 
 
 class Injector:
@@ -136,7 +146,7 @@ class Injector:
         return self._face_fn
 
     def _core_events(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode" and frame.f_code.co_code[frame.f_lasti] in _BACKWARD:
+        if event == "opcode" and frame.f_lasti in _backward_jumps(frame.f_code):
             self.point(frame, "backward jump")
         elif event == "return":
             self.point(frame, "return")
