@@ -680,6 +680,7 @@ def test_c18_random_timer_interrupts_never_wedge_the_lane() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
 def test_c19_forked_children_get_empty_usable_lanes() -> None:
     """C19: fork 20 children while 4 threads hammer a SessionLane. Each child's lane is
     empty and usable: ``try_acquire`` of an unrelated key succeeds, and so does a wait
