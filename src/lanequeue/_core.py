@@ -2,7 +2,7 @@
 
 Both in-process faces (threads in :mod:`lanequeue.lanes`, asyncio in :mod:`lanequeue.aio`)
 drive the two cores below. A face only knows how a waiter *parks* (a thread blocks on a
-private lock, a task awaits a future) and how it is *woken* (:meth:`Waiter.grant`). Who
+private lock, a task awaits a future) and how it is *woken* (``Waiter.wake``). Who
 holds, who waits, who is next, when an entry is born and when it dies, and the statistics
 live here, once.
 
@@ -59,6 +59,83 @@ Tokens: every grant takes the next integer of the lane, so a token identifies on
 and grows with every grant (an in-process fencing token). A release names the token it
 ends; a release naming no current hold changes nothing and returns ``False``.
 
+Interrupts
+==========
+A ``KeyboardInterrupt`` raised by a signal handler, or any asynchronous exception, can
+land in the middle of an operation. The rules that hold whatever instant it lands at:
+the core's lock is never left held; the counters agree with the entries (``holders``
+is the number of holds, ``waiters`` the length of the lines); at most the one hold being
+entered or left by the interrupted call may stay held, and it is visible in
+``get_active()`` and ended by ``manual_release``.
+
+Where CPython delivers such an exception: only where the interpreter checks its "eval
+breaker": at the entry of a Python function (``RESUME``), on a backward jump (a loop),
+and right after a call returns (the ``CALL`` instructions), plus inside C functions that
+wait and check for signals (a blocking ``lock.acquire``, ``time.sleep``). A plain store
+(``x.a = v``, ``d[k] = v``, ``del d[k]`` on a dict of ``str`` or of waiters, integer
+arithmetic, a comparison) never checks it. Two consequences shape every critical
+section below:
+
+- The lock (an ``RLock``) is taken either by ``with self._lock:`` or, on the hot paths
+  (take, release), by ``lock.acquire()`` as the first statement INSIDE a ``try`` whose
+  ``finally`` releases it. ``BEFORE_WITH`` calls ``__enter__`` without a check and the
+  next instruction is already covered by the ``with`` block's handler; in the second
+  form, the check after the ``acquire`` call falls inside the ``try``. Either way no
+  exception can fall between "acquired" and "will be released". (``lock.acquire()``
+  followed by ``try:`` has exactly that gap: the check after the call is outside the
+  ``try``.) ``acquire`` itself can raise before it took the lock (a signal handler's
+  exception during a contended wait); the ``finally`` then releases a lock it does not
+  own, which an ``RLock`` refuses (RuntimeError, ignored there) where a plain ``Lock``
+  would release another thread's hold. The second form exists for speed: a ``with``
+  builds two bound methods and an argument tuple per call (about 100 ns on CPython
+  3.11), the ``try`` costs nothing. The core never calls itself while holding the lock
+  (finalizers only record, see below), so the ``RLock`` is never re-entered by it. A
+  signal handler must not call a lane either: it runs at one of the checks of the
+  interrupted code, possibly inside a critical section of that lane.
+- Inside the lock, a step first does everything that may run Python code or check the
+  breaker (reading the clock, building an entry or a line, asking a waiter if it
+  is ``ready()``, looking things up with calls), and only then changes state, with plain
+  stores only. An interrupt before the first store changes nothing; after the stores
+  there is nothing left to interrupt. The one call allowed after the stores is the
+  step's last action, a builtin: the waiter's ``wake()`` (``Lock.release`` for a thread;
+  for a task, its future's ``set_result``, which also runs the loop's ``call_soon``) or
+  ``OrderedDict.move_to_end``. Its check comes after it is done, with the state already
+  consistent. Loops that
+  change state (eviction, dropping refused waiters, draining dropped holds) are made of
+  such steps, each consistent on its own.
+
+The faces (thread and asyncio holds, ``acquire_all``) follow suit. A waiter is made by
+the face before the call of :meth:`take` that puts it in line, and inside the ``try``
+whose handler withdraws it (a grant made meanwhile is stored in ``waiter.token`` under
+the lock, so the handler finds and passes it on): no interrupt can leave a waiter in
+line that nobody will withdraw. A token is recorded in the hold right after the core
+returns it, and a hold is marked released right before the core releases it; an
+interrupt between the two leaves that one hold held in the core, and nothing else.
+tests/test_inprocess_faults.py raises an exception at every instruction of these
+operations (C18).
+
+Dropped holds
+=============
+A hold that is garbage-collected while still held (entered, never left nor released)
+warns with a ``ResourceWarning`` naming the lane and the key, and its permit comes back.
+Its finalizer may run at any instruction of any code, including while this same thread
+holds the core's lock (a collection can start inside a critical section), so it must not
+take the lock: it only appends ``(key, token)`` to ``_dropped`` (``list.append`` is
+atomic). The next operation on the lane (an acquire, a release, or a view such as
+``get_active()``, ``stats``, ``active_count``, ``is_held``), in any thread, ends those
+holds first, as releases that may hand the key to the next waiter. The hot path pays one
+truth test of that list (C20).
+
+fork
+====
+A child made by ``os.fork()`` has only the thread that forked; the threads that held
+permits or waited in the parent do not exist in it, and the core's lock may have been
+held by one of them at that instant. Every live core (kept in a ``WeakSet``) is
+therefore reset in the child (``os.register_at_fork``): a new lock, no holds, no waiters,
+no entries. The child's lanes start empty; tokens continue from the parent's last one;
+the counters keep the parent's history, and the holds the parent had at the fork count
+as released, so ``acquired == released + holders`` (C19).
+
 Time: a monotonic clock (``time.monotonic`` unless the lane is given another), read only
 for idle ages and hold ages; deadlines of waiting belong to the faces.
 
@@ -74,12 +151,14 @@ hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from ._errors import LaneClearedError, LaneDrainingError
 from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
@@ -103,19 +182,20 @@ def ended_error(lane: str, key: str, outcome: int) -> LaneClearedError | LaneDra
     return LaneDrainingError(lane, key)
 
 
-W = TypeVar("W", bound="Waiter")
-
-
 class Waiter:
     """One caller in line for a permit. Faces subclass it to say how a waiter is woken.
 
     ``token`` is 0 while the waiter waits and becomes the granted token when a releaser
-    hands it the permit. :meth:`grant` is called with the core's lock held; it must not
-    block and must not call back into the core.
+    hands it the permit. A grant asks :meth:`ready` first (a call, before any change),
+    then records the grant with plain stores (``token`` included), and calls ``wake``
+    last. Both run with the core's lock held: they must not block and must not call back
+    into the core. ``wake`` should be a builtin (such as a lock's ``release``): a call of
+    a Python function could be interrupted before it woke anyone.
     """
 
-    __slots__ = ("token", "left", "since")
+    __slots__ = ("token", "left", "wake", "since")
 
+    wake: Callable[[], object]
     # ``since``: when the face parked it (the face's clock); unset until then.
     since: float
 
@@ -123,10 +203,9 @@ class Waiter:
         self.token = 0
         self.left = False  # set once it has withdrawn: a second withdraw is a no-op
 
-    def grant(self, token: int) -> bool:
-        """Hand the permit over; return False if this waiter can no longer take it
-        (its task was cancelled in the meantime), and the releaser tries the next one."""
-        self.token = token
+    def ready(self) -> bool:
+        """False if this waiter can no longer take a permit (its task was cancelled);
+        the releaser then drops it from the line and tries the next one."""
         return True
 
 
@@ -135,11 +214,15 @@ class Core(Protocol):
 
     name: str
 
-    def take(self, key: str, make_waiter: Callable[[], W] | None) -> int | W | None: ...
+    def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int: ...
 
-    def release(self, key: str, token: int = 0) -> bool: ...
+    def release(
+        self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
+    ) -> bool: ...
 
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int: ...
+
+    def drop(self, key: str, token: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +231,8 @@ class LaneStats:
 
     Attributes (all counts since the lane was created, except the last two):
         acquired: permits granted (immediately or by hand-off).
-        released: holds ended by a matching release.
+        released: holds ended: by a matching release, by the return of a dropped hold's
+            permit, or (in a forked child) by the fork, which empties the lane.
         timeouts: waits that ran out (non-blocking refusals are not counted here).
         rejected: non-blocking refusals (``try_acquire``, or a zero timeout, on a busy
             key or a full lane); not counted in ``timeouts``.
@@ -159,6 +243,8 @@ class LaneStats:
         unmatched_releases: releases that matched no hold and changed nothing.
         holders: permits held now.
         waiters: callers waiting now.
+
+    Always ``acquired == released + holders``.
     """
 
     acquired: int = 0
@@ -176,11 +262,13 @@ class LaneStats:
         return asdict(self)
 
 
-class _CoreBase:
-    """State and bookkeeping common to both cores. All fields change under ``_lock``."""
+# Every live core, so that a forked child can empty them all (see _after_fork_in_child).
+_LIVE: weakref.WeakSet[_CoreBase] = weakref.WeakSet()
 
-    # Each core removes a waiter from its line (lock held); False if it was not in it.
-    _unlink: Callable[[str, Waiter], bool]
+
+class _CoreBase:
+    """State and bookkeeping common to both cores. All fields change under ``_lock``,
+    except ``_dropped``, to which finalizers append without it."""
 
     __slots__ = (
         "name",
@@ -188,6 +276,7 @@ class _CoreBase:
         "_clock",
         "_token",
         "_waiting",
+        "_dropped",
         "timeouts",
         "rejected",
         "cancelled",
@@ -197,17 +286,23 @@ class _CoreBase:
         "wait_hist",
         "waited",
         "hold_hist",
+        "__weakref__",
     )
 
     def __init__(self, name: str, clock: Clock) -> None:
         self.name = name
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._clock = clock
         # The last token granted. Tokens start at 1 (0 means "none") and every grant takes
         # the next one, so this is also the count of grants: acquired == _token and
         # released == _token - holders, with no counter to bump on the hot path.
         self._token = 0
         self._waiting = 0  # waiters in line, over all keys
+        # (key, token) of holds dropped without release, appended by their finalizers
+        # (list.append is atomic and takes no lock); drained by the next operation. Only
+        # a release under the lock removes an item (the front one), in the same step
+        # that ends its hold.
+        self._dropped: list[tuple[str, int]] = []
         self.timeouts = 0
         self.rejected = 0
         self.cancelled = 0
@@ -222,23 +317,60 @@ class _CoreBase:
         self.waited = 0
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
+        _LIVE.add(self)
 
-    def _hand_off(self, line: OrderedDict[Waiter, str]) -> tuple[int, str] | None:
-        """Pop waiters from the front of ``line`` until one takes the permit.
+    # Per core: end a hold; with ``dropped`` (the front item of ``_dropped``), end that
+    # dropped hold and remove the item in the same step, quietly (see _drain).
+    release: Callable[[str, int, tuple[str, int] | None], bool]
+    # Per core, with the lock held: the line ``key``'s waiters stand in (None if none).
+    _line_of: Callable[[str], OrderedDict[Waiter, str] | None]
+    # Per core: forget every hold, waiter and entry (a forked child's fresh start).
+    _clear: Callable[[], None]
 
-        Called with ``_lock`` held by a releaser. Returns (new token, the waiter's key), or
-        None when the line held no waiter able to take it. A waiter that refuses (its
-        task was cancelled) is dropped from the line here; it counts itself as cancelled
-        when it runs :meth:`withdraw`. Each waiter is popped once: O(1) amortised.
+    def _next_waiter(self, line: OrderedDict[Waiter, str]) -> Waiter | None:
+        """The first waiter of ``line`` able to take a permit, or None (lock held).
+
+        Waiters that refuse (their task was cancelled) are dropped from the line on the
+        way, each in a step of its own that leaves the state consistent; they count
+        themselves as cancelled when they run :meth:`withdraw`. O(1) amortised.
         """
         while line:
-            waiter, key = line.popitem(last=False)
+            waiter = next(iter(line))
+            if waiter.ready():
+                return waiter
+            del line[waiter]
             self._waiting -= 1
-            token = self._token + 1
-            if waiter.grant(token):
-                self._token = token
-                return token, key
         return None
+
+    def drop(self, key: str, token: int) -> None:
+        """Give back the permit of a hold that was dropped without release (called by
+        the hold's finalizer, maybe while this thread holds the lock: so it only records
+        the hold; the next operation that takes the lock ends it)."""
+        self._dropped.append((key, token))
+
+    def _drain(self) -> None:
+        """End the holds recorded by :meth:`drop`, oldest first (called WITHOUT the lock,
+        at the start of an operation; each release takes it).
+
+        A dropped hold that no longer exists (released by key meanwhile) is skipped
+        without a warning or a count: its finalizer already warned. Two threads may
+        drain at once: each release checks, under the lock, that its item is still the
+        front one.
+        """
+        dropped = self._dropped
+        while dropped:
+            item = dropped[0]
+            self.release(item[0], item[1], item)
+
+    def _settle(self) -> None:
+        """Drain the dropped holds now, if there are any (before a view)."""
+        if self._dropped:
+            self._drain()
+
+    def _still_dropped(self, item: tuple[str, int]) -> bool:
+        """(lock held) True while ``item`` is the front item of ``_dropped``."""
+        dropped = self._dropped
+        return bool(dropped) and dropped[0] is item
 
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int:
         """Take ``waiter`` out of line (its wait ran out, or it was cancelled/interrupted).
@@ -251,14 +383,18 @@ class _CoreBase:
         with self._lock:
             if waiter.token:
                 return waiter.token
-            if not waiter.left:
-                waiter.left = True
-                if self._unlink(key, waiter):  # else a releaser already dropped it
-                    self._waiting -= 1
-                if timed_out:
-                    self.timeouts += 1
-                else:
-                    self.cancelled += 1
+            if waiter.left:
+                return 0
+            line = self._line_of(key)
+            # -- commit: plain stores only --
+            waiter.left = True
+            if line is not None and waiter in line:  # else a releaser dropped it already
+                del line[waiter]
+                self._waiting -= 1
+            if timed_out:
+                self.timeouts += 1
+            else:
+                self.cancelled += 1
             return 0
 
     # -- operations (off the hot path; see lanequeue._obs) ------------------------------
@@ -284,6 +420,7 @@ class _CoreBase:
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
         grants: ``acquired - waited``) and the hold histogram (None: off), read together."""
+        self._settle()
         with self._lock:
             hold = self.hold_hist
             return (
@@ -294,18 +431,23 @@ class _CoreBase:
 
     def end_waiters(self, key: str | None, cleared: bool) -> int:
         """End the waits of ``key`` (None: every key) through the grant machinery: each
-        waiter is granted the outcome :data:`CLEARED` (``cleared``) or :data:`DRAINED`
-        instead of a token, and its face raises the matching error. Returns how many
-        waiters took it (they count as ``cancelled``; a cancelled task refuses it and
-        counts itself). Holders are untouched."""
+        waiter able to take a grant is granted the outcome :data:`CLEARED` (``cleared``)
+        or :data:`DRAINED` instead of a token, and its face raises the matching error.
+        Returns how many waiters took it (they count as ``cancelled``; a cancelled task
+        refuses it and counts itself when it withdraws). Holders are untouched. Each
+        waiter is one step: asked if it is ``ready()``, then plain stores, then woken."""
         outcome = CLEARED if cleared else DRAINED
         n = 0
         with self._lock:
             for waiter in self._pop_line(key):
+                ready = waiter.ready()
+                # -- commit: plain stores only, then the wake-up --
                 self._waiting -= 1
-                if waiter.grant(outcome):
+                if ready:
+                    waiter.token = outcome
+                    self.cancelled += 1
                     n += 1
-            self.cancelled += n
+                    waiter.wake()
         return n
 
     def oldest_wait_since(self) -> float | None:
@@ -330,6 +472,7 @@ class _CoreBase:
 
     def hold_list(self) -> list[tuple[str, int, float]]:
         """Every hold now as (key, token, seconds held)."""
+        self._settle()
         with self._lock:
             now = self._clock()
             return [(k, t, now - s) for k, t, s in self._hold_list()]
@@ -347,10 +490,29 @@ class _CoreBase:
             waiters=self._waiting,
         )
 
+    def _after_fork(self) -> None:
+        """In a forked child: a new lock, no holds, no waiters, no entries (the threads
+        that held or waited do not exist here). Tokens keep growing from the parent's
+        last one, and the counters keep the parent's history: the holds the parent had
+        count as released, so ``acquired == released + holders`` still holds."""
+        self._lock = threading.RLock()
+        self._waiting = 0
+        self._dropped = []
+        self._clear()
+
     @property
     def waiting(self) -> int:
         """Callers in line now, over all keys."""
         return self._waiting
+
+
+def _after_fork_in_child() -> None:
+    for core in list(_LIVE):
+        core._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _warn_unmatched(lane: str, key: str, token: int) -> None:
@@ -411,98 +573,142 @@ class SessionCore(_CoreBase):
         # to a quarter of this (amortised O(1)): memory returns to the idle level.
         self._high = 0
 
+    def _clear(self) -> None:
+        self._entries = {}
+        self._order = OrderedDict()
+        self._held = 0
+        self._high = 0
+
     # -- transitions -------------------------------------------------------------------
 
-    def take(self, key: str, make_waiter: Callable[[], W] | None) -> int | W | None:
-        """Grant ``key`` now if nobody holds it (returns the token); else put a new waiter
-        from ``make_waiter`` at the end of the key's line and return it (the caller parks
-        on it); with ``make_waiter=None`` refuse instead (returns None).
-        Raises LaneDrainingError while the lane drains."""
+    def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int:
+        """Grant ``key`` now if nobody holds it: return the token (also stored in
+        ``waiter.token`` when a waiter is given). Else return 0: with ``waiter``, after
+        putting it at the end of the key's line (the caller then parks on it); without,
+        counting a refusal unless ``wait`` (the caller will make a waiter and call again
+        with it: a waiter is made outside the lock, and only on this slow path)."""
         if self.draining:
             raise LaneDrainingError(self.name, key)
+        if self._dropped:
+            self._drain()
         lock = self._lock
-        lock.acquire()
         try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
             entry = self._entries.get(key)
             if entry is not None:
                 if not entry.token:
                     # IDLE: nobody holds the key, so nobody waits for it either (waiters
                     # exist only behind a holder): granting here cannot overtake anyone.
+                    now = self._clock()
+                    # -- commit: plain stores only --
                     self._token = token = self._token + 1
                     entry.token = token
-                    entry.since = self._clock()
+                    entry.since = now
                     self._held += 1
+                    if waiter is not None:
+                        waiter.token = token
                     return token
-                if make_waiter is None:
-                    self.rejected += 1
-                    return None
-                waiter = make_waiter()
-                if entry.line is None:
-                    entry.line = OrderedDict()
+                if waiter is None:
+                    if not wait:
+                        self.rejected += 1
+                    return 0
+                line = entry.line
+                if line is None:
+                    line = OrderedDict()
+                # -- commit: plain stores only --
                 # Joined under the same lock hold that saw the holder: the holder's
                 # release must take this lock too, so it will find this waiter in line
                 # (no lost wake-up), and the entry cannot go IDLE while it waits.
-                entry.line[waiter] = key
+                entry.line = line
+                line[waiter] = key
                 self._waiting += 1
-                return waiter
+                return 0
             # ABSENT: a new entry, after making room for it.
             now = self._clock()
+            new = _Entry(0, now)
             if len(self._entries) > self._held:
                 self._evict(now, room=True)
             entries = self._entries  # read after _evict: it may rebuild the tables
+            size = len(entries) + 1
+            # -- commit: plain stores only --
             self._token = token = self._token + 1
-            entries[key] = self._order[key] = _Entry(token, now)
+            new.token = token
+            entries[key] = self._order[key] = new
             self._held += 1
-            if len(entries) > self._high:
-                self._high = len(entries)
+            if size > self._high:
+                self._high = size
+            if waiter is not None:
+                waiter.token = token
             return token
         finally:
-            lock.release()
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
 
-    def release(self, key: str, token: int = 0) -> bool:
+    def release(
+        self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
+    ) -> bool:
         """End the hold on ``key`` (the one with ``token``, or whichever hold it has when
         ``token`` is 0) and hand the key to the first waiter that takes it. Returns False,
-        logs a warning and changes nothing when no such hold exists."""
+        logs a warning and changes nothing when no such hold exists. (``dropped``: see
+        :meth:`_drain`.)"""
+        if self._dropped and dropped is None:
+            self._drain()
         lock = self._lock
-        lock.acquire()
         try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if dropped is not None and not self._still_dropped(dropped):
+                return False  # another thread's drain ended it
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
                 if self.hold_hist is not None:
                     self.hold_hist.observe(self._clock() - entry.since)
                 line = entry.line
-                if line is not None:
-                    granted = self._hand_off(line)
-                    if not line:
-                        entry.line = None
-                    if granted is not None:
-                        # Hand-off: the entry stays HELD; no instant exists in which it
-                        # is free, so no newcomer can overtake the line.
-                        entry.token = granted[0]
-                        entry.since = self._clock()
-                        return True
-                entry.token = 0
-                entry.since = self._clock()
-                self._held -= 1
-                try:
-                    self._order.move_to_end(key)
-                except KeyError:  # the eviction scan dropped it while it was held
-                    self._order[key] = entry
+                waiter = None if line is None else self._next_waiter(line)
+                now = self._clock()
+                # -- commit: plain stores only, then one last call --
+                if dropped is not None:
+                    del self._dropped[0]
+                if waiter is None or line is None:
+                    entry.token = 0
+                    entry.since = now
+                    entry.line = None
+                    self._held -= 1
+                    # Last, and a builtin that runs no Python code: it cannot be stopped
+                    # before it is done, and nothing is left to do after it.
+                    try:
+                        self._order.move_to_end(key)
+                    except KeyError:  # the eviction scan dropped it while it was held
+                        self._order[key] = entry
+                    return True
+                # Hand-off: the entry stays HELD; no instant exists in which it is free,
+                # so no newcomer can overtake the line.
+                del line[waiter]
+                self._waiting -= 1
+                self._token = granted = self._token + 1
+                waiter.token = granted
+                entry.token = granted
+                entry.since = now
+                if not line:
+                    entry.line = None
+                waiter.wake()  # last: the grant is recorded whether or not this returns
                 return True
+            if dropped is not None:
+                del self._dropped[0]
+                return False
             self.unmatched += 1
         finally:
-            lock.release()
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
         _warn_unmatched(self.name, key, token)
         return False
 
-    def _unlink(self, key: str, waiter: Waiter) -> bool:
+    def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
         entry = self._entries.get(key)
-        if entry is None or entry.line is None:
-            return False
-        found = entry.line.pop(waiter, None) is not None
-        if not entry.line:
-            entry.line = None
-        return found
+        return None if entry is None else entry.line
 
     def _pop_line(self, key: str | None) -> list[Waiter]:
         entries = self._entries.values() if key is None else [self._entries.get(key)]
@@ -535,7 +741,9 @@ class SessionCore(_CoreBase):
 
         HELD entries met at the front leave the order (their release re-inserts them), so
         each step is paid once: O(1) amortised. HELD entries are never evicted: when
-        every entry is held, the cap is exceeded (soft cap).
+        every entry is held, the cap is exceeded (soft cap). Each step (one entry) reads
+        first and then only stores, so an interrupt between steps leaves a consistent
+        registry.
         """
         order, entries = self._order, self._entries
         limit = now - self.idle_timeout_s
@@ -547,19 +755,21 @@ class SessionCore(_CoreBase):
             elif entry.since <= limit or (room and len(entries) >= self.max_sessions):
                 del order[key]
                 del entries[key]
+                self.evicted += 1
                 n += 1
             else:
                 break
-        self.evicted += n
         if n and len(entries) < self._high >> 2 and self._high > _COMPACT_MIN:
-            # Rebuild the tables at their current size.
-            self._entries = dict(entries)
-            self._order = OrderedDict(order)
-            self._high = len(entries)
+            # Rebuild the tables at their current size: copies first, then the stores.
+            new_entries, new_order = dict(entries), OrderedDict(order)
+            self._entries = new_entries
+            self._order = new_order
+            self._high = len(new_entries)
         return n
 
     def cleanup_idle(self) -> int:
         """Evict expired idle entries now; return how many went."""
+        self._settle()
         with self._lock:
             return self._evict(self._clock(), room=False)
 
@@ -567,20 +777,24 @@ class SessionCore(_CoreBase):
 
     def session_count(self) -> int:
         """Live entries (held or idle), after dropping the expired ones."""
+        self._settle()
         with self._lock:
             self._evict(self._clock(), room=False)
             return len(self._entries)
 
     def holders(self) -> int:
+        self._settle()
         return self._held
 
     def held_since(self) -> dict[str, float]:
         """Each held key -> seconds it has been held by its current holder."""
+        self._settle()
         with self._lock:
             now = self._clock()
             return {k: now - e.since for k, e in self._entries.items() if e.token}
 
     def is_held(self, key: str) -> bool:
+        self._settle()
         entry = self._entries.get(key)
         return entry is not None and entry.token != 0
 
@@ -590,6 +804,7 @@ class SessionCore(_CoreBase):
             return len(entry.line) if entry is not None and entry.line else 0
 
     def stats(self) -> LaneStats:
+        self._settle()
         with self._lock:
             return self._stats(self._held)
 
@@ -612,39 +827,61 @@ class CountingCore(_CoreBase):
         self._holds: dict[int, tuple[str, float]] = {}
         self._line: OrderedDict[Waiter, str] = OrderedDict()
 
-    def take(self, key: str, make_waiter: Callable[[], W] | None) -> int | W | None:
-        """Grant a permit now if one is free (returns the token); else put a new waiter
-        from ``make_waiter`` at the end of the line (returned), or refuse (None).
-        Raises LaneDrainingError while the lane drains."""
+    def _clear(self) -> None:
+        self._holds = {}
+        self._line = OrderedDict()
+
+    def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int:
+        """Grant a permit now if one is free: return the token (also stored in
+        ``waiter.token`` when a waiter is given). Else return 0: with ``waiter``, after
+        putting it at the end of the line; without, counting a refusal unless ``wait``
+        (see :meth:`SessionCore.take`)."""
         if self.draining:
             raise LaneDrainingError(self.name, key)
+        if self._dropped:
+            self._drain()
         lock = self._lock
-        lock.acquire()
         try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
             holds = self._holds
             if len(holds) < self.capacity:
                 # A free permit means nobody is in line (releases hand permits to waiters
                 # while there are any), so taking it cannot overtake anyone.
+                now = self._clock()
+                # -- commit: plain stores only --
                 self._token = token = self._token + 1
-                holds[token] = (key, self._clock())
+                holds[token] = (key, now)
+                if waiter is not None:
+                    waiter.token = token
                 return token
-            if make_waiter is None:
-                self.rejected += 1
-                return None
-            waiter = make_waiter()
+            if waiter is None:
+                if not wait:
+                    self.rejected += 1
+                return 0
+            # -- commit: plain stores only --
             self._line[waiter] = key
             self._waiting += 1
-            return waiter
+            return 0
         finally:
-            lock.release()
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
 
-    def release(self, key: str, token: int = 0) -> bool:
+    def release(
+        self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
+    ) -> bool:
         """End the hold of ``key`` with ``token`` (or the key's oldest hold when ``token``
         is 0) and hand the permit to the first waiter that takes it. Returns False, logs a
-        warning and changes nothing when no such hold exists."""
+        warning and changes nothing when no such hold exists. (``dropped``: see
+        :meth:`_drain`.)"""
+        if self._dropped and dropped is None:
+            self._drain()
         lock = self._lock
-        lock.acquire()
         try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if dropped is not None and not self._still_dropped(dropped):
+                return False  # another thread's drain ended it
             holds = self._holds
             if token:
                 hold = holds.get(token)
@@ -655,25 +892,47 @@ class CountingCore(_CoreBase):
             if found:
                 if self.hold_hist is not None:
                     self.hold_hist.observe(self._clock() - holds[token][1])
-                del holds[token]
                 line = self._line
-                if line:
-                    granted = self._hand_off(line)
-                    if granted is not None:
-                        # Hand-off: the permit goes to the first waiter; the holder count
-                        # never dips, so no newcomer can take it first.
-                        holds[granted[0]] = (granted[1], self._clock())
-                    if not line:
-                        self._line = OrderedDict()  # drop the table a long line grew
+                waiter = self._next_waiter(line) if line else None
+                # A fresh table once the last waiter leaves: drop the table a long line
+                # grew (made here, before the stores).
+                fresh: OrderedDict[Waiter, str] | None = None
+                now = 0.0
+                if waiter is not None:
+                    now = self._clock()
+                    if len(line) == 1:
+                        fresh = OrderedDict()
+                # -- commit: plain stores only, then the wake-up --
+                if dropped is not None:
+                    del self._dropped[0]
+                del holds[token]
+                if waiter is None:
+                    return True
+                # Hand-off: the permit goes to the first waiter; the holder count never
+                # dips, so no newcomer can take it first.
+                holds[self._token + 1] = (line[waiter], now)
+                del line[waiter]
+                self._waiting -= 1
+                self._token = granted = self._token + 1
+                waiter.token = granted
+                if fresh is not None:
+                    self._line = fresh
+                waiter.wake()  # last: the grant is recorded whether or not this returns
                 return True
+            if dropped is not None:
+                del self._dropped[0]
+                return False
             self.unmatched += 1
         finally:
-            lock.release()
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
         _warn_unmatched(self.name, key, token)
         return False
 
-    def _unlink(self, key: str, waiter: Waiter) -> bool:
-        return self._line.pop(waiter, None) is not None
+    def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
+        return self._line
 
     def _pop_line(self, key: str | None) -> list[Waiter]:
         line = self._line
@@ -696,10 +955,12 @@ class CountingCore(_CoreBase):
         return [(k, t, s) for t, (k, s) in self._holds.items()]
 
     def holders(self) -> int:
+        self._settle()
         return len(self._holds)
 
     def held_since(self) -> dict[str, float]:
         """Each key with at least one hold -> seconds its oldest hold has lasted."""
+        self._settle()
         with self._lock:
             now = self._clock()
             out: dict[str, float] = {}
@@ -708,9 +969,11 @@ class CountingCore(_CoreBase):
             return out
 
     def holds_of(self, key: str) -> int:
+        self._settle()
         with self._lock:
             return sum(1 for k, _ in self._holds.values() if k == key)
 
     def stats(self) -> LaneStats:
+        self._settle()
         with self._lock:
             return self._stats(len(self._holds))

@@ -33,20 +33,32 @@ class LaneError(Exception):
 class LaneTimeoutError(LaneError, TimeoutError):
     """A permit was not granted before the deadline.
 
+    The message keeps the source design's wording and adds the wait, e.g.
+    ``SessionLane 'session' timeout for key 'k' after 0.5 s``.
+
     Attributes:
         lane: name of the lane that could not be acquired.
         key: the key the caller asked for.
         timeout_s: the wait that ran out, in seconds (``0.0`` for a non-blocking attempt).
+        lane_class: the public class of that lane (``"SessionLane"``, ``"AsyncLane"``...).
+
+    Picklable (it crosses process boundaries intact).
     """
 
-    def __init__(self, lane: str, key: str, timeout_s: float | None) -> None:
+    def __init__(
+        self, lane: str, key: str, timeout_s: float | None, lane_class: str = "Lane"
+    ) -> None:
         self.lane = lane
         self.key = key
         self.timeout_s = timeout_s
-        super().__init__(f"lane {lane!r}: no permit for key {key!r} within {timeout_s} s")
+        self.lane_class = lane_class
+        waited = "without limit" if timeout_s is None else f"after {timeout_s:g} s"
+        super().__init__(f"{lane_class} '{lane}' timeout for key '{key}' {waited}")
 
-    def __reduce__(self) -> tuple[type[LaneTimeoutError], tuple[str, str, float | None]]:
-        return (type(self), (self.lane, self.key, self.timeout_s))
+    def __reduce__(
+        self,
+    ) -> tuple[type[LaneTimeoutError], tuple[str, str, float | None, str]]:
+        return (type(self), (self.lane, self.key, self.timeout_s, self.lane_class))
 
 
 class NotOwnerError(LaneError):

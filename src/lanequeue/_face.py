@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ._core import Clock, CountingCore, LaneStats, SessionCore, log
 from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics, StuckHold
-from ._validate import check_count, check_key, check_timeout
+from ._validate import check_count, check_key, check_timeout, own_signatures
 from .contract import not_held_error
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Hold",
     "LaneKind",
     "SessionKind",
+    "drop_hold",
 ]
 
 #: Default wait of a lane, in seconds (the source design's value).
@@ -65,10 +67,22 @@ C = TypeVar("C", CountingCore, SessionCore)
 
 
 class LaneKind(Generic[C]):
-    """Name, timeout, read-only views and operations shared by every in-process lane."""
+    """Name, timeout, read-only views and operations shared by every in-process lane.
+
+    Every error of a constructor names the public class and the argument
+    (``Lane() argument 'max_concurrent' must be >= 1, got 0``); so do Python's own
+    errors for a missing or unknown argument (``Lane.__init__() missing 1 required
+    positional argument: 'name'``): each public class gets its own copy of the methods
+    it inherits from the internal bases (:func:`lanequeue._validate.own_signatures`).
+    """
 
     _core: C
     _kind = ""  # the ``kind`` label of the metrics: "counting" or "session"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__ != __name__:  # the kinds below are internal themselves
+            own_signatures(cls, LaneKind, CountingKind, SessionKind)
 
     def __init__(
         self,
@@ -79,18 +93,21 @@ class LaneKind(Generic[C]):
         on_wait: OnWait | None = None,
         warn_hold_s: float | None = None,
     ) -> None:
-        self.name = check_key(name, "name")
-        self.timeout_s: float | None = check_timeout(timeout_s)
+        where = f"{type(self).__name__}() argument"
+        self.name = check_key(name, f"{where} 'name'")
+        self.timeout_s: float | None = check_timeout(timeout_s, f"{where} 'timeout_s'")
         if not callable(clock):
-            raise TypeError(f"clock must be a callable returning seconds, not {clock!r}")
+            raise TypeError(
+                f"{where} 'clock' must be a callable returning seconds, not {clock!r}"
+            )
         #: Seconds after which a wait is logged once as slow (None: never).
-        self.warn_after_s: float | None = check_timeout(warn_after_s, "warn_after_s")
+        self.warn_after_s: float | None = check_timeout(warn_after_s, f"{where} 'warn_after_s'")
         if on_wait is not None and not callable(on_wait):
-            raise TypeError(f"on_wait must be callable or None, not {on_wait!r}")
+            raise TypeError(f"{where} 'on_wait' must be callable or None, not {on_wait!r}")
         #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
         self.on_wait: OnWait | None = on_wait
         #: Seconds after which a hold is logged once as long (None: never).
-        self.warn_hold_s: float | None = check_timeout(warn_hold_s, "warn_hold_s")
+        self.warn_hold_s: float | None = check_timeout(warn_hold_s, f"{where} 'warn_hold_s'")
         self._warned_holds: set[int] = set()
 
     # -- operations: slow waits, stuck holds, metrics, lifecycle -------------------------
@@ -318,7 +335,10 @@ class CountingKind(LaneKind[CountingCore]):
         warn_hold_s: float | None = None,
     ) -> None:
         super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
-        self._core = CountingCore(self.name, check_count(max_concurrent, "max_concurrent"), clock)
+        where = f"{type(self).__name__}() argument"
+        self._core = CountingCore(
+            self.name, check_count(max_concurrent, f"{where} 'max_concurrent'"), clock
+        )
 
     @property
     def max_concurrent(self) -> int:
@@ -368,10 +388,11 @@ class SessionKind(LaneKind[SessionCore]):
         warn_hold_s: float | None = None,
     ) -> None:
         super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
-        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
+        where = f"{type(self).__name__}() argument"
+        idle = check_timeout(idle_timeout_s, f"{where} 'idle_timeout_s'")
         self._core = SessionCore(
             self.name,
-            check_count(max_sessions, "max_sessions"),
+            check_count(max_sessions, f"{where} 'max_sessions'"),
             math.inf if idle is None else idle,
             clock,
         )
@@ -486,3 +507,20 @@ class Hold:
         kind = type(self).__name__
         state = "held" if self._token > 0 else ("released" if self._token else "not granted")
         return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token} {state}>"
+
+
+def drop_hold(lane: Any, key: str, token: int) -> None:
+    """What the finalizer of an in-process hold dropped while held does: record the hold
+    with the lane's core, which ends it at the lane's next operation (not here: a
+    finalizer may run while this thread holds the core's lock), then warn with a
+    ``ResourceWarning`` naming the lane and the key. Recorded first, so the permit comes
+    back even when warnings are turned into errors (an error in a finalizer is only
+    reported)."""
+    lane._core.drop(key, token)
+    warnings.warn(
+        f"{type(lane).__name__} {lane.name!r}: a hold on key {key!r} (token {token}) was "
+        "garbage-collected without release; its permit returns at the lane's next "
+        "operation",
+        ResourceWarning,
+        stacklevel=2,
+    )

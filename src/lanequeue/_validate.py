@@ -4,9 +4,10 @@ argument's name in the message."""
 from __future__ import annotations
 
 import math
+import types
 from typing import NoReturn
 
-__all__ = ["bad_key", "check_count", "check_key", "check_timeout"]
+__all__ = ["bad_key", "check_count", "check_key", "check_timeout", "own_signatures"]
 
 
 def bad_key(key: object, name: str = "key") -> NoReturn:
@@ -51,3 +52,34 @@ def check_count(value: object, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
+
+
+def own_signatures(cls: type, *internal: type) -> None:
+    """Give ``cls`` its own copy of each method it inherits from an internal base.
+
+    An internal base is one of ``internal`` or a class whose name starts with ``_``.
+    Python names the function's ``__qualname__`` in its own argument errors, so without
+    this ``Lane()`` would report ``CountingKind.__init__() missing 1 required positional
+    argument: 'name'``; with it, ``Lane.__init__() ...``. Public methods and ``__init__``
+    are copied (same code, defaults and closure, so ``super()`` is unchanged).
+    """
+    for base in cls.__mro__[1:]:
+        if base not in internal and not base.__name__.startswith("_"):
+            continue
+        for attr, fn in vars(base).items():
+            if not isinstance(fn, types.FunctionType):
+                continue
+            if attr.startswith("_") and attr != "__init__":
+                continue
+            if id(getattr(cls, attr, None)) != id(fn):  # overridden nearer to cls
+                continue
+            copy = types.FunctionType(
+                fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+            )
+            copy.__kwdefaults__ = fn.__kwdefaults__
+            copy.__dict__.update(fn.__dict__)
+            copy.__doc__ = fn.__doc__
+            copy.__annotations__ = fn.__annotations__
+            copy.__module__ = fn.__module__
+            copy.__qualname__ = f"{cls.__qualname__}.{attr}"
+            setattr(cls, attr, copy)

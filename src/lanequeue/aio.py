@@ -8,7 +8,7 @@ so the permit is the task's before it even resumes.
 Cancellation, at every point:
 
 - cancelled while in line (``task.cancel()``, ``asyncio.timeout()``, ``wait_for``): the
-  cancelled future refuses any later grant (:meth:`_TaskWaiter.grant` returns False, the
+  cancelled future refuses any later grant (:meth:`_TaskWaiter.ready` returns False, the
   releaser moves on to the next waiter), and the task withdraws from the line as
   ``CancelledError`` unwinds. Nothing held, no ghost in line.
 - cancelled after the permit was handed to it but before it resumed (the future already
@@ -23,13 +23,16 @@ there first. No task or ``wait_for`` wrapper is created per wait.
 
 A lane is bound to the first event loop that uses it; calls from another loop or another
 thread raise RuntimeError (the lane's futures belong to one loop). Once that loop is
-closed and the lane is quiet (no holder, no waiter), the next loop may take it over.
+closed and the lane is quiet (no holder, no waiter), the next loop may take it over. In
+a child made by ``os.fork()`` the lane is empty and binds the child's own loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Sequence
+from functools import partial
 from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal, cast
@@ -43,6 +46,7 @@ from ._face import (
     CountingKind,
     Hold,
     SessionKind,
+    drop_hold,
 )
 from ._validate import check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
@@ -67,15 +71,13 @@ class _TaskWaiter(Waiter):
         self.left = False
         self.fut = fut
         self.timer: asyncio.TimerHandle | None = None  # the wait's one timer, if any
+        # The grant sets the token first, then resolves the future (builtins only).
+        self.wake = partial(fut.set_result, None)
 
-    def grant(self, token: int) -> bool:
+    def ready(self) -> bool:
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
         # hands the permit to the next waiter instead of to a task that will not use it.
-        if self.fut.done():
-            return False
-        self.token = token
-        self.fut.set_result(None)
-        return True
+        return not self.fut.done()
 
 
 class AsyncHold(Hold):
@@ -84,6 +86,10 @@ class AsyncHold(Hold):
     ``async with lane.acquire(key) as hold:`` waits for the permit (up to the timeout
     given to ``acquire``), raises :class:`LaneTimeoutError` if it does not come, and
     releases it when the block ends, also on cancellation. Single use.
+
+    A hold garbage-collected while held (entered but never left nor released) warns
+    with a ``ResourceWarning`` naming the lane and the key, and its permit returns at
+    the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
     """
 
     __slots__ = ()
@@ -95,11 +101,11 @@ class AsyncHold(Hold):
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
         lane._bind()
-        token = lane._core.take(key, lane._new_waiter if timeout != 0 else None)
-        if type(token) is not int:
-            token = await lane._park(key, token, timeout)
+        token = lane._core.take(key, timeout != 0)
+        if not token:
+            token = await lane._park(key, timeout) if timeout != 0 else 0
             if not token:
-                raise LaneTimeoutError(lane.name, key, timeout)
+                raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
         return self
 
@@ -126,6 +132,14 @@ class AsyncHold(Hold):
         """:meth:`release` as a plain call (from the lane's loop)."""
         return Hold.release(self)
 
+    def __del__(self) -> None:
+        try:
+            token = self._token
+        except AttributeError:  # interrupted while acquire() was making it
+            return
+        if token > 0:
+            drop_hold(self.lane, self.key, token)
+
 
 class _AsyncFace:
     """Acquire/release for tasks of one event loop, over either core."""
@@ -139,6 +153,7 @@ class _AsyncFace:
     _idle: Any
     _start_drain: Any
     _loop: asyncio.AbstractEventLoop | None = None
+    _loop_pid = 0  # the process that bound _loop (a forked child may bind its own)
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
 
     def _bind(self) -> None:
@@ -170,7 +185,10 @@ class _AsyncFace:
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
         old = self._loop
-        if old is not None and not (
+        pid = os.getpid()
+        # A loop of the parent process is not this process's: after os.fork() the lane
+        # is empty (see "fork" in lanequeue._core) and the child binds its own loop.
+        if old is not None and self._loop_pid == pid and not (
             old.is_closed() and self._core.holders() == 0 and self._core.waiting == 0
         ):
             raise RuntimeError(
@@ -179,6 +197,7 @@ class _AsyncFace:
                 "lane across loops and processes)"
             )
         self._loop = loop
+        self._loop_pid = pid
 
     def _new_waiter(self) -> _TaskWaiter:
         return _TaskWaiter(self._bind_loop().create_future())
@@ -188,14 +207,15 @@ class _AsyncFace:
         Returns the grant's token, or 0 if none came. Key already checked."""
         self._bind()
         core: Core = self._core
-        got = core.take(key, self._new_waiter if timeout != 0 else None)
-        if type(got) is int:
+        got = core.take(key, timeout != 0)
+        if got or timeout == 0:
             return got
-        return await self._park(key, got, timeout)
+        return await self._park(key, timeout)
 
-    async def _park(self, key: str, waiter: object, timeout: float | None) -> int:
-        """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
-        it did not grant (a waiter now in line, or None for a refusal).
+    async def _park(self, key: str, timeout: float | None) -> int:
+        """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
+        the line with a new waiter and wait up to ``timeout`` seconds (None: no limit).
+        Returns the grant's token, or 0 if none came (counted as a timeout).
 
         The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. Slow
         waits (``warn_after_s``) never add a timer: a wait with a timeout arms its one
@@ -205,42 +225,52 @@ class _AsyncFace:
         ahead when it joined. Raises LaneClearedError / LaneDrainingError when ``clear``
         or a drain ended the wait.
         """
-        if waiter is None:
-            return 0
-        assert isinstance(waiter, _TaskWaiter)
-        core = self._core
+        core: Core = self._core
+        waiter = self._new_waiter()
         loop = waiter.fut.get_loop()
         waiter.since = start = loop.time()
         warn = self.warn_after_s
         ahead = -1
-        if warn is not None and (timeout is None or timeout > warn):
-            ahead = core.queued(key) - 1  # joined at the end: the others are ahead
-            if timeout is not None:
-                waiter.timer = loop.call_later(
-                    warn, self._warn_then_expire, key, waiter, timeout, ahead)
-        elif timeout is not None:
-            waiter.timer = loop.call_later(timeout, self._expire, key, waiter)
+        observed = False
         try:
+            # The waiter exists before the take that may put it in line, and this try
+            # covers that call: whatever instant an interrupt or a cancellation lands
+            # at, the handler below finds the waiter (and its token, if granted).
+            token = core.take(key, True, waiter)
+            if token:  # freed since the first look: granted at once
+                return token
+            if warn is not None and (timeout is None or timeout > warn):
+                ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
+                if timeout is not None:
+                    waiter.timer = loop.call_later(
+                        warn, self._warn_then_expire, key, waiter, timeout, ahead)
+            elif timeout is not None:
+                waiter.timer = loop.call_later(timeout, self._expire, key, waiter)
             await waiter.fut
+            # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
+            # (then withdrawn already, and this is 0).
+            token = waiter.token or core.withdraw(key, waiter, timed_out=True)
+            waited = loop.time() - start
+            self._core.observe_wait(waited, token > 0)
+            observed = True
+            if timeout is None and ahead >= 0 and warn is not None and waited >= warn:
+                self._slow_wait(key, waited, ahead)
+            if token < 0:
+                raise ended_error(self.name, key, token)
+            return token
         except BaseException:
             # Cancelled in line, or after the grant but before resuming: withdraw tells
             # which; a permit already ours is passed on at once.
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
-            core.observe_wait(loop.time() - start, token > 0)
+            if not observed:
+                self._core.observe_wait(loop.time() - start, False)
             raise
         finally:
-            if waiter.timer is not None:
-                waiter.timer.cancel()
-        token = waiter.token
-        waited = loop.time() - start
-        core.observe_wait(waited, token > 0)
-        if timeout is None and ahead >= 0 and warn is not None and waited >= warn:
-            self._slow_wait(key, waited, ahead)
-        if token < 0:
-            raise ended_error(self.name, key, token)
-        return int(token)
+            timer = waiter.timer
+            if timer is not None:
+                timer.cancel()
 
     def _warn_then_expire(
         self, key: str, waiter: _TaskWaiter, timeout: float, ahead: int
@@ -254,9 +284,12 @@ class _AsyncFace:
         self._slow_wait(key, loop.time() - waiter.since, ahead)
 
     def _expire(self, key: str, waiter: _TaskWaiter) -> None:
-        """Timer callback at a waiter's deadline (on the loop, so no grant can race it)."""
-        if not waiter.fut.done() and not self._core.withdraw(key, waiter, timed_out=True):
+        """Timer callback at a waiter's deadline (on the loop, so no grant can race it).
+        The future first: the task resumes even if the withdraw is interrupted (the task
+        then withdraws itself)."""
+        if not waiter.fut.done():
             waiter.fut.set_result(None)  # resumes the task with token 0: timed out
+            self._core.withdraw(key, waiter, timed_out=True)
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold), from the lane's loop."""
@@ -327,7 +360,8 @@ class _AsyncFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         self._bind()
-        return self._core.take(key, None) is not None
+        token: int = self._core.take(key, False)
+        return token != 0
 
     @must_await
     async def manual_release(self, key: str) -> bool:
@@ -409,7 +443,8 @@ class AsyncLane(_AsyncFace, CountingKind):
     """A counting lane for asyncio tasks: at most ``max_concurrent`` holders, FIFO.
 
     Same arguments, properties, counters and errors as :class:`lanequeue.Lane`; waiting
-    is ``await``-ed and cancellable. Use it from one event loop.
+    is ``await``-ed and cancellable. Use it from one event loop. In a child made by
+    ``os.fork()`` it starts empty and binds the child's loop.
 
     Example:
 
@@ -447,7 +482,8 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
 
     Same arguments, properties, counters, eviction and errors as
     :class:`lanequeue.SessionLane`; waiting is ``await``-ed and cancellable. Use it from
-    one event loop.
+    one event loop. In a child made by ``os.fork()`` it starts empty and binds the
+    child's loop.
 
     Example: two turns of one conversation run one after the other, in arrival order.
 
@@ -486,9 +522,9 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
         return self._waiting_for(key)
 
 
-def _task_waiter(lane: _AsyncFace) -> Callable[[], _TaskWaiter]:
+def _bind_lane(lane: _AsyncFace) -> None:
+    """Before taking an asyncio lane: check the loop (binding the lane on first use)."""
     lane._bind()
-    return lane._new_waiter
 
 
 async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | None:
@@ -511,7 +547,7 @@ class _AsyncMultiAcquire(MultiHold):
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _task_waiter, None)
+        steps = self._acquiring(asyncio.get_running_loop().time, _bind_lane, None)
         try:
             wait = next(steps, None)
             while wait is not None:
@@ -527,7 +563,7 @@ class _AsyncMultiAcquire(MultiHold):
         # An AsyncLaneQueue admits asyncio lanes only (``add``), and drives by their core
         # the in-process ones (``_step``).
         if core is not None:
-            return await cast(_AsyncFace, lane)._park(self._key, got, remaining)
+            return await cast(_AsyncFace, lane)._park(self._key, remaining)
         return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(

@@ -23,6 +23,7 @@ from ._face import (
     CountingKind,
     Hold,
     SessionKind,
+    drop_hold,
 )
 from ._validate import check_key, check_timeout
 
@@ -40,14 +41,12 @@ class _ThreadWaiter(Waiter):
     def __init__(self) -> None:
         self.token = 0
         self.left = False
-        self._parking = threading.Lock()
-        self._parking.acquire()
-
-    def grant(self, token: int) -> bool:
-        # Token first, then unlock: the unlock publishes the token to the parked thread.
-        self.token = token
-        self._parking.release()
-        return True
+        parking = threading.Lock()
+        parking.acquire()
+        self._parking = parking
+        # The grant sets the token first, then unlocks: the unlock publishes the token
+        # to the parked thread. A builtin, so the call cannot stop before it unlocks.
+        self.wake = parking.release
 
     def park(self, timeout: float | None) -> bool:
         """Block until granted (True) or until ``timeout`` seconds pass (False).
@@ -63,6 +62,10 @@ class ThreadHold(Hold):
     ``with lane.acquire(key) as hold:`` waits for the permit (up to the timeout given to
     ``acquire``), raises :class:`LaneTimeoutError` if it does not come, and releases it
     when the block ends, whether by return, exception or KeyboardInterrupt. Single use.
+
+    A hold garbage-collected while held (entered but never left nor released) warns
+    with a ``ResourceWarning`` naming the lane and the key, and its permit returns at
+    the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
     """
 
     __slots__ = ()
@@ -73,11 +76,11 @@ class ThreadHold(Hold):
         if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
-        token = lane._core.take(key, _ThreadWaiter if timeout != 0 else None)
-        if type(token) is not int:
-            token = lane._park(key, token, timeout)
+        token = lane._core.take(key, timeout != 0)
+        if not token:
+            token = lane._park(key, timeout) if timeout != 0 else 0
             if not token:
-                raise LaneTimeoutError(lane.name, key, timeout)
+                raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
         return self
 
@@ -91,6 +94,14 @@ class ThreadHold(Hold):
         if token > 0:  # not released early inside the block
             self._token = -token
             self.lane._core.release(self.key, token)
+
+    def __del__(self) -> None:
+        try:
+            token = self._token
+        except AttributeError:  # interrupted while acquire() was making it
+            return
+        if token > 0:
+            drop_hold(self.lane, self.key, token)
 
 
 class _ThreadFace:
@@ -110,14 +121,15 @@ class _ThreadFace:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
         Returns the grant's token, or 0 if none came. Key already checked."""
         core: Core = self._core
-        got = core.take(key, _ThreadWaiter if timeout != 0 else None)
-        if type(got) is int:
+        got = core.take(key, timeout != 0)
+        if got or timeout == 0:
             return got
-        return self._park(key, got, timeout)
+        return self._park(key, timeout)
 
-    def _park(self, key: str, waiter: object, timeout: float | None) -> int:
-        """The slow half of :meth:`_take`: ``waiter`` is what ``core.take`` returned when
-        it did not grant (a waiter now in line, or None for a refusal).
+    def _park(self, key: str, timeout: float | None) -> int:
+        """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
+        the line with a new waiter and wait up to ``timeout`` seconds (None: no limit).
+        Returns the grant's token, or 0 if none came (counted as a timeout).
 
         The wait is observed (``lanequeue_wait_seconds``) when it ends. With
         ``warn_after_s`` set and shorter than ``timeout``, the thread parks in two steps:
@@ -125,37 +137,45 @@ class _ThreadFace:
         the waiters that were ahead when it joined, and parks for the rest. Raises
         LaneClearedError / LaneDrainingError when ``clear`` or a drain ended the wait.
         """
-        if waiter is None:
-            return 0
-        assert isinstance(waiter, _ThreadWaiter)
-        core = self._core
-        clock = core._clock
+        core: Core = self._core
+        clock = self._core._clock
+        waiter = _ThreadWaiter()
         waiter.since = start = clock()
-        warn = self.warn_after_s
+        observed = False
         try:
+            # The waiter exists before the take that may put it in line, and this try
+            # covers that call: whatever instant an interrupt lands at, the handler
+            # below finds the waiter (and its token, if granted meanwhile).
+            token = core.take(key, True, waiter)
+            if token:  # freed since the first look: granted at once
+                return token
+            warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
-                ahead = core.queued(key) - 1  # joined at the end: the others are ahead
+                ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
                 granted = waiter.park(warn)
                 if not granted:
                     self._slow_wait(key, clock() - start, ahead)
                     granted = waiter.park(None if timeout is None else timeout - warn)
             else:
                 granted = waiter.park(timeout)
+            # Ran out of time? The releaser may still have granted us just now: withdraw
+            # settles that race under the core's lock and returns the token if so.
+            token = waiter.token if granted else core.withdraw(key, waiter, timed_out=True)
+            self._core.observe_wait(clock() - start, token > 0)
+            observed = True
+            if token < 0:
+                raise ended_error(self.name, key, token)
+            return token
         except BaseException:
-            # Interrupted while parked (KeyboardInterrupt, an async exception): leave no
-            # ghost in line; if the permit was handed over meanwhile, pass it on.
+            # Interrupted (KeyboardInterrupt, an async exception), or ended by clear or a
+            # drain: leave no ghost in line; if the permit was handed over meanwhile, pass
+            # it on.
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
-            core.observe_wait(clock() - start, token > 0)
+            if not observed:
+                self._core.observe_wait(clock() - start, False)
             raise
-        # Ran out of time? The releaser may still have granted us just now: withdraw
-        # settles that race under the core's lock and returns the token if so.
-        token = waiter.token if granted else core.withdraw(key, waiter, timed_out=True)
-        core.observe_wait(clock() - start, token > 0)
-        if token < 0:
-            raise ended_error(self.name, key, token)
-        return int(token)
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""
@@ -318,9 +338,10 @@ class Lane(_ThreadFace, CountingKind):
             warning); None (default): never.
 
     Raises:
-        TypeError/ValueError: for a bad argument, naming it.
+        TypeError/ValueError: for a bad argument, naming it and the class.
 
-    Thread-safe.
+    Thread-safe, and safe against KeyboardInterrupt at any instant (see README,
+    Guarantees). In a child made by ``os.fork()`` the lane starts empty.
 
     Example:
 
@@ -370,9 +391,11 @@ class SessionLane(_ThreadFace, SessionKind):
     until its timeout (use one hold per request).
 
     Raises:
-        TypeError/ValueError: for a bad argument, naming it.
+        TypeError/ValueError: for a bad argument, naming it and the class.
 
-    Thread-safe.
+    Thread-safe, and safe against KeyboardInterrupt at any instant (see README,
+    Guarantees). In a child made by ``os.fork()`` the lane starts empty: no holder, no
+    waiter, no entry.
 
     Example: while a key is held, the next request of that key waits (here: is refused by
     ``try_acquire``, which never waits); another key goes ahead.

@@ -38,11 +38,12 @@ from ._face import (
     LaneKind,
     OnWait,
     SessionKind,
+    drop_hold,
 )
 from ._obs import StuckHold
-from ._validate import check_key, check_timeout
+from ._validate import check_key, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
-from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace, _ThreadWaiter
+from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace
 
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
@@ -84,6 +85,10 @@ class MultiHold:
 
     ``multi[name]`` is the hold on the lane called ``name`` (with its ``token``);
     iterating yields the holds. Leaving the ``with`` block releases them in reverse.
+
+    Garbage-collected while still holding in-process lanes (entered, never left nor
+    released), it warns with a ``ResourceWarning`` per lane naming the lane and the key,
+    and those permits return at each lane's next operation.
     """
 
     __slots__ = ("_key", "_plan", "_taken", "_budget_s")
@@ -126,21 +131,35 @@ class MultiHold:
     def __len__(self) -> int:
         return len(self._taken)
 
+    def __del__(self) -> None:
+        try:
+            taken = self._taken
+        except AttributeError:  # interrupted while being made: it never held anything
+            return
+        if taken:
+            steps = self._plan.steps
+            for i, got in enumerate(taken):
+                if type(got) is int:
+                    drop_hold(steps[i][0], self._key, got)
+                elif type(got) is Hold and got.held:  # an in-process token, viewed
+                    drop_hold(got.lane, got.key, got.token)
+
     def _acquiring(
-        self, clock: Callable[[], float], waiter_for: Callable[[Any], Any], pending: Any
+        self, clock: Callable[[], float], prepare: Callable[[Any], Any], pending: Any
     ) -> Generator[tuple[Any, Any, Any, float | None], Any, None]:
         """The all-or-nothing loop of ``acquire_all``, written once for both faces.
 
         Takes the steps not taken yet, in registration order, appending each token or hold
         to ``_taken``. Where a step must wait it yields ``(lane, core, got, remaining)``:
-        ``got`` is what ``core.take`` returned (the waiter it put in line, or None when
-        refused) for an in-process lane, None for a lane reached through ``_hold``;
-        ``remaining`` is what is left of the ONE budget (seconds, None: no limit), which
-        runs from the first wait. The face waits in its own way (blocking or awaiting) and
-        sends back the token or hold, or a falsy value if none came: then this raises
-        LaneTimeoutError naming the lane and the key. ``pending`` is what the first step's
-        ``core.take`` already returned, if the face's fast path called it. ``waiter_for``
-        gives the waiter factory for a lane. Releasing on failure is the face's job.
+        ``got`` is 0 (``core.take`` found the in-process lane busy: the face parks with
+        ``lane._park``), None for a lane reached through ``_hold``; ``remaining`` is what
+        is left of the ONE budget (seconds, None: no limit), which runs from the first
+        wait. The face waits in its own way (blocking or awaiting) and sends back the
+        token or hold, or a falsy value if none came: then this raises LaneTimeoutError
+        naming the lane and the key. ``pending`` is what the first step's ``core.take``
+        already returned, if the face's fast path called it. ``prepare(lane)`` runs before
+        an in-process lane is taken (the asyncio face checks the loop there). Releasing
+        on failure is the face's job.
         """
         key, budget, taken = self._key, self._budget_s, self._taken
         deadline: float | None = None
@@ -149,19 +168,22 @@ class MultiHold:
             got = None
             if core is not None:
                 if pending is None:
-                    got = core.take(key, None if budget == 0 else waiter_for(lane))
+                    prepare(lane)
+                    got = core.take(key, budget != 0)
                 else:
                     got, pending = pending, None
-                if type(got) is int:
+                if got:
                     taken.append(got)
                     continue
+                if budget == 0:  # refused (and counted as such by the core)
+                    raise LaneTimeoutError(lane.name, key, budget, type(lane).__name__)
             now = clock()
             if not started:
                 deadline = None if budget is None else now + budget
                 started = True
             result = yield lane, core, got, _remaining(deadline, now)
             if not result:
-                raise LaneTimeoutError(lane.name, key, budget)
+                raise LaneTimeoutError(lane.name, key, budget, type(lane).__name__)
             taken.append(result)
 
     def _releasing(self) -> Generator[Any, BaseException | None, None]:
@@ -224,8 +246,8 @@ def _caught(release: Callable[[], Any]) -> BaseException | None:
     return None
 
 
-def _thread_waiter(lane: object) -> type[_ThreadWaiter]:
-    return _ThreadWaiter
+def _no_prepare(lane: object) -> None:
+    """Threads need no check before taking a lane."""
 
 
 class _MultiAcquire(MultiHold):
@@ -245,8 +267,8 @@ class _MultiAcquire(MultiHold):
             key, taken = self._key, self._taken
             try:
                 for core in cores:
-                    got = core.take(key, _ThreadWaiter)
-                    if type(got) is not int:
+                    got = core.take(key, True)
+                    if not got:
                         return self._take_rest(got)
                     taken.append(got)
             except BaseException:  # an interrupt between two takes: give back what we took
@@ -257,7 +279,7 @@ class _MultiAcquire(MultiHold):
 
     def _take_rest(self, pending: Any) -> MultiHold:
         """The general loop (:meth:`MultiHold._acquiring`), waiting by blocking."""
-        steps = self._acquiring(time.monotonic, _thread_waiter, pending)
+        steps = self._acquiring(time.monotonic, _no_prepare, pending)
         try:
             wait = next(steps, None)
             while wait is not None:
@@ -273,7 +295,7 @@ class _MultiAcquire(MultiHold):
         # A LaneQueue admits thread lanes only (``add``), and drives by their core the
         # in-process ones (``_step``).
         if core is not None:
-            return cast(_ThreadFace, lane)._park(self._key, got, remaining)
+            return cast(_ThreadFace, lane)._park(self._key, remaining)
         return _hold(cast(SyncLane, lane), self._key, remaining)
 
     def __exit__(
@@ -329,6 +351,11 @@ class QueueBase(Generic[L, CL, SL]):
     _session: type[SL]
     _face: str
     _surface: type[L]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Python's own argument errors then name LaneQueue / AsyncLaneQueue, not this base.
+        super().__init_subclass__(**kwargs)
+        own_signatures(cls, QueueBase)
 
     def __init__(
         self,

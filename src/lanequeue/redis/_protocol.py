@@ -590,7 +590,7 @@ class RedisLaneBase(ABC, Generic[H]):
         if hold._state != PENDING:
             raise RuntimeError("this hold was already entered; call lane.acquire(key) again")
         if not (yield from self._take(hold, hold._timeout_s)):
-            raise LaneTimeoutError(self.name, hold.key, hold._timeout_s)
+            raise LaneTimeoutError(self.name, hold.key, hold._timeout_s, type(self).__name__)
 
     def _exit(self, hold: H, failed: bool) -> Steps[None]:
         """Leaving the block: release; when the block itself ``failed``, a release error

@@ -1,0 +1,981 @@
+"""In-process faults: interrupts (C18), fork (C19), dropped holds (C20), error messages.
+
+C18 is tested in two ways. The deterministic one raises ``KeyboardInterrupt`` at the
+N-th injection point of an operation, for N = 1, 2, ... until the operation completes
+with no injection left, and after each injection checks the three rules (the core's
+lock is free; the counters agree with the entries; at most the one hold being entered
+or left is still held, visible in ``get_active()`` and ended by ``manual_release``),
+then proves that the lane still works (a fresh acquire and release, from another thread
+for a thread lane, from a fresh task for an asyncio lane, each under a timeout).
+
+Which frames are traced, and where an exception is injected:
+
+- Only frames of the package's in-process modules (``lanes.py``, ``aio.py``,
+  ``queue.py``, ``_face.py``, ``_validate.py``, ``_errors.py`` and ``_core.py``). The
+  test's own code, the clock and asyncio's own machinery are not traced: an interrupt
+  there is not the library's to survive (asyncio.run turns SIGINT into a cancellation
+  of the main task; an exception inside the event loop's own code stops the loop).
+  The holds' finalizers (``__del__``) are not traced either: Python reports and drops
+  an exception raised in a finalizer, so the most it can do is stop that finalizer
+  (the one dropped hold then stays held, as rule 3 allows); and raising from a trace
+  function inside a finalizer crashes CPython 3.11 in this harness. The random-timer
+  test below does interrupt finalizers.
+- In the face modules: at EVERY instruction (trace ``opcode`` events with
+  ``f_trace_opcodes``), at every entry or resumption of a frame (``call``), at every
+  return (``return``: as if the exception were raised at the caller's check that
+  follows a call), and after every call of a builtin (``c_return`` profile events: the
+  call has happened, and the exception is raised at its ``CALL`` instruction, which is
+  where CPython checks). This is more than CPython can do, and the faces must cope.
+- In ``_core.py``: only where CPython itself can deliver an asynchronous exception
+  (signal handlers and ``PyThreadState_SetAsyncExc`` run at the eval breaker): at the
+  entry of a function (``call``), at a backward jump (``opcode`` events of jumps to a
+  lower offset), after a call returns (``c_return`` of builtins,
+  ``return`` of Python callees). Plain stores, arithmetic, comparisons and forward jumps
+  never check the eval breaker, so an exception can never land between two of them;
+  the core relies on that (see "Interrupts" in ``lanequeue/_core.py``) and they are not
+  injection points. Everything that CAN be interrupted in the core is.
+
+The random one is the issue's failing input: a ``signal.setitimer`` timer raising
+``KeyboardInterrupt`` every 10-300 us while a thread loops ``with lane.acquire("k"):``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dis
+import functools
+import gc
+import inspect
+import os
+import pickle
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import pytest
+
+import lanequeue
+from lanequeue import (
+    AsyncLane,
+    AsyncLaneQueue,
+    AsyncSessionLane,
+    Lane,
+    LaneQueue,
+    LaneTimeoutError,
+    SessionLane,
+)
+from lanequeue._core import CountingCore, SessionCore
+from lanequeue.aio import _TaskWaiter
+from lanequeue.lanes import _ThreadWaiter
+
+KEY = "k"
+JOIN_S = 5.0
+
+# -- the injector ----------------------------------------------------------------------
+
+_PKG = Path(lanequeue.__file__).resolve().parent
+_CORE = str(_PKG / "_core.py")
+_FACES = {str(_PKG / f) for f in ("lanes.py", "aio.py", "queue.py", "_face.py",
+                                  "_validate.py", "_errors.py")}
+_TRACED = _FACES | {_CORE}
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+
+
+@functools.cache
+def _backward_jumps(code: CodeType) -> frozenset[int]:
+    """Offsets of the backward jumps of ``code``: they check the eval breaker (a loop
+    can be interrupted there); JUMP_BACKWARD_NO_INTERRUPT does not."""
+    return frozenset(
+        ins.offset for ins in dis.get_instructions(code)
+        if ins.opcode in _JUMPS and isinstance(ins.argval, int) and ins.argval < ins.offset
+        and "NO_INTERRUPT" not in ins.opname
+    )
+
+
+class Injector:
+    """Raises KeyboardInterrupt at the ``n``-th injection point (see the module
+    docstring), once; ``paused`` turns injection off around test-side helpers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.count = 0
+        self.fired: str | None = None
+        self.paused = False
+        self.unraisable: list[Any] = []
+        # One object per callback, kept alive here: the interpreter drops its own
+        # references when a trace or profile function raises (with a bound method made
+        # afresh on each use, CPython 3.11 was seen calling a freed object).
+        self._trace_fn = self.trace
+        self._profile_fn = self.profile
+        self._face_fn = self._face_events
+        self._core_fn = self._core_events
+
+    def point(self, frame: FrameType, what: str) -> None:
+        if self.paused or self.fired is not None:
+            return
+        self.count += 1
+        if self.count == self.n:
+            self.fired = (
+                f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} "
+                f"{frame.f_code.co_name} {what} (point {self.n})"
+            )
+            raise KeyboardInterrupt(self.fired)
+
+    # sys.settrace: the global function sees every new frame ("call").
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        filename = frame.f_code.co_filename
+        if filename not in _TRACED or frame.f_code.co_name == "__del__":
+            return None
+        frame.f_trace_opcodes = True
+        local = self._core_fn if filename == _CORE else self._face_fn
+        self.point(frame, "call")
+        return local
+
+    def _face_events(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            self.point(frame, f"before {dis.opname[frame.f_code.co_code[frame.f_lasti]]}")
+        elif event == "return":
+            self.point(frame, "return")
+        return self._face_fn
+
+    def _core_events(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode" and frame.f_lasti in _backward_jumps(frame.f_code):
+            self.point(frame, "backward jump")
+        elif event == "return":
+            self.point(frame, "return")
+        return self._core_fn
+
+    # sys.setprofile: builtins called from a traced frame.
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if (event == "c_return" and frame.f_code.co_filename in _TRACED
+                and frame.f_code.co_name != "__del__"):
+            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Trace the calling thread. An exception injected into a finalizer is only
+        reported by Python ("Exception ignored in ..."); the reports go to a list
+        meanwhile (CPython 3.11's default report, printing a traceback through the
+        tracer's frames while tracing, can crash the interpreter)."""
+        old_trace, old_profile = sys.gettrace(), sys.getprofile()
+        old_hook, sys.unraisablehook = sys.unraisablehook, self.unraisable.append
+        sys.setprofile(self._profile_fn)
+        sys.settrace(self._trace_fn)
+        try:
+            yield
+        finally:
+            sys.settrace(old_trace)
+            sys.setprofile(old_profile)
+            sys.unraisablehook = old_hook
+
+    @contextmanager
+    def pause(self) -> Iterator[None]:
+        self.paused = True
+        try:
+            yield
+        finally:
+            self.paused = False
+
+
+def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 5000) -> int:
+    """Call ``run_once(Injector(n))`` for n = 1, 2, ... until a run completes without an
+    injection; return how many injections were made."""
+    for n in range(1, limit):
+        inj = Injector(n)
+        run_once(inj)
+        if inj.fired is None:
+            assert n > 1, "the operation had no injection point: the tracer saw nothing"
+            return n - 1
+    raise AssertionError(f"more than {limit} injection points")
+
+
+# -- the three rules ---------------------------------------------------------------------
+
+
+def in_thread(fn: Callable[[], Any], timeout: float = JOIN_S) -> Any:
+    """Run ``fn`` in another thread; its result (fails if it blocks past ``timeout``)."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            box["r"] = fn()
+        except BaseException as exc:
+            box["r"] = exc
+
+    t = threading.Thread(target=body, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "blocked: the lane is stuck"
+    if isinstance(box["r"], BaseException):
+        raise box["r"]
+    return box["r"]
+
+
+def check_consistent(core: Any) -> None:
+    """Rule 2: the counters agree with the entries (read without the lock: the caller
+    has checked that nobody else uses the lane). Holds dropped by an interrupted
+    operation (their finalizer ran) are ended first, as the next operation would."""
+    core._settle()
+    lines: list[Any]
+    if isinstance(core, SessionCore):
+        held = [e.token for e in core._entries.values() if e.token]
+        assert core._held == len(held)
+        assert all(e.token for e in core._entries.values() if e.line), "waiter, no holder"
+        lines = [e.line for e in core._entries.values() if e.line]
+    else:
+        assert isinstance(core, CountingCore)
+        held = list(core._holds)
+        assert len(held) <= core.capacity
+        lines = [core._line] if core._line else []
+        if core._line:
+            assert len(held) == core.capacity, "a waiter while a permit is free"
+    assert len(set(held)) == len(held) and all(0 < t <= core._token for t in held)
+    waiters = [w for line in lines for w in line]
+    assert core._waiting == len(waiters)
+    assert all(w.token == 0 and not w.left for w in waiters), "a granted or gone waiter in line"
+    st = core.stats()
+    assert (st.holders, st.waiters) == (len(held), len(waiters))
+    assert st.acquired == core._token == st.released + st.holders
+
+
+def check_rules(
+    lane: Any, known: list[int], fired: str | None,
+    manual_release: Callable[[], bool] | None = None,
+) -> None:
+    """Rules 1-3 after an injection (``known``: tokens the test itself still holds;
+    ``manual_release``: how to call ``lane.manual_release(KEY)``, by default from
+    another thread)."""
+    if manual_release is None:
+        manual_release = lambda: in_thread(lambda: lane.manual_release(KEY))  # noqa: E731
+    core = lane._core
+    where = f"after an interrupt at {fired}"
+    # 1. The core's lock is free: not held by this thread, and another can take it.
+    assert not core._lock._is_owned(), where
+    assert in_thread(lambda: core._lock.acquire(timeout=JOIN_S) and not core._lock.release())
+    # 2. Counters and entries agree.
+    check_consistent(core)
+    # 3. At most the one hold of the operation is left, visible and releasable.
+    for token in known:
+        core.release(KEY, token)  # False if the operation's own release ended it
+    active = in_thread(lane.get_active)
+    assert set(active) <= {KEY}, where
+    stray = core.stats().holders
+    assert stray <= 1, where
+    if stray:
+        assert KEY in active and manual_release(), where
+    check_consistent(core)
+    st = core.stats()
+    assert (st.holders, st.waiters) == (0, 0), where
+
+
+def check_thread_lane_works(lane: Any) -> None:
+    assert in_thread(lambda: lane.acquire_timeout(KEY, JOIN_S) and lane.manual_release(KEY))
+    assert lane.stats.holders == 0
+
+
+# -- deterministic injection: thread face ------------------------------------------------
+
+THREAD_LANES: dict[str, Callable[[], Any]] = {
+    "SessionLane": lambda: SessionLane("s", timeout_s=JOIN_S),
+    "Lane": lambda: Lane("g", max_concurrent=1, timeout_s=JOIN_S),
+}
+
+
+def _grant_on_park(monkeypatch: pytest.MonkeyPatch, release: Callable[[], None]) -> None:
+    """Make the next thread that parks release the holder first (injection paused), so
+    the wait ends by a hand-off in this same thread, deterministically."""
+    original = _ThreadWaiter.park
+
+    def park(waiter: _ThreadWaiter, timeout: float | None) -> bool:
+        release()
+        return original(waiter, timeout)
+
+    monkeypatch.setattr(_ThreadWaiter, "park", park)
+
+
+def _run_thread_case(lane_factory: Callable[[], Any], case: str,
+                     monkeypatch: pytest.MonkeyPatch) -> int:
+    def run_once(inj: Injector) -> None:
+        lane = lane_factory()
+        core = lane._core
+        known: list[int] = []
+        waiter: _ThreadWaiter | None = None
+        op: Callable[[], Any]
+        if case == "enter_free":
+            def op() -> None:
+                with lane.acquire(KEY):
+                    pass
+        elif case in ("enter_handoff", "enter_timeout", "refuse"):
+            holder = core.take(KEY, True)
+            known.append(holder)
+            if case == "enter_handoff":
+                def release() -> None:
+                    with inj.pause():
+                        core.release(KEY, holder)
+                _grant_on_park(monkeypatch, release)
+
+                def op() -> None:
+                    with lane.acquire(KEY, timeout_s=JOIN_S):
+                        pass
+            elif case == "enter_timeout":
+                def op() -> None:
+                    with pytest.raises(LaneTimeoutError), lane.acquire(KEY, timeout_s=0.001):
+                        pass
+            else:
+                def op() -> None:
+                    assert not lane.try_acquire(KEY)
+        elif case == "exit_handoff":
+            hold = lane.acquire(KEY)
+            hold.__enter__()
+            known.append(hold.token)
+            waiter = _ThreadWaiter()  # another caller in line (no thread behind it)
+            assert core.take(KEY, True, waiter) == 0
+
+            def op() -> None:
+                hold.__exit__(None, None, None)
+        elif case == "drain":
+            # A dropped hold of another key, returned by the next operation.
+            dropped = core.take("d", True)
+            core.drop("d", dropped)
+
+            def op() -> None:
+                with lane.acquire(KEY):
+                    pass
+        else:
+            raise AssertionError(case)
+        try:
+            with inj.active():
+                op()
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        monkeypatch.undo()
+        if waiter is not None and (
+            waiter.token or core.withdraw(KEY, waiter, timed_out=False)
+        ):
+            known.append(waiter.token)
+        if case == "drain":
+            core.stats()  # the next operation ends the dropped hold, whatever happened
+            assert not in_thread(lane.get_active).get("d"), "a dropped hold was lost"
+        check_rules(lane, known, inj.fired)
+        check_thread_lane_works(lane)
+
+    return inject_everywhere(run_once)
+
+
+# An interrupted enter or exit drops its hold: its finalizer warns (C20), expectedly; an
+# interrupt between making a coroutine and awaiting it leaves it "never awaited".
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("kind", list(THREAD_LANES))
+@pytest.mark.parametrize(
+    "case", ["enter_free", "enter_handoff", "enter_timeout", "refuse", "exit_handoff", "drain"]
+)
+def test_c18_interrupt_at_every_point_thread_lanes(
+    kind: str, case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C18: KeyboardInterrupt at every injection point of take, release, hold enter and
+    hold exit (free, hand-off, timeout, refusal, drain of a dropped hold)."""
+    points = _run_thread_case(THREAD_LANES[kind], case, monkeypatch)
+    assert points >= 10
+
+
+def _queue() -> LaneQueue:
+    queue = LaneQueue()
+    queue.add_session_lane("session", timeout_s=JOIN_S)
+    queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+    return queue
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("case", ["free", "wait", "timeout"])
+def test_c18_interrupt_at_every_point_acquire_all(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C18: KeyboardInterrupt at every injection point of ``acquire_all`` (enter and
+    exit): both lanes free; the second lane held by another key and handed over while
+    parked; the second lane held until the deadline."""
+
+    def run_once(inj: Injector) -> None:
+        queue = _queue()
+        session, glob = queue["session"], queue["global"]
+        other = 0
+        if case != "free":
+            other = glob._core.take("other", True)
+        if case == "wait":
+            def release() -> None:
+                with inj.pause():
+                    glob._core.release("other", other)
+            _grant_on_park(monkeypatch, release)
+
+        def op() -> None:
+            if case == "timeout":
+                with pytest.raises(LaneTimeoutError), queue.acquire_all(
+                    KEY, ["session", "global"], timeout_s=0.001
+                ):
+                    pass
+            else:
+                with queue.acquire_all(KEY, ["session", "global"]):
+                    pass
+
+        try:
+            with inj.active():
+                op()
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        monkeypatch.undo()
+        if other:
+            glob._core.release("other", other)  # False if the hand-off ended it already
+        for lane in (session, glob):
+            check_rules(lane, [], inj.fired)
+            check_thread_lane_works(lane)
+
+    assert inject_everywhere(run_once) >= 20
+
+
+# -- deterministic injection: asyncio face -----------------------------------------------
+
+ASYNC_LANES: dict[str, Callable[[], Any]] = {
+    "AsyncSessionLane": lambda: AsyncSessionLane("s", timeout_s=JOIN_S),
+    "AsyncLane": lambda: AsyncLane("g", max_concurrent=1, timeout_s=JOIN_S),
+}
+
+
+def _finish(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what an injected KeyboardInterrupt left pending, and let it unwind."""
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+
+
+def async_manual_release(loop: asyncio.AbstractEventLoop, lane: Any) -> Callable[[], bool]:
+    """``lane.manual_release(KEY)`` on the lane's loop (awaited if it is a coroutine)."""
+
+    async def call() -> bool:
+        result = lane.manual_release(KEY)
+        if inspect.isawaitable(result):
+            result = await result
+        return bool(result)
+
+    return lambda: loop.run_until_complete(call())
+
+
+def check_async_lane_works(loop: asyncio.AbstractEventLoop, lane: Any) -> None:
+    async def fresh() -> None:
+        async with lane.acquire(KEY, timeout_s=JOIN_S):
+            pass
+
+    loop.run_until_complete(asyncio.wait_for(fresh(), JOIN_S))
+    assert lane.stats.holders == 0
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("kind", list(ASYNC_LANES))
+@pytest.mark.parametrize("case", ["enter_free", "enter_handoff", "enter_timeout", "exit_handoff"])
+def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
+    """C18 on the asyncio face: every injection point of ``async with`` enter and exit
+    (free, hand-off while parked, timeout, exit handing over to a task in line)."""
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            lane = ASYNC_LANES[kind]()
+            core = lane._core
+            known: list[int] = []
+            waiter: _TaskWaiter | None = None
+            hold: Any = None
+
+            async def setup() -> None:
+                nonlocal waiter, hold
+                if case in ("enter_handoff", "enter_timeout"):
+                    known.append(core.take(KEY, True))
+                if case == "exit_handoff":
+                    hold = lane.acquire(KEY)
+                    await hold.__aenter__()
+                    known.append(hold.token)
+                    waiter = _TaskWaiter(loop.create_future())
+                    assert core.take(KEY, True, waiter) == 0
+
+            loop.run_until_complete(setup())
+
+            def release_holder() -> None:
+                with inj.pause():
+                    core.release(KEY, known[0])
+
+            async def op() -> None:
+                if case == "enter_free":
+                    async with lane.acquire(KEY):
+                        pass
+                elif case == "enter_handoff":
+                    loop.call_soon(release_holder)  # runs once this task has parked
+                    async with lane.acquire(KEY, timeout_s=JOIN_S):
+                        pass
+                elif case == "enter_timeout":
+                    with pytest.raises(LaneTimeoutError):
+                        async with lane.acquire(KEY, timeout_s=0.001):
+                            pass
+                else:
+                    await hold.__aexit__(None, None, None)
+
+            try:
+                with inj.active():
+                    loop.run_until_complete(op())
+            except KeyboardInterrupt:
+                assert inj.fired is not None
+            _finish(loop)
+            if waiter is not None and (
+                waiter.token or core.withdraw(KEY, waiter, timed_out=False)
+            ):
+                known.append(waiter.token)
+            check_rules(lane, known, inj.fired, async_manual_release(loop, lane))
+            check_async_lane_works(loop, lane)
+        finally:
+            _finish(loop)
+            loop.close()
+
+    assert inject_everywhere(run_once) >= 10
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+def test_c18_interrupt_at_every_point_async_acquire_all() -> None:
+    """C18 on ``AsyncLaneQueue.acquire_all``: every injection point, both lanes free."""
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            queue = AsyncLaneQueue()
+            queue.add_session_lane("session", timeout_s=JOIN_S)
+            queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+
+            async def op() -> None:
+                async with queue.acquire_all(KEY, ["session", "global"]):
+                    pass
+
+            try:
+                with inj.active():
+                    loop.run_until_complete(op())
+            except KeyboardInterrupt:
+                assert inj.fired is not None
+            _finish(loop)
+            for name in ("session", "global"):
+                lane = queue[name]
+                check_rules(lane, [], inj.fired, async_manual_release(loop, lane))
+                check_async_lane_works(loop, lane)
+        finally:
+            _finish(loop)
+            loop.close()
+
+    assert inject_everywhere(run_once) >= 20
+
+
+def test_c18_injector_catches_acquire_then_try() -> None:
+    """The injector finds the original fault: a critical section written as
+    ``lock.acquire()`` then ``try:`` leaves the lock held when the exception lands at
+    the check after the ``acquire`` call (a ``c_return`` point here)."""
+
+    class Broken:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def take(self) -> None:
+            lock = self.lock
+            lock.acquire()
+            try:
+                pass
+            finally:
+                lock.release()
+
+    leaked = []
+
+    def run_once(inj: Injector) -> None:
+        b = Broken()
+        # Trace this test module's Broken.take as if it were in the core.
+        _TRACED.add(__file__)
+        try:
+            with inj.active():
+                b.take()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _TRACED.discard(__file__)
+        if b.lock.locked():
+            leaked.append(inj.fired)
+            b.lock.release()
+
+    inject_everywhere(run_once)
+    assert any("after" in str(f) and "acquire" in str(f) for f in leaked), leaked
+
+
+# -- random timer: the issue's failing input ---------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="POSIX timers")
+def test_c18_random_timer_interrupts_never_wedge_the_lane() -> None:
+    """C18 failing input: ``SessionLane("s", timeout_s=0.5)``, ``with lane.acquire("k"):
+    pass`` in a loop while a timer raises KeyboardInterrupt after 10-300 us, over and
+    over. Expected: ``get_active()`` returns, the counters agree, and the lane works."""
+    lane = SessionLane("s", timeout_s=0.5)
+    armed = [False]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if armed[0]:
+            # Again soon, in case this one lands in a finalizer (which only reports it).
+            signal.setitimer(signal.ITIMER_REAL, 1e-3)
+            raise KeyboardInterrupt
+
+    assert threading.current_thread() is threading.main_thread()
+    # An interrupt that lands in a finalizer is only reported (and may land in the
+    # reporting hook itself): keep those reports out of pytest's own hook meanwhile.
+    swallowed: list[Any] = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed.append
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    outer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's own alarm, if any
+    rng = random.Random(18)
+    interrupts = completed = 0
+    deadline = time.monotonic() + 3.0
+    try:
+        while interrupts < 500 and time.monotonic() < deadline:
+            try:
+                armed[0] = True
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(10e-6, 300e-6))
+                while True:  # until the interrupt lands, wherever it lands
+                    with lane.acquire(KEY):
+                        pass
+                    completed += 1
+            except KeyboardInterrupt:
+                armed[0] = False  # first: no call (no check for signals) before it
+                interrupts += 1
+                # An interrupt inside the hold's enter or exit may leave that one hold.
+                if KEY in in_thread(lane.get_active):
+                    assert in_thread(lambda: lane.manual_release(KEY))
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = previous_hook
+        if outer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *outer)
+    assert interrupts >= 100 and completed > 0, (interrupts, completed)
+    assert in_thread(lane.get_active) == {}
+    check_consistent(lane._core)
+    check_thread_lane_works(lane)
+
+
+# -- C19: fork ---------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_c19_forked_children_get_empty_usable_lanes() -> None:
+    """C19: fork 20 children while 4 threads hammer a SessionLane. Each child's lane is
+    empty and usable: ``try_acquire`` of an unrelated key succeeds, and so does a wait
+    for a key the parent's threads were holding (those threads do not exist here)."""
+    lane = SessionLane("s", timeout_s=5)
+    stop = threading.Event()
+
+    def hammer(i: int) -> None:
+        while not stop.is_set():
+            with lane.acquire(f"hot{i % 2}"):
+                pass
+
+    threads = [threading.Thread(target=hammer, args=(i,), daemon=True) for i in range(4)]
+    for t in threads:
+        t.start()
+    children = []
+    try:
+        for _ in range(20):
+            time.sleep(0.002)
+            pid = os.fork()
+            if pid == 0:  # the child: report by exit status only
+                code = 1
+                try:
+                    st = lane.stats
+                    ok = (
+                        lane.try_acquire("unrelated")
+                        and lane.acquire_timeout("hot0", 1.0)
+                        and lane.active_count == 2
+                        and lane.waiting == 0
+                        and st.holders == 0
+                        and st.acquired == st.released
+                    )
+                    code = 0 if ok else 3
+                finally:
+                    os._exit(code)
+            children.append(pid)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(JOIN_S)
+    statuses = {}
+    deadline = time.monotonic() + 10.0
+    pending = set(children)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                statuses[pid] = os.waitstatus_to_exitcode(status)
+                pending.discard(pid)
+        time.sleep(0.01)
+    for pid in pending:  # deadlocked: the fault
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        statuses[pid] = "deadlocked"
+    assert list(statuses.values()) == [0] * 20, statuses
+    assert lane.stats.holders == 0  # the parent is untouched
+
+
+def _in_child(check: Callable[[], bool]) -> Any:
+    """Fork; run ``check`` in the child; its exit code (0: True), or "deadlocked"."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = 0 if check() else 3
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return "deadlocked"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_c19_fork_contract_holds_tokens_counters_and_asyncio() -> None:
+    """What README says of fork: a hold taken before the fork is not held in the child
+    (leaving it there is an unmatched release); tokens keep growing; the counters keep
+    the parent's history with ``acquired == released + holders``; an asyncio lane bound
+    to a parent's loop binds the child's own loop."""
+    lane = SessionLane("s")
+    hold = lane.acquire("p")
+    hold.__enter__()
+    parent_token = hold.token
+    alane = AsyncSessionLane("a")
+    parent_loop = asyncio.new_event_loop()
+
+    async def use() -> bool:
+        async with alane.acquire(KEY, timeout_s=1):
+            return alane.stats.holders == 1
+
+    async def keep() -> Any:
+        kept = alane.acquire(KEY)
+        await kept.__aenter__()
+        return kept
+
+    try:
+        assert parent_loop.run_until_complete(use())
+        kept = parent_loop.run_until_complete(keep())  # held in the parent at the fork
+
+        def child() -> bool:
+            st = lane.stats
+            fresh = lane.acquire("q")
+            fresh.__enter__()
+            ok = (
+                not lane.is_held("p")
+                and (st.acquired, st.released, st.holders) == (1, 1, 0)
+                and fresh.token > parent_token
+            )
+            fresh.__exit__(None, None, None)
+            hold.__exit__(None, None, None)  # the parent's hold: nothing to end here
+            ok = ok and lane.stats.unmatched_releases == 1 and lane.stats.holders == 0
+            return ok and asyncio.run(use()) and alane.stats.holders == 0
+
+        assert _in_child(child) == 0
+        assert lane.is_held("p") and alane.stats.holders == 1  # the parent is untouched
+        parent_loop.run_until_complete(kept.__aexit__(None, None, None))
+    finally:
+        hold.__exit__(None, None, None)
+        parent_loop.close()
+
+
+# -- C20: dropped holds ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(THREAD_LANES))
+def test_c20_dropped_thread_hold_warns_and_returns_its_permit(kind: str) -> None:
+    """C20: a hold entered and garbage-collected without release warns (ResourceWarning
+    naming lane and key) and its permit returns at the lane's next operation."""
+    lane = THREAD_LANES[kind]()
+    hold = lane.acquire(KEY)
+    hold.__enter__()
+    with pytest.warns(ResourceWarning, match=rf"{kind} '{lane.name}'.*key '{KEY}'"):
+        del hold
+        gc.collect()
+    assert lane.active_count == 0  # a view is an operation: the permit is back
+    assert lane.get_active() == {}
+    assert lane.try_acquire(KEY)
+    assert lane.manual_release(KEY)
+    st = lane.stats
+    assert (st.acquired, st.released, st.holders, st.unmatched_releases) == (2, 2, 0, 0)
+
+
+def test_c20_dropped_hold_hands_over_to_a_waiter(park_hooks: Any) -> None:
+    """The returned permit is a release: it hands the key to the thread in line."""
+    lane = SessionLane("s", timeout_s=JOIN_S)
+    hold = lane.acquire(KEY)
+    hold.__enter__()
+    box: dict[str, Any] = {}
+
+    def waiter() -> bool:
+        with lane.acquire(KEY):
+            return True
+
+    t = threading.Thread(target=lambda: box.setdefault("w", waiter()), name="W", daemon=True)
+    t.start()
+    assert park_hooks.parked("W").wait(JOIN_S)
+    with pytest.warns(ResourceWarning):
+        del hold
+        gc.collect()
+    assert lane.stats.holders in (0, 1)  # drained: handed to W (who may be done already)
+    t.join(JOIN_S)
+    assert box == {"w": True}
+    assert lane.stats.holders == 0 and lane.stats.waiters == 0
+
+
+def test_c20_finalizer_inside_the_core_lock_is_deferred() -> None:
+    """A finalizer may run while its thread holds the core's lock (a collection started
+    inside a critical section): it must neither deadlock nor touch the state then."""
+    lane = SessionLane("s")
+    core = lane._core
+    hold = lane.acquire(KEY)
+    hold.__enter__()
+    with pytest.warns(ResourceWarning), core._lock:  # as if inside take/release
+        del hold
+        gc.collect()
+        assert core._entries[KEY].token != 0 and core._dropped  # only recorded
+    assert not lane.is_held(KEY)
+    check_consistent(core)
+
+
+def test_c20_dropped_async_hold_warns_and_returns_its_permit() -> None:
+    async def main() -> None:
+        for lane in (AsyncSessionLane("s"), AsyncLane("g", max_concurrent=1)):
+            hold = lane.acquire(KEY)
+            await hold.__aenter__()
+            with pytest.warns(ResourceWarning, match=rf"{type(lane).__name__} '{lane.name}'"):
+                del hold
+                gc.collect()
+            async with lane.acquire(KEY, timeout_s=0):  # free again
+                pass
+            assert lane.stats.holders == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_c20_dropped_acquire_all_returns_every_permit(view: bool) -> None:
+    queue = _queue()
+    multi = queue.acquire_all(KEY, ["session", "global"])
+    entered = multi.__enter__()
+    if view:
+        assert entered["session"].held  # the session token, seen as a Hold
+    del entered
+    with pytest.warns(ResourceWarning) as record:
+        del multi
+        gc.collect()
+    text = " ".join(str(w.message) for w in record)
+    assert "SessionLane 'session'" in text and "Lane 'global'" in text
+    for name in ("session", "global"):
+        assert queue[name].get_active() == {}
+        assert queue[name].stats.holders == 0
+    with queue.acquire_all(KEY, ["session", "global"], timeout_s=0):
+        pass
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: Lane(), TypeError, r"^Lane\.__init__\(\) missing 1 required positional "
+                                    r"argument: 'name'$"),
+        (lambda: AsyncLane(), TypeError, r"^AsyncLane\.__init__\(\) missing"),
+        (lambda: SessionLane(bogus=1), TypeError,
+         r"^SessionLane\.__init__\(\) got an unexpected keyword argument 'bogus'$"),
+        (lambda: AsyncSessionLane("s", 3), TypeError, r"^AsyncSessionLane\.__init__\(\) takes"),
+        (lambda: Lane(3), TypeError, r"^Lane\(\) argument 'name' must be a str, not int$"),
+        (lambda: SessionLane(""), ValueError, r"^SessionLane\(\) argument 'name' must be a "
+                                              r"non-empty string$"),
+        (lambda: Lane("g", max_concurrent=0), ValueError,
+         r"^Lane\(\) argument 'max_concurrent' must be >= 1, got 0$"),
+        (lambda: AsyncSessionLane(max_sessions="3"), TypeError,
+         r"^AsyncSessionLane\(\) argument 'max_sessions' must be an int, not str$"),
+        (lambda: SessionLane(idle_timeout_s=-1), ValueError,
+         r"^SessionLane\(\) argument 'idle_timeout_s' must be >= 0 seconds"),
+        (lambda: AsyncLane("g", timeout_s=float("nan")), ValueError,
+         r"^AsyncLane\(\) argument 'timeout_s' must not be NaN$"),
+        (lambda: Lane("g", clock=5), TypeError, r"^Lane\(\) argument 'clock' must be a callable"),
+        (lambda: LaneQueue().add_lane(), TypeError,
+         r"^LaneQueue\.add_lane\(\) missing 1 required positional argument: 'name'$"),
+        (lambda: AsyncLaneQueue().add_session_lane("s", bogus=1), TypeError,
+         r"^AsyncLaneQueue\.add_session_lane\(\) got an unexpected keyword argument"),
+        (lambda: LaneQueue().add_lane("g", max_concurrent=0), ValueError,
+         r"^Lane\(\) argument 'max_concurrent' must be >= 1"),
+        (lambda: AsyncLaneQueue().add_session_lane(max_sessions=0), ValueError,
+         r"^AsyncSessionLane\(\) argument 'max_sessions' must be >= 1"),
+    ],
+)
+def test_constructor_errors_name_the_public_class_and_argument(
+    make: Callable[[], Any], error: type[Exception], message: str
+) -> None:
+    """``Lane()`` used to report ``CountingKind.__init__() missing ...``: every
+    constructor error names the public class and the argument."""
+    with pytest.raises(error, match=message) as info:
+        make()
+    assert "Kind" not in str(info.value) and "QueueBase" not in str(info.value)
+
+
+def test_timeout_message_keeps_the_source_wording_and_adds_the_wait() -> None:
+    """``<Class> '<name>' timeout for key '<key>'`` (the source design's wording, which
+    callers match on) plus the seconds waited; picklable, attributes kept."""
+    lane = SessionLane("session", timeout_s=0.05)
+    assert lane.try_acquire(KEY)
+    with pytest.raises(LaneTimeoutError) as info, lane.acquire(KEY):
+        pass
+    err = info.value
+    assert str(err) == "SessionLane 'session' timeout for key 'k' after 0.05 s"
+    assert (err.lane, err.key, err.timeout_s, err.lane_class) == ("session", KEY, 0.05,
+                                                                  "SessionLane")
+    assert isinstance(err, TimeoutError)
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is LaneTimeoutError and str(back) == str(err)
+    assert (back.lane, back.key, back.timeout_s, back.lane_class) == (
+        err.lane, err.key, err.timeout_s, err.lane_class)
+
+    queue = _queue()
+    assert queue["global"].try_acquire("other")
+    with pytest.raises(
+        LaneTimeoutError, match=r"^Lane 'global' timeout for key 'k' after 0 s$"
+    ), queue.acquire_all(KEY, ["session", "global"], timeout_s=0):
+        pass
+
+    async def main() -> None:
+        alane = AsyncLane("g", max_concurrent=1)
+        async with alane.acquire("x"):
+            with pytest.raises(LaneTimeoutError,
+                               match=r"^AsyncLane 'g' timeout for key 'k' after 0\.01 s$"):
+                async with alane.acquire(KEY, timeout_s=0.01):
+                    pass
+
+    asyncio.run(main())
