@@ -20,7 +20,9 @@ import math
 import os
 import threading
 import time
+import warnings
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -36,8 +38,11 @@ from .._face import (
     LANE_DEFAULT,
     Hold,
 )
-from .._validate import check_count, check_key, check_timeout
+from .._validate import check_count, check_timeout
 from . import _scripts as lua
+from ._keys import base as key_base
+from ._keys import plain_key
+from ._lease import Kept, Watched, watchdog
 
 __all__ = [
     "DEFAULT_LEASE_S",
@@ -63,11 +68,16 @@ DEFAULT_PREFIX = "lanequeue"
 # signal or a lapsed holder costs at most this much latency.
 _MAX_POLL_S = 1.0
 _MIN_LEASE_S = 0.1
+# Longest lease accepted (7 days): longer ones overflow the renewer's timers and Redis's
+# expiry arithmetic.
+_MAX_LEASE_S = 7 * 86400.0
 # Shortest blocking wait sent to Redis: BLPOP with a timeout that rounds to 0 ms would
 # block forever.
 _MIN_BLOCK_S = 0.002
 
-PENDING, HELD, ENDED = 0, 1, 2
+# A hold's states. RELEASING: its release script is on its way (it may wait for a pool
+# connection): still renewed and watched, so a slow release never turns into a lapse.
+PENDING, HELD, RELEASING, ENDED = 0, 1, 2, 3
 
 OnLeaseLost = Callable[[Any], object]
 
@@ -97,7 +107,10 @@ class RedisHoldBase(Hold):
     ``hold._suspend_renewal(False)`` resumes. Used by the C15/C16 tests.
     """
 
-    __slots__ = ("owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused")
+    __slots__ = (
+        "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
+        "_pid", "__weakref__",
+    )
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
         super().__init__(lane, key, timeout_s, 0)
@@ -105,14 +118,25 @@ class RedisHoldBase(Hold):
         self._state = PENDING
         self._lost = False
         self._since = 0.0  # monotonic time the grant was asked for
-        self._expires = 0.0  # conservative local end of the lease (monotonic)
+        # The holder's own deadline (monotonic): the lease counted from BEFORE the request
+        # that granted (or last renewed) it was sent, less a guard. The server's expiry
+        # can only come later, so the hold reads as lost no later than anyone else can
+        # be granted the key.
+        self._expires = 0.0
         self._renew_at = 0.0
         self._paused = False
+        self._entry: Any = None  # this hold's entry in its lane object's registry
+        self._pid = 0  # the process the hold was granted in
 
     @property
     def lost(self) -> bool:
-        """True once the lease is known to be lost."""
-        return self._lost
+        """True once the lease is lost or may be: a renewal found the hold gone, or the
+        holder's own deadline passed without a confirmed renewal. Read from the clock,
+        not from I/O: it turns True at or before the moment Redis could grant the key to
+        anyone else, even while the renewer waits on a stalled server or connection."""
+        return self._lost or (
+            HELD <= self._state <= RELEASING and time.monotonic() >= self._expires
+        )
 
     @property
     def held(self) -> bool:
@@ -125,8 +149,8 @@ class RedisHoldBase(Hold):
         self._paused = suspended
 
     def __repr__(self) -> str:
-        state = ("pending", "held", "released")[self._state]
-        if self._lost:
+        state = ("pending", "held", "releasing", "released")[self._state]
+        if self.lost:
             state = "lost"
         return (
             f"<{type(self).__name__} lane={self.lane.name!r} key={self.key!r} "
@@ -148,14 +172,14 @@ Steps = Generator[Step, Any, T]
 
 
 def _check_name(name: object) -> str:
-    n = check_key(name, "name")
+    n = plain_key(name, "name")
     if any(c in n for c in ":{}"):
         raise ValueError(f"a Redis lane name must not contain ':', '{{' or '}}': {n!r}")
     return n
 
 
 def _check_prefix(prefix: object) -> str:
-    p = check_key(prefix, "prefix")
+    p = plain_key(prefix, "prefix")
     if "{" in p or "}" in p:
         raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags): {p!r}")
     return p
@@ -165,8 +189,11 @@ def _check_lease(lease_s: object) -> float:
     if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
         raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
     v = float(lease_s)
-    if not math.isfinite(v) or v < _MIN_LEASE_S:
-        raise ValueError(f"lease_s must be a finite number >= {_MIN_LEASE_S}, got {lease_s!r}")
+    if not math.isfinite(v) or not _MIN_LEASE_S <= v <= _MAX_LEASE_S:
+        raise ValueError(
+            f"lease_s must be a number of seconds from {_MIN_LEASE_S} to {_MAX_LEASE_S:.0f} "
+            f"(7 days), got {lease_s!r}"
+        )
     return v
 
 
@@ -220,6 +247,9 @@ class RedisLaneBase(ABC, Generic[H]):
     _kind: ClassVar[str]
     _async_face: ClassVar[bool] = False
     _hold_class: type[H]
+    #: The redis-py client classes this face accepts (the face sets them).
+    _client_types: ClassVar[tuple[type, ...]] = ()
+    _client_hint: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -240,7 +270,7 @@ class RedisLaneBase(ABC, Generic[H]):
             raise TypeError("on_lease_lost must be callable or None")
         self.on_lease_lost = on_lease_lost
         self._cap = check_count(max_concurrent, "max_concurrent")
-        self._client = client
+        self._client: Any = self._check_client(client)
         self._lease_ms = max(1, round(self.lease_s * 1000))
         poll = min(_MAX_POLL_S, self.lease_s / 3)
         st = _socket_timeout(client)
@@ -252,14 +282,15 @@ class RedisLaneBase(ABC, Generic[H]):
         # and rejoins at the tail if it comes back.
         self._live_ms = round((3 * poll + 1.0) * 1000)
         self._renew_s = self.lease_s / 3
+        # The holder's deadline is the lease less this guard (see RedisHoldBase._expires).
+        self._guard_s = min(0.05 * self.lease_s, 0.25)
+        # Longest wait of one renewal (its own connection's socket timeout): a renewal
+        # sent at lease/3 has its answer, or has failed, by 7/12 of the lease.
+        self._renew_timeout_s = max(0.02, self.lease_s / 4)
         self._fence_ttl_ms = self._lease_ms
-        self._lane_base = f"{{{self.prefix}:c:{self.name}}}:"
-        reg = getattr(client, "register_script", None)
-        if not callable(reg):
-            raise TypeError(
-                f"client must be a redis-py client (redis.Redis, or redis.asyncio.Redis "
-                f"for the asyncio lanes), not {type(client).__name__}"
-            )
+        self._lane_base = key_base(self.prefix, "c", self.name)
+        self._server_checked = False
+        reg = client.register_script
         if self._kind == "s":
             self._s_acquire = reg(lua.SESSION_ACQUIRE)
             self._s_release = reg(lua.SESSION_RELEASE)
@@ -277,12 +308,15 @@ class RedisLaneBase(ABC, Generic[H]):
         self._lock = threading.Lock()
         # This object's holds not yet released (lost ones included), per key, oldest
         # first: manual_release(key) ends the oldest.
-        self._holds: dict[str, list[H]] = {}
+        self._holds: dict[str, list[Kept | Watched]] = {}
         self._n_live = 0  # held and not known lost
         self._waiting = 0  # this object's callers waiting now
         self._renewing = False
         self._renewer_pid = 0
         self._idle_since: float | None = None
+        # Registry entries of caller-owned holds that were garbage-collected unreleased
+        # (appended by the weak reference's callback; purged under the lock).
+        self._dropped: deque[Watched] = deque()
         self.acquired = 0
         self.released = 0
         self.timeouts = 0
@@ -291,11 +325,22 @@ class RedisLaneBase(ABC, Generic[H]):
         self.unmatched = 0
         self.leases_lost = 0
 
+    @classmethod
+    def _check_client(cls, client: Any) -> Any:
+        """``client`` if it is of this face's kind (C26: a sync client given to an asyncio
+        lane, or the reverse, is refused here, before any script runs)."""
+        if not isinstance(client, cls._client_types):
+            raise TypeError(
+                f"client must be {cls._client_hint} for {cls.__name__}, not "
+                f"{type(client).__module__}.{type(client).__name__}"
+            )
+        return client
+
     # -- key layout and script calls ---------------------------------------------------
 
     def _base(self, key: str) -> str:
         if self._kind == "s":
-            return f"{{{self.prefix}:s:{self.name}:{key}}}:"
+            return key_base(self.prefix, "s", self.name, key)
         return self._lane_base
 
     def _signal_key(self, hold: RedisHoldBase) -> str:
@@ -354,6 +399,11 @@ class RedisLaneBase(ABC, Generic[H]):
         renewer handles its own."""
 
     @abstractmethod
+    def _renew_io(self, call: Call, wait: float) -> Any:
+        """The face's renewal call: the script over the renewer's own connection,
+        waiting at most ``wait`` seconds (a RedisError or TimeoutError past that)."""
+
+    @abstractmethod
     def _start_renewer(self, needed: bool) -> None:
         """After a grant: the face starts its renewer (a thread or a task) if ``needed``
         (see :meth:`_register`), or if its own renewer cannot serve this grant."""
@@ -385,37 +435,73 @@ class RedisLaneBase(ABC, Generic[H]):
 
     # -- the registry of this object's holds -------------------------------------------
 
-    def _register(self, hold: H, token: int, t0: float) -> bool:
-        """Record a grant; return True if the caller must start a renewer."""
+    def _register(self, hold: H, token: int, t0: float, kept: bool) -> bool:
+        """Record a grant asked for at ``t0``; return True if the caller must start a
+        renewer. ``kept``: the lane object owns the hold (strong registry entry), else
+        its caller does (weak entry: see :mod:`._lease`)."""
         with self._lock:
+            self._purge_dropped()
             hold.token = token
             hold._state = HELD
             hold._since = t0
-            hold._expires = t0 + self.lease_s
+            hold._expires = t0 + self.lease_s - self._guard_s
             hold._renew_at = t0 + self._renew_s
-            holds = self._holds.get(hold.key)
-            if holds is None:
-                self._holds[hold.key] = [hold]
+            hold._pid = pid = os.getpid()
+            entry: Kept | Watched = Kept(hold) if kept else Watched(hold, self._on_drop)
+            hold._entry = entry
+            entries = self._holds.get(hold.key)
+            if entries is None:
+                self._holds[hold.key] = [entry]
             else:
-                holds.append(hold)
+                entries.append(entry)
             self._n_live += 1
             self.acquired += 1
-            if self._renewing and self._renewer_pid == os.getpid():
-                return False
-            # No renewer (never started, exited idle, or we are in a forked child).
-            self._renewing = True
-            self._renewer_pid = os.getpid()
-            self._idle_since = None
-            return True
+            start = not (self._renewing and self._renewer_pid == pid)
+            if start:
+                # No renewer (never started, exited idle, or we are in a forked child).
+                self._renewing = True
+                self._renewer_pid = pid
+                self._idle_since = None
+        watchdog.watch(hold)
+        return start
+
+    def _on_drop(self, entry: Watched) -> None:
+        """A caller-owned hold was garbage-collected while still registered (never
+        released): it is no longer renewed, so its lease lapses (C20). Runs inside the
+        garbage collector: no lock taken here; the entry is purged later."""
+        self._dropped.append(entry)
+        warnings.warn(
+            f"lane {self.name!r}: a hold of key {entry.key!r} (fencing token {entry.token}) "
+            f"was garbage-collected without release; it is no longer renewed and its "
+            f"lease lapses within {self.lease_s} s",
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+    def _purge_dropped(self) -> None:
+        """Lock held: forget the entries of dropped holds."""
+        while self._dropped:
+            entry = self._dropped.popleft()
+            entries = self._holds.get(entry.key)
+            if entries is None or entry not in entries:
+                continue
+            entries.remove(entry)
+            if not entries:
+                del self._holds[entry.key]
+            if entry.live:
+                entry.live = False
+                self._n_live -= 1
 
     def _unlink(self, hold: H) -> None:
         """Lock held: drop ``hold`` from the registry and mark it ENDED."""
         hold._state = ENDED
-        holds = self._holds[hold.key]
-        holds.remove(hold)
-        if not holds:
+        entry, hold._entry = hold._entry, None
+        entries = self._holds[hold.key]
+        entries.remove(entry)
+        if not entries:
             del self._holds[hold.key]
-        if not hold._lost:
+        if entry.live:
+            entry.live = False
             self._n_live -= 1
 
     def _detach(self, hold: H) -> bool:
@@ -424,18 +510,21 @@ class RedisLaneBase(ABC, Generic[H]):
         with self._lock:
             if hold._state != HELD:
                 return False
-            self._unlink(hold)
+            hold._state = RELEASING
             return True
 
     def _detach_oldest(self, key: str) -> H | None:
+        hold: H | None = None
         with self._lock:
-            holds = self._holds.get(key)
-            if not holds:
-                self.unmatched += 1
-                hold = None
+            self._purge_dropped()
+            for entry in self._holds.get(key, ()):
+                hold = entry()
+                if hold is not None and hold._state == HELD:
+                    hold._state = RELEASING
+                    break
             else:
-                hold = holds[0]
-                self._unlink(hold)
+                hold = None
+                self.unmatched += 1
         if hold is None:
             log.warning(
                 "lane %r: manual_release(%r): key is not held by this client (this lane "
@@ -443,6 +532,15 @@ class RedisLaneBase(ABC, Generic[H]):
                 self.name, key,
             )
         return hold
+
+    def _foreign(self, hold: RedisHoldBase) -> None:
+        """Raise if ``hold`` was granted in another process (we are a forked child)."""
+        if hold._pid != os.getpid():
+            raise RuntimeError(
+                f"lane {self.name!r}: the hold of key {hold.key!r} was granted in process "
+                f"{hold._pid}; it cannot be renewed or released from process {os.getpid()} "
+                f"(a forked child): release it in the process that acquired it"
+            )
 
     def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
         return LeaseLostError(
@@ -482,28 +580,72 @@ class RedisLaneBase(ABC, Generic[H]):
                 return
             hold._lost = True
             self.leases_lost += 1
-            if hold._state == HELD:
+            entry = hold._entry
+            if entry is not None and entry.live:
+                entry.live = False
                 self._n_live -= 1
         log.warning(
             "lane %r: lease of key %r (fencing token %d) lost", self.name, hold.key, hold.token
         )
+        if self.on_lease_lost is not None:
+            self._call_lost(hold)
+
+    def _call_lost(self, hold: H) -> None:
+        """Call ``on_lease_lost(hold)`` (the asyncio face hands it to the hold's loop)."""
         cb = self.on_lease_lost
-        if cb is not None:
-            try:
-                cb(hold)
-            except Exception:
-                log.exception("lane %r: on_lease_lost callback failed", self.name)
+        if cb is None:
+            return
+        try:
+            cb(hold)
+        except Exception:
+            log.exception("lane %r: on_lease_lost callback failed", self.name)
+
+    def _deadline_passed(self, hold: H) -> None:
+        """The watchdog: ``hold``'s deadline, as it was when watched, has come. Lost,
+        unless a renewal moved the deadline meanwhile (then watch again)."""
+        with self._lock:
+            if not HELD <= hold._state <= RELEASING or hold._lost:
+                return
+            renewed = time.monotonic() < hold._expires
+        if renewed:
+            watchdog.watch(hold)
+        else:
+            self._notice_lost(hold)
 
     # -- procedures: acquire, wait, withdraw, release ------------------------------------
 
-    def _granted(self, hold: H, token: int, t0: float) -> bool:
+    def _granted(self, hold: H, token: int, t0: float, kept: bool) -> bool:
         """Record a grant asked for at ``t0`` and see that it is renewed; True."""
-        self._start_renewer(self._register(hold, token, t0))
+        self._start_renewer(self._register(hold, token, t0, kept))
         return True
 
-    def _take(self, hold: H, timeout: float | None) -> Steps[bool]:
+    def _check_server(self) -> Steps[None]:
+        """First use of this lane object: refuse a server that may evict lane keys (C22).
+        Under ``maxmemory`` with any policy but ``noeviction``, Redis deletes keys to make
+        room, lane keys included (they all have a TTL, so every ``volatile-*`` policy picks
+        them too), and a deleted holder key lets a waiter in next to the live holder."""
+        info = yield from self._ask("check", None, self._client.info, "memory")
+        # A cluster client answers per node: {node: {field: value}}.
+        nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) \
+            else [info]
+        for node in nodes:
+            policy = str(node.get("maxmemory_policy", "noeviction"))
+            limit = int(node.get("maxmemory", 0) or 0)
+            if limit and policy != "noeviction":
+                raise LaneBackendError(
+                    f"lane {self.name!r}: the Redis server has maxmemory {limit} bytes with "
+                    f"maxmemory-policy {policy!r}: it may evict lane keys, and an evicted "
+                    f"holder key would let a second holder in. Set maxmemory-policy "
+                    f"noeviction (or maxmemory 0) on the server used for lanes"
+                )
+        self._server_checked = True
+
+    def _take(self, hold: H, timeout: float | None, kept: bool = False) -> Steps[bool]:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for the grant of
-        ``hold``; True once granted (the hold is registered and renewed)."""
+        ``hold``; True once granted (the hold is registered and renewed; ``kept``: owned
+        by this lane object, see :meth:`_register`)."""
+        if not self._server_checked:
+            yield from self._check_server()
         key = hold.key
         wait = timeout != 0
         t0 = time.monotonic()
@@ -513,7 +655,7 @@ class RedisLaneBase(ABC, Generic[H]):
             call = self._acquire_call(hold, wait)
             granted, value = grant_reply((yield from self._script("acquire", key, call)))
             if granted:
-                return self._granted(hold, value, t0)
+                return self._granted(hold, value, t0, kept)
             if not wait:
                 self._count_outcome(rejected=True)
                 return False
@@ -533,14 +675,14 @@ class RedisLaneBase(ABC, Generic[H]):
                 call = self._acquire_call(hold, True)
                 granted, value = grant_reply((yield from self._script("acquire", key, call)))
                 if granted:
-                    return self._granted(hold, value, t0)
+                    return self._granted(hold, value, t0, kept)
                 wake = value
             # Out of time. A hand-off may have reached us meanwhile: withdraw settles it.
             t0 = time.monotonic()
             call = self._withdraw_call(hold)
             granted, value = grant_reply((yield from self._script("withdraw", key, call)))
             if granted:
-                return self._granted(hold, value, t0)
+                return self._granted(hold, value, t0, kept)
             self._count_outcome(timed_out=True)
             return False
         except LaneBackendError:
@@ -573,17 +715,26 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _release(self, hold: H) -> Steps[bool]:
         """``hold.release()``: False if it is not held, else see :meth:`_finish`."""
+        if hold._state == HELD:
+            self._foreign(hold)
         if not self._detach(hold):
             return False
         return (yield from self._finish(hold))
 
     def _finish(self, hold: H) -> Steps[bool]:
-        """Release a hold already taken out of the registry (so no longer renewed: if
-        this raises LaneBackendError, the lease lapses by itself within ``lease_s``)."""
-        if hold._lost:
-            return self._lost_release(hold)
-        reply = yield from self._script("release", hold.key, self._release_call(hold))
-        return self._release_result(hold, int(reply) == 1)
+        """Release a hold marked RELEASING (renewed until the script answers; then out of
+        the registry: if this raises LaneBackendError, the lease lapses by itself within
+        ``lease_s``)."""
+        try:
+            if hold.lost:
+                self._notice_lost(hold)
+                return self._lost_release(hold)
+            reply = yield from self._script("release", hold.key, self._release_call(hold))
+            return self._release_result(hold, int(reply) == 1)
+        finally:
+            with self._lock:
+                if hold._state == RELEASING:
+                    self._unlink(hold)
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
@@ -607,32 +758,34 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _new_hold(self, key: str, timeout_s: Any = LANE_DEFAULT) -> H:
         """``acquire(key, timeout_s=...)``: check the arguments, make the hold."""
-        if key.__class__ is not str or not key:
-            key = check_key(key)
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         return self._hold_class(self, key, timeout)
 
     def _hold_steps(self, key: str, timeout: float | None) -> Steps[H | None]:
         """For a queue's ``acquire_all``: the granted hold, or None on timeout."""
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         hold = self._hold_class(self, key, timeout)
         return hold if (yield from self._take(hold, timeout)) else None
 
     def _try_acquire(self, key: str) -> Steps[bool]:
-        if key.__class__ is not str or not key:
-            key = check_key(key)
-        return (yield from self._take(self._hold_class(self, key, 0.0), 0.0))
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
+        return (yield from self._take(self._hold_class(self, key, 0.0), 0.0, kept=True))
 
     def _acquire_timeout(self, key: str, timeout_s: float | None) -> Steps[bool]:
-        if key.__class__ is not str or not key:
-            key = check_key(key)
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         timeout = check_timeout(timeout_s)
-        return (yield from self._take(self._hold_class(self, key, timeout), timeout))
+        return (yield from self._take(self._hold_class(self, key, timeout), timeout, kept=True))
 
     def _manual_release(self, key: str) -> Steps[bool]:
         """Release this object's oldest hold of ``key``; False (and a warning) when there
         is none or it is not ours any more."""
-        if key.__class__ is not str or not key:
-            key = check_key(key)
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         hold = self._detach_oldest(key)
         if hold is None:
             return False
@@ -649,9 +802,12 @@ class RedisLaneBase(ABC, Generic[H]):
         None when the renewer should exit (no live hold for a whole lease).
 
         The sleep never exceeds ``lease_s/3``, and a new hold is first due ``lease_s/3``
-        after its grant was asked for, so registration needs no wake-up call.
+        after its grant was asked for, so registration needs no wake-up call. Holds
+        granted in another process (inherited through fork) are never renewed here.
         """
+        pid = os.getpid()
         with self._lock:
+            self._purge_dropped()
             if self._n_live == 0:
                 if self._idle_since is None:
                     self._idle_since = now
@@ -665,9 +821,11 @@ class RedisLaneBase(ABC, Generic[H]):
             soon = now + self._renew_s / 4
             batch: list[H] = []
             first = nxt = now + self._renew_s
-            for holds in self._holds.values():
-                for h in holds:
-                    if h._state != HELD or h._lost or h._paused:
+            for entries in self._holds.values():
+                for entry in entries:
+                    h = entry()
+                    if h is None or not HELD <= h._state <= RELEASING or h._lost or h._paused \
+                            or h._pid != pid:
                         continue
                     if h._renew_at <= soon:
                         batch.append(h)
@@ -680,14 +838,20 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _renewed(self, hold: H, ok: bool, t0: float) -> None:
         if not ok:
-            if hold._state == HELD:
+            if HELD <= hold._state <= RELEASING:
                 self._notice_lost(hold)
             return
         with self._lock:
-            # The lease was extended by a script that ran after t0: counting from t0
-            # keeps our idea of the deadline at or before the server's.
-            hold._expires = t0 + self.lease_s
-            hold._renew_at = t0 + self._renew_s
+            # Too late: the deadline passed before the answer came, and the hold has read
+            # as lost since; it stays lost (never lost, then held again).
+            late = hold._lost or time.monotonic() >= hold._expires
+            if not late:
+                # The lease was extended by a script that ran after t0: counting from t0
+                # keeps our deadline at or before the server's.
+                hold._expires = t0 + self.lease_s - self._guard_s
+                hold._renew_at = t0 + self._renew_s
+        if late and HELD <= hold._state <= RELEASING:
+            self._notice_lost(hold)
 
     def _renew_failed(self, hold: H, exc: BaseException, now: float) -> None:
         log.warning(
@@ -696,15 +860,15 @@ class RedisLaneBase(ABC, Generic[H]):
         )
         with self._lock:
             hold._renew_at = now + min(self._renew_s, 0.25)
-            expired = now >= hold._expires and hold._state == HELD
-        if expired:
-            # Unreachable until the lease must have run out: the hold may be someone
-            # else's now (or gone with a restarted server).
-            self._notice_lost(hold)
 
     def _renew_round(self) -> Steps[float | None]:
         """One round of the renewer: renew the holds due now; return how long to sleep,
-        or None when the renewer should exit (see :meth:`_renewal_due`)."""
+        or None when the renewer should exit (see :meth:`_renewal_due`).
+
+        Each renewal goes over the renewer's own connection (never waiting for a pool
+        shared with waiters) and waits at most ``min(lease_s/4, time left before the
+        holder's deadline)``; a hold too close to its deadline is not renewed (the
+        watchdog ends it). The holder's deadline never depends on this I/O."""
         plan = self._renewal_due(time.monotonic())
         if plan is None:
             return None
@@ -712,9 +876,12 @@ class RedisLaneBase(ABC, Generic[H]):
         for hold in due:
             call = self._renew_call(hold)
             t0 = time.monotonic()
+            wait = min(self._renew_timeout_s, hold._expires - t0)
+            if wait < 0.005:
+                continue
             try:  # not through _ask: a failed renewal is not an error of any caller
-                ok = int((yield self._run, ("renew", hold.key, call))) == 1
-            except RedisError as exc:
+                ok = int((yield self._renew_io, (call, wait))) == 1
+            except (RedisError, OSError, TimeoutError) as exc:
                 self._renew_failed(hold, exc, time.monotonic())
                 continue
             except Exception:  # never let the renewer die
@@ -792,9 +959,10 @@ class RedisLaneBase(ABC, Generic[H]):
         now = time.monotonic()
         with self._lock:
             out: dict[str, float] = {}
-            for key, holds in self._holds.items():
-                for h in holds:
-                    if not h._lost:
+            for key, entries in self._holds.items():
+                for entry in entries:
+                    h = entry()
+                    if h is not None and not h.lost:
                         out[key] = now - h._since
                         break
             return out
@@ -871,7 +1039,7 @@ class SessionLaneBase(RedisLaneBase[H]):
 
     def _key_info(self, key: str) -> Steps[tuple[bool, int]]:
         """(``key`` has a holder, live callers in line for it), from Redis."""
-        key = check_key(key)
+        key = plain_key(key)
         reply = yield from self._script("read", key, self._info_call(key))
         return bool(int(reply[0])), int(reply[1])
 
@@ -917,7 +1085,7 @@ class CountingLaneBase(RedisLaneBase[H]):
 
     def _holds_of(self, key: str) -> Steps[int]:
         """Permits held now by ``key``, lane-wide, from Redis."""
-        key = check_key(key)
+        key = plain_key(key)
         info = yield from self._info()
         return sum(1 for _, k in info[3] if k == key)
 

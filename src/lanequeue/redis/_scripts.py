@@ -155,8 +155,9 @@ SESSION_ACQUIRE = (
 -- ARGV: owner, lease_ms, live_ms (0: try only, never join the line).
 local me, lease = ARGV[1], ARGV[2]
 local now, now_us, s_us
--- Fast path: no holder and no line at all (not even dead waiters): ours at once.
-if redis.call('EXISTS', h, base .. 'q') == 0 then
+-- Fast path: no holder and no line at all (not even dead waiters), and this acquisition
+-- was not withdrawn: ours at once.
+if redis.call('EXISTS', h, base .. 'q', base .. 'x:' .. me) == 0 then
   now, now_us, s_us = clock()
   local f, fs = fence(base .. 'f', now_us, s_us, lease)
   redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
@@ -167,6 +168,9 @@ end
     + _SESSION_REST
     + r"""
 local live = tonumber(ARGV[3])
+-- Withdrawn already (a cancelled caller's clean-up ran before this call, which was sent
+-- first but reached the server later): never grant it, nobody would own the grant.
+if redis.call('EXISTS', base .. 'x:' .. me) == 1 then return {0, 0} end
 local o, f, marked = holder(h)
 -- No holder, but a line: its head goes first, so a newcomer never overtakes a live waiter.
 if not o then
@@ -264,6 +268,9 @@ SESSION_WITHDRAW = (
 -- a hand-off reached it first, it holds the key: the lease is confirmed and the token
 -- returned; the caller keeps or releases it.
 local me, lease = ARGV[1], ARGV[2]
+-- A tombstone: an acquire of this owner id that reaches the server after this withdraw
+-- (sent before it on another connection) is refused. It lives one lease.
+redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
 redis.call('DEL', base .. 's:' .. me)
@@ -360,6 +367,8 @@ COUNTING_ACQUIRE = (
 local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local fttl, cap, key = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+-- Withdrawn already (see the per-key acquire): never granted.
+if redis.call('EXISTS', string.sub(h, 1, -2) .. 'x:' .. me) == 1 then return {0, 0} end
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
@@ -442,6 +451,8 @@ COUNTING_WITHDRAW = (
 local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, key = tonumber(ARGV[4]), ARGV[5]
+-- A tombstone against a late acquire of this owner id (see the per-key withdraw).
+redis.call('SET', string.sub(h, 1, -2) .. 'x:' .. me, '1', 'PX', lease)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)

@@ -18,7 +18,11 @@ from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any
 
+import redis
+from redis.cluster import RedisCluster
+
 from .._face import LANE_DEFAULT
+from ._link import SyncLink
 from ._protocol import (
     Call,
     CountingLaneBase,
@@ -94,10 +98,20 @@ class _SyncFace(RedisLaneBase[RedisHold]):
     run with blocking I/O; one daemon renewer thread per lane object."""
 
     _hold_class = RedisHold
+    _client_types = (redis.Redis, RedisCluster)
+    _client_hint = "a redis.Redis (or redis.cluster.RedisCluster) client"
+    _link: SyncLink | None = None
 
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
         return script(keys=keys, args=args)
+
+    def _renew_io(self, call: Call, wait: float) -> Any:
+        link = self._link
+        if link is None:
+            link = self._link = SyncLink(self._client)
+        script, keys, args = call
+        return link.call(script, keys, args, wait)
 
     def _start_renewer(self, needed: bool) -> None:
         if needed:
