@@ -533,3 +533,45 @@ def test_flushall_holder_learns_within_one_renewal_interval(server: RedisServer)
     wait_until(lambda: bool(lost_at), timeout=2)
     assert lost_at[0] - flushed <= 0.3 + 0.1  # one renewal interval, plus scheduling
     assert hold.lost
+
+
+# -- fork: a child neither renews nor releases its parent's holds ---------------------
+
+
+def test_forked_child_cannot_renew_or_release_inherited_holds(server: RedisServer) -> None:
+    """A hold belongs to the process that acquired it. In a forked child, releasing an
+    inherited hold raises RuntimeError (hold.release() and manual_release), and the
+    child's own renewer (started by a grant of its own) never renews the parent's hold:
+    once the parent stops renewing, the key lapses within lease_s."""
+    import os
+
+    r = client_of(server)
+    lane = RedisSessionLane(r, lease_s=0.6)
+    hold = lane.acquire("parent").__enter__()
+    assert lane.try_acquire("parent-manual")
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            try:
+                hold.release()
+                code |= 1
+            except RuntimeError as exc:
+                code |= 0 if "forked child" in str(exc) else 2
+            try:
+                lane.manual_release("parent-manual")
+                code |= 4
+            except RuntimeError:
+                pass
+            with lane.acquire("child"):  # starts the child's renewer
+                time.sleep(1.5)
+        except BaseException:
+            code |= 8
+        os._exit(code)
+    hold._suspend_renewal()
+    other = RedisSessionLane(client_of(server), lease_s=0.6)
+    assert other.acquire_timeout("parent", 1.5)  # the child did not keep it alive
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert lane.is_held("parent-manual")  # the child did not release it
+    assert lane.manual_release("parent-manual")

@@ -131,7 +131,8 @@ holds in a zset instead of one holder)::
   acquisition's own acquire script, should it reach Redis after the withdraw (sent first
   on a connection the cancellation closed), grants nothing.
 - Fork. A hold belongs to the process that acquired it: a forked child never renews the
-  holds it inherited, and releasing one there raises RuntimeError.
+  holds it inherited (nor uses the parent's renewal connection or locks), and releasing
+  one there (``hold.release()``, ``manual_release``) raises RuntimeError.
 - Release. The script ends the hold only if the owner id matches (counting lane: after
   purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
   raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already

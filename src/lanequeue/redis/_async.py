@@ -191,6 +191,10 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
         except RuntimeError:  # the loop closed meanwhile
             super()._call_lost(hold)
 
+    def _forked(self) -> None:
+        self._link = None
+        self._renew_task = None
+
     def _start_renewer(self, needed: bool) -> None:
         # Also when the renewer task ended, or runs on another loop than this grant's.
         loop = asyncio.get_running_loop()

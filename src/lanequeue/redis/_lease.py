@@ -98,5 +98,14 @@ class _Watchdog:
             del hold
 
 
+    def _after_fork(self) -> None:
+        """In a forked child: a fresh lock (the parent's thread may have held it at the
+        fork), and no heap: the child's first watch starts its own thread."""
+        self._cond = threading.Condition(threading.Lock())
+        self._heap = []
+        self._pid = 0
+
+
 #: The process's one watchdog.
 watchdog = _Watchdog()
+os.register_at_fork(after_in_child=watchdog._after_fork)

@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Generator
@@ -80,6 +81,24 @@ _MIN_BLOCK_S = 0.002
 PENDING, HELD, RELEASING, ENDED = 0, 1, 2, 3
 
 OnLeaseLost = Callable[[Any], object]
+
+
+#: Every lane object of this process, so a forked child can reset what it cannot share.
+_LANES: weakref.WeakSet[RedisLaneBase[Any]] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child shares nothing mutable with its parent's threads: each lane object
+    gets a fresh lock (a parent thread may have held it at the fork), no renewer, and
+    no renewal connection (its socket is the parent's). Inherited holds stay in the
+    registry, never renewed here (see ``RedisLaneBase._foreign``)."""
+    for lane in list(_LANES):
+        lane._lock = threading.Lock()
+        lane._renewing = False
+        lane._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def new_owner() -> str:
@@ -317,6 +336,7 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
+        _LANES.add(self)
         self.acquired = 0
         self.released = 0
         self.timeouts = 0
@@ -520,11 +540,14 @@ class RedisLaneBase(ABC, Generic[H]):
             for entry in self._holds.get(key, ()):
                 hold = entry()
                 if hold is not None and hold._state == HELD:
-                    hold._state = RELEASING
+                    if hold._pid == os.getpid():
+                        hold._state = RELEASING
                     break
             else:
                 hold = None
                 self.unmatched += 1
+        if hold is not None:
+            self._foreign(hold)  # a hold inherited through fork: a clear error
         if hold is None:
             log.warning(
                 "lane %r: manual_release(%r): key is not held by this client (this lane "
@@ -618,6 +641,9 @@ class RedisLaneBase(ABC, Generic[H]):
         """Record a grant asked for at ``t0`` and see that it is renewed; True."""
         self._start_renewer(self._register(hold, token, t0, kept))
         return True
+
+    def _forked(self) -> None:
+        """In a forked child: the face drops what it cannot share (its renewal link)."""
 
     def _check_server(self) -> Steps[None]:
         """First use of this lane object: refuse a server that may evict lane keys (C22).

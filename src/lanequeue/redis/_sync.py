@@ -113,6 +113,9 @@ class _SyncFace(RedisLaneBase[RedisHold]):
         script, keys, args = call
         return link.call(script, keys, args, wait)
 
+    def _forked(self) -> None:
+        self._link = None
+
     def _start_renewer(self, needed: bool) -> None:
         if needed:
             threading.Thread(
