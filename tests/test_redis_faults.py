@@ -575,3 +575,50 @@ def test_forked_child_cannot_renew_or_release_inherited_holds(server: RedisServe
     assert os.WEXITSTATUS(status) == 0
     assert lane.is_held("parent-manual")  # the child did not release it
     assert lane.manual_release("parent-manual")
+
+
+# -- protocol versions -----------------------------------------------------------------
+
+
+class NextVersionSessionLane(RedisSessionLane):
+    """A client of another protocol version: another key layout (and marker value)."""
+
+    _layout = "lq3"
+    _version_ttl_s = 1.0
+
+
+class NextVersionLane(RedisLane):
+    _layout = "lq3"
+    _version_ttl_s = 1.0
+
+
+class ShortMarkerSessionLane(RedisSessionLane):
+    _version_ttl_s = 1.0
+
+
+def test_two_protocol_versions_on_one_lane_are_refused_never_double_granted(
+    server: RedisServer,
+) -> None:
+    """A rolling deploy: clients of the current version hold a key; a client of the next
+    version (another key layout, so it cannot see their holds) is refused with a clear
+    LaneBackendError instead of granting next to them, also while the holds live on with
+    renewals only. Once the old version is gone (its marker ran out), the new one works,
+    and then the old one is refused."""
+    r = client_of(server)
+    old = ShortMarkerSessionLane(r, lease_s=0.6)
+    new = NextVersionSessionLane(client_of(server), lease_s=0.6)
+    hold = old.acquire("k").__enter__()
+    with pytest.raises(LaneBackendError, match=r"protocol version 'lq2'.*speaks 'lq3'"):
+        new.try_acquire("k")
+    time.sleep(1.3)  # longer than the marker: only the renewer keeps it claimed
+    with pytest.raises(LaneBackendError, match="protocol version 'lq2'"):
+        new.try_acquire("k")
+    hold.release()
+    time.sleep(1.1)  # the old version is idle: its marker runs out
+    assert new.try_acquire("k")
+    with pytest.raises(LaneBackendError, match="protocol version 'lq3'"):
+        RedisSessionLane(r).try_acquire("other")
+    # The counting kind, same rule (its own marker).
+    assert RedisLane(r, "g").try_acquire("a")
+    with pytest.raises(LaneBackendError, match="protocol version 'lq2'"):
+        NextVersionLane(r, "g").try_acquire("a")

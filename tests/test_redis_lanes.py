@@ -39,7 +39,7 @@ def wait_until(pred: Any, timeout: float = 5.0, step: float = 0.005) -> None:
 
 
 def lane_keys(client: redis.Redis, prefix: str) -> list[bytes]:
-    return sorted(client.scan_iter(match=f"*:{prefix}:*"))
+    return sorted(client.scan_iter(match=f"{{lq2:*:{prefix}:*"))
 
 
 # -- surface and defaults ------------------------------------------------------------------

@@ -49,6 +49,14 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bq   line: list of "id:key", FIFO
                                     Bw, Bf, Bs:<id>, Bx:<id>  as above
 
+Protocol versions. Clients of two protocol versions never share a lane: each lane has a
+version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
+version in use, claimed by a lane object on its first acquire and re-claimed every 30 s
+while it acquires or holds (the marker lives 60 s). A client of another version meets it
+and gets a LaneBackendError naming both versions, instead of granting next to holders it
+cannot see; once the old version has been idle for 60 s, the new one takes the lane over.
+(The layout before ``lq2`` had no marker: stop its clients before starting ``lq2`` ones.)
+
 A key is its plain string value in every face: a ``str`` subclass (a ``str`` Enum member)
 is the string it stands for, so ``Room.LOBBY`` and ``"lobby"`` are one key; a key that
 cannot be encoded as UTF-8 (a lone surrogate) is a ValueError at the call.
@@ -56,7 +64,8 @@ cannot be encoded as UTF-8 (a lone surrogate) is a ValueError at the call.
 Every key has a TTL: the holder key and the holds zset live as long as the longest lease
 in them, the line and liveness keys as long as the longest waiter liveness, the fence
 counter one lease after the last grant, a signal as long as its waiter's liveness. When
-the work ends and the leases run out, no key of the lane is left. The same key of a
+the work ends and the leases run out, no key of the lane is left but its version marker,
+which runs out 60 s after the lane's last use. The same key of a
 per-key lane always lands in the same slot; different keys spread over the cluster.
 
 Owner ids. Every acquisition draws its own random id (kept in its hold object, never in

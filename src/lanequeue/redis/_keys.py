@@ -14,13 +14,18 @@ key comes last; the suffixes are one letter, or ``s:`` plus a hex owner id, so a
 ends in something suffix-like cannot reach another key's names either. Every Redis key of
 one base shares its hash tag (from the first ``{`` to the first ``}``), hence its slot,
 also when the key itself contains ``}`` (the tag is then a prefix of the base).
+
+Versions. The layout names its protocol version, so clients of two versions never read
+each other's keys; they meet at one marker per lane (:func:`version_key`), which holds the
+version in use (see ``RedisLaneBase._check_version``): a client of another version is
+refused with a LaneBackendError instead of granting next to the first version's holders.
 """
 
 from __future__ import annotations
 
 from .._validate import bad_key
 
-__all__ = ["LAYOUT", "base", "plain_key"]
+__all__ = ["LAYOUT", "base", "plain_key", "version_key"]
 
 #: Protocol version of the key layout and scripts (part of every key's name).
 LAYOUT = "lq2"
@@ -48,8 +53,14 @@ def plain_key(key: object, name: str = "key") -> str:
     return key
 
 
-def base(prefix: str, kind: str, name: str, key: str | None = None) -> str:
+def base(prefix: str, kind: str, name: str, key: str | None = None, layout: str = LAYOUT) -> str:
     """The base ``{...}:`` of every Redis key of a counting lane (``key`` None) or of
-    one key of a per-key lane."""
+    one key of a per-key lane, in protocol version ``layout``."""
     tail = "" if key is None else f":{key}"
-    return f"{{{LAYOUT}:{len(prefix)}:{prefix}:{kind}:{len(name)}:{name}{tail}}}:"
+    return f"{{{layout}:{len(prefix)}:{prefix}:{kind}:{len(name)}:{name}{tail}}}:"
+
+
+def version_key(prefix: str, kind: str, name: str) -> str:
+    """The lane's protocol-version marker: a name that no version's layout changes
+    (``{lq:...}:v``), so clients of every version meet there."""
+    return f"{{lq:{len(prefix)}:{prefix}:{kind}:{len(name)}:{name}}}:v"

@@ -41,8 +41,8 @@ from .._face import (
 )
 from .._validate import check_count, check_timeout
 from . import _scripts as lua
+from ._keys import LAYOUT, plain_key, version_key
 from ._keys import base as key_base
-from ._keys import plain_key
 from ._lease import Kept, Watched, watchdog
 
 __all__ = [
@@ -269,6 +269,11 @@ class RedisLaneBase(ABC, Generic[H]):
     #: The redis-py client classes this face accepts (the face sets them).
     _client_types: ClassVar[tuple[type, ...]] = ()
     _client_hint: ClassVar[str] = ""
+    #: The protocol version this lane speaks (its key layout and scripts).
+    _layout: ClassVar[str] = LAYOUT
+    #: Life of the lane's version marker; every lane object in use re-claims it at least
+    #: every half of this, so it never runs out while a client of its version is active.
+    _version_ttl_s: ClassVar[float] = 60.0
 
     def __init__(
         self,
@@ -307,8 +312,11 @@ class RedisLaneBase(ABC, Generic[H]):
         # sent at lease/3 has its answer, or has failed, by 7/12 of the lease.
         self._renew_timeout_s = max(0.02, self.lease_s / 4)
         self._fence_ttl_ms = self._lease_ms
-        self._lane_base = key_base(self.prefix, "c", self.name)
+        self._lane_base = key_base(self.prefix, "c", self.name, layout=self._layout)
         self._server_checked = False
+        self._version_due = 0.0  # monotonic time the version marker must be re-claimed
+        self._version_key = version_key(self.prefix, self._kind, self.name)
+        self._s_version = client.register_script(lua.VERSION_CLAIM)
         reg = client.register_script
         if self._kind == "s":
             self._s_acquire = reg(lua.SESSION_ACQUIRE)
@@ -360,7 +368,7 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _base(self, key: str) -> str:
         if self._kind == "s":
-            return key_base(self.prefix, "s", self.name, key)
+            return key_base(self.prefix, "s", self.name, key, layout=self._layout)
         return self._lane_base
 
     def _signal_key(self, hold: RedisHoldBase) -> str:
@@ -666,12 +674,39 @@ class RedisLaneBase(ABC, Generic[H]):
                 )
         self._server_checked = True
 
+    def _version_call(self) -> Call:
+        return self._s_version, [self._version_key], [
+            self._layout, round(self._version_ttl_s * 1000)
+        ]
+
+    def _version_claimed(self, reply: Any, t0: float) -> None:
+        """Interpret the marker's answer (claimed at ``t0``); raise if another version
+        uses the lane."""
+        seen = _text(reply)
+        if seen != self._layout:
+            raise LaneBackendError(
+                f"lane {self.name!r} (prefix {self.prefix!r}) is in use by clients of "
+                f"protocol version {seen!r}; this client speaks {self._layout!r}. Clients "
+                f"of two versions never share a lane: stop the others (their marker runs "
+                f"out {self._version_ttl_s:.0f} s after their last use) or use another "
+                f"prefix for the new version"
+            )
+        self._version_due = t0 + self._version_ttl_s / 2
+
+    def _check_version(self) -> Steps[None]:
+        """Claim the lane for our protocol version (see :mod:`._keys`)."""
+        t0 = time.monotonic()
+        reply = yield from self._script("check", None, self._version_call())
+        self._version_claimed(reply, t0)
+
     def _take(self, hold: H, timeout: float | None, kept: bool = False) -> Steps[bool]:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for the grant of
         ``hold``; True once granted (the hold is registered and renewed; ``kept``: owned
         by this lane object, see :meth:`_register`)."""
         if not self._server_checked:
             yield from self._check_server()
+        if time.monotonic() >= self._version_due:
+            yield from self._check_version()
         key = hold.key
         wait = timeout != 0
         t0 = time.monotonic()
@@ -899,6 +934,14 @@ class RedisLaneBase(ABC, Generic[H]):
         if plan is None:
             return None
         due, sleep = plan
+        if due and time.monotonic() >= self._version_due:
+            # Holds live on without acquires: keep the version marker claimed meanwhile.
+            t0 = time.monotonic()
+            try:
+                reply = yield self._renew_io, (self._version_call(), self._renew_timeout_s)
+                self._version_claimed(reply, t0)
+            except Exception as exc:
+                log.warning("lane %r: version marker: %s", self.name, exc)
         for hold in due:
             call = self._renew_call(hold)
             t0 = time.monotonic()

@@ -26,6 +26,7 @@ Conventions shared by all scripts:
 from __future__ import annotations
 
 __all__ = [
+    "VERSION_CLAIM",
     "COUNTING_ACQUIRE",
     "COUNTING_INFO",
     "COUNTING_RELEASE",
@@ -482,3 +483,13 @@ for _, v in ipairs(redis.call('HVALS', i)) do out[#out + 1] = v end
 return out
 """
 )
+
+VERSION_CLAIM = r"""
+-- KEYS: the lane's version marker. ARGV: our protocol version, ttl_ms. Claims (or keeps)
+-- the lane for our version and returns it; returns the other version when the lane is
+-- in use by clients of another one (their marker has not run out).
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""
