@@ -42,12 +42,11 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bq   line: list of waiter ids, FIFO
                                     Bw   liveness: zset waiter id -> deadline (ms)
                                     Bf   last fencing token
-                                    Bs:<id>  one waiter's wake-up signal (list)
                                     Bx:<id>  a withdrawn acquisition (lives one lease)
     counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
                                     Bi   hold id -> "fence:since:key"
                                     Bq   line: list of "id:key", FIFO
-                                    Bw, Bf, Bs:<id>, Bx:<id>  as above
+                                    Bw, Bf, Bx:<id>  as above
 
 Protocol versions. Clients of two protocol versions never share a lane: each lane has a
 version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
@@ -63,7 +62,7 @@ cannot be encoded as UTF-8 (a lone surrogate) is a ValueError at the call.
 
 Every key has a TTL: the holder key and the holds zset live as long as the longest lease
 in them, the line and liveness keys as long as the longest waiter liveness, the fence
-counter one lease after the last grant, a signal as long as its waiter's liveness. When
+counter one lease after the last grant, a tombstone one lease. When
 the work ends and the leases run out, no key of the lane is left but its version marker,
 which runs out 60 s after the lane's last use. The same key of a
 per-key lane always lands in the same slot; different keys spread over the cluster.
@@ -86,20 +85,30 @@ holds in a zset instead of one holder)::
 - Acquire. If K has no holder, the line goes first (promote): the first live waiter gets
   it. If nobody live waits, the caller gets K at once with a lease of ``lease_s``. If K
   is held, the caller joins the tail of the line (RPUSH) and its liveness deadline is
-  set to now + ``live`` (about 3 polls + 1 s). Waiting order is the order in which the
-  acquire scripts ran: FIFO across processes and hosts.
-- Waiting. A waiter blocks on its OWN signal list (BLPOP) for at most
-  ``min(remaining, 1 s, lease_s/3)``, then re-runs acquire. Only the granted waiter is
-  woken (no herd); a lost signal costs one poll of latency, never a hang; each poll
-  refreshes the waiter's liveness and also moves a key whose holder lapsed. The waiter
-  at the head of the line is told (in the acquire reply) when the lease blocking it runs
-  out, and polls right then.
+  set to now + ``live`` (3 polls + 1 s). Waiting order is the order in which the
+  acquire scripts ran: FIFO across processes and hosts. Inside one process, same-key
+  requests of one lane object join the line in their arrival order: each sends its
+  first script once its predecessor's first script has answered (C29); it never waits
+  outside the line for anything else.
+- Waiting. A waiter holds no connection while it waits. The hand-off publishes the
+  granted waiter's id on its process's channel ``lq:wake:<process token>``; each
+  process subscribes once per client (one listener thread, or one listener task per
+  event loop, on a connection of its own) and wakes the waiting thread or task
+  (:mod:`._wake`). Only the granted waiter is woken (no herd). A waiter re-runs acquire
+  at least every poll, ``min(remaining, 1 s, lease_s/3)`` (longer when one process
+  has many waiters on one client: together they poll about 500 times a second at
+  most, each with a liveness window of 3 of its polls + 1 s); a lost wake-up costs one
+  poll of latency, never a hang; each poll refreshes the waiter's liveness and also
+  moves a key whose holder lapsed. The waiter at the head of the line is told (in the
+  acquire reply) when the lease blocking it runs out, and polls right then. The lanes'
+  calls in flight are bounded per process and client (8, or the pool's size if
+  smaller), so any number of waiters fits the client's pool.
 - Hand-off. Release deletes the holder and, in the same script, pops waiters from the
   head (skipped when the holder carries no ``:w`` mark: a waiter marks the holder it
   joins the line behind, and a hand-off's holder is marked from the start, so an
   unmarked holder means an empty line): a waiter whose liveness ran out (crashed, or
   frozen too long) is dropped; the first live one becomes holder with a claim that
-  lasts until its liveness deadline, and its signal is pushed. The woken waiter's
+  lasts until its liveness deadline, and it is woken. The woken waiter's
   acquire sees itself as holder and confirms (full lease). A waiter that died after its
   last refresh therefore blocks K for at most its liveness window (3 polls + 1 s, i.e.
   ``3 * min(1, lease_s/3) + 1`` s: more than a lease when ``lease_s`` is under 3 s);

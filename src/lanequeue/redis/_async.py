@@ -1,8 +1,8 @@
 """The asyncio face of the Redis lanes: :class:`AsyncRedisSessionLane`, :class:`AsyncRedisLane`.
 
 Same scripts, keys and rules as the thread face (see the package docstring); a waiting task
-awaits BLPOP on its own signal list through a ``redis.asyncio.Redis`` client, and one
-renewer task per lane object (on the loop of the lane's latest grant) renews its holds.
+awaits its wake-up from the loop's listener task (:mod:`._wake`), holding no connection,
+and one renewer task per lane object (on the loop of the lane's latest grant) renews its holds.
 Every decision is the core's (:mod:`._protocol`); this face only runs its procedures,
 awaiting their I/O (:func:`drive`), and starts the renewer task.
 
@@ -44,6 +44,7 @@ from ._protocol import (
     T,
     renewal,
 )
+from ._wake import AsyncWaker, async_waker
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
@@ -80,6 +81,11 @@ async def drive(steps: Steps[T]) -> T:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
             reply, send = exc, steps.throw
+
+
+async def _call(slots: asyncio.Semaphore, script: Any, keys: list[str], args: list[Any]) -> Any:
+    async with slots:
+        return await script(keys=keys, args=args)
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
@@ -157,16 +163,47 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
     _renew_task: asyncio.Task[None] | None = None
     _link: AsyncLink | None = None
 
+    def _wk(self) -> AsyncWaker:
+        return async_waker(self._client)
+
     async def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
+        slots = self._wk().slots  # the process's bound on calls in flight per client
         if op == "release" or op == "withdraw":
             # Runs to its end even if the caller is cancelled while it waits (C25): a
             # release or withdraw cut short would leave a grant nobody owns.
-            task = asyncio.get_running_loop().create_task(script(keys=keys, args=args))
+            task = asyncio.get_running_loop().create_task(_call(slots, script, keys, args))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
             return await asyncio.shield(task)
-        return await script(keys=keys, args=args)
+        async with slots:
+            return await script(keys=keys, args=args)
+
+    async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._wk().slots:
+            return await fn(*args)
+
+    def _expect(self, owner: str) -> None:
+        self._wk().expect(owner)
+
+    def _forget(self, owner: str) -> None:
+        try:
+            waker = self._wk()
+        except RuntimeError:  # closed outside its loop: nothing waits any more
+            return
+        waker.forget(owner)
+
+    async def _wait_wake(self, owner: str, block: float) -> None:
+        await self._wk().wait(owner, block)
+
+    def _local_waiters(self) -> int:
+        return self._wk().count
+
+    def _new_event(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    async def _wait_turn(self, prev: asyncio.Event) -> None:
+        await prev.wait()
 
     async def _renew_io(self, call: Call, wait: float) -> Any:
         link = self._link

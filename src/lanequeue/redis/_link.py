@@ -108,3 +108,42 @@ class AsyncLink:
                 await conn.disconnect()
             except Exception:  # pragma: no cover - closing a broken socket
                 pass
+
+
+def _own_pool_kwargs(client: Any) -> tuple[Any, dict[str, Any]] | None:
+    pool = getattr(client, "connection_pool", None)
+    cls = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if cls is None or not isinstance(kwargs, dict):
+        return None
+    kwargs = dict(kwargs)
+    kwargs.pop("maint_notifications_pool_handler", None)
+    return cls, kwargs
+
+
+def sibling_sync(client: Any) -> Any:
+    """A client like ``client`` on a small pool of its own (for the wake-up listener: it
+    must not take a connection of the callers' pool); a cluster client itself; None if
+    neither can subscribe."""
+    import redis
+
+    made = _own_pool_kwargs(client)
+    if made is not None:
+        cls, kwargs = made
+        kwargs["socket_timeout"] = None  # a subscriber waits for messages
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=cls, max_connections=2, **kwargs))
+    return client if callable(getattr(client, "pubsub", None)) else None
+
+
+def sibling_async(client: Any) -> Any:
+    """The asyncio twin of :func:`sibling_sync`."""
+    import redis.asyncio
+
+    made = _own_pool_kwargs(client)
+    if made is not None:
+        cls, kwargs = made
+        kwargs["socket_timeout"] = None
+        return redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
+            connection_class=cls, max_connections=2, **kwargs))
+    return client if callable(getattr(client, "pubsub", None)) else None

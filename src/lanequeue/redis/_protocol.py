@@ -44,6 +44,7 @@ from . import _scripts as lua
 from ._keys import LAYOUT, plain_key, version_key
 from ._keys import base as key_base
 from ._lease import Kept, Watched, watchdog
+from ._wake import owner_id
 
 __all__ = [
     "DEFAULT_LEASE_S",
@@ -72,8 +73,10 @@ _MIN_LEASE_S = 0.1
 # Longest lease accepted (7 days): longer ones overflow the renewer's timers and Redis's
 # expiry arithmetic.
 _MAX_LEASE_S = 7 * 86400.0
-# Shortest blocking wait sent to Redis: BLPOP with a timeout that rounds to 0 ms would
-# block forever.
+# Polls per second the waiters of one process make on one client, at most (about): with
+# more waiters, each polls less often (see RedisLaneBase._poll_plan).
+_REFRESHES_PER_S = 500.0
+# Shortest wait for a wake-up.
 _MIN_BLOCK_S = 0.002
 
 # A hold's states. RELEASING: its release script is on its way (it may wait for a pool
@@ -95,15 +98,14 @@ def _after_fork_in_child() -> None:
     for lane in list(_LANES):
         lane._lock = threading.Lock()
         lane._renewing = False
+        lane._joins = {}
         lane._forked()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def new_owner() -> str:
-    """A fresh owner id for ONE acquisition (80 random bits, hex: no ':' inside)."""
-    return os.urandom(10).hex()
+new_owner = owner_id
 
 
 class RedisHoldBase(Hold):
@@ -184,7 +186,7 @@ T = TypeVar("T")
 Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
 
 #: One piece of I/O a procedure asks its face for: ``fn(*args)``, called by the thread
-#: face and awaited by the asyncio face (a script call, a BLPOP, a sleep).
+#: face and awaited by the asyncio face (a script call, a wait for a wake-up).
 Step = tuple[Callable[..., Any], tuple[Any, ...]]
 #: A procedure: yields steps, is sent each step's reply (or thrown its error), returns T.
 Steps = Generator[Step, Any, T]
@@ -344,6 +346,8 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
+        # Per key, the event of this object's latest same-key request still joining.
+        self._joins: dict[str, Any] = {}
         _LANES.add(self)
         self.acquired = 0
         self.released = 0
@@ -371,46 +375,41 @@ class RedisLaneBase(ABC, Generic[H]):
             return key_base(self.prefix, "s", self.name, key, layout=self._layout)
         return self._lane_base
 
-    def _signal_key(self, hold: RedisHoldBase) -> str:
-        return f"{self._base(hold.key)}s:{hold.owner}"
-
-    def _keys(self, hold: RedisHoldBase, signal: bool) -> list[str]:
+    def _keys(self, hold: RedisHoldBase) -> list[str]:
         b = self._base(hold.key)
-        ks = [b + "h", b + "q", b + "w", b + "f"] if self._kind == "s" else [
+        return [b + "h", b + "q", b + "w", b + "f"] if self._kind == "s" else [
             b + "h", b + "i", b + "q", b + "w", b + "f"
         ]
-        if signal:
-            ks.append(f"{b}s:{hold.owner}")
-        return ks
 
-    def _acquire_call(self, hold: RedisHoldBase, wait: bool) -> Call:
+    def _acquire_call(self, hold: RedisHoldBase, wait: bool, live_ms: int = 0) -> Call:
+        live_ms = live_ms or self._live_ms
         if self._kind == "s":  # one key, the rest derived in the script (see _scripts)
-            args: list[Any] = [hold.owner, self._lease_ms, self._live_ms if wait else 0]
+            args: list[Any] = [hold.owner, self._lease_ms, live_ms if wait else 0]
             return self._s_acquire, [self._base(hold.key) + "h"], args
         args = [
-            hold.owner, self._lease_ms, self._live_ms, 1 if wait else 0, self._fence_ttl_ms,
+            hold.owner, self._lease_ms, live_ms, 1 if wait else 0, self._fence_ttl_ms,
             self._cap, hold.key,
         ]
-        return self._s_acquire, self._keys(hold, True), args
+        return self._s_acquire, self._keys(hold), args
 
     def _release_call(self, hold: RedisHoldBase) -> Call:
         if self._kind == "s":  # the holder value of our grant (owner:token), see _scripts
             args = [f"{hold.owner}:{hold.token}", self._lease_ms]
             return self._s_release, [self._base(hold.key) + "h"], args
         args = [hold.owner, self._fence_ttl_ms, self._cap]
-        return self._s_release, self._keys(hold, False), args
+        return self._s_release, self._keys(hold), args
 
     def _renew_call(self, hold: RedisHoldBase) -> Call:
         if self._kind == "s":
             return self._s_renew, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
         args = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap]
-        return self._s_renew, self._keys(hold, False), args
+        return self._s_renew, self._keys(hold), args
 
     def _withdraw_call(self, hold: RedisHoldBase) -> Call:
         if self._kind == "s":
             return self._s_withdraw, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
         args: list[Any] = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap, hold.key]
-        return self._s_withdraw, self._keys(hold, True), args
+        return self._s_withdraw, self._keys(hold), args
 
     def _info_call(self, key: str | None) -> Call:
         b = self._base(key or "")
@@ -425,6 +424,37 @@ class RedisLaneBase(ABC, Generic[H]):
         ``op`` (acquire, withdraw, release, read, renew) and ``key`` name it, for
         subclasses that trace calls. Errors pass through: :meth:`_ask` maps them, the
         renewer handles its own."""
+
+    @abstractmethod
+    def _expect(self, owner: str) -> None:
+        """Register a waiter with the process's wake-up listener (before its first
+        script: see :mod:`._wake`)."""
+
+    @abstractmethod
+    def _forget(self, owner: str) -> None:
+        """The waiter is done (granted, timed out or gone)."""
+
+    @abstractmethod
+    def _wait_wake(self, owner: str, block: float) -> Any:
+        """Step: wait up to ``block`` seconds for ``owner``'s wake-up (no connection is
+        held meanwhile)."""
+
+    @abstractmethod
+    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Step: ``fn(*args)`` (a redis-py call), within the process's bound on calls in
+        flight per client (see :mod:`._wake`)."""
+
+    @abstractmethod
+    def _local_waiters(self) -> int:
+        """Waiters of this process registered with this client's wake-up listener."""
+
+    @abstractmethod
+    def _new_event(self) -> Any:
+        """An event of the face's kind (threading or asyncio): ``set()``."""
+
+    @abstractmethod
+    def _wait_turn(self, prev: Any) -> Any:
+        """Step: wait until the predecessor's event ``prev`` is set."""
 
     @abstractmethod
     def _renew_io(self, call: Call, wait: float) -> Any:
@@ -658,7 +688,7 @@ class RedisLaneBase(ABC, Generic[H]):
         Under ``maxmemory`` with any policy but ``noeviction``, Redis deletes keys to make
         room, lane keys included (they all have a TTL, so every ``volatile-*`` policy picks
         them too), and a deleted holder key lets a waiter in next to the live holder."""
-        info = yield from self._ask("check", None, self._client.info, "memory")
+        info = yield from self._ask("check", None, self._bounded, self._client.info, "memory")
         # A cluster client answers per node: {node: {field: value}}.
         nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) \
             else [info]
@@ -703,38 +733,60 @@ class RedisLaneBase(ABC, Generic[H]):
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for the grant of
         ``hold``; True once granted (the hold is registered and renewed; ``kept``: owned
         by this lane object, see :meth:`_register`)."""
-        if not self._server_checked:
-            yield from self._check_server()
-        if time.monotonic() >= self._version_due:
-            yield from self._check_version()
         key = hold.key
         wait = timeout != 0
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         in_line = False
+        turn = None
+        owner = hold.owner
         try:
-            call = self._acquire_call(hold, wait)
-            granted, value = grant_reply((yield from self._script("acquire", key, call)))
+            if wait:
+                # Before any I/O: a wake-up can come as soon as the first script has run.
+                self._expect(owner)
+                # Same-key requests of this process join the line in arrival order (C29):
+                # each sends its first script once its predecessor's has answered.
+                prev, turn = self._join_turn(key)
+            else:
+                prev = None
+            if not self._server_checked:
+                yield from self._check_server()
+            if time.monotonic() >= self._version_due:
+                yield from self._check_version()
+            if prev is not None:
+                yield self._wait_turn, (prev,)
+            poll, live_ms = self._poll_plan()
+            call = self._acquire_call(hold, wait, live_ms)
+            try:
+                granted, value = grant_reply((yield from self._script("acquire", key, call)))
+            finally:
+                if turn is not None:
+                    self._turn_done(key, turn)
+                    turn = None
+            if granted:
+                granted, value, t0 = yield from self._fresh(hold, value, t0)
             if granted:
                 return self._granted(hold, value, t0, kept)
             if not wait:
                 self._count_outcome(rejected=True)
                 return False
-            signal = self._signal_key(hold)
             in_line = True
             self._wait_delta(1)
             wake = value
             while True:
-                block = next_block(self._poll_s, wake, deadline, time.monotonic())
+                block = next_block(poll, wake, deadline, time.monotonic())
                 if not block:
                     break
-                yield from self._ask("wait", key, self._client.blpop, [signal], block)
+                yield self._wait_wake, (owner, block)
                 # Woken (or the bounded wait ran out): re-run acquire, which confirms a
                 # hand-off, takes over a lapsed holder if we are first, or refreshes our
                 # liveness in line.
                 t0 = time.monotonic()
-                call = self._acquire_call(hold, True)
+                poll, live_ms = self._poll_plan()
+                call = self._acquire_call(hold, True, live_ms)
                 granted, value = grant_reply((yield from self._script("acquire", key, call)))
+                if granted:
+                    granted, value, t0 = yield from self._fresh(hold, value, t0)
                 if granted:
                     return self._granted(hold, value, t0, kept)
                 wake = value
@@ -742,6 +794,8 @@ class RedisLaneBase(ABC, Generic[H]):
             t0 = time.monotonic()
             call = self._withdraw_call(hold)
             granted, value = grant_reply((yield from self._script("withdraw", key, call)))
+            if granted:
+                granted, value, t0 = yield from self._fresh(hold, value, t0)
             if granted:
                 return self._granted(hold, value, t0, kept)
             self._count_outcome(timed_out=True)
@@ -761,6 +815,48 @@ class RedisLaneBase(ABC, Generic[H]):
         finally:
             if in_line:
                 self._wait_delta(-1)
+            if turn is not None:
+                self._turn_done(key, turn)
+            if wait:
+                self._forget(owner)
+
+    def _poll_plan(self) -> tuple[float, int]:
+        """(seconds until this waiter's next poll, its liveness window in ms, sent with
+        the call that refreshes it). A poll refreshes the waiter's liveness; the process's
+        waiters on one client together poll at most about ``_REFRESHES_PER_S`` times a
+        second, so 10,000 waiters do not flood Redis: each polls less often, with a
+        liveness window to match (3 polls + 1 s)."""
+        poll = max(self._poll_s, self._local_waiters() / _REFRESHES_PER_S)
+        if poll == self._poll_s:
+            return poll, self._live_ms
+        return poll, round((3 * poll + 1.0) * 1000)
+
+    def _fresh(self, hold: H, token: int, t0: float) -> Steps[tuple[bool, int, float]]:
+        """A grant whose reply took more than half a lease (asked for at ``t0``: a frozen
+        server, a stalled connection) would leave its holder little or nothing of its
+        deadline, which counts from ``t0``: extend it first (the renew script, only if
+        it is still ours). Returns (still granted, token, the ``t0`` to count from)."""
+        while time.monotonic() - t0 > self.lease_s / 2:
+            t0 = time.monotonic()
+            reply = yield from self._script("renew", hold.key, self._renew_call(hold))
+            if int(reply) != 1:
+                return False, -1, t0
+        return True, token, t0
+
+    def _join_turn(self, key: str) -> tuple[Any, Any]:
+        """Register a same-key request of this process: (its predecessor's event or
+        None, its own event, set once its first script has answered)."""
+        mine = self._new_event()
+        with self._lock:
+            prev = self._joins.get(key)
+            self._joins[key] = mine
+        return prev, mine
+
+    def _turn_done(self, key: str, mine: Any) -> None:
+        mine.set()
+        with self._lock:
+            if self._joins.get(key) is mine:
+                del self._joins[key]
 
     def _abandon(self, hold: H) -> Steps[None]:
         """An interrupted wait: leave the line and pass on a grant that arrived

@@ -6,7 +6,7 @@ The layout of the keys and the reasoning behind each step are in the package doc
 Conventions shared by all scripts:
 
 - ``KEYS[1]`` always ends in ``"h"`` and starts with the lane's (or key's) base
-  ``{tag}:``; other keys of the same base (a waiter's signal list ``{tag}:s:<id>``; in
+  ``{tag}:``; other keys of the same base (a withdrawn waiter's tombstone ``{tag}:x:<id>``; in
   the per-key lane every other key) are derived from it. They share the hash tag, hence
   the slot, so a script never touches another slot (Redis Cluster).
 - Time is ``TIME`` on the server, read once per script: ``now`` in ms (leases,
@@ -72,6 +72,17 @@ local function fence(fk, now_us, s_us, fttl)
 end
 """
 
+_WAKE = r"""
+-- Wake a waiter: one message on its process's wake-up channel (the first 10 characters
+-- of an owner id name the process). Every process subscribes to its own channel on ONE
+-- connection and hands the message to the waiting thread or task, so waiters hold no
+-- connection while they wait. A message lost (no subscriber at that instant) costs the
+-- waiter one poll of latency, never a hang: it re-checks at least every poll.
+local function wake(id)
+  redis.call('PUBLISH', 'lq:wake:' .. string.sub(id, 1, 10), id)
+end
+"""
+
 _KEEP = r"""
 -- Make the TTL of `key` at least `ms` (never shorten it: other members may need longer).
 local function keep(key, ms)
@@ -85,7 +96,7 @@ _PRELUDE = _CLOCK + _KEEP
 # Per-key lane. KEYS: h only, the holder: the string "owner:fence", plus ":w" once someone
 # joined the line while it held. The other keys of the key's base are derived from it in
 # the script (same hash tag, same slot): q (waiter ids, FIFO), w (zset waiter id ->
-# liveness deadline ms), f (fence counter), s:<id> (a waiter's signal). ARGV: owner,
+# liveness deadline ms), f (fence counter), x:<id> (a withdrawn owner). ARGV: owner,
 # lease_ms (also the fence counter's TTL), then per script (see each). One key and few
 # arguments keep the fast paths cheap.
 # Invariants: an id is in q iff it is in w (both change together, in one script); while
@@ -117,6 +128,7 @@ local base = string.sub(h, 1, -2)
 
 _SESSION_REST = (
     _KEEP
+    + _WAKE
     + r"""
 local q, w, fk = base .. 'q', base .. 'w', base .. 'f'
 
@@ -139,9 +151,7 @@ local function promote(fttl, now, now_us, s_us)
       local f, fs = fence(fk, now_us, s_us, fttl)
       local ttl = fmt(dl - now)
       redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
-      local sig = base .. 's:' .. id
-      redis.call('RPUSH', sig, fs)
-      redis.call('PEXPIRE', sig, ttl)
+      wake(id)
       return id, f
     end
   end
@@ -183,7 +193,6 @@ if o == me then
   -- Granted to us by hand-off (or this is a retry whose first reply was lost): confirm,
   -- i.e. turn the claim into a full lease. Idempotent per owner id.
   redis.call('PEXPIRE', h, lease)
-  redis.call('DEL', base .. 's:' .. me)
   return f
 end
 if not o then
@@ -274,7 +283,6 @@ local me, lease = ARGV[1], ARGV[2]
 redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
-redis.call('DEL', base .. 's:' .. me)
 local o, f = holder(h)
 if o == me then
   redis.call('PEXPIRE', h, lease)
@@ -296,13 +304,14 @@ return {held, redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%.0f', now), '
 # --------------------------------------------------------------------------------------
 # Counting lane. KEYS: h (zset hold id -> lease deadline ms), i (hash hold id ->
 # "fence:since_ms:key"), q (list of "id:key", FIFO), w (zset waiter id -> liveness
-# deadline ms), f (fence counter), s (the caller's signal).
+# deadline ms), f (fence counter).
 # ARGV: owner, lease_ms, live_ms, mode, fence_ttl_ms, max_concurrent, key.
 # Hold ids are hex, so the first ':' of a line entry separates id and key.
 # --------------------------------------------------------------------------------------
 
 _COUNTING_PRELUDE = (
     _PRELUDE
+    + _WAKE
     + r"""
 -- Holds whose lease deadline has passed are gone: their permits return to the lane.
 local function purge(h, i, now)
@@ -326,7 +335,6 @@ end
 -- dropped on the way). Each grant is a claim until the waiter's liveness deadline,
 -- confirmed into a full lease by the waiter's next call (see the per-key promote).
 local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
-  local base = string.sub(h, 1, -2)
   while redis.call('ZCARD', h) < cap do
     local item = redis.call('LPOP', q)
     if not item then return end
@@ -335,10 +343,8 @@ local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
     if dl and dl > now then
-      local f = grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
-      local s = base .. 's:' .. id
-      redis.call('RPUSH', s, fmt(f))
-      redis.call('PEXPIRE', s, fmt(dl - now))
+      grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
+      wake(id)
     end
   end
 end
@@ -365,7 +371,7 @@ end
 COUNTING_ACQUIRE = (
     _COUNTING_PRELUDE
     + r"""
-local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local fttl, cap, key = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 -- Withdrawn already (see the per-key acquire): never granted.
@@ -379,7 +385,6 @@ if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
   keep(h, lease)
   keep(i, lease)
-  redis.call('DEL', sig)
   return fence_of(i, me)
 end
 -- promote stops only when the line is empty or the lane is full, so a free permit here
@@ -449,7 +454,7 @@ COUNTING_WITHDRAW = (
     _COUNTING_PRELUDE
     + r"""
 -- KEYS: h i q w f s. ARGV: owner, lease_ms, fence_ttl_ms, max_concurrent, key.
-local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, key = tonumber(ARGV[4]), ARGV[5]
 -- A tombstone against a late acquire of this owner id (see the per-key withdraw).
@@ -458,7 +463,6 @@ cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
-redis.call('DEL', sig)
 purge(h, i, now)
 if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
