@@ -42,11 +42,12 @@ from .._face import (
 from .._validate import check_count, check_timeout
 from . import _scripts as lua
 from ._keys import LAYOUT, plain_key, version_key
-from ._keys import base as key_base
+from ._kinds import Call, CountingKind, Kind, SessionKind
 from ._lease import Kept, Watched, watchdog
 from ._wake import owner_id
 
 __all__ = [
+    "Call",
     "DEFAULT_LEASE_S",
     "DEFAULT_PREFIX",
     "CountingLaneBase",
@@ -183,7 +184,6 @@ H = TypeVar("H", bound=RedisHoldBase)
 
 T = TypeVar("T")
 
-Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
 
 #: One piece of I/O a procedure asks its face for: ``fn(*args)``, called by the thread
 #: face and awaited by the asyncio face (a script call, a wait for a wake-up).
@@ -258,14 +258,17 @@ def _text(v: Any) -> str:
 class RedisLaneBase(ABC, Generic[H]):
     """State, bookkeeping and procedures of one Redis lane object (either kind, either face).
 
-    ``_kind`` is ``"s"`` (per-key) or ``"c"`` (counting): :class:`SessionLaneBase` and
-    :class:`CountingLaneBase` set it. The arguments are the counting lane's (the per-key
+    ``_kind_class`` (:class:`~._kinds.SessionKind` or :class:`~._kinds.CountingKind`,
+    set by :class:`SessionLaneBase` and :class:`CountingLaneBase`) makes the kind object
+    ``_k`` that knows the kind's keys and script calls, so nothing here switches on the
+    kind. The arguments are the counting lane's (the per-key
     lane passes ``max_concurrent=1``). A face supplies the I/O: ``_hold_class`` (the hold
     objects it makes), ``_run`` (one script call, plain or a coroutine) and
     ``_start_renewer``; it runs the procedures (the methods returning :data:`Steps`).
     """
 
-    _kind: ClassVar[str]
+    #: The kind object's class (SessionKind or CountingKind): keys and script calls.
+    _kind_class: ClassVar[type[Kind]]
     _async_face: ClassVar[bool] = False
     _hold_class: type[H]
     #: The redis-py client classes this face accepts (the face sets them).
@@ -314,24 +317,14 @@ class RedisLaneBase(ABC, Generic[H]):
         # sent at lease/3 has its answer, or has failed, by 7/12 of the lease.
         self._renew_timeout_s = max(0.02, self.lease_s / 4)
         self._fence_ttl_ms = self._lease_ms
-        self._lane_base = key_base(self.prefix, "c", self.name, layout=self._layout)
         self._server_checked = False
         self._version_due = 0.0  # monotonic time the version marker must be re-claimed
-        self._version_key = version_key(self.prefix, self._kind, self.name)
+        self._version_key = version_key(self.prefix, self._kind_class.letter, self.name)
         self._s_version = client.register_script(lua.VERSION_CLAIM)
-        reg = client.register_script
-        if self._kind == "s":
-            self._s_acquire = reg(lua.SESSION_ACQUIRE)
-            self._s_release = reg(lua.SESSION_RELEASE)
-            self._s_renew = reg(lua.SESSION_RENEW)
-            self._s_withdraw = reg(lua.SESSION_WITHDRAW)
-            self._s_info = reg(lua.SESSION_INFO)
-        else:
-            self._s_acquire = reg(lua.COUNTING_ACQUIRE)
-            self._s_release = reg(lua.COUNTING_RELEASE)
-            self._s_renew = reg(lua.COUNTING_RENEW)
-            self._s_withdraw = reg(lua.COUNTING_WITHDRAW)
-            self._s_info = reg(lua.COUNTING_INFO)
+        self._k: Kind = self._kind_class(
+            client, self.prefix, self.name, self._layout, self._lease_ms,
+            self._fence_ttl_ms, self._cap,
+        )
         # Guards the registry and counters; never held across I/O, so it is also safe on
         # an event loop.
         self._lock = threading.Lock()
@@ -368,53 +361,25 @@ class RedisLaneBase(ABC, Generic[H]):
             )
         return client
 
-    # -- key layout and script calls ---------------------------------------------------
+    # -- key layout and script calls (the kind object's) ------------------------------
 
     def _base(self, key: str) -> str:
-        if self._kind == "s":
-            return key_base(self.prefix, "s", self.name, key, layout=self._layout)
-        return self._lane_base
-
-    def _keys(self, hold: RedisHoldBase) -> list[str]:
-        b = self._base(hold.key)
-        return [b + "h", b + "q", b + "w", b + "f"] if self._kind == "s" else [
-            b + "h", b + "i", b + "q", b + "w", b + "f"
-        ]
+        return self._k.base(key)
 
     def _acquire_call(self, hold: RedisHoldBase, wait: bool, live_ms: int = 0) -> Call:
-        live_ms = live_ms or self._live_ms
-        if self._kind == "s":  # one key, the rest derived in the script (see _scripts)
-            args: list[Any] = [hold.owner, self._lease_ms, live_ms if wait else 0]
-            return self._s_acquire, [self._base(hold.key) + "h"], args
-        args = [
-            hold.owner, self._lease_ms, live_ms, 1 if wait else 0, self._fence_ttl_ms,
-            self._cap, hold.key,
-        ]
-        return self._s_acquire, self._keys(hold), args
+        return self._k.acquire(hold.owner, hold.key, wait, live_ms or self._live_ms)
 
     def _release_call(self, hold: RedisHoldBase) -> Call:
-        if self._kind == "s":  # the holder value of our grant (owner:token), see _scripts
-            args = [f"{hold.owner}:{hold.token}", self._lease_ms]
-            return self._s_release, [self._base(hold.key) + "h"], args
-        args = [hold.owner, self._fence_ttl_ms, self._cap]
-        return self._s_release, self._keys(hold), args
+        return self._k.release(hold.owner, hold.token, hold.key)
 
     def _renew_call(self, hold: RedisHoldBase) -> Call:
-        if self._kind == "s":
-            return self._s_renew, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
-        args = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap]
-        return self._s_renew, self._keys(hold), args
+        return self._k.renew(hold.owner, hold.key)
 
     def _withdraw_call(self, hold: RedisHoldBase) -> Call:
-        if self._kind == "s":
-            return self._s_withdraw, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
-        args: list[Any] = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap, hold.key]
-        return self._s_withdraw, self._keys(hold), args
+        return self._k.withdraw(hold.owner, hold.key)
 
     def _info_call(self, key: str | None) -> Call:
-        b = self._base(key or "")
-        keys = [b + "h", b + "w"] if self._kind == "s" else [b + "h", b + "i", b + "w"]
-        return self._s_info, keys, []
+        return self._k.info(key)
 
     # -- the face's I/O, and the procedures' one way to ask for it -----------------------
 
@@ -1161,7 +1126,7 @@ class RedisLaneBase(ABC, Generic[H]):
 class SessionLaneBase(RedisLaneBase[H]):
     """The per-key kind (either face): its arguments, limits and per-key views."""
 
-    _kind = "s"
+    _kind_class = SessionKind
 
     def __init__(
         self,
@@ -1215,7 +1180,7 @@ class SessionLaneBase(RedisLaneBase[H]):
 class CountingLaneBase(RedisLaneBase[H]):
     """The counting kind (either face): its arguments, limits and lane-wide views."""
 
-    _kind = "c"  # its arguments are RedisLaneBase's
+    _kind_class = CountingKind  # its arguments are RedisLaneBase's
 
     @property
     def max_concurrent(self) -> int:
