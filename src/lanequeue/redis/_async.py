@@ -33,17 +33,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from .._face import LANE_DEFAULT
 from ._link import AsyncLink
-from ._protocol import (
-    Call,
-    CountingLaneBase,
-    RedisHoldBase,
-    RedisLaneBase,
-    SessionLaneBase,
-    Step,
-    Steps,
-    T,
-    renewal,
-)
+from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
+from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import AsyncWaker, async_waker
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]

@@ -1,10 +1,17 @@
-"""The core of the Redis lanes, shared by the thread and asyncio faces: key layout, script
-arguments, the hold object's state, this lane object's registry of holds, counters, renewal
-bookkeeping, and every procedure (acquire and wait, release, withdraw, renew, the views).
+"""The core of the Redis lanes, shared by both kinds and both faces: this lane object's
+registry of holds, the loss of a lease, counters, the procedures (acquire and wait,
+release, withdraw, renew) and the renewal bookkeeping.
+
+The other jobs live in their own modules: the key layout and key identity
+(:mod:`._keys`), each kind's keys and script calls (:mod:`._kinds`, one object per kind),
+the scripts (:mod:`._scripts`), the hold object (:mod:`._hold`), argument checks
+(:mod:`._args`), the holder's deadline and the registry entries (:mod:`._lease`),
+wake-ups (:mod:`._wake`), the renewer's connection (:mod:`._link`), and each kind's
+arguments and views (:mod:`._views`).
 
 Nothing here talks to Redis. Each procedure is a generator (sans-I/O): it yields the one
-piece of I/O it needs next as a :data:`Step` ``(fn, args)`` (call a script, block on a
-signal, sleep), receives the reply, and decides what follows (interpreting the reply,
+piece of I/O it needs next as a :data:`Step` ``(fn, args)`` (call a script, wait for a
+wake-up), receives the reply, and decides what follows (interpreting the reply,
 changing the hold's state, mapping errors, choosing the next step). A face runs it with
 its ``drive``: the thread face calls ``fn(*args)``, the asyncio face awaits it, and each
 sends the reply back or throws in what the I/O raised. So the faces (:mod:`._sync`,
@@ -16,7 +23,6 @@ across I/O), which is also safe on an event loop.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -31,31 +37,36 @@ from redis.exceptions import RedisError
 
 from .._core import LaneStats
 from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
-from .._face import (
-    DEFAULT_IDLE_TIMEOUT_S,
-    DEFAULT_MAX_CONCURRENT,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_TIMEOUT_S,
-    LANE_DEFAULT,
-    Hold,
-)
+from .._face import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
 from .._validate import check_count, check_timeout
 from . import _scripts as lua
+from ._args import (
+    MAX_POLL_S,
+    REFRESHES_PER_S,
+    check_lease,
+    check_name,
+    check_prefix,
+    grant_reply,
+    next_block,
+    socket_timeout,
+    text,
+)
+from ._hold import ENDED, HELD, PENDING, RELEASING, RedisHoldBase
 from ._keys import LAYOUT, plain_key, version_key
-from ._kinds import Call, CountingKind, Kind, SessionKind
+from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
-from ._wake import owner_id
 
 __all__ = [
     "Call",
     "DEFAULT_LEASE_S",
     "DEFAULT_PREFIX",
-    "CountingLaneBase",
+    "H",
+    "OnLeaseLost",
     "RedisHoldBase",
     "RedisLaneBase",
-    "SessionLaneBase",
     "Step",
     "Steps",
+    "T",
     "log",
     "renewal",
 ]
@@ -66,23 +77,6 @@ log = logging.getLogger("lanequeue.redis")
 DEFAULT_LEASE_S = 30.0
 #: Default prefix of every Redis key of a lane.
 DEFAULT_PREFIX = "lanequeue"
-
-# A waiter re-checks at least this often (and at least 3 times per lease), so a lost
-# signal or a lapsed holder costs at most this much latency.
-_MAX_POLL_S = 1.0
-_MIN_LEASE_S = 0.1
-# Longest lease accepted (7 days): longer ones overflow the renewer's timers and Redis's
-# expiry arithmetic.
-_MAX_LEASE_S = 7 * 86400.0
-# Polls per second the waiters of one process make on one client, at most (about): with
-# more waiters, each polls less often (see RedisLaneBase._poll_plan).
-_REFRESHES_PER_S = 500.0
-# Shortest wait for a wake-up.
-_MIN_BLOCK_S = 0.002
-
-# A hold's states. RELEASING: its release script is on its way (it may wait for a pool
-# connection): still renewed and watched, so a slow release never turns into a lapse.
-PENDING, HELD, RELEASING, ENDED = 0, 1, 2, 3
 
 OnLeaseLost = Callable[[Any], object]
 
@@ -106,78 +100,6 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-new_owner = owner_id
-
-
-class RedisHoldBase(Hold):
-    """One acquisition of a Redis lane for one key, from grant to release.
-
-    Attributes:
-        key: the key.
-        token / fencing_token: the grant's fencing token (0 before the grant): an integer
-            that grows with every grant of the key (per-key lane) or of the lane (counting
-            lane), across processes, idle gaps and server restarts. Pass it to the store
-            you write to, so it can refuse writes carrying an older token.
-        owner: this acquisition's random owner id (what the scripts check on release).
-        held: True from the grant until ``release()``, also once the lease is lost.
-        lost: True once the lease is known to be lost (a renewal found the hold gone, or
-            Redis stayed unreachable until the lease must have run out); the key may
-            belong to someone else: stop working under it.
-
-    Test hook: ``hold._suspend_renewal()`` stops renewing this hold (as a long GC pause or
-    a frozen process would), so its lease runs out while the holder still runs;
-    ``hold._suspend_renewal(False)`` resumes. Used by the C15/C16 tests.
-    """
-
-    __slots__ = (
-        "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
-        "_pid", "__weakref__",
-    )
-
-    def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
-        super().__init__(lane, key, timeout_s, 0)
-        self.owner = new_owner()
-        self._state = PENDING
-        self._lost = False
-        self._since = 0.0  # monotonic time the grant was asked for
-        # The holder's own deadline (monotonic): the lease counted from BEFORE the request
-        # that granted (or last renewed) it was sent, less a guard. The server's expiry
-        # can only come later, so the hold reads as lost no later than anyone else can
-        # be granted the key.
-        self._expires = 0.0
-        self._renew_at = 0.0
-        self._paused = False
-        self._entry: Any = None  # this hold's entry in its lane object's registry
-        self._pid = 0  # the process the hold was granted in
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease is lost or may be: a renewal found the hold gone, or the
-        holder's own deadline passed without a confirmed renewal. Read from the clock,
-        not from I/O: it turns True at or before the moment Redis could grant the key to
-        anyone else, even while the renewer waits on a stalled server or connection."""
-        return self._lost or (
-            HELD <= self._state <= RELEASING and time.monotonic() >= self._expires
-        )
-
-    @property
-    def held(self) -> bool:
-        """True from the grant until :meth:`release` (also after the lease was lost:
-        see :attr:`lost`), as on every hold; a queue releases what is ``held``."""
-        return self._state == HELD
-
-    def _suspend_renewal(self, suspended: bool = True) -> None:
-        """Test hook: stop (or resume) renewing this hold's lease. See the class doc."""
-        self._paused = suspended
-
-    def __repr__(self) -> str:
-        state = ("pending", "held", "releasing", "released")[self._state]
-        if self.lost:
-            state = "lost"
-        return (
-            f"<{type(self).__name__} lane={self.lane.name!r} key={self.key!r} "
-            f"token={self.token} {state}>"
-        )
 
 
 H = TypeVar("H", bound=RedisHoldBase)
@@ -190,69 +112,6 @@ T = TypeVar("T")
 Step = tuple[Callable[..., Any], tuple[Any, ...]]
 #: A procedure: yields steps, is sent each step's reply (or thrown its error), returns T.
 Steps = Generator[Step, Any, T]
-
-
-def _check_name(name: object) -> str:
-    n = plain_key(name, "name")
-    if any(c in n for c in ":{}"):
-        raise ValueError(f"a Redis lane name must not contain ':', '{{' or '}}': {n!r}")
-    return n
-
-
-def _check_prefix(prefix: object) -> str:
-    p = plain_key(prefix, "prefix")
-    if "{" in p or "}" in p:
-        raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags): {p!r}")
-    return p
-
-
-def _check_lease(lease_s: object) -> float:
-    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
-        raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
-    v = float(lease_s)
-    if not math.isfinite(v) or not _MIN_LEASE_S <= v <= _MAX_LEASE_S:
-        raise ValueError(
-            f"lease_s must be a number of seconds from {_MIN_LEASE_S} to {_MAX_LEASE_S:.0f} "
-            f"(7 days), got {lease_s!r}"
-        )
-    return v
-
-
-def _socket_timeout(client: Any) -> float | None:
-    """The client's socket timeout, if it has one: a blocking wait must stay below it."""
-    try:
-        v = client.connection_pool.connection_kwargs.get("socket_timeout")
-    except AttributeError:
-        return None
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
-
-
-def grant_reply(reply: Any) -> tuple[bool, int]:
-    """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted (the reply
-    is the token), else ``(False, wake)`` (the reply is ``[0, wake]``; acquire: ms until
-    the lease blocking a head-of-line caller runs out, or -1)."""
-    if isinstance(reply, list):
-        return False, int(reply[1])
-    return True, int(reply)
-
-
-def next_block(poll_s: float, wake_ms: int, deadline: float | None, now: float) -> float:
-    """How long a waiter blocks on its signal before re-checking: at most ``poll_s``, no
-    later than the blocking lease runs out (head of the line), nor past the deadline
-    (then 0: stop waiting)."""
-    block = poll_s
-    if wake_ms >= 0:
-        block = min(block, wake_ms / 1000 + _MIN_BLOCK_S)
-    if deadline is not None:
-        left = deadline - now
-        if left <= 0:
-            return 0.0
-        block = min(block, left)
-    return max(block, _MIN_BLOCK_S)
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class RedisLaneBase(ABC, Generic[H]):
@@ -291,18 +150,18 @@ class RedisLaneBase(ABC, Generic[H]):
         prefix: str = DEFAULT_PREFIX,
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
-        self.name = _check_name(name)
+        self.name = check_name(name)
         self.timeout_s: float | None = check_timeout(timeout_s)
-        self.lease_s = _check_lease(lease_s)
-        self.prefix = _check_prefix(prefix)
+        self.lease_s = check_lease(lease_s)
+        self.prefix = check_prefix(prefix)
         if on_lease_lost is not None and not callable(on_lease_lost):
             raise TypeError("on_lease_lost must be callable or None")
         self.on_lease_lost = on_lease_lost
         self._cap = check_count(max_concurrent, "max_concurrent")
         self._client: Any = self._check_client(client)
         self._lease_ms = max(1, round(self.lease_s * 1000))
-        poll = min(_MAX_POLL_S, self.lease_s / 3)
-        st = _socket_timeout(client)
+        poll = min(MAX_POLL_S, self.lease_s / 3)
+        st = socket_timeout(client)
         if st is not None:
             poll = min(poll, st / 2)
         self._poll_s = poll
@@ -677,7 +536,7 @@ class RedisLaneBase(ABC, Generic[H]):
     def _version_claimed(self, reply: Any, t0: float) -> None:
         """Interpret the marker's answer (claimed at ``t0``); raise if another version
         uses the lane."""
-        seen = _text(reply)
+        seen = text(reply)
         if seen != self._layout:
             raise LaneBackendError(
                 f"lane {self.name!r} (prefix {self.prefix!r}) is in use by clients of "
@@ -788,10 +647,10 @@ class RedisLaneBase(ABC, Generic[H]):
     def _poll_plan(self) -> tuple[float, int]:
         """(seconds until this waiter's next poll, its liveness window in ms, sent with
         the call that refreshes it). A poll refreshes the waiter's liveness; the process's
-        waiters on one client together poll at most about ``_REFRESHES_PER_S`` times a
+        waiters on one client together poll at most about ``REFRESHES_PER_S`` times a
         second, so 10,000 waiters do not flood Redis: each polls less often, with a
         liveness window to match (3 polls + 1 s)."""
-        poll = max(self._poll_s, self._local_waiters() / _REFRESHES_PER_S)
+        poll = max(self._poll_s, self._local_waiters() / REFRESHES_PER_S)
         if poll == self._poll_s:
             return poll, self._live_ms
         return poll, round((3 * poll + 1.0) * 1000)
@@ -1121,106 +980,6 @@ class RedisLaneBase(ABC, Generic[H]):
             f"<{type(self).__name__} {self.name!r} prefix={self.prefix!r}{extra} "
             f"lease_s={self.lease_s} held_here={self._n_live} waiting_here={self._waiting}>"
         )
-
-
-class SessionLaneBase(RedisLaneBase[H]):
-    """The per-key kind (either face): its arguments, limits and per-key views."""
-
-    _kind_class = SessionKind
-
-    def __init__(
-        self,
-        client: Any,
-        name: str = "session",
-        *,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        lease_s: float = DEFAULT_LEASE_S,
-        prefix: str = DEFAULT_PREFIX,
-        on_lease_lost: OnLeaseLost | None = None,
-    ) -> None:
-        super().__init__(
-            client, name, max_concurrent=1, timeout_s=timeout_s, lease_s=lease_s,
-            prefix=prefix, on_lease_lost=on_lease_lost,
-        )
-        self._max_sessions = check_count(max_sessions, "max_sessions")
-        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
-        self._idle_timeout_s = math.inf if idle is None else idle
-
-    @property
-    def max_sessions(self) -> int:
-        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
-        return self._max_sessions
-
-    @property
-    def idle_timeout_s(self) -> float:
-        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
-        return self._idle_timeout_s
-
-    @property
-    def session_count(self) -> int:
-        """Keys with a hold of THIS lane object now (Redis keeps no idle entries)."""
-        return len(self._local_active())
-
-    def cleanup_idle(self) -> int:
-        """Nothing idle is kept (keys expire in Redis by themselves): returns 0."""
-        return 0
-
-    def _key_info(self, key: str) -> Steps[tuple[bool, int]]:
-        """(``key`` has a holder, live callers in line for it), from Redis."""
-        key = plain_key(key)
-        reply = yield from self._script("read", key, self._info_call(key))
-        return bool(int(reply[0])), int(reply[1])
-
-    def _limits(self) -> dict[str, Any]:
-        return {"max_sessions": self._max_sessions}
-
-
-class CountingLaneBase(RedisLaneBase[H]):
-    """The counting kind (either face): its arguments, limits and lane-wide views."""
-
-    _kind_class = CountingKind  # its arguments are RedisLaneBase's
-
-    @property
-    def max_concurrent(self) -> int:
-        """The lane's number of permits."""
-        return self._cap
-
-    def _info(self) -> Steps[tuple[int, int, int, list[tuple[int, str]]]]:
-        """(now_ms, holds, live waiters, [(since_ms, key), ...]), lane-wide, from Redis."""
-        reply = yield from self._script("read", None, self._info_call(None))
-        now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
-        active: list[tuple[int, str]] = []
-        for v in reply[3:]:
-            _fence, since, key = _text(v).split(":", 2)
-            active.append((int(since), key))
-        return now, holds, waiters, active
-
-    def _lane_wide(self) -> Steps[dict[str, Any]]:
-        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits and
-        ``keys`` (key -> seconds its oldest hold has lasted, server time): one round trip."""
-        now, holds, waiters, active = yield from self._info()
-        keys: dict[str, float] = {}
-        for since, key in active:
-            age = max(0.0, (now - since) / 1000.0)
-            if age > keys.get(key, -1.0):
-                keys[key] = age
-        return {
-            "active": holds,
-            "waiting": waiters,
-            "available": max(0, self._cap - holds),
-            "keys": keys,
-        }
-
-    def _holds_of(self, key: str) -> Steps[int]:
-        """Permits held now by ``key``, lane-wide, from Redis."""
-        key = plain_key(key)
-        info = yield from self._info()
-        return sum(1 for _, k in info[3] if k == key)
-
-    def _limits(self) -> dict[str, Any]:
-        return {"max_concurrent": self._cap}
 
 
 def renewal(

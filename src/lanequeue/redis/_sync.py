@@ -25,17 +25,8 @@ from redis.cluster import RedisCluster
 
 from .._face import LANE_DEFAULT
 from ._link import SyncLink
-from ._protocol import (
-    Call,
-    CountingLaneBase,
-    RedisHoldBase,
-    RedisLaneBase,
-    SessionLaneBase,
-    Step,
-    Steps,
-    T,
-    renewal,
-)
+from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
+from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import SyncWaker, sync_waker
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
