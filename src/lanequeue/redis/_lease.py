@@ -1,13 +1,15 @@
 """The holder's side of a lease: its own deadline, enforced without I/O, and the registry
 entries that let a dropped hold be collected.
 
-- :data:`watchdog`: one daemon thread per process with a heap of hold deadlines. When a
-  hold's deadline passes without a confirmed renewal, it tells the hold's lane object
-  (which marks the hold lost and calls ``on_lease_lost``). It never waits for Redis, a
-  connection or an event loop, so a stalled renewer (a starved pool, a frozen server, a cut
-  connection) cannot delay the loss past the deadline (C21). It holds weak references
-  only. ``hold.lost`` itself reads the clock, so it is True from the deadline on, even
-  before the watchdog thread gets to run.
+- :data:`watchdog`: one daemon thread per process with a heap of wake-up times, one
+  pending entry per lane object (the earliest deadline among its holds). At that time it
+  asks the lane object to mark every hold whose deadline has passed without a confirmed
+  renewal as lost (and call ``on_lease_lost``), and to name its next earliest deadline.
+  It never waits for Redis, a connection or an event loop, so a stalled renewer (a
+  starved pool, a frozen server, a cut connection) cannot delay the loss past the
+  deadline (C21). It holds weak references only, and its heap stays as small as the
+  number of lane objects with holds. ``hold.lost`` itself reads the clock, so it is True
+  from the deadline on, even before the watchdog thread gets to run.
 - :class:`Kept` and :class:`Watched`: a lane object's registry entry for a hold. A hold the
   lane object owns (``try_acquire``, ``acquire_timeout``: the caller has no hold object,
   ``manual_release(key)`` ends it) is kept strongly. A hold its caller owns (``with
@@ -66,16 +68,15 @@ class _Watchdog:
         self._seq = itertools.count()
         self._pid = 0
 
-    def watch(self, hold: Any) -> None:
-        """Check ``hold`` at its deadline (``hold._expires``); its lane object's
-        ``_deadline_passed(hold)`` decides (lost, or renewed meanwhile: watch again)."""
+    def watch(self, lane: Any, at: float) -> None:
+        """Call ``lane._deadlines_due(at)`` at monotonic time ``at``."""
         with self._cond:
             if self._pid != os.getpid():  # first use, or a forked child: a new thread
                 self._pid = os.getpid()
                 self._heap = []
                 threading.Thread(target=self._run, name="lanequeue-lease-deadlines",
                                  daemon=True).start()
-            entry = (hold._expires, next(self._seq), weakref.ref(hold))
+            entry = (at, next(self._seq), weakref.ref(lane))
             heapq.heappush(self._heap, entry)
             if self._heap[0] is entry:
                 self._cond.notify()
@@ -86,16 +87,16 @@ class _Watchdog:
                 while True:
                     now = time.monotonic()
                     if self._heap and self._heap[0][0] <= now:
-                        _, _, ref = heapq.heappop(self._heap)
+                        at, _, ref = heapq.heappop(self._heap)
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
-            hold = ref()
-            if hold is not None:
+            lane = ref()
+            if lane is not None:
                 try:
-                    hold.lane._deadline_passed(hold)
+                    lane._deadlines_due(at)
                 except Exception:  # never let the watchdog die
                     logging.getLogger("lanequeue.redis").exception("lease watchdog error")
-            del hold
+            del lane
 
 
     def _after_fork(self) -> None:

@@ -23,6 +23,7 @@ across I/O), which is also safe on an event loop.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -94,6 +95,7 @@ def _after_fork_in_child() -> None:
         lane._lock = threading.Lock()
         lane._renewing = False
         lane._joins = {}
+        lane._watch_at = math.inf
         lane._forked()
 
 
@@ -178,6 +180,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self._fence_ttl_ms = self._lease_ms
         self._server_checked = False
         self._version_due = 0.0  # monotonic time the version marker must be re-claimed
+        self._watch_at = math.inf  # when the watchdog's pending entry for us fires
         self._version_key = version_key(self.prefix, self._kind_class.letter, self.name)
         self._s_version = client.register_script(lua.VERSION_CLAIM)
         self._k: Kind = self._kind_class(
@@ -344,7 +347,11 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._renewing = True
                 self._renewer_pid = pid
                 self._idle_since = None
-        watchdog.watch(hold)
+            watch = hold._expires < self._watch_at
+            if watch:
+                self._watch_at = hold._expires
+        if watch:
+            watchdog.watch(self, hold._expires)
         return start
 
     def _on_drop(self, entry: Watched) -> None:
@@ -485,17 +492,30 @@ class RedisLaneBase(ABC, Generic[H]):
         except Exception:
             log.exception("lane %r: on_lease_lost callback failed", self.name)
 
-    def _deadline_passed(self, hold: H) -> None:
-        """The watchdog: ``hold``'s deadline, as it was when watched, has come. Lost,
-        unless a renewal moved the deadline meanwhile (then watch again)."""
+    def _deadlines_due(self, at: float) -> None:
+        """The watchdog, at ``at``: every hold whose deadline has passed without a
+        confirmed renewal is lost; then the watchdog is told this object's next earliest
+        deadline (one pending entry per lane object; a superseded entry only checks)."""
+        now = time.monotonic()
+        due: list[H] = []
         with self._lock:
-            if not HELD <= hold._state <= RELEASING or hold._lost:
-                return
-            renewed = time.monotonic() < hold._expires
-        if renewed:
-            watchdog.watch(hold)
-        else:
-            self._notice_lost(hold)
+            nxt = math.inf
+            for entries in self._holds.values():
+                for entry in entries:
+                    h = entry()
+                    if h is None or h._lost or not HELD <= h._state <= RELEASING:
+                        continue
+                    if h._expires <= now:
+                        due.append(h)
+                    elif h._expires < nxt:
+                        nxt = h._expires
+            push = at == self._watch_at or nxt < self._watch_at
+            if push:
+                self._watch_at = nxt
+        for h in due:
+            self._notice_lost(h)
+        if push and nxt < math.inf:
+            watchdog.watch(self, nxt)
 
     # -- procedures: acquire, wait, withdraw, release ------------------------------------
 
@@ -561,13 +581,11 @@ class RedisLaneBase(ABC, Generic[H]):
         wait = timeout != 0
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        in_line = False
+        in_line = expecting = False
         turn = None
         owner = hold.owner
         try:
             if wait:
-                # Before any I/O: a wake-up can come as soon as the first script has run.
-                self._expect(owner)
                 # Same-key requests of this process join the line in arrival order (C29):
                 # each sends its first script once its predecessor's has answered.
                 prev, turn = self._join_turn(key)
@@ -596,6 +614,10 @@ class RedisLaneBase(ABC, Generic[H]):
                 return False
             in_line = True
             self._wait_delta(1)
+            # A wake-up that came before this (the key was handed to us right after our
+            # first script) was kept by the listener for us.
+            self._expect(owner)
+            expecting = True
             wake = value
             while True:
                 block = next_block(poll, wake, deadline, time.monotonic())
@@ -641,7 +663,7 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._wait_delta(-1)
             if turn is not None:
                 self._turn_done(key, turn)
-            if wait:
+            if expecting:
                 self._forget(owner)
 
     def _poll_plan(self) -> tuple[float, int]:

@@ -51,6 +51,25 @@ def drive(steps: Steps[T]) -> T:
             reply, send = exc, steps.throw
 
 
+class _Turn:
+    """A one-shot event for the same-key sequencer, cheaper than threading.Event: a lock
+    held until ``set()``; one successor waits on it."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        if self._lock.locked():
+            self._lock.release()
+
+    def wait(self) -> None:
+        with self._lock:
+            pass
+
+
 class RedisHold(RedisHoldBase):
     """A hold on a thread Redis lane; a context manager made by ``lane.acquire(key)``.
 
@@ -124,10 +143,10 @@ class _SyncFace(RedisLaneBase[RedisHold]):
     def _local_waiters(self) -> int:
         return self._wk().count
 
-    def _new_event(self) -> threading.Event:
-        return threading.Event()
+    def _new_event(self) -> _Turn:
+        return _Turn()
 
-    def _wait_turn(self, prev: threading.Event) -> None:
+    def _wait_turn(self, prev: _Turn) -> None:
         prev.wait()
 
     def _renew_io(self, call: Call, wait: float) -> Any:

@@ -8,8 +8,9 @@ The hand-off script publishes the granted waiter's owner id on its process's cha
 that drew it: :func:`owner_id`). Each process subscribes to its channel ONCE per client
 (thread face: one listener thread; asyncio face: one listener task per event loop), on a
 connection of its own, and sets the local event of the waiter named in the message. A
-waiter registers its event before its first acquire script is sent, so no wake-up can
-arrive for an unknown waiter. A message lost (the listener reconnecting) costs one poll of
+waiter registers its event once its first acquire script has put it in line; a wake-up
+that arrives before that (the key was handed to it at once) is kept for it (the last
+4096 such ids). A message lost (the listener reconnecting) costs one poll of
 latency: every waiter re-checks at least every poll.
 
 Classic pub/sub reaches every node of a Redis Cluster, so this also works there; a client
@@ -68,6 +69,13 @@ def _calls(client: Any) -> int:
     return MAX_CALLS
 
 
+def _keep_early(early: dict[str, None], owner: str) -> None:
+    """Keep a wake-up whose waiter has not registered yet (the latest 4096)."""
+    early[owner] = None
+    if len(early) > 4096:
+        del early[next(iter(early))]
+
+
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
@@ -79,13 +87,26 @@ class SyncWaker:
         self.pid = os.getpid()
         self.slots = threading.BoundedSemaphore(_calls(client))
         self._events: dict[str, threading.Event] = {}
+        self._early: dict[str, None] = {}  # wake-ups that came before their waiter
         self._sibling = sibling_sync(client)
         self._ready = threading.Event()
         self._started = False
         self._lock = threading.Lock()
 
     def expect(self, owner: str) -> None:
-        self._events[owner] = threading.Event()
+        ev = threading.Event()
+        with self._lock:
+            self._events[owner] = ev
+            if self._early.pop(owner, 0) is None:
+                ev.set()
+
+    def _woken(self, owner: str) -> None:
+        with self._lock:
+            ev = self._events.get(owner)
+            if ev is None:
+                _keep_early(self._early, owner)
+        if ev is not None:
+            ev.set()
 
     @property
     def count(self) -> int:
@@ -122,7 +143,7 @@ class SyncWaker:
         me = ref()
         if me is None:
             return
-        sibling, events, ready = me._sibling, me._events, me._ready
+        sibling, woken, ready = me._sibling, me._woken, me._ready
         del me
         while ref() is not None:
             ps = None
@@ -135,9 +156,7 @@ class SyncWaker:
                 while ref() is not None:
                     msg = ps.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
-                        ev = events.get(_text(msg["data"]))
-                        if ev is not None:
-                            ev.set()
+                        woken(_text(msg["data"]))
             except Exception as exc:
                 ready.set()
                 log.debug("wake-up listener: %s; reconnecting", exc)
@@ -156,12 +175,15 @@ class AsyncWaker:
     def __init__(self, client: Any) -> None:
         self.slots = asyncio.Semaphore(_calls(client))
         self._events: dict[str, asyncio.Event] = {}
+        self._early: dict[str, None] = {}  # wake-ups that came before their waiter
         self._sibling = sibling_async(client)
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
 
     def expect(self, owner: str) -> None:
-        self._events[owner] = asyncio.Event()
+        ev = self._events[owner] = asyncio.Event()
+        if self._early.pop(owner, 0) is None:
+            ev.set()
 
     @property
     def count(self) -> int:
@@ -200,7 +222,7 @@ class AsyncWaker:
         )
 
     async def _listen(self) -> None:
-        sibling, events, ready = self._sibling, self._events, self._ready
+        sibling, events, early, ready = self._sibling, self._events, self._early, self._ready
         assert ready is not None
         while True:
             ps = None
@@ -213,9 +235,12 @@ class AsyncWaker:
                 while True:
                     msg = await ps.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
-                        ev = events.get(_text(msg["data"]))
+                        owner = _text(msg["data"])
+                        ev = events.get(owner)
                         if ev is not None:
                             ev.set()
+                        else:
+                            _keep_early(early, owner)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
