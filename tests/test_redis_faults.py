@@ -155,6 +155,9 @@ def test_c21_frozen_server_holder_learns_by_its_deadline(server: RedisServer) ->
         with b.acquire("k", timeout_s=15) as h2:
             box["at"] = time.monotonic()
             inside.granted(h2)
+            # Its grant's reply came back seconds after it was asked for (the server was
+            # frozen): the lease was extended before use, so the new holder holds.
+            box["h2_lost"] = h2.lost
 
     t = threading.Thread(target=waiter)
     t.start()
@@ -174,6 +177,7 @@ def test_c21_frozen_server_holder_learns_by_its_deadline(server: RedisServer) ->
     assert "at" in box
     assert inside.violations == []
     assert lost_at[0] < box["at"]
+    assert box["h2_lost"] is False
 
 
 class Proxy:
@@ -622,3 +626,40 @@ def test_two_protocol_versions_on_one_lane_are_refused_never_double_granted(
     assert RedisLane(r, "g").try_acquire("a")
     with pytest.raises(LaneBackendError, match="protocol version 'lq2'"):
         NextVersionLane(r, "g").try_acquire("a")
+
+
+# -- item 10: the timing promises of the package docstring -----------------------------
+
+
+def test_dead_waiter_handed_the_key_blocks_it_at_most_its_liveness_window(
+    server: RedisServer,
+) -> None:
+    """A waiter that died after its last refresh, then was handed the key (a claim until
+    its liveness deadline), blocks the key for at most its liveness window,
+    ``3 * min(1, lease_s/3) + 1`` s, counted from its last refresh; with lease_s=1 that is
+    2 s, longer than the lease (the docstring says so)."""
+    r = client_of(server)
+    holder = RedisSessionLane(r, lease_s=1.0)
+    ghost = RedisSessionLane(r, lease_s=1.0)
+    nxt = RedisSessionLane(r, lease_s=1.0)
+    window = 3 * min(1.0, 1.0 / 3) + 1
+    assert ghost._live_ms == round(window * 1000)
+    assert holder.try_acquire("k")
+    h = RedisHold(ghost, "k", 5.0)
+    script, keys, args = ghost._acquire_call(h, True)
+    refreshed = time.monotonic()
+    assert script(keys=keys, args=args)[0] == 0  # in line; never polls again
+    box: dict[str, float] = {}
+
+    def run() -> None:
+        if nxt.acquire_timeout("k", 10):
+            box["at"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: holder.waiting_for("k") == 2)
+    assert holder.manual_release("k")  # handed to the ghost: a claim
+    t.join(10)
+    blocked = box["at"] - refreshed
+    assert 1.0 < blocked <= window + 0.35  # more than a lease, at most the window
+    assert nxt.manual_release("k")
