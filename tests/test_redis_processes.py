@@ -131,10 +131,10 @@ def test_eight_processes_exclusion_fifo_books_and_no_keys_left(
     assert sum(r["unmatched"] for r in results) == 0
     assert sum(r["lost"] for r in results) == 0
     # Nothing leaks: what is left has a TTL, and vanishes once the leases run out.
-    left = list(redis_client.scan_iter(match=f"{{{redis_prefix}:*"))
+    left = list(redis_client.scan_iter(match=f"{{lq2:*:{redis_prefix}:*"))
     assert all(redis_client.pttl(k) > 0 for k in left), left
     deadline = time.monotonic() + LEASE_S + 5
-    while list(redis_client.scan_iter(match=f"{{{redis_prefix}:*")):
+    while list(redis_client.scan_iter(match=f"{{lq2:*:{redis_prefix}:*")):
         assert time.monotonic() < deadline, "keys of the lane outlived their TTLs"
         time.sleep(0.1)
     assert elapsed < 60, f"took {elapsed:.1f} s"

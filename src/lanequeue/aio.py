@@ -572,7 +572,7 @@ class _AsyncMultiAcquire(MultiHold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.release_async()
+        await self._release_all_async(exc)
 
     async def release_async(self) -> None:
         """Release every hold, last taken first. Safe to call twice.
@@ -580,7 +580,10 @@ class _AsyncMultiAcquire(MultiHold):
         Every hold is released even when one release raises (a Redis hold whose lease was
         lost raises NotOwnerError); the first such error is raised after the loop.
         """
-        steps = self._releasing()
+        await self._release_all_async(None)
+
+    async def _release_all_async(self, block_error: BaseException | None) -> None:
+        steps = self._releasing(block_error)
         hold = next(steps, None)
         while hold is not None:
             try:

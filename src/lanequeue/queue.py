@@ -17,6 +17,7 @@ The registry part (names, order, status) is shared with the asyncio queue
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
@@ -186,13 +187,18 @@ class MultiHold:
                 raise LaneTimeoutError(lane.name, key, budget, type(lane).__name__)
             taken.append(result)
 
-    def _releasing(self) -> Generator[Any, BaseException | None, None]:
+    def _releasing(
+        self, block_error: BaseException | None = None
+    ) -> Generator[Any, BaseException | None, None]:
         """The release loop of ``acquire_all``, written once for both faces.
 
         Pops what was taken, last first: ends in-process tokens itself, and yields every
         other hold still held for the face to release (blocking or awaiting); the face
         sends back the exception that release raised, or None. Every hold is released
-        even when one release raises; the first error is raised at the end.
+        even when one release raises; the first error is raised at the end, unless the
+        block itself raised ``block_error`` (leaving a ``with`` block): then the block's
+        exception propagates and the release error is logged and attached to it as a
+        note (C27: a lost lease never replaces the block's own exception).
         """
         key, steps, taken = self._key, self._plan.steps, self._taken
         error: BaseException | None = None
@@ -210,7 +216,9 @@ class MultiHold:
             except BaseException as exc:
                 error = error or exc
         if error is not None:
-            raise error
+            if block_error is None:
+                raise error
+            _report_release_error(self._key, error, block_error)
 
     def __repr__(self) -> str:
         return f"<MultiHold key={self._key!r} {self.holds!r}>"
@@ -223,6 +231,16 @@ def _end_view(view: Hold, core: Core, key: str) -> None:
     if token > 0:
         view._token = -token
         core.release(key, token)
+
+
+def _report_release_error(key: str, error: BaseException, block_error: BaseException) -> None:
+    """A release failed while the block's own exception propagates: log it, and attach it
+    to that exception as a note (Python 3.11+)."""
+    text = f"acquire_all({key!r}): release failed on leaving the block: {error}"
+    logging.getLogger("lanequeue").warning("%s", text)
+    add_note = getattr(block_error, "add_note", None)
+    if add_note is not None:
+        add_note(text)
 
 
 def _remaining(deadline: float | None, now: float) -> float | None:
@@ -306,7 +324,7 @@ class _MultiAcquire(MultiHold):
     ) -> None:
         cores, taken = self._plan.cores, self._taken
         if cores is None:
-            self.release()
+            self._release_all(exc)
             return
         key = self._key
         while taken:  # last taken first
@@ -322,7 +340,10 @@ class _MultiAcquire(MultiHold):
         Every hold is released even when one release raises (a Redis hold whose lease was
         lost raises NotOwnerError); the first such error is raised after the loop.
         """
-        steps = self._releasing()
+        self._release_all(None)
+
+    def _release_all(self, block_error: BaseException | None) -> None:
+        steps = self._releasing(block_error)
         hold = next(steps, None)
         while hold is not None:
             hold = _send(steps, _caught(hold.release))

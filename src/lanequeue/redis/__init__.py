@@ -28,25 +28,44 @@ Design
 Every operation is ONE Lua script, so it is atomic on the server and costs one round trip
 on the fast path. Time is the server's (``TIME`` inside the script), never a client clock.
 All keys one script touches share one hash tag, so the lanes work on Redis Cluster. Needs
-Redis >= 6.2 (``SET ... GET``) or Valkey.
+Redis >= 6.2 (``SET ... GET``) or Valkey, with ``maxmemory-policy noeviction`` (or no
+``maxmemory``): an evicted holder key would let a second holder in, so a lane checks the
+policy (``INFO memory``) on first use and refuses any other with a LaneBackendError.
 
-Keys (``P`` = ``prefix``, default ``"lanequeue"``; ``N`` = lane name; ``K`` = key)::
+Keys (``P`` = ``prefix``, default ``"lanequeue"``; ``N`` = lane name; ``K`` = key; the
+base ``B`` is ``{lq2:len(P):P:s:len(N):N:K}:`` for one key of a per-key lane and
+``{lq2:len(P):P:c:len(N):N}:`` for a counting lane, see :mod:`._keys`: ``lq2`` is the
+protocol version, and the lengths make distinct lanes and keys never share a Redis key,
+whatever ``:``, ``{`` or ``}`` they contain)::
 
-    per-key lane, one tag per key:  {P:s:N:K}:h   holder: string "owner:fence", + ":w"
-                                                  once someone joined the line behind it
-                                    {P:s:N:K}:q   line: list of waiter ids, FIFO
-                                    {P:s:N:K}:w   liveness: zset waiter id -> deadline (ms)
-                                    {P:s:N:K}:f   last fencing token
-                                    {P:s:N:K}:s:<id>  one waiter's wake-up signal (list)
-    counting lane, one tag per lane: {P:c:N}:h    holds: zset hold id -> lease deadline (ms)
-                                    {P:c:N}:i     hold id -> "fence:since:key"
-                                    {P:c:N}:q     line: list of "id:key", FIFO
-                                    {P:c:N}:w, {P:c:N}:f, {P:c:N}:s:<id>  as above
+    per-key lane, one tag per key:  Bh   holder: string "owner:fence", + ":w"
+                                         once someone joined the line behind it
+                                    Bq   line: list of waiter ids, FIFO
+                                    Bw   liveness: zset waiter id -> deadline (ms)
+                                    Bf   last fencing token
+                                    Bx:<id>  a withdrawn acquisition (lives one lease)
+    counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
+                                    Bi   hold id -> "fence:since:key"
+                                    Bq   line: list of "id:key", FIFO
+                                    Bw, Bf, Bx:<id>  as above
+
+Protocol versions. Clients of two protocol versions never share a lane: each lane has a
+version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
+version in use, claimed by a lane object on its first acquire and re-claimed every 30 s
+while it acquires or holds (the marker lives 60 s). A client of another version meets it
+and gets a LaneBackendError naming both versions, instead of granting next to holders it
+cannot see; once the old version has been idle for 60 s, the new one takes the lane over.
+(The layout before ``lq2`` had no marker: stop its clients before starting ``lq2`` ones.)
+
+A key is its plain string value in every face: a ``str`` subclass (a ``str`` Enum member)
+is the string it stands for, so ``Room.LOBBY`` and ``"lobby"`` are one key; a key that
+cannot be encoded as UTF-8 (a lone surrogate) is a ValueError at the call.
 
 Every key has a TTL: the holder key and the holds zset live as long as the longest lease
 in them, the line and liveness keys as long as the longest waiter liveness, the fence
-counter one lease after the last grant, a signal as long as its waiter's liveness. When
-the work ends and the leases run out, no key of the lane is left. The same key of a
+counter one lease after the last grant, a tombstone one lease. When
+the work ends and the leases run out, no key of the lane is left but its version marker,
+which runs out 60 s after the lane's last use. The same key of a
 per-key lane always lands in the same slot; different keys spread over the cluster.
 
 Owner ids. Every acquisition draws its own random id (kept in its hold object, never in
@@ -67,35 +86,72 @@ holds in a zset instead of one holder)::
 - Acquire. If K has no holder, the line goes first (promote): the first live waiter gets
   it. If nobody live waits, the caller gets K at once with a lease of ``lease_s``. If K
   is held, the caller joins the tail of the line (RPUSH) and its liveness deadline is
-  set to now + ``live`` (about 3 polls + 1 s). Waiting order is the order in which the
-  acquire scripts ran: FIFO across processes and hosts.
-- Waiting. A waiter blocks on its OWN signal list (BLPOP) for at most
-  ``min(remaining, 1 s, lease_s/3)``, then re-runs acquire. Only the granted waiter is
-  woken (no herd); a lost signal costs one poll of latency, never a hang; each poll
-  refreshes the waiter's liveness and also moves a key whose holder lapsed. The waiter
-  at the head of the line is told (in the acquire reply) when the lease blocking it runs
-  out, and polls right then.
+  set to now + ``live`` (3 polls + 1 s). Waiting order is the order in which the
+  acquire scripts ran: FIFO across processes and hosts. Inside one process, same-key
+  requests of one lane object join the line in their arrival order: each sends its
+  first script once its predecessor's first script has answered (C29); it never waits
+  outside the line for anything else.
+- Waiting. A waiter holds no connection while it waits. The hand-off publishes the
+  granted waiter's id on its process's channel ``lq:wake:<process token>``; each
+  process subscribes once per client (one listener thread, or one listener task per
+  event loop, on a connection of its own) and wakes the waiting thread or task
+  (:mod:`._wake`). Only the granted waiter is woken (no herd). A waiter re-runs acquire
+  at least every poll, ``min(remaining, 1 s, lease_s/3)`` (longer when one process
+  has many waiters on one client: together they poll about 500 times a second at
+  most, each with a liveness window of 3 of its polls + 1 s); a lost wake-up costs one
+  poll of latency, never a hang; each poll refreshes the waiter's liveness and also
+  moves a key whose holder lapsed. The waiter at the head of the line is told (in the
+  acquire reply) when the lease blocking it runs out, and polls right then. The lanes'
+  calls in flight are bounded per process and client (8, or the pool's size if
+  smaller), so any number of waiters fits the client's pool.
 - Hand-off. Release deletes the holder and, in the same script, pops waiters from the
   head (skipped when the holder carries no ``:w`` mark: a waiter marks the holder it
   joins the line behind, and a hand-off's holder is marked from the start, so an
   unmarked holder means an empty line): a waiter whose liveness ran out (crashed, or
   frozen too long) is dropped; the first live one becomes holder with a claim that
-  lasts until its liveness deadline, and its signal is pushed. The woken waiter's
+  lasts until its liveness deadline, and it is woken. The woken waiter's
   acquire sees itself as holder and confirms (full lease). A waiter that died after its
-  last refresh therefore blocks K for less than its liveness window, never a whole
-  lease; the next poll of anyone moves K on. No instant exists in which K is free while
+  last refresh therefore blocks K for at most its liveness window (3 polls + 1 s, i.e.
+  ``3 * min(1, lease_s/3) + 1`` s: more than a lease when ``lease_s`` is under 3 s);
+  the next poll of anyone moves K on. No instant exists in which K is free while
   a live waiter is in line, so a newcomer cannot overtake.
 - Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
   counting lane's zset). A background renewer (one daemon thread per sync lane object,
   one task per async lane object) renews each hold every ``lease_s/3`` with one script
-  that extends the lease only if the owner id still matches. A holder whose process dies
+  that extends the lease only if the owner id still matches. It uses a connection of its
+  own (never waiting behind the callers of the client's pool), no retries, and waits at
+  most ``lease_s/4`` and never past the holder's deadline. A hold whose release is on
+  its way (waiting for a pool connection) is still renewed. A holder whose process dies
   stops renewing; its lease runs out, and the head waiter, which polls at the moment the
   lease ends, takes K over: the key reaches the next waiter within ``lease_s`` (counted
-  from the holder's last renewal) plus a round trip.
-- Lease lost. When a renewal finds the hold gone (or cannot reach Redis until the lease
-  must have run out, measured conservatively from before the grant was sent), the hold
-  is marked lost and ``on_lease_lost(hold)`` is called once. Its release then raises
-  :class:`~lanequeue.LeaseLostError` (``manual_release`` returns False and logs).
+  from the holder's last renewal) plus a round trip, plus the lateness of the server's
+  blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
+- The holder's own deadline. A hold's deadline is its lease counted from BEFORE the
+  request that granted or last renewed it was sent, less a guard
+  (``min(lease_s/20, 0.25)`` s); the server's expiry can only come later. ``hold.lost``
+  reads the clock, so it is True from that deadline on without any I/O, and a watchdog
+  thread (one per process) marks the hold lost and calls ``on_lease_lost(hold)`` then
+  (for the asyncio lanes, on the renewer's loop). A stalled renewer (a starved pool, a
+  frozen server, a cut connection) therefore never leaves a holder believing it holds a
+  key Redis may already have granted to someone else. A renewal answered after the
+  deadline does not revive the hold.
+- Lease lost. When a renewal finds the hold gone, or the holder's deadline passes without
+  a confirmed renewal, the hold is marked lost and ``on_lease_lost(hold)`` is called
+  once. Its release then raises :class:`~lanequeue.LeaseLostError` (``manual_release``
+  returns False and logs).
+- Dropped holds. The registry refers weakly to the holds a caller owns (``with
+  lane.acquire(key)``, ``acquire_all``): a hold garbage-collected without a release is
+  no longer renewed, its lease lapses within ``lease_s``, and a ``ResourceWarning`` names
+  it. Holds taken with ``try_acquire``/``acquire_timeout`` belong to the lane object
+  until ``manual_release(key)``.
+- Cancellation (asyncio). The clean-up of a cancelled acquire (withdraw, pass on a grant)
+  and every release run to their end in tasks of their own, so a second cancellation
+  cannot cut them short; a withdraw leaves a tombstone (``Bx:<id>``) so that the
+  acquisition's own acquire script, should it reach Redis after the withdraw (sent first
+  on a connection the cancellation closed), grants nothing.
+- Fork. A hold belongs to the process that acquired it: a forked child never renews the
+  holds it inherited (nor uses the parent's renewal connection or locks), and releasing
+  one there (``hold.release()``, ``manual_release``) raises RuntimeError.
 - Release. The script ends the hold only if the owner id matches (counting lane: after
   purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
   raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already
@@ -115,21 +171,25 @@ holds in a zset instead of one holder)::
   reply was lost is never renewed and lapses with its lease); a release that
   raises it stops renewing, so the hold lapses within ``lease_s``. Scripts are idempotent
   per owner id, so redis-py retrying a call whose reply was lost is harmless (except that
-  a retried release may then report NotOwnerError). After a restart (no persistence) all
-  holds are gone: their owners learn it from their renewer (lease lost); new work goes on.
+  a retried release may then report NotOwnerError). After a restart without persistence,
+  or a FLUSHALL, all holds are gone: a newcomer can be granted at once, and the old
+  holders learn it at their next renewal (within ``lease_s/3``). That window is a limit
+  of any lock kept in Redis: protect the resource with the fencing token (the newcomer's
+  is larger), and see the README on persistence.
 
 Why each interleaving is safe, in one place: (1) all state of K changes only inside
 scripts, which Redis runs one at a time; (2) a grant happens only when the holder key is
 absent (released, or its lease ran out on the server clock) and only to the head of the
 live line, or to the caller when the line holds no live waiter; (3) a release, renewal or
 confirm names an owner id drawn for one acquisition, so it acts only on that acquisition's
-hold; (4) a client's view of its lease is conservative (started before the request was
-sent), so it learns of a loss no later than the server acts on it, unless the process
-itself is frozen (then fencing tokens protect the data: NOTES §4).
+hold; (4) a holder's deadline is conservative (counted from before the request was sent)
+and read from its own clock, so ``hold.lost`` is True no later than the server can grant
+the key to anyone else, whatever the I/O does; a process that is itself frozen cannot act
+on it, and then fencing tokens protect the data (NOTES §4).
 
 Caveats: all clients of one lane must use the same ``prefix`` and name. Clients of a
 counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe: the lane
-keeps the smallest cap used within the last lease (key ``{P:c:N}:m``) and admits no more
+keeps the smallest cap used within the last lease (key ``Bm``) and admits no more
 than that; a raised cap applies one lease after the last client with the old one went
 quiet; ``lease_s`` may differ per process. The plain views (``active_count``,
 ``available``, ``waiting``, ``get_active()``, ``stats``, ``status()``, and a per-key lane's

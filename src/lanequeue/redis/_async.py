@@ -1,8 +1,8 @@
 """The asyncio face of the Redis lanes: :class:`AsyncRedisSessionLane`, :class:`AsyncRedisLane`.
 
 Same scripts, keys and rules as the thread face (see the package docstring); a waiting task
-awaits BLPOP on its own signal list through a ``redis.asyncio.Redis`` client, and one
-renewer task per lane object (on the loop of the lane's latest grant) renews its holds.
+awaits its wake-up from the loop's listener task (:mod:`._wake`), holding no connection,
+and one renewer task per lane object (on the loop of the lane's latest grant) renews its holds.
 Every decision is the core's (:mod:`._protocol`); this face only runs its procedures,
 awaiting their I/O (:func:`drive`), and starts the renewer task.
 
@@ -20,34 +20,39 @@ the line in one script and passes on a grant that reached it; a task cancelled i
 from __future__ import annotations
 
 import asyncio
+import threading
 import weakref
 from collections.abc import Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any, Literal
 
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster
+
 from .._face import LANE_DEFAULT
 from ..contract import must_await
-from ._protocol import (
-    Call,
-    CountingLaneBase,
-    RedisHoldBase,
-    RedisLaneBase,
-    SessionLaneBase,
-    Step,
-    Steps,
-    T,
-    renewal,
-)
+from ._link import AsyncLink
+from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._sync import not_held
+from ._views import CountingLaneBase, SessionLaneBase
+from ._wake import AsyncWaker, async_waker
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
 
+#: Clean-ups running after a cancellation (strong references until they end).
+_CLEANUPS: set[asyncio.Task[Any]] = set()
+
+
 async def drive(steps: Steps[T]) -> T:
     """Run a core procedure to its end, awaiting each step's I/O and sending back its
-    reply, or throwing in what it raised (a cancellation too, so the procedure cleans up
-    before it propagates)."""
+    reply, or throwing in what it raised.
+
+    A cancellation is thrown in too, so the procedure cleans up (leaves the line, passes
+    on a grant) before it propagates. That clean-up runs in a task of its own, shielded:
+    a second cancellation (C25) cannot stop it half way, so it never leaves an orphaned
+    grant; the caller still sees the CancelledError at once."""
     send: Callable[[Any], Step] = steps.send
     reply: Any = None
     while True:
@@ -57,10 +62,39 @@ async def drive(steps: Steps[T]) -> T:
         except StopIteration as stop:
             result: T = stop.value
             return result
+        except asyncio.CancelledError as exc:
+            if getgeneratorstate(steps) == GEN_CLOSED:
+                raise
+            task = asyncio.get_running_loop().create_task(_rest(steps, exc))
+            _CLEANUPS.add(task)
+            task.add_done_callback(_CLEANUPS.discard)
+            return await asyncio.shield(task)
         except BaseException as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
             reply, send = exc, steps.throw
+
+
+async def _call(slots: asyncio.Semaphore, script: Any, keys: list[str], args: list[Any]) -> Any:
+    async with slots:
+        return await script(keys=keys, args=args)
+
+
+async def _rest(steps: Steps[T], exc: BaseException) -> T:
+    """The rest of a procedure after ``exc`` (its clean-up), in a task of its own."""
+    reply: Any = exc
+    send: Callable[[Any], Step] = steps.throw
+    while True:
+        try:
+            (fn, args), reply = send(reply), None
+            reply, send = await fn(*args), steps.send
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+        except BaseException as err:
+            if getgeneratorstate(steps) == GEN_CLOSED:
+                raise
+            reply, send = err, steps.throw
 
 
 class AsyncRedisHold(RedisHoldBase):
@@ -118,11 +152,79 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
     _async_face = True
     _hold_class = AsyncRedisHold
     face: Literal["asyncio"] = "asyncio"
+    _client_types = (redis.asyncio.Redis, RedisCluster)
+    _client_hint = "a redis.asyncio.Redis (or redis.asyncio.cluster.RedisCluster) client"
     _renew_task: asyncio.Task[None] | None = None
+    _link: AsyncLink | None = None
+
+    def _wk(self) -> AsyncWaker:
+        return async_waker(self._client)
 
     async def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
-        return await script(keys=keys, args=args)
+        slots = self._wk().slots  # the process's bound on calls in flight per client
+        if op == "release" or op == "withdraw":
+            # Runs to its end even if the caller is cancelled while it waits (C25): a
+            # release or withdraw cut short would leave a grant nobody owns.
+            task = asyncio.get_running_loop().create_task(_call(slots, script, keys, args))
+            _CLEANUPS.add(task)
+            task.add_done_callback(_CLEANUPS.discard)
+            return await asyncio.shield(task)
+        async with slots:
+            return await script(keys=keys, args=args)
+
+    async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        async with self._wk().slots:
+            return await fn(*args)
+
+    def _expect(self, owner: str) -> None:
+        self._wk().expect(owner)
+
+    def _forget(self, owner: str) -> None:
+        try:
+            waker = self._wk()
+        except RuntimeError:  # closed outside its loop: nothing waits any more
+            return
+        waker.forget(owner)
+
+    async def _wait_wake(self, owner: str, block: float) -> None:
+        await self._wk().wait(owner, block)
+
+    def _local_waiters(self) -> int:
+        return self._wk().count
+
+    def _new_event(self) -> asyncio.Event:
+        return asyncio.Event()
+
+    async def _wait_turn(self, prev: asyncio.Event) -> None:
+        await prev.wait()
+
+    async def _renew_io(self, call: Call, wait: float) -> Any:
+        link = self._link
+        if link is None:
+            link = self._link = AsyncLink(self._client)
+        script, keys, args = call
+        return await link.call(script, keys, args, wait)
+
+    def _call_lost(self, hold: AsyncRedisHold) -> None:
+        """``on_lease_lost`` runs on the loop of the lane's renewer when the loss is
+        found off that loop (by the deadline watchdog thread)."""
+        task = self._renew_task
+        loop = None if task is None else task.get_loop()
+        if (
+            loop is None or loop.is_closed()
+            or threading.get_ident() == getattr(loop, "_thread_id", None)
+        ):
+            super()._call_lost(hold)
+            return
+        try:
+            loop.call_soon_threadsafe(super()._call_lost, hold)
+        except RuntimeError:  # the loop closed meanwhile
+            super()._call_lost(hold)
+
+    def _forked(self) -> None:
+        self._link = None
+        self._renew_task = None
 
     def _start_renewer(self, needed: bool) -> None:
         # Also when the renewer task ended, or runs on another loop than this grant's.

@@ -13,8 +13,9 @@ from .._face import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
 )
+from ._args import check_lease, check_prefix
 from ._async import AsyncRedisLane, AsyncRedisSessionLane
-from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, OnLeaseLost, _check_lease, _check_prefix
+from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, OnLeaseLost
 from ._sync import RedisLane, RedisSessionLane
 
 __all__ = ["RedisBackend"]
@@ -61,8 +62,8 @@ class RedisBackend:
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
         self.client = client
-        self.prefix = _check_prefix(prefix)
-        self.lease_s = _check_lease(lease_s)
+        self.prefix = check_prefix(prefix)
+        self.lease_s = check_lease(lease_s)
         if on_lease_lost is not None and not callable(on_lease_lost):
             raise TypeError("on_lease_lost must be callable or None")
         self.on_lease_lost = on_lease_lost

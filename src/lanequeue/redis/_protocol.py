@@ -1,10 +1,17 @@
-"""The core of the Redis lanes, shared by the thread and asyncio faces: key layout, script
-arguments, the hold object's state, this lane object's registry of holds, counters, renewal
-bookkeeping, and every procedure (acquire and wait, release, withdraw, renew, the views).
+"""The core of the Redis lanes, shared by both kinds and both faces: this lane object's
+registry of holds, the loss of a lease, counters, the procedures (acquire and wait,
+release, withdraw, renew) and the renewal bookkeeping.
+
+The other jobs live in their own modules: the key layout and key identity
+(:mod:`._keys`), each kind's keys and script calls (:mod:`._kinds`, one object per kind),
+the scripts (:mod:`._scripts`), the hold object (:mod:`._hold`), argument checks
+(:mod:`._args`), the holder's deadline and the registry entries (:mod:`._lease`),
+wake-ups (:mod:`._wake`), the renewer's connection (:mod:`._link`), and each kind's
+arguments and views (:mod:`._views`).
 
 Nothing here talks to Redis. Each procedure is a generator (sans-I/O): it yields the one
-piece of I/O it needs next as a :data:`Step` ``(fn, args)`` (call a script, block on a
-signal, sleep), receives the reply, and decides what follows (interpreting the reply,
+piece of I/O it needs next as a :data:`Step` ``(fn, args)`` (call a script, wait for a
+wake-up), receives the reply, and decides what follows (interpreting the reply,
 changing the hold's state, mapping errors, choosing the next step). A face runs it with
 its ``drive``: the thread face calls ``fn(*args)``, the asyncio face awaits it, and each
 sends the reply back or throws in what the I/O raised. So the faces (:mod:`._sync`,
@@ -20,7 +27,10 @@ import math
 import os
 import threading
 import time
+import warnings
+import weakref
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -28,26 +38,36 @@ from redis.exceptions import RedisError
 
 from .._core import LaneStats
 from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
-from .._face import (
-    DEFAULT_IDLE_TIMEOUT_S,
-    DEFAULT_MAX_CONCURRENT,
-    DEFAULT_MAX_SESSIONS,
-    DEFAULT_TIMEOUT_S,
-    LANE_DEFAULT,
-    Hold,
-)
-from .._validate import check_count, check_key, check_timeout
+from .._face import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
+from .._validate import check_count, check_timeout
 from . import _scripts as lua
+from ._args import (
+    MAX_POLL_S,
+    REFRESHES_PER_S,
+    check_lease,
+    check_name,
+    check_prefix,
+    grant_reply,
+    next_block,
+    socket_timeout,
+    text,
+)
+from ._hold import ENDED, HELD, PENDING, RELEASING, RedisHoldBase
+from ._keys import LAYOUT, plain_key, version_key
+from ._kinds import Call, Kind
+from ._lease import Kept, Watched, watchdog
 
 __all__ = [
+    "Call",
     "DEFAULT_LEASE_S",
     "DEFAULT_PREFIX",
-    "CountingLaneBase",
+    "H",
+    "OnLeaseLost",
     "RedisHoldBase",
     "RedisLaneBase",
-    "SessionLaneBase",
     "Step",
     "Steps",
+    "T",
     "log",
     "renewal",
 ]
@@ -59,167 +79,67 @@ DEFAULT_LEASE_S = 30.0
 #: Default prefix of every Redis key of a lane.
 DEFAULT_PREFIX = "lanequeue"
 
-# A waiter re-checks at least this often (and at least 3 times per lease), so a lost
-# signal or a lapsed holder costs at most this much latency.
-_MAX_POLL_S = 1.0
-_MIN_LEASE_S = 0.1
-# Shortest blocking wait sent to Redis: BLPOP with a timeout that rounds to 0 ms would
-# block forever.
-_MIN_BLOCK_S = 0.002
-
-PENDING, HELD, ENDED = 0, 1, 2
-
 OnLeaseLost = Callable[[Any], object]
 
 
-def new_owner() -> str:
-    """A fresh owner id for ONE acquisition (80 random bits, hex: no ':' inside)."""
-    return os.urandom(10).hex()
+#: Every lane object of this process, so a forked child can reset what it cannot share.
+_LANES: weakref.WeakSet[RedisLaneBase[Any]] = weakref.WeakSet()
 
 
-class RedisHoldBase(Hold):
-    """One acquisition of a Redis lane for one key, from grant to release.
+def _after_fork_in_child() -> None:
+    """A forked child shares nothing mutable with its parent's threads: each lane object
+    gets a fresh lock (a parent thread may have held it at the fork), no renewer, and
+    no renewal connection (its socket is the parent's). Inherited holds stay in the
+    registry, never renewed here (see ``RedisLaneBase._foreign``)."""
+    for lane in list(_LANES):
+        lane._lock = threading.Lock()
+        lane._renewing = False
+        lane._joins = {}
+        lane._watch_at = math.inf
+        lane._forked()
 
-    Attributes:
-        key: the key.
-        token / fencing_token: the grant's fencing token (0 before the grant): an integer
-            that grows with every grant of the key (per-key lane) or of the lane (counting
-            lane), across processes, idle gaps and server restarts. Pass it to the store
-            you write to, so it can refuse writes carrying an older token.
-        owner: this acquisition's random owner id (what the scripts check on release).
-        held: True from the grant until ``release()``, also once the lease is lost.
-        lost: True once the lease is known to be lost (a renewal found the hold gone, or
-            Redis stayed unreachable until the lease must have run out); the key may
-            belong to someone else: stop working under it.
 
-    Test hook: ``hold._suspend_renewal()`` stops renewing this hold (as a long GC pause or
-    a frozen process would), so its lease runs out while the holder still runs;
-    ``hold._suspend_renewal(False)`` resumes. Used by the C15/C16 tests.
-    """
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
-    __slots__ = ("owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused")
 
-    def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
-        super().__init__(lane, key, timeout_s, 0)
-        self.owner = new_owner()
-        self._state = PENDING
-        self._lost = False
-        self._since = 0.0  # monotonic time the grant was asked for
-        self._expires = 0.0  # conservative local end of the lease (monotonic)
-        self._renew_at = 0.0
-        self._paused = False
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease is known to be lost."""
-        return self._lost
-
-    @property
-    def held(self) -> bool:
-        """True from the grant until :meth:`release` (also after the lease was lost:
-        see :attr:`lost`), as on every hold; a queue releases what is ``held``."""
-        return self._state == HELD
-
-    def _suspend_renewal(self, suspended: bool = True) -> None:
-        """Test hook: stop (or resume) renewing this hold's lease. See the class doc."""
-        self._paused = suspended
-
-    def __repr__(self) -> str:
-        state = ("pending", "held", "released")[self._state]
-        if self._lost:
-            state = "lost"
-        return (
-            f"<{type(self).__name__} lane={self.lane.name!r} key={self.key!r} "
-            f"token={self.token} {state}>"
-        )
 
 
 H = TypeVar("H", bound=RedisHoldBase)
 
 T = TypeVar("T")
 
-Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
 
 #: One piece of I/O a procedure asks its face for: ``fn(*args)``, called by the thread
-#: face and awaited by the asyncio face (a script call, a BLPOP, a sleep).
+#: face and awaited by the asyncio face (a script call, a wait for a wake-up).
 Step = tuple[Callable[..., Any], tuple[Any, ...]]
 #: A procedure: yields steps, is sent each step's reply (or thrown its error), returns T.
 Steps = Generator[Step, Any, T]
 
 
-def _check_name(name: object) -> str:
-    n = check_key(name, "name")
-    if any(c in n for c in ":{}"):
-        raise ValueError(f"a Redis lane name must not contain ':', '{{' or '}}': {n!r}")
-    return n
-
-
-def _check_prefix(prefix: object) -> str:
-    p = check_key(prefix, "prefix")
-    if "{" in p or "}" in p:
-        raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags): {p!r}")
-    return p
-
-
-def _check_lease(lease_s: object) -> float:
-    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
-        raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
-    v = float(lease_s)
-    if not math.isfinite(v) or v < _MIN_LEASE_S:
-        raise ValueError(f"lease_s must be a finite number >= {_MIN_LEASE_S}, got {lease_s!r}")
-    return v
-
-
-def _socket_timeout(client: Any) -> float | None:
-    """The client's socket timeout, if it has one: a blocking wait must stay below it."""
-    try:
-        v = client.connection_pool.connection_kwargs.get("socket_timeout")
-    except AttributeError:
-        return None
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
-
-
-def grant_reply(reply: Any) -> tuple[bool, int]:
-    """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted (the reply
-    is the token), else ``(False, wake)`` (the reply is ``[0, wake]``; acquire: ms until
-    the lease blocking a head-of-line caller runs out, or -1)."""
-    if isinstance(reply, list):
-        return False, int(reply[1])
-    return True, int(reply)
-
-
-def next_block(poll_s: float, wake_ms: int, deadline: float | None, now: float) -> float:
-    """How long a waiter blocks on its signal before re-checking: at most ``poll_s``, no
-    later than the blocking lease runs out (head of the line), nor past the deadline
-    (then 0: stop waiting)."""
-    block = poll_s
-    if wake_ms >= 0:
-        block = min(block, wake_ms / 1000 + _MIN_BLOCK_S)
-    if deadline is not None:
-        left = deadline - now
-        if left <= 0:
-            return 0.0
-        block = min(block, left)
-    return max(block, _MIN_BLOCK_S)
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 class RedisLaneBase(ABC, Generic[H]):
     """State, bookkeeping and procedures of one Redis lane object (either kind, either face).
 
-    ``_kind`` is ``"s"`` (per-key) or ``"c"`` (counting): :class:`SessionLaneBase` and
-    :class:`CountingLaneBase` set it. The arguments are the counting lane's (the per-key
+    ``_kind_class`` (:class:`~._kinds.SessionKind` or :class:`~._kinds.CountingKind`,
+    set by :class:`SessionLaneBase` and :class:`CountingLaneBase`) makes the kind object
+    ``_k`` that knows the kind's keys and script calls, so nothing here switches on the
+    kind. The arguments are the counting lane's (the per-key
     lane passes ``max_concurrent=1``). A face supplies the I/O: ``_hold_class`` (the hold
     objects it makes), ``_run`` (one script call, plain or a coroutine) and
     ``_start_renewer``; it runs the procedures (the methods returning :data:`Steps`).
     """
 
-    _kind: ClassVar[str]
+    #: The kind object's class (SessionKind or CountingKind): keys and script calls.
+    _kind_class: ClassVar[type[Kind]]
     _async_face: ClassVar[bool] = False
     _hold_class: type[H]
+    #: The redis-py client classes this face accepts (the face sets them).
+    _client_types: ClassVar[tuple[type, ...]] = ()
+    _client_hint: ClassVar[str] = ""
+    #: The protocol version this lane speaks (its key layout and scripts).
+    _layout: ClassVar[str] = LAYOUT
+    #: Life of the lane's version marker; every lane object in use re-claims it at least
+    #: every half of this, so it never runs out while a client of its version is active.
+    _version_ttl_s: ClassVar[float] = 60.0
 
     def __init__(
         self,
@@ -232,18 +152,18 @@ class RedisLaneBase(ABC, Generic[H]):
         prefix: str = DEFAULT_PREFIX,
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
-        self.name = _check_name(name)
+        self.name = check_name(name)
         self.timeout_s: float | None = check_timeout(timeout_s)
-        self.lease_s = _check_lease(lease_s)
-        self.prefix = _check_prefix(prefix)
+        self.lease_s = check_lease(lease_s)
+        self.prefix = check_prefix(prefix)
         if on_lease_lost is not None and not callable(on_lease_lost):
             raise TypeError("on_lease_lost must be callable or None")
         self.on_lease_lost = on_lease_lost
         self._cap = check_count(max_concurrent, "max_concurrent")
-        self._client = client
+        self._client: Any = self._check_client(client)
         self._lease_ms = max(1, round(self.lease_s * 1000))
-        poll = min(_MAX_POLL_S, self.lease_s / 3)
-        st = _socket_timeout(client)
+        poll = min(MAX_POLL_S, self.lease_s / 3)
+        st = socket_timeout(client)
         if st is not None:
             poll = min(poll, st / 2)
         self._poll_s = poll
@@ -252,37 +172,38 @@ class RedisLaneBase(ABC, Generic[H]):
         # and rejoins at the tail if it comes back.
         self._live_ms = round((3 * poll + 1.0) * 1000)
         self._renew_s = self.lease_s / 3
+        # The holder's deadline is the lease less this guard (see RedisHoldBase._expires).
+        self._guard_s = min(0.05 * self.lease_s, 0.25)
+        # Longest wait of one renewal (its own connection's socket timeout): a renewal
+        # sent at lease/3 has its answer, or has failed, by 7/12 of the lease.
+        self._renew_timeout_s = max(0.02, self.lease_s / 4)
         self._fence_ttl_ms = self._lease_ms
-        self._lane_base = f"{{{self.prefix}:c:{self.name}}}:"
-        reg = getattr(client, "register_script", None)
-        if not callable(reg):
-            raise TypeError(
-                f"client must be a redis-py client (redis.Redis, or redis.asyncio.Redis "
-                f"for the asyncio lanes), not {type(client).__name__}"
-            )
-        if self._kind == "s":
-            self._s_acquire = reg(lua.SESSION_ACQUIRE)
-            self._s_release = reg(lua.SESSION_RELEASE)
-            self._s_renew = reg(lua.SESSION_RENEW)
-            self._s_withdraw = reg(lua.SESSION_WITHDRAW)
-            self._s_info = reg(lua.SESSION_INFO)
-        else:
-            self._s_acquire = reg(lua.COUNTING_ACQUIRE)
-            self._s_release = reg(lua.COUNTING_RELEASE)
-            self._s_renew = reg(lua.COUNTING_RENEW)
-            self._s_withdraw = reg(lua.COUNTING_WITHDRAW)
-            self._s_info = reg(lua.COUNTING_INFO)
+        self._server_checked = False
+        self._version_due = 0.0  # monotonic time the version marker must be re-claimed
+        self._watch_at = math.inf  # when the watchdog's pending entry for us fires
+        self._version_key = version_key(self.prefix, self._kind_class.letter, self.name)
+        self._s_version = client.register_script(lua.VERSION_CLAIM)
+        self._k: Kind = self._kind_class(
+            client, self.prefix, self.name, self._layout, self._lease_ms,
+            self._fence_ttl_ms, self._cap,
+        )
         # Guards the registry and counters; never held across I/O, so it is also safe on
         # an event loop.
         self._lock = threading.Lock()
         # This object's holds not yet released (lost ones included), per key, oldest
         # first: manual_release(key) ends the oldest.
-        self._holds: dict[str, list[H]] = {}
+        self._holds: dict[str, list[Kept | Watched]] = {}
         self._n_live = 0  # held and not known lost
         self._waiting = 0  # this object's callers waiting now
         self._renewing = False
         self._renewer_pid = 0
         self._idle_since: float | None = None
+        # Registry entries of caller-owned holds that were garbage-collected unreleased
+        # (appended by the weak reference's callback; purged under the lock).
+        self._dropped: deque[Watched] = deque()
+        # Per key, the event of this object's latest same-key request still joining.
+        self._joins: dict[str, Any] = {}
+        _LANES.add(self)
         self.acquired = 0
         self.released = 0
         self.timeouts = 0
@@ -291,58 +212,36 @@ class RedisLaneBase(ABC, Generic[H]):
         self.unmatched = 0
         self.leases_lost = 0
 
-    # -- key layout and script calls ---------------------------------------------------
+    @classmethod
+    def _check_client(cls, client: Any) -> Any:
+        """``client`` if it is of this face's kind (C26: a sync client given to an asyncio
+        lane, or the reverse, is refused here, before any script runs)."""
+        if not isinstance(client, cls._client_types):
+            raise TypeError(
+                f"client must be {cls._client_hint} for {cls.__name__}, not "
+                f"{type(client).__module__}.{type(client).__name__}"
+            )
+        return client
+
+    # -- key layout and script calls (the kind object's) ------------------------------
 
     def _base(self, key: str) -> str:
-        if self._kind == "s":
-            return f"{{{self.prefix}:s:{self.name}:{key}}}:"
-        return self._lane_base
+        return self._k.base(key)
 
-    def _signal_key(self, hold: RedisHoldBase) -> str:
-        return f"{self._base(hold.key)}s:{hold.owner}"
-
-    def _keys(self, hold: RedisHoldBase, signal: bool) -> list[str]:
-        b = self._base(hold.key)
-        ks = [b + "h", b + "q", b + "w", b + "f"] if self._kind == "s" else [
-            b + "h", b + "i", b + "q", b + "w", b + "f"
-        ]
-        if signal:
-            ks.append(f"{b}s:{hold.owner}")
-        return ks
-
-    def _acquire_call(self, hold: RedisHoldBase, wait: bool) -> Call:
-        if self._kind == "s":  # one key, the rest derived in the script (see _scripts)
-            args: list[Any] = [hold.owner, self._lease_ms, self._live_ms if wait else 0]
-            return self._s_acquire, [self._base(hold.key) + "h"], args
-        args = [
-            hold.owner, self._lease_ms, self._live_ms, 1 if wait else 0, self._fence_ttl_ms,
-            self._cap, hold.key,
-        ]
-        return self._s_acquire, self._keys(hold, True), args
+    def _acquire_call(self, hold: RedisHoldBase, wait: bool, live_ms: int = 0) -> Call:
+        return self._k.acquire(hold.owner, hold.key, wait, live_ms or self._live_ms)
 
     def _release_call(self, hold: RedisHoldBase) -> Call:
-        if self._kind == "s":  # the holder value of our grant (owner:token), see _scripts
-            args = [f"{hold.owner}:{hold.token}", self._lease_ms]
-            return self._s_release, [self._base(hold.key) + "h"], args
-        args = [hold.owner, self._fence_ttl_ms, self._cap]
-        return self._s_release, self._keys(hold, False), args
+        return self._k.release(hold.owner, hold.token, hold.key)
 
     def _renew_call(self, hold: RedisHoldBase) -> Call:
-        if self._kind == "s":
-            return self._s_renew, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
-        args = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap]
-        return self._s_renew, self._keys(hold, False), args
+        return self._k.renew(hold.owner, hold.key)
 
     def _withdraw_call(self, hold: RedisHoldBase) -> Call:
-        if self._kind == "s":
-            return self._s_withdraw, [self._base(hold.key) + "h"], [hold.owner, self._lease_ms]
-        args: list[Any] = [hold.owner, self._lease_ms, self._fence_ttl_ms, self._cap, hold.key]
-        return self._s_withdraw, self._keys(hold, True), args
+        return self._k.withdraw(hold.owner, hold.key)
 
     def _info_call(self, key: str | None) -> Call:
-        b = self._base(key or "")
-        keys = [b + "h", b + "w"] if self._kind == "s" else [b + "h", b + "i", b + "w"]
-        return self._s_info, keys, []
+        return self._k.info(key)
 
     # -- the face's I/O, and the procedures' one way to ask for it -----------------------
 
@@ -352,6 +251,42 @@ class RedisLaneBase(ABC, Generic[H]):
         ``op`` (acquire, withdraw, release, read, renew) and ``key`` name it, for
         subclasses that trace calls. Errors pass through: :meth:`_ask` maps them, the
         renewer handles its own."""
+
+    @abstractmethod
+    def _expect(self, owner: str) -> None:
+        """Register a waiter with the process's wake-up listener (before its first
+        script: see :mod:`._wake`)."""
+
+    @abstractmethod
+    def _forget(self, owner: str) -> None:
+        """The waiter is done (granted, timed out or gone)."""
+
+    @abstractmethod
+    def _wait_wake(self, owner: str, block: float) -> Any:
+        """Step: wait up to ``block`` seconds for ``owner``'s wake-up (no connection is
+        held meanwhile)."""
+
+    @abstractmethod
+    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Step: ``fn(*args)`` (a redis-py call), within the process's bound on calls in
+        flight per client (see :mod:`._wake`)."""
+
+    @abstractmethod
+    def _local_waiters(self) -> int:
+        """Waiters of this process registered with this client's wake-up listener."""
+
+    @abstractmethod
+    def _new_event(self) -> Any:
+        """An event of the face's kind (threading or asyncio): ``set()``."""
+
+    @abstractmethod
+    def _wait_turn(self, prev: Any) -> Any:
+        """Step: wait until the predecessor's event ``prev`` is set."""
+
+    @abstractmethod
+    def _renew_io(self, call: Call, wait: float) -> Any:
+        """The face's renewal call: the script over the renewer's own connection,
+        waiting at most ``wait`` seconds (a RedisError or TimeoutError past that)."""
 
     @abstractmethod
     def _start_renewer(self, needed: bool) -> None:
@@ -385,37 +320,77 @@ class RedisLaneBase(ABC, Generic[H]):
 
     # -- the registry of this object's holds -------------------------------------------
 
-    def _register(self, hold: H, token: int, t0: float) -> bool:
-        """Record a grant; return True if the caller must start a renewer."""
+    def _register(self, hold: H, token: int, t0: float, kept: bool) -> bool:
+        """Record a grant asked for at ``t0``; return True if the caller must start a
+        renewer. ``kept``: the lane object owns the hold (strong registry entry), else
+        its caller does (weak entry: see :mod:`._lease`)."""
         with self._lock:
+            self._purge_dropped()
             hold.token = token
             hold._state = HELD
             hold._since = t0
-            hold._expires = t0 + self.lease_s
+            hold._expires = t0 + self.lease_s - self._guard_s
             hold._renew_at = t0 + self._renew_s
-            holds = self._holds.get(hold.key)
-            if holds is None:
-                self._holds[hold.key] = [hold]
+            hold._pid = pid = os.getpid()
+            entry: Kept | Watched = Kept(hold) if kept else Watched(hold, self._on_drop)
+            hold._entry = entry
+            entries = self._holds.get(hold.key)
+            if entries is None:
+                self._holds[hold.key] = [entry]
             else:
-                holds.append(hold)
+                entries.append(entry)
             self._n_live += 1
             self.acquired += 1
-            if self._renewing and self._renewer_pid == os.getpid():
-                return False
-            # No renewer (never started, exited idle, or we are in a forked child).
-            self._renewing = True
-            self._renewer_pid = os.getpid()
-            self._idle_since = None
-            return True
+            start = not (self._renewing and self._renewer_pid == pid)
+            if start:
+                # No renewer (never started, exited idle, or we are in a forked child).
+                self._renewing = True
+                self._renewer_pid = pid
+                self._idle_since = None
+            watch = hold._expires < self._watch_at
+            if watch:
+                self._watch_at = hold._expires
+        if watch:
+            watchdog.watch(self, hold._expires)
+        return start
+
+    def _on_drop(self, entry: Watched) -> None:
+        """A caller-owned hold was garbage-collected while still registered (never
+        released): it is no longer renewed, so its lease lapses (C20). Runs inside the
+        garbage collector: no lock taken here; the entry is purged later."""
+        self._dropped.append(entry)
+        warnings.warn(
+            f"lane {self.name!r}: a hold of key {entry.key!r} (fencing token {entry.token}) "
+            f"was garbage-collected without release; it is no longer renewed and its "
+            f"lease lapses within {self.lease_s} s",
+            ResourceWarning,
+            stacklevel=2,
+        )
+
+    def _purge_dropped(self) -> None:
+        """Lock held: forget the entries of dropped holds."""
+        while self._dropped:
+            entry = self._dropped.popleft()
+            entries = self._holds.get(entry.key)
+            if entries is None or entry not in entries:
+                continue
+            entries.remove(entry)
+            if not entries:
+                del self._holds[entry.key]
+            if entry.live:
+                entry.live = False
+                self._n_live -= 1
 
     def _unlink(self, hold: H) -> None:
         """Lock held: drop ``hold`` from the registry and mark it ENDED."""
         hold._state = ENDED
-        holds = self._holds[hold.key]
-        holds.remove(hold)
-        if not holds:
+        entry, hold._entry = hold._entry, None
+        entries = self._holds[hold.key]
+        entries.remove(entry)
+        if not entries:
             del self._holds[hold.key]
-        if not hold._lost:
+        if entry.live:
+            entry.live = False
             self._n_live -= 1
 
     def _detach(self, hold: H) -> bool:
@@ -424,18 +399,24 @@ class RedisLaneBase(ABC, Generic[H]):
         with self._lock:
             if hold._state != HELD:
                 return False
-            self._unlink(hold)
+            hold._state = RELEASING
             return True
 
     def _detach_oldest(self, key: str) -> H | None:
+        hold: H | None = None
         with self._lock:
-            holds = self._holds.get(key)
-            if not holds:
-                self.unmatched += 1
-                hold = None
+            self._purge_dropped()
+            for entry in self._holds.get(key, ()):
+                hold = entry()
+                if hold is not None and hold._state == HELD:
+                    if hold._pid == os.getpid():
+                        hold._state = RELEASING
+                    break
             else:
-                hold = holds[0]
-                self._unlink(hold)
+                hold = None
+                self.unmatched += 1
+        if hold is not None:
+            self._foreign(hold)  # a hold inherited through fork: a clear error
         if hold is None:
             log.warning(
                 "lane %r: manual_release(%r): key is not held by this client (this lane "
@@ -443,6 +424,15 @@ class RedisLaneBase(ABC, Generic[H]):
                 self.name, key,
             )
         return hold
+
+    def _foreign(self, hold: RedisHoldBase) -> None:
+        """Raise if ``hold`` was granted in another process (we are a forked child)."""
+        if hold._pid != os.getpid():
+            raise RuntimeError(
+                f"lane {self.name!r}: the hold of key {hold.key!r} was granted in process "
+                f"{hold._pid}; it cannot be renewed or released from process {os.getpid()} "
+                f"(a forked child): release it in the process that acquired it"
+            )
 
     def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
         return LeaseLostError(
@@ -482,65 +472,178 @@ class RedisLaneBase(ABC, Generic[H]):
                 return
             hold._lost = True
             self.leases_lost += 1
-            if hold._state == HELD:
+            entry = hold._entry
+            if entry is not None and entry.live:
+                entry.live = False
                 self._n_live -= 1
         log.warning(
             "lane %r: lease of key %r (fencing token %d) lost", self.name, hold.key, hold.token
         )
+        if self.on_lease_lost is not None:
+            self._call_lost(hold)
+
+    def _call_lost(self, hold: H) -> None:
+        """Call ``on_lease_lost(hold)`` (the asyncio face hands it to the hold's loop)."""
         cb = self.on_lease_lost
-        if cb is not None:
-            try:
-                cb(hold)
-            except Exception:
-                log.exception("lane %r: on_lease_lost callback failed", self.name)
+        if cb is None:
+            return
+        try:
+            cb(hold)
+        except Exception:
+            log.exception("lane %r: on_lease_lost callback failed", self.name)
+
+    def _deadlines_due(self, at: float) -> None:
+        """The watchdog, at ``at``: every hold whose deadline has passed without a
+        confirmed renewal is lost; then the watchdog is told this object's next earliest
+        deadline (one pending entry per lane object; a superseded entry only checks)."""
+        now = time.monotonic()
+        due: list[H] = []
+        with self._lock:
+            nxt = math.inf
+            for entries in self._holds.values():
+                for entry in entries:
+                    h = entry()
+                    if h is None or h._lost or not HELD <= h._state <= RELEASING:
+                        continue
+                    if h._expires <= now:
+                        due.append(h)
+                    elif h._expires < nxt:
+                        nxt = h._expires
+            push = at == self._watch_at or nxt < self._watch_at
+            if push:
+                self._watch_at = nxt
+        for h in due:
+            self._notice_lost(h)
+        if push and nxt < math.inf:
+            watchdog.watch(self, nxt)
 
     # -- procedures: acquire, wait, withdraw, release ------------------------------------
 
-    def _granted(self, hold: H, token: int, t0: float) -> bool:
+    def _granted(self, hold: H, token: int, t0: float, kept: bool) -> bool:
         """Record a grant asked for at ``t0`` and see that it is renewed; True."""
-        self._start_renewer(self._register(hold, token, t0))
+        self._start_renewer(self._register(hold, token, t0, kept))
         return True
 
-    def _take(self, hold: H, timeout: float | None) -> Steps[bool]:
+    def _forked(self) -> None:
+        """In a forked child: the face drops what it cannot share (its renewal link)."""
+
+    def _check_server(self) -> Steps[None]:
+        """First use of this lane object: refuse a server that may evict lane keys (C22).
+        Under ``maxmemory`` with any policy but ``noeviction``, Redis deletes keys to make
+        room, lane keys included (they all have a TTL, so every ``volatile-*`` policy picks
+        them too), and a deleted holder key lets a waiter in next to the live holder."""
+        info = yield from self._ask("check", None, self._bounded, self._client.info, "memory")
+        # A cluster client answers per node: {node: {field: value}}.
+        nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) \
+            else [info]
+        for node in nodes:
+            policy = str(node.get("maxmemory_policy", "noeviction"))
+            limit = int(node.get("maxmemory", 0) or 0)
+            if limit and policy != "noeviction":
+                raise LaneBackendError(
+                    f"lane {self.name!r}: the Redis server has maxmemory {limit} bytes with "
+                    f"maxmemory-policy {policy!r}: it may evict lane keys, and an evicted "
+                    f"holder key would let a second holder in. Set maxmemory-policy "
+                    f"noeviction (or maxmemory 0) on the server used for lanes"
+                )
+        self._server_checked = True
+
+    def _version_call(self) -> Call:
+        return self._s_version, [self._version_key], [
+            self._layout, round(self._version_ttl_s * 1000)
+        ]
+
+    def _version_claimed(self, reply: Any, t0: float) -> None:
+        """Interpret the marker's answer (claimed at ``t0``); raise if another version
+        uses the lane."""
+        seen = text(reply)
+        if seen != self._layout:
+            raise LaneBackendError(
+                f"lane {self.name!r} (prefix {self.prefix!r}) is in use by clients of "
+                f"protocol version {seen!r}; this client speaks {self._layout!r}. Clients "
+                f"of two versions never share a lane: stop the others (their marker runs "
+                f"out {self._version_ttl_s:.0f} s after their last use) or use another "
+                f"prefix for the new version"
+            )
+        self._version_due = t0 + self._version_ttl_s / 2
+
+    def _check_version(self) -> Steps[None]:
+        """Claim the lane for our protocol version (see :mod:`._keys`)."""
+        t0 = time.monotonic()
+        reply = yield from self._script("check", None, self._version_call())
+        self._version_claimed(reply, t0)
+
+    def _take(self, hold: H, timeout: float | None, kept: bool = False) -> Steps[bool]:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for the grant of
-        ``hold``; True once granted (the hold is registered and renewed)."""
+        ``hold``; True once granted (the hold is registered and renewed; ``kept``: owned
+        by this lane object, see :meth:`_register`)."""
         key = hold.key
         wait = timeout != 0
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        in_line = False
+        in_line = expecting = False
+        turn = None
+        owner = hold.owner
         try:
-            call = self._acquire_call(hold, wait)
-            granted, value = grant_reply((yield from self._script("acquire", key, call)))
+            if wait:
+                # Same-key requests of this process join the line in arrival order (C29):
+                # each sends its first script once its predecessor's has answered.
+                prev, turn = self._join_turn(key)
+            else:
+                prev = None
+            if not self._server_checked:
+                yield from self._check_server()
+            if time.monotonic() >= self._version_due:
+                yield from self._check_version()
+            if prev is not None:
+                yield self._wait_turn, (prev,)
+            poll, live_ms = self._poll_plan()
+            call = self._acquire_call(hold, wait, live_ms)
+            try:
+                granted, value = grant_reply((yield from self._script("acquire", key, call)))
+            finally:
+                if turn is not None:
+                    self._turn_done(key, turn)
+                    turn = None
             if granted:
-                return self._granted(hold, value, t0)
+                granted, value, t0 = yield from self._fresh(hold, value, t0)
+            if granted:
+                return self._granted(hold, value, t0, kept)
             if not wait:
                 self._count_outcome(rejected=True)
                 return False
-            signal = self._signal_key(hold)
             in_line = True
             self._wait_delta(1)
+            # A wake-up that came before this (the key was handed to us right after our
+            # first script) was kept by the listener for us.
+            self._expect(owner)
+            expecting = True
             wake = value
             while True:
-                block = next_block(self._poll_s, wake, deadline, time.monotonic())
+                block = next_block(poll, wake, deadline, time.monotonic())
                 if not block:
                     break
-                yield from self._ask("wait", key, self._client.blpop, [signal], block)
+                yield self._wait_wake, (owner, block)
                 # Woken (or the bounded wait ran out): re-run acquire, which confirms a
                 # hand-off, takes over a lapsed holder if we are first, or refreshes our
                 # liveness in line.
                 t0 = time.monotonic()
-                call = self._acquire_call(hold, True)
+                poll, live_ms = self._poll_plan()
+                call = self._acquire_call(hold, True, live_ms)
                 granted, value = grant_reply((yield from self._script("acquire", key, call)))
                 if granted:
-                    return self._granted(hold, value, t0)
+                    granted, value, t0 = yield from self._fresh(hold, value, t0)
+                if granted:
+                    return self._granted(hold, value, t0, kept)
                 wake = value
             # Out of time. A hand-off may have reached us meanwhile: withdraw settles it.
             t0 = time.monotonic()
             call = self._withdraw_call(hold)
             granted, value = grant_reply((yield from self._script("withdraw", key, call)))
             if granted:
-                return self._granted(hold, value, t0)
+                granted, value, t0 = yield from self._fresh(hold, value, t0)
+            if granted:
+                return self._granted(hold, value, t0, kept)
             self._count_outcome(timed_out=True)
             return False
         except LaneBackendError:
@@ -558,6 +661,48 @@ class RedisLaneBase(ABC, Generic[H]):
         finally:
             if in_line:
                 self._wait_delta(-1)
+            if turn is not None:
+                self._turn_done(key, turn)
+            if expecting:
+                self._forget(owner)
+
+    def _poll_plan(self) -> tuple[float, int]:
+        """(seconds until this waiter's next poll, its liveness window in ms, sent with
+        the call that refreshes it). A poll refreshes the waiter's liveness; the process's
+        waiters on one client together poll at most about ``REFRESHES_PER_S`` times a
+        second, so 10,000 waiters do not flood Redis: each polls less often, with a
+        liveness window to match (3 polls + 1 s)."""
+        poll = max(self._poll_s, self._local_waiters() / REFRESHES_PER_S)
+        if poll == self._poll_s:
+            return poll, self._live_ms
+        return poll, round((3 * poll + 1.0) * 1000)
+
+    def _fresh(self, hold: H, token: int, t0: float) -> Steps[tuple[bool, int, float]]:
+        """A grant whose reply took more than half a lease (asked for at ``t0``: a frozen
+        server, a stalled connection) would leave its holder little or nothing of its
+        deadline, which counts from ``t0``: extend it first (the renew script, only if
+        it is still ours). Returns (still granted, token, the ``t0`` to count from)."""
+        while time.monotonic() - t0 > self.lease_s / 2:
+            t0 = time.monotonic()
+            reply = yield from self._script("renew", hold.key, self._renew_call(hold))
+            if int(reply) != 1:
+                return False, -1, t0
+        return True, token, t0
+
+    def _join_turn(self, key: str) -> tuple[Any, Any]:
+        """Register a same-key request of this process: (its predecessor's event or
+        None, its own event, set once its first script has answered)."""
+        mine = self._new_event()
+        with self._lock:
+            prev = self._joins.get(key)
+            self._joins[key] = mine
+        return prev, mine
+
+    def _turn_done(self, key: str, mine: Any) -> None:
+        mine.set()
+        with self._lock:
+            if self._joins.get(key) is mine:
+                del self._joins[key]
 
     def _abandon(self, hold: H) -> Steps[None]:
         """An interrupted wait: leave the line and pass on a grant that arrived
@@ -573,17 +718,26 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _release(self, hold: H) -> Steps[bool]:
         """``hold.release()``: False if it is not held, else see :meth:`_finish`."""
+        if hold._state == HELD:
+            self._foreign(hold)
         if not self._detach(hold):
             return False
         return (yield from self._finish(hold))
 
     def _finish(self, hold: H) -> Steps[bool]:
-        """Release a hold already taken out of the registry (so no longer renewed: if
-        this raises LaneBackendError, the lease lapses by itself within ``lease_s``)."""
-        if hold._lost:
-            return self._lost_release(hold)
-        reply = yield from self._script("release", hold.key, self._release_call(hold))
-        return self._release_result(hold, int(reply) == 1)
+        """Release a hold marked RELEASING (renewed until the script answers; then out of
+        the registry: if this raises LaneBackendError, the lease lapses by itself within
+        ``lease_s``)."""
+        try:
+            if hold.lost:
+                self._notice_lost(hold)
+                return self._lost_release(hold)
+            reply = yield from self._script("release", hold.key, self._release_call(hold))
+            return self._release_result(hold, int(reply) == 1)
+        finally:
+            with self._lock:
+                if hold._state == RELEASING:
+                    self._unlink(hold)
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
@@ -607,32 +761,34 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _new_hold(self, key: str, timeout_s: Any = LANE_DEFAULT) -> H:
         """``acquire(key, timeout_s=...)``: check the arguments, make the hold."""
-        if key.__class__ is not str or not key:
-            key = check_key(key)
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         return self._hold_class(self, key, timeout)
 
     def _hold_steps(self, key: str, timeout: float | None) -> Steps[H | None]:
         """For a queue's ``acquire_all``: the granted hold, or None on timeout."""
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         hold = self._hold_class(self, key, timeout)
         return hold if (yield from self._take(hold, timeout)) else None
 
     def _try_acquire(self, key: str) -> Steps[bool]:
-        if key.__class__ is not str or not key:
-            key = check_key(key)
-        return (yield from self._take(self._hold_class(self, key, 0.0), 0.0))
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
+        return (yield from self._take(self._hold_class(self, key, 0.0), 0.0, kept=True))
 
     def _acquire_timeout(self, key: str, timeout_s: float | None) -> Steps[bool]:
-        if key.__class__ is not str or not key:
-            key = check_key(key)
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         timeout = check_timeout(timeout_s)
-        return (yield from self._take(self._hold_class(self, key, timeout), timeout))
+        return (yield from self._take(self._hold_class(self, key, timeout), timeout, kept=True))
 
     def _manual_release(self, key: str) -> Steps[bool]:
         """Release this object's oldest hold of ``key``; False (and a warning) when there
         is none or it is not ours any more."""
-        if key.__class__ is not str or not key:
-            key = check_key(key)
+        if key.__class__ is not str or not key or not key.isascii():
+            key = plain_key(key)
         hold = self._detach_oldest(key)
         if hold is None:
             return False
@@ -649,9 +805,12 @@ class RedisLaneBase(ABC, Generic[H]):
         None when the renewer should exit (no live hold for a whole lease).
 
         The sleep never exceeds ``lease_s/3``, and a new hold is first due ``lease_s/3``
-        after its grant was asked for, so registration needs no wake-up call.
+        after its grant was asked for, so registration needs no wake-up call. Holds
+        granted in another process (inherited through fork) are never renewed here.
         """
+        pid = os.getpid()
         with self._lock:
+            self._purge_dropped()
             if self._n_live == 0:
                 if self._idle_since is None:
                     self._idle_since = now
@@ -665,9 +824,11 @@ class RedisLaneBase(ABC, Generic[H]):
             soon = now + self._renew_s / 4
             batch: list[H] = []
             first = nxt = now + self._renew_s
-            for holds in self._holds.values():
-                for h in holds:
-                    if h._state != HELD or h._lost or h._paused:
+            for entries in self._holds.values():
+                for entry in entries:
+                    h = entry()
+                    if h is None or not HELD <= h._state <= RELEASING or h._lost or h._paused \
+                            or h._pid != pid:
                         continue
                     if h._renew_at <= soon:
                         batch.append(h)
@@ -680,14 +841,20 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _renewed(self, hold: H, ok: bool, t0: float) -> None:
         if not ok:
-            if hold._state == HELD:
+            if HELD <= hold._state <= RELEASING:
                 self._notice_lost(hold)
             return
         with self._lock:
-            # The lease was extended by a script that ran after t0: counting from t0
-            # keeps our idea of the deadline at or before the server's.
-            hold._expires = t0 + self.lease_s
-            hold._renew_at = t0 + self._renew_s
+            # Too late: the deadline passed before the answer came, and the hold has read
+            # as lost since; it stays lost (never lost, then held again).
+            late = hold._lost or time.monotonic() >= hold._expires
+            if not late:
+                # The lease was extended by a script that ran after t0: counting from t0
+                # keeps our deadline at or before the server's.
+                hold._expires = t0 + self.lease_s - self._guard_s
+                hold._renew_at = t0 + self._renew_s
+        if late and HELD <= hold._state <= RELEASING:
+            self._notice_lost(hold)
 
     def _renew_failed(self, hold: H, exc: BaseException, now: float) -> None:
         log.warning(
@@ -696,25 +863,36 @@ class RedisLaneBase(ABC, Generic[H]):
         )
         with self._lock:
             hold._renew_at = now + min(self._renew_s, 0.25)
-            expired = now >= hold._expires and hold._state == HELD
-        if expired:
-            # Unreachable until the lease must have run out: the hold may be someone
-            # else's now (or gone with a restarted server).
-            self._notice_lost(hold)
 
     def _renew_round(self) -> Steps[float | None]:
         """One round of the renewer: renew the holds due now; return how long to sleep,
-        or None when the renewer should exit (see :meth:`_renewal_due`)."""
+        or None when the renewer should exit (see :meth:`_renewal_due`).
+
+        Each renewal goes over the renewer's own connection (never waiting for a pool
+        shared with waiters) and waits at most ``min(lease_s/4, time left before the
+        holder's deadline)``; a hold too close to its deadline is not renewed (the
+        watchdog ends it). The holder's deadline never depends on this I/O."""
         plan = self._renewal_due(time.monotonic())
         if plan is None:
             return None
         due, sleep = plan
+        if due and time.monotonic() >= self._version_due:
+            # Holds live on without acquires: keep the version marker claimed meanwhile.
+            t0 = time.monotonic()
+            try:
+                reply = yield self._renew_io, (self._version_call(), self._renew_timeout_s)
+                self._version_claimed(reply, t0)
+            except Exception as exc:
+                log.warning("lane %r: version marker: %s", self.name, exc)
         for hold in due:
             call = self._renew_call(hold)
             t0 = time.monotonic()
+            wait = min(self._renew_timeout_s, hold._expires - t0)
+            if wait < 0.005:
+                continue
             try:  # not through _ask: a failed renewal is not an error of any caller
-                ok = int((yield self._run, ("renew", hold.key, call))) == 1
-            except RedisError as exc:
+                ok = int((yield self._renew_io, (call, wait))) == 1
+            except (RedisError, OSError, TimeoutError) as exc:
                 self._renew_failed(hold, exc, time.monotonic())
                 continue
             except Exception:  # never let the renewer die
@@ -792,9 +970,10 @@ class RedisLaneBase(ABC, Generic[H]):
         now = time.monotonic()
         with self._lock:
             out: dict[str, float] = {}
-            for key, holds in self._holds.items():
-                for h in holds:
-                    if not h._lost:
+            for key, entries in self._holds.items():
+                for entry in entries:
+                    h = entry()
+                    if h is not None and not h.lost:
                         out[key] = now - h._since
                         break
             return out
@@ -802,9 +981,8 @@ class RedisLaneBase(ABC, Generic[H]):
     def _count_outcome(self, *, timed_out: bool = False, rejected: bool = False,
                        cancelled: bool = False) -> None:
         with self._lock:
-            if rejected:
+            if rejected:  # a refusal is not a timeout (LaneStats)
                 self.rejected += 1
-                self.timeouts += 1
             elif timed_out:
                 self.timeouts += 1
             elif cancelled:
@@ -823,106 +1001,6 @@ class RedisLaneBase(ABC, Generic[H]):
             f"<{type(self).__name__} {self.name!r} prefix={self.prefix!r}{extra} "
             f"lease_s={self.lease_s} held_here={self._n_live} waiting_here={self._waiting}>"
         )
-
-
-class SessionLaneBase(RedisLaneBase[H]):
-    """The per-key kind (either face): its arguments, limits and per-key views."""
-
-    _kind = "s"
-
-    def __init__(
-        self,
-        client: Any,
-        name: str = "session",
-        *,
-        max_sessions: int = DEFAULT_MAX_SESSIONS,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
-        lease_s: float = DEFAULT_LEASE_S,
-        prefix: str = DEFAULT_PREFIX,
-        on_lease_lost: OnLeaseLost | None = None,
-    ) -> None:
-        super().__init__(
-            client, name, max_concurrent=1, timeout_s=timeout_s, lease_s=lease_s,
-            prefix=prefix, on_lease_lost=on_lease_lost,
-        )
-        self._max_sessions = check_count(max_sessions, "max_sessions")
-        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
-        self._idle_timeout_s = math.inf if idle is None else idle
-
-    @property
-    def max_sessions(self) -> int:
-        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
-        return self._max_sessions
-
-    @property
-    def idle_timeout_s(self) -> float:
-        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
-        return self._idle_timeout_s
-
-    @property
-    def session_count(self) -> int:
-        """Keys with a hold of THIS lane object now (Redis keeps no idle entries)."""
-        return len(self._local_active())
-
-    def cleanup_idle(self) -> int:
-        """Nothing idle is kept (keys expire in Redis by themselves): returns 0."""
-        return 0
-
-    def _key_info(self, key: str) -> Steps[tuple[bool, int]]:
-        """(``key`` has a holder, live callers in line for it), from Redis."""
-        key = check_key(key)
-        reply = yield from self._script("read", key, self._info_call(key))
-        return bool(int(reply[0])), int(reply[1])
-
-    def _limits(self) -> dict[str, Any]:
-        return {"max_sessions": self._max_sessions}
-
-
-class CountingLaneBase(RedisLaneBase[H]):
-    """The counting kind (either face): its arguments, limits and lane-wide views."""
-
-    _kind = "c"  # its arguments are RedisLaneBase's
-
-    @property
-    def max_concurrent(self) -> int:
-        """The lane's number of permits."""
-        return self._cap
-
-    def _info(self) -> Steps[tuple[int, int, int, list[tuple[int, str]]]]:
-        """(now_ms, holds, live waiters, [(since_ms, key), ...]), lane-wide, from Redis."""
-        reply = yield from self._script("read", None, self._info_call(None))
-        now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
-        active: list[tuple[int, str]] = []
-        for v in reply[3:]:
-            _fence, since, key = _text(v).split(":", 2)
-            active.append((int(since), key))
-        return now, holds, waiters, active
-
-    def _lane_wide(self) -> Steps[dict[str, Any]]:
-        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits and
-        ``keys`` (key -> seconds its oldest hold has lasted, server time): one round trip."""
-        now, holds, waiters, active = yield from self._info()
-        keys: dict[str, float] = {}
-        for since, key in active:
-            age = max(0.0, (now - since) / 1000.0)
-            if age > keys.get(key, -1.0):
-                keys[key] = age
-        return {
-            "active": holds,
-            "waiting": waiters,
-            "available": max(0, self._cap - holds),
-            "keys": keys,
-        }
-
-    def _holds_of(self, key: str) -> Steps[int]:
-        """Permits held now by ``key``, lane-wide, from Redis."""
-        key = check_key(key)
-        info = yield from self._info()
-        return sum(1 for _, k in info[3] if k == key)
-
-    def _limits(self) -> dict[str, Any]:
-        return {"max_concurrent": self._cap}
 
 
 def renewal(

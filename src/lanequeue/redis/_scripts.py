@@ -6,7 +6,7 @@ The layout of the keys and the reasoning behind each step are in the package doc
 Conventions shared by all scripts:
 
 - ``KEYS[1]`` always ends in ``"h"`` and starts with the lane's (or key's) base
-  ``{tag}:``; other keys of the same base (a waiter's signal list ``{tag}:s:<id>``; in
+  ``{tag}:``; other keys of the same base (a withdrawn waiter's tombstone ``{tag}:x:<id>``; in
   the per-key lane every other key) are derived from it. They share the hash tag, hence
   the slot, so a script never touches another slot (Redis Cluster).
 - Time is ``TIME`` on the server, read once per script: ``now`` in ms (leases,
@@ -26,6 +26,7 @@ Conventions shared by all scripts:
 from __future__ import annotations
 
 __all__ = [
+    "VERSION_CLAIM",
     "COUNTING_ACQUIRE",
     "COUNTING_INFO",
     "COUNTING_RELEASE",
@@ -71,6 +72,17 @@ local function fence(fk, now_us, s_us, fttl)
 end
 """
 
+_WAKE = r"""
+-- Wake a waiter: one message on its process's wake-up channel (the first 10 characters
+-- of an owner id name the process). Every process subscribes to its own channel on ONE
+-- connection and hands the message to the waiting thread or task, so waiters hold no
+-- connection while they wait. A message lost (no subscriber at that instant) costs the
+-- waiter one poll of latency, never a hang: it re-checks at least every poll.
+local function wake(id)
+  redis.call('PUBLISH', 'lq:wake:' .. string.sub(id, 1, 10), id)
+end
+"""
+
 _KEEP = r"""
 -- Make the TTL of `key` at least `ms` (never shorten it: other members may need longer).
 local function keep(key, ms)
@@ -84,7 +96,7 @@ _PRELUDE = _CLOCK + _KEEP
 # Per-key lane. KEYS: h only, the holder: the string "owner:fence", plus ":w" once someone
 # joined the line while it held. The other keys of the key's base are derived from it in
 # the script (same hash tag, same slot): q (waiter ids, FIFO), w (zset waiter id ->
-# liveness deadline ms), f (fence counter), s:<id> (a waiter's signal). ARGV: owner,
+# liveness deadline ms), f (fence counter), x:<id> (a withdrawn owner). ARGV: owner,
 # lease_ms (also the fence counter's TTL), then per script (see each). One key and few
 # arguments keep the fast paths cheap.
 # Invariants: an id is in q iff it is in w (both change together, in one script); while
@@ -116,6 +128,7 @@ local base = string.sub(h, 1, -2)
 
 _SESSION_REST = (
     _KEEP
+    + _WAKE
     + r"""
 local q, w, fk = base .. 'q', base .. 'w', base .. 'f'
 
@@ -138,9 +151,7 @@ local function promote(fttl, now, now_us, s_us)
       local f, fs = fence(fk, now_us, s_us, fttl)
       local ttl = fmt(dl - now)
       redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
-      local sig = base .. 's:' .. id
-      redis.call('RPUSH', sig, fs)
-      redis.call('PEXPIRE', sig, ttl)
+      wake(id)
       return id, f
     end
   end
@@ -155,8 +166,9 @@ SESSION_ACQUIRE = (
 -- ARGV: owner, lease_ms, live_ms (0: try only, never join the line).
 local me, lease = ARGV[1], ARGV[2]
 local now, now_us, s_us
--- Fast path: no holder and no line at all (not even dead waiters): ours at once.
-if redis.call('EXISTS', h, base .. 'q') == 0 then
+-- Fast path: no holder and no line at all (not even dead waiters), and this acquisition
+-- was not withdrawn: ours at once.
+if redis.call('EXISTS', h, base .. 'q', base .. 'x:' .. me) == 0 then
   now, now_us, s_us = clock()
   local f, fs = fence(base .. 'f', now_us, s_us, lease)
   redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
@@ -167,6 +179,9 @@ end
     + _SESSION_REST
     + r"""
 local live = tonumber(ARGV[3])
+-- Withdrawn already (a cancelled caller's clean-up ran before this call, which was sent
+-- first but reached the server later): never grant it, nobody would own the grant.
+if redis.call('EXISTS', base .. 'x:' .. me) == 1 then return {0, 0} end
 local o, f, marked = holder(h)
 -- No holder, but a line: its head goes first, so a newcomer never overtakes a live waiter.
 if not o then
@@ -178,7 +193,6 @@ if o == me then
   -- Granted to us by hand-off (or this is a retry whose first reply was lost): confirm,
   -- i.e. turn the claim into a full lease. Idempotent per owner id.
   redis.call('PEXPIRE', h, lease)
-  redis.call('DEL', base .. 's:' .. me)
   return f
 end
 if not o then
@@ -264,9 +278,11 @@ SESSION_WITHDRAW = (
 -- a hand-off reached it first, it holds the key: the lease is confirmed and the token
 -- returned; the caller keeps or releases it.
 local me, lease = ARGV[1], ARGV[2]
+-- A tombstone: an acquire of this owner id that reaches the server after this withdraw
+-- (sent before it on another connection) is refused. It lives one lease.
+redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
-redis.call('DEL', base .. 's:' .. me)
 local o, f = holder(h)
 if o == me then
   redis.call('PEXPIRE', h, lease)
@@ -288,13 +304,14 @@ return {held, redis.call('ZCOUNT', KEYS[2], '(' .. string.format('%.0f', now), '
 # --------------------------------------------------------------------------------------
 # Counting lane. KEYS: h (zset hold id -> lease deadline ms), i (hash hold id ->
 # "fence:since_ms:key"), q (list of "id:key", FIFO), w (zset waiter id -> liveness
-# deadline ms), f (fence counter), s (the caller's signal).
+# deadline ms), f (fence counter).
 # ARGV: owner, lease_ms, live_ms, mode, fence_ttl_ms, max_concurrent, key.
 # Hold ids are hex, so the first ':' of a line entry separates id and key.
 # --------------------------------------------------------------------------------------
 
 _COUNTING_PRELUDE = (
     _PRELUDE
+    + _WAKE
     + r"""
 -- Holds whose lease deadline has passed are gone: their permits return to the lane.
 local function purge(h, i, now)
@@ -318,7 +335,6 @@ end
 -- dropped on the way). Each grant is a claim until the waiter's liveness deadline,
 -- confirmed into a full lease by the waiter's next call (see the per-key promote).
 local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
-  local base = string.sub(h, 1, -2)
   while redis.call('ZCARD', h) < cap do
     local item = redis.call('LPOP', q)
     if not item then return end
@@ -327,10 +343,8 @@ local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
     if dl and dl > now then
-      local f = grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
-      local s = base .. 's:' .. id
-      redis.call('RPUSH', s, fmt(f))
-      redis.call('PEXPIRE', s, fmt(dl - now))
+      grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
+      wake(id)
     end
   end
 end
@@ -357,9 +371,11 @@ end
 COUNTING_ACQUIRE = (
     _COUNTING_PRELUDE
     + r"""
-local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local fttl, cap, key = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+-- Withdrawn already (see the per-key acquire): never granted.
+if redis.call('EXISTS', string.sub(h, 1, -2) .. 'x:' .. me) == 1 then return {0, 0} end
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
@@ -369,7 +385,6 @@ if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
   keep(h, lease)
   keep(i, lease)
-  redis.call('DEL', sig)
   return fence_of(i, me)
 end
 -- promote stops only when the line is empty or the lane is full, so a free permit here
@@ -439,14 +454,15 @@ COUNTING_WITHDRAW = (
     _COUNTING_PRELUDE
     + r"""
 -- KEYS: h i q w f s. ARGV: owner, lease_ms, fence_ttl_ms, max_concurrent, key.
-local h, i, q, w, fk, sig = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, key = tonumber(ARGV[4]), ARGV[5]
+-- A tombstone against a late acquire of this owner id (see the per-key withdraw).
+redis.call('SET', string.sub(h, 1, -2) .. 'x:' .. me, '1', 'PX', lease)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
-redis.call('DEL', sig)
 purge(h, i, now)
 if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
@@ -471,3 +487,13 @@ for _, v in ipairs(redis.call('HVALS', i)) do out[#out + 1] = v end
 return out
 """
 )
+
+VERSION_CLAIM = r"""
+-- KEYS: the lane's version marker. ARGV: our protocol version, ttl_ms. Claims (or keeps)
+-- the lane for our version and returns it; returns the other version when the lane is
+-- in use by clients of another one (their marker has not run out).
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then return v end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""

@@ -1,7 +1,8 @@
 """The thread face of the Redis lanes: :class:`RedisSessionLane` and :class:`RedisLane`.
 
-A caller that must wait blocks in BLPOP on its own signal list (bounded, then re-checks:
-see the package docstring); a daemon thread per lane object renews the leases of the
+A caller that must wait blocks on its wake-up from the process's listener thread
+(:mod:`._wake`; bounded, then re-checks: see the package docstring), holding no
+connection; a daemon thread per lane object renews the leases of the
 holds that object has granted. Any thread may acquire and any thread may release.
 
 Every decision is the core's (:mod:`._protocol`); this face only runs its procedures
@@ -10,6 +11,7 @@ with blocking I/O (:func:`drive`) and starts the renewer thread.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -18,20 +20,16 @@ from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any, Literal
 
+import redis
+from redis.cluster import RedisCluster
+
 from .._errors import NotOwnerError
 from .._face import LANE_DEFAULT
 from ..contract import not_held_error
-from ._protocol import (
-    Call,
-    CountingLaneBase,
-    RedisHoldBase,
-    RedisLaneBase,
-    SessionLaneBase,
-    Step,
-    Steps,
-    T,
-    renewal,
-)
+from ._link import SyncLink
+from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
+from ._views import CountingLaneBase, SessionLaneBase
+from ._wake import SyncWaker, sync_waker
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -53,6 +51,25 @@ def drive(steps: Steps[T]) -> T:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
             reply, send = exc, steps.throw
+
+
+class _Turn:
+    """A one-shot event for the same-key sequencer, cheaper than threading.Event: a lock
+    held until ``set()``; one successor waits on it."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        if self._lock.locked():
+            self._lock.release()
+
+    def wait(self) -> None:
+        with self._lock:
+            pass
 
 
 class RedisHold(RedisHoldBase):
@@ -112,10 +129,54 @@ class _SyncFace(RedisLaneBase[RedisHold]):
 
     _hold_class = RedisHold
     face: Literal["threads"] = "threads"
+    _client_types = (redis.Redis, RedisCluster)
+    _client_hint = "a redis.Redis (or redis.cluster.RedisCluster) client"
+    _link: SyncLink | None = None
+    _waker: SyncWaker | None = None
+
+    def _wk(self) -> SyncWaker:
+        w = self._waker
+        if w is None or w.pid != os.getpid():
+            w = self._waker = sync_waker(self._client)
+        return w
 
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
-        return script(keys=keys, args=args)
+        with self._wk().slots:  # the process's bound on calls in flight per client
+            return script(keys=keys, args=args)
+
+    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        with self._wk().slots:
+            return fn(*args)
+
+    def _expect(self, owner: str) -> None:
+        self._wk().expect(owner)
+
+    def _forget(self, owner: str) -> None:
+        self._wk().forget(owner)
+
+    def _wait_wake(self, owner: str, block: float) -> None:
+        self._wk().wait(owner, block)
+
+    def _local_waiters(self) -> int:
+        return self._wk().count
+
+    def _new_event(self) -> _Turn:
+        return _Turn()
+
+    def _wait_turn(self, prev: _Turn) -> None:
+        prev.wait()
+
+    def _renew_io(self, call: Call, wait: float) -> Any:
+        link = self._link
+        if link is None:
+            link = self._link = SyncLink(self._client)
+        script, keys, args = call
+        return link.call(script, keys, args, wait)
+
+    def _forked(self) -> None:
+        self._link = None
+        self._waker = None
 
     def _start_renewer(self, needed: bool) -> None:
         if needed:

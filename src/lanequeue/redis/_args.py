@@ -1,0 +1,103 @@
+"""Argument checks and small reply helpers of the Redis lanes (either kind, either face).
+
+One job: what a Redis lane accepts at construction (name, prefix, lease), and how the
+procedures read a script's reply and size a wait.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._keys import plain_key
+
+__all__ = [
+    "MAX_LEASE_S",
+    "MAX_POLL_S",
+    "MIN_BLOCK_S",
+    "MIN_LEASE_S",
+    "REFRESHES_PER_S",
+    "check_lease",
+    "check_name",
+    "check_prefix",
+    "grant_reply",
+    "next_block",
+    "socket_timeout",
+    "text",
+]
+
+# A waiter re-checks at least this often (and at least 3 times per lease), so a lost
+# signal or a lapsed holder costs at most this much latency.
+MAX_POLL_S = 1.0
+MIN_LEASE_S = 0.1
+# Longest lease accepted (7 days): longer ones overflow the renewer's timers and Redis's
+# expiry arithmetic.
+MAX_LEASE_S = 7 * 86400.0
+# Polls per second the waiters of one process make on one client, at most (about): with
+# more waiters, each polls less often (see RedisLaneBase._poll_plan).
+REFRESHES_PER_S = 500.0
+# Shortest wait for a wake-up.
+MIN_BLOCK_S = 0.002
+
+
+def check_name(name: object) -> str:
+    n = plain_key(name, "name")
+    if any(c in n for c in ":{}"):
+        raise ValueError(f"a Redis lane name must not contain ':', '{{' or '}}': {n!r}")
+    return n
+
+
+def check_prefix(prefix: object) -> str:
+    p = plain_key(prefix, "prefix")
+    if "{" in p or "}" in p:
+        raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags): {p!r}")
+    return p
+
+
+def check_lease(lease_s: object) -> float:
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
+        raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
+    v = float(lease_s)
+    if not math.isfinite(v) or not MIN_LEASE_S <= v <= MAX_LEASE_S:
+        raise ValueError(
+            f"lease_s must be a number of seconds from {MIN_LEASE_S} to {MAX_LEASE_S:.0f} "
+            f"(7 days), got {lease_s!r}"
+        )
+    return v
+
+
+def socket_timeout(client: Any) -> float | None:
+    """The client's socket timeout, if it has one: a blocking wait must stay below it."""
+    try:
+        v = client.connection_pool.connection_kwargs.get("socket_timeout")
+    except AttributeError:
+        return None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def grant_reply(reply: Any) -> tuple[bool, int]:
+    """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted (the reply
+    is the token), else ``(False, wake)`` (the reply is ``[0, wake]``; acquire: ms until
+    the lease blocking a head-of-line caller runs out, or -1)."""
+    if isinstance(reply, list):
+        return False, int(reply[1])
+    return True, int(reply)
+
+
+def next_block(poll_s: float, wake_ms: int, deadline: float | None, now: float) -> float:
+    """How long a waiter blocks on its signal before re-checking: at most ``poll_s``, no
+    later than the blocking lease runs out (head of the line), nor past the deadline
+    (then 0: stop waiting)."""
+    block = poll_s
+    if wake_ms >= 0:
+        block = min(block, wake_ms / 1000 + MIN_BLOCK_S)
+    if deadline is not None:
+        left = deadline - now
+        if left <= 0:
+            return 0.0
+        block = min(block, left)
+    return max(block, MIN_BLOCK_S)
+
+
+def text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

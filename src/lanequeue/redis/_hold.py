@@ -1,0 +1,90 @@
+"""The hold object of the Redis lanes (either face): one acquisition, from grant to release.
+
+One job: the hold's state as its holder sees it (owner id, fencing token, its own
+deadline, lost or not). The lane object's procedures change it (:mod:`._protocol`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .._face import Hold
+from ._wake import owner_id
+
+__all__ = ["ENDED", "HELD", "PENDING", "RELEASING", "RedisHoldBase"]
+
+# A hold's states. RELEASING: its release script is on its way (it may wait for a pool
+# connection): still renewed and watched, so a slow release never turns into a lapse.
+PENDING, HELD, RELEASING, ENDED = 0, 1, 2, 3
+
+
+class RedisHoldBase(Hold):
+    """One acquisition of a Redis lane for one key, from grant to release.
+
+    Attributes:
+        key: the key.
+        token / fencing_token: the grant's fencing token (0 before the grant): an integer
+            that grows with every grant of the key (per-key lane) or of the lane (counting
+            lane), across processes, idle gaps and server restarts. Pass it to the store
+            you write to, so it can refuse writes carrying an older token.
+        owner: this acquisition's random owner id (what the scripts check on release).
+        held: True from the grant until ``release()``, also once the lease is lost.
+        lost: True once the lease is known to be lost (a renewal found the hold gone, or
+            Redis stayed unreachable until the lease must have run out); the key may
+            belong to someone else: stop working under it.
+
+    Test hook: ``hold._suspend_renewal()`` stops renewing this hold (as a long GC pause or
+    a frozen process would), so its lease runs out while the holder still runs;
+    ``hold._suspend_renewal(False)`` resumes. Used by the C15/C16 tests.
+    """
+
+    __slots__ = (
+        "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
+        "_pid", "__weakref__",
+    )
+
+    def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
+        super().__init__(lane, key, timeout_s, 0)
+        self.owner = owner_id()
+        self._state = PENDING
+        self._lost = False
+        self._since = 0.0  # monotonic time the grant was asked for
+        # The holder's own deadline (monotonic): the lease counted from BEFORE the request
+        # that granted (or last renewed) it was sent, less a guard. The server's expiry
+        # can only come later, so the hold reads as lost no later than anyone else can
+        # be granted the key.
+        self._expires = 0.0
+        self._renew_at = 0.0
+        self._paused = False
+        self._entry: Any = None  # this hold's entry in its lane object's registry
+        self._pid = 0  # the process the hold was granted in
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease is lost or may be: a renewal found the hold gone, or the
+        holder's own deadline passed without a confirmed renewal. Read from the clock,
+        not from I/O: it turns True at or before the moment Redis could grant the key to
+        anyone else, even while the renewer waits on a stalled server or connection."""
+        return self._lost or (
+            HELD <= self._state <= RELEASING and time.monotonic() >= self._expires
+        )
+
+    @property
+    def held(self) -> bool:
+        """True from the grant until :meth:`release` (also after the lease was lost:
+        see :attr:`lost`), as on every hold; a queue releases what is ``held``."""
+        return self._state == HELD
+
+    def _suspend_renewal(self, suspended: bool = True) -> None:
+        """Test hook: stop (or resume) renewing this hold's lease. See the class doc."""
+        self._paused = suspended
+
+    def __repr__(self) -> str:
+        state = ("pending", "held", "releasing", "released")[self._state]
+        if self.lost:
+            state = "lost"
+        return (
+            f"<{type(self).__name__} lane={self.lane.name!r} key={self.key!r} "
+            f"token={self.token} {state}>"
+        )

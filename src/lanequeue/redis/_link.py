@@ -1,0 +1,149 @@
+"""The renewer's own connection (one job: renewals that never starve and never hang).
+
+Renewals must not wait behind the callers of the client's pool: with a
+``BlockingConnectionPool`` of 4 and 12 waiting threads, a renewal that needs a pool
+connection may wait past its lease (C21). So the renewer of a lane object calls its script
+over a connection of its own, made with the client's connection settings (host, auth, TLS,
+database), with no retries and a socket timeout per call (the face passes the time left
+before the holder's deadline). Not counted in the client's pool.
+
+A cluster client (``RedisCluster``) has no single pool: its renewals go through the client
+itself (its per-node pools are unbounded by default). The holder's deadline holds either
+way: it is enforced by the watchdog (:mod:`._lease`), not by this I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+__all__ = ["AsyncLink", "SyncLink"]
+
+
+def _factory(client: Any) -> Any:
+    """A maker of bare connections like the client's, or None (a cluster client)."""
+    pool = getattr(client, "connection_pool", None)
+    cls = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if cls is None or not isinstance(kwargs, dict):
+        return None
+    kwargs = dict(kwargs)
+    for k in ("maint_notifications_pool_handler", "retry"):
+        kwargs.pop(k, None)
+    return lambda: cls(**kwargs)
+
+
+class SyncLink:
+    """The thread renewer's connection (used by one renewer thread at a time)."""
+
+    def __init__(self, client: Any) -> None:
+        self._make = _factory(client)
+        self._conn: Any = None
+
+    def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:
+        if self._make is None:
+            return script(keys=keys, args=args)
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._make()
+        conn.socket_timeout = conn.socket_connect_timeout = wait
+        try:
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                sock.settimeout(wait)
+            try:
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+                return conn.read_response(timeout=wait)
+            except NoScriptError:
+                conn.send_command("EVAL", script.script, len(keys), *keys, *args)
+                return conn.read_response(timeout=wait)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # pragma: no cover - closing a broken socket
+                pass
+
+
+class AsyncLink:
+    """The asyncio renewer's connection (one renewer task at a time)."""
+
+    def __init__(self, client: Any) -> None:
+        self._make = _factory(client)
+        self._conn: Any = None
+
+    async def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:
+        if self._make is None:
+            return await asyncio.wait_for(script(keys=keys, args=args), wait)
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._make()
+        conn.socket_timeout = conn.socket_connect_timeout = wait
+        try:
+            return await asyncio.wait_for(self._eval(conn, script, keys, args), wait)
+        except BaseException:
+            await self.close()
+            raise
+
+    @staticmethod
+    async def _eval(conn: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            await conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            return await conn.read_response()
+        except NoScriptError:
+            await conn.send_command("EVAL", script.script, len(keys), *keys, *args)
+            return await conn.read_response()
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.disconnect()
+            except Exception:  # pragma: no cover - closing a broken socket
+                pass
+
+
+def _own_pool_kwargs(client: Any) -> tuple[Any, dict[str, Any]] | None:
+    pool = getattr(client, "connection_pool", None)
+    cls = getattr(pool, "connection_class", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if cls is None or not isinstance(kwargs, dict):
+        return None
+    kwargs = dict(kwargs)
+    kwargs.pop("maint_notifications_pool_handler", None)
+    return cls, kwargs
+
+
+def sibling_sync(client: Any) -> Any:
+    """A client like ``client`` on a small pool of its own (for the wake-up listener: it
+    must not take a connection of the callers' pool); a cluster client itself; None if
+    neither can subscribe."""
+    import redis
+
+    made = _own_pool_kwargs(client)
+    if made is not None:
+        cls, kwargs = made
+        kwargs["socket_timeout"] = None  # a subscriber waits for messages
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=cls, max_connections=2, **kwargs))
+    return client if callable(getattr(client, "pubsub", None)) else None
+
+
+def sibling_async(client: Any) -> Any:
+    """The asyncio twin of :func:`sibling_sync`."""
+    import redis.asyncio
+
+    made = _own_pool_kwargs(client)
+    if made is not None:
+        cls, kwargs = made
+        kwargs["socket_timeout"] = None
+        return redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
+            connection_class=cls, max_connections=2, **kwargs))
+    return client if callable(getattr(client, "pubsub", None)) else None

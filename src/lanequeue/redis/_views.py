@@ -1,0 +1,120 @@
+"""The two kinds of Redis lane (either face): their arguments, limits and views.
+
+One job: what differs between the per-key and the counting lane above the wire (the
+wire format is the kind object's, :mod:`._kinds`): constructor arguments, ``_limits``,
+and the views that ask Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._face import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, DEFAULT_TIMEOUT_S
+from .._validate import check_count, check_timeout
+from ._args import text
+from ._keys import plain_key
+from ._kinds import CountingKind, SessionKind
+from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, H, OnLeaseLost, RedisLaneBase, Steps
+
+__all__ = ["CountingLaneBase", "SessionLaneBase"]
+
+
+class SessionLaneBase(RedisLaneBase[H]):
+    """The per-key kind (either face): its arguments, limits and per-key views."""
+
+    _kind_class = SessionKind
+
+    def __init__(
+        self,
+        client: Any,
+        name: str = "session",
+        *,
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        prefix: str = DEFAULT_PREFIX,
+        on_lease_lost: OnLeaseLost | None = None,
+    ) -> None:
+        super().__init__(
+            client, name, max_concurrent=1, timeout_s=timeout_s, lease_s=lease_s,
+            prefix=prefix, on_lease_lost=on_lease_lost,
+        )
+        self._max_sessions = check_count(max_sessions, "max_sessions")
+        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
+        self._idle_timeout_s = math.inf if idle is None else idle
+
+    @property
+    def max_sessions(self) -> int:
+        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
+        return self._max_sessions
+
+    @property
+    def idle_timeout_s(self) -> float:
+        """Accepted for compatibility with SessionLane (nothing idle is kept in Redis)."""
+        return self._idle_timeout_s
+
+    @property
+    def session_count(self) -> int:
+        """Keys with a hold of THIS lane object now (Redis keeps no idle entries)."""
+        return len(self._local_active())
+
+    def cleanup_idle(self) -> int:
+        """Nothing idle is kept (keys expire in Redis by themselves): returns 0."""
+        return 0
+
+    def _key_info(self, key: str) -> Steps[tuple[bool, int]]:
+        """(``key`` has a holder, live callers in line for it), from Redis."""
+        key = plain_key(key)
+        reply = yield from self._script("read", key, self._info_call(key))
+        return bool(int(reply[0])), int(reply[1])
+
+    def _limits(self) -> dict[str, Any]:
+        return {"max_sessions": self._max_sessions}
+
+
+class CountingLaneBase(RedisLaneBase[H]):
+    """The counting kind (either face): its arguments, limits and lane-wide views."""
+
+    _kind_class = CountingKind  # its arguments are RedisLaneBase's
+
+    @property
+    def max_concurrent(self) -> int:
+        """The lane's number of permits."""
+        return self._cap
+
+    def _info(self) -> Steps[tuple[int, int, int, list[tuple[int, str]]]]:
+        """(now_ms, holds, live waiters, [(since_ms, key), ...]), lane-wide, from Redis."""
+        reply = yield from self._script("read", None, self._info_call(None))
+        now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
+        active: list[tuple[int, str]] = []
+        for v in reply[3:]:
+            _fence, since, key = text(v).split(":", 2)
+            active.append((int(since), key))
+        return now, holds, waiters, active
+
+    def _lane_wide(self) -> Steps[dict[str, Any]]:
+        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits and
+        ``keys`` (key -> seconds its oldest hold has lasted, server time): one round trip."""
+        now, holds, waiters, active = yield from self._info()
+        keys: dict[str, float] = {}
+        for since, key in active:
+            age = max(0.0, (now - since) / 1000.0)
+            if age > keys.get(key, -1.0):
+                keys[key] = age
+        return {
+            "active": holds,
+            "waiting": waiters,
+            "available": max(0, self._cap - holds),
+            "keys": keys,
+        }
+
+    def _holds_of(self, key: str) -> Steps[int]:
+        """Permits held now by ``key``, lane-wide, from Redis."""
+        key = plain_key(key)
+        info = yield from self._info()
+        return sum(1 for _, k in info[3] if k == key)
+
+    def _limits(self) -> dict[str, Any]:
+        return {"max_concurrent": self._cap}

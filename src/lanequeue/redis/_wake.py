@@ -1,0 +1,285 @@
+"""Wake-ups for waiters, multiplexed: the waiters of one process share one connection (C28).
+
+One job: deliver "you were handed the key" to the thread or task that waits for it,
+without any waiter holding a connection while it waits.
+
+The hand-off script publishes the granted waiter's owner id on its process's channel,
+``lq:wake:<process token>`` (an owner id starts with the 10-character token of the process
+that drew it: :func:`owner_id`). Each process subscribes to its channel ONCE per client
+(thread face: one listener thread; asyncio face: one listener task per event loop), on a
+connection of its own, and sets the local event of the waiter named in the message. A
+waiter registers its event once its first acquire script has put it in line; a wake-up
+that arrives before that (the key was handed to it at once) is kept for it (the last
+4096 such ids). A message lost (the listener reconnecting) costs one poll of
+latency: every waiter re-checks at least every poll.
+
+Classic pub/sub reaches every node of a Redis Cluster, so this also works there; a client
+that cannot subscribe (no ``pubsub``) leaves its waiters polling.
+
+The listener also owns the process's bound on concurrent script calls per client
+(``slots``): however many threads or tasks wait, at most that many connections of the
+client's pool are in use by the lanes at once, so 10,000 waiters fit redis-py's default
+pool of 100.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+from ._link import sibling_async, sibling_sync
+
+__all__ = ["AsyncWaker", "SyncWaker", "async_waker", "owner_id", "sync_waker"]
+
+log = logging.getLogger("lanequeue.redis")
+
+_token = os.urandom(5).hex()
+#: Script calls one process runs at once per client (at most; below the pool's size).
+MAX_CALLS = 8
+
+
+def _new_token() -> None:
+    global _token
+    _token = os.urandom(5).hex()
+
+
+os.register_at_fork(after_in_child=_new_token)
+
+
+def owner_id() -> str:
+    """A fresh owner id for ONE acquisition: the process token (10 hex) + 60 random bits
+    (10 hex); no ':' inside."""
+    return _token + os.urandom(5).hex()
+
+
+def channel() -> str:
+    return f"lq:wake:{_token}"
+
+
+def _calls(client: Any) -> int:
+    pool = getattr(client, "connection_pool", None)
+    n = getattr(pool, "max_connections", None)
+    if isinstance(n, int) and n > 0:
+        return max(1, min(MAX_CALLS, n))
+    return MAX_CALLS
+
+
+def _keep_early(early: dict[str, None], owner: str) -> None:
+    """Keep a wake-up whose waiter has not registered yet (the latest 4096)."""
+    early[owner] = None
+    if len(early) > 4096:
+        del early[next(iter(early))]
+
+
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class SyncWaker:
+    """The thread face's listener for one client (see the module docstring)."""
+
+    def __init__(self, client: Any) -> None:
+        self.pid = os.getpid()
+        self.slots = threading.BoundedSemaphore(_calls(client))
+        self._events: dict[str, threading.Event] = {}
+        self._early: dict[str, None] = {}  # wake-ups that came before their waiter
+        self._sibling = sibling_sync(client)
+        self._ready = threading.Event()
+        self._started = False
+        self._lock = threading.Lock()
+
+    def expect(self, owner: str) -> None:
+        ev = threading.Event()
+        with self._lock:
+            self._events[owner] = ev
+            if self._early.pop(owner, 0) is None:
+                ev.set()
+
+    def _woken(self, owner: str) -> None:
+        with self._lock:
+            ev = self._events.get(owner)
+            if ev is None:
+                _keep_early(self._early, owner)
+        if ev is not None:
+            ev.set()
+
+    @property
+    def count(self) -> int:
+        """Waiters registered now."""
+        return len(self._events)
+
+    def forget(self, owner: str) -> None:
+        self._events.pop(owner, None)
+
+    def wait(self, owner: str, block: float) -> None:
+        """Block until ``owner`` is woken or ``block`` seconds have passed."""
+        if not self._started:
+            self._start()
+        ev = self._events.get(owner)
+        if ev is None or self._sibling is None:
+            time.sleep(block)
+            return
+        ev.wait(block)
+        ev.clear()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started:
+                return
+            self._started = True
+        if self._sibling is None:
+            return
+        threading.Thread(target=self._listen, args=(weakref.ref(self),),
+                         name="lanequeue-wake", daemon=True).start()
+        self._ready.wait(2.0)  # subscribed (or gave up for now: waiters poll)
+
+    @staticmethod
+    def _listen(ref: weakref.ref[SyncWaker]) -> None:
+        me = ref()
+        if me is None:
+            return
+        sibling, woken, ready = me._sibling, me._woken, me._ready
+        del me
+        while ref() is not None:
+            ps = None
+            try:
+                ps = sibling.pubsub(ignore_subscribe_messages=True)
+                ps.subscribe(channel())
+                while ps.get_message(timeout=0.5) is None and not ps.subscribed:
+                    pass
+                ready.set()
+                while ref() is not None:
+                    msg = ps.get_message(timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        woken(_text(msg["data"]))
+            except Exception as exc:
+                ready.set()
+                log.debug("wake-up listener: %s; reconnecting", exc)
+                time.sleep(0.2)
+            finally:
+                if ps is not None:
+                    try:
+                        ps.close()
+                    except Exception:  # pragma: no cover - closing a broken socket
+                        pass
+
+
+class AsyncWaker:
+    """The asyncio face's listener for one client on one event loop."""
+
+    def __init__(self, client: Any) -> None:
+        self.slots = asyncio.Semaphore(_calls(client))
+        self._events: dict[str, asyncio.Event] = {}
+        self._early: dict[str, None] = {}  # wake-ups that came before their waiter
+        self._sibling = sibling_async(client)
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
+
+    def expect(self, owner: str) -> None:
+        ev = self._events[owner] = asyncio.Event()
+        if self._early.pop(owner, 0) is None:
+            ev.set()
+
+    @property
+    def count(self) -> int:
+        """Waiters registered now."""
+        return len(self._events)
+
+    def forget(self, owner: str) -> None:
+        self._events.pop(owner, None)
+
+    async def wait(self, owner: str, block: float) -> None:
+        """Wait until ``owner`` is woken or ``block`` seconds have passed."""
+        if self._task is None or self._task.done():
+            self._start()
+        ready = self._ready
+        if ready is not None and not ready.is_set():
+            try:
+                await asyncio.wait_for(ready.wait(), 2.0)
+            except (asyncio.TimeoutError, TimeoutError):
+                pass
+        ev = self._events.get(owner)
+        if ev is None or self._sibling is None:
+            await asyncio.sleep(block)
+            return
+        try:
+            await asyncio.wait_for(ev.wait(), block)
+        except (asyncio.TimeoutError, TimeoutError):
+            pass
+        ev.clear()
+
+    def _start(self) -> None:
+        if self._sibling is None:
+            return
+        self._ready = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(
+            self._listen(), name="lanequeue-wake"
+        )
+
+    async def _listen(self) -> None:
+        sibling, events, early, ready = self._sibling, self._events, self._early, self._ready
+        assert ready is not None
+        while True:
+            ps = None
+            try:
+                ps = sibling.pubsub(ignore_subscribe_messages=True)
+                await ps.subscribe(channel())
+                while await ps.get_message(timeout=0.5) is None and not ps.subscribed:
+                    pass
+                ready.set()
+                while True:
+                    msg = await ps.get_message(timeout=1.0)
+                    if msg is not None and msg.get("type") == "message":
+                        owner = _text(msg["data"])
+                        ev = events.get(owner)
+                        if ev is not None:
+                            ev.set()
+                        else:
+                            _keep_early(early, owner)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ready.set()
+                log.debug("wake-up listener: %s; reconnecting", exc)
+                await asyncio.sleep(0.2)
+            finally:
+                if ps is not None:
+                    try:
+                        await ps.aclose()
+                    except BaseException:  # pragma: no cover - closing a broken socket
+                        pass
+
+
+_sync: weakref.WeakKeyDictionary[Any, SyncWaker] = weakref.WeakKeyDictionary()
+_sync_lock = threading.Lock()
+_async: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Any, AsyncWaker]
+] = weakref.WeakKeyDictionary()
+
+
+def sync_waker(client: Any) -> SyncWaker:
+    """This process's listener for ``client`` (made on first use; anew after fork)."""
+    w = _sync.get(client)
+    if w is None or w.pid != os.getpid():
+        with _sync_lock:
+            w = _sync.get(client)
+            if w is None or w.pid != os.getpid():
+                w = _sync[client] = SyncWaker(client)
+    return w
+
+
+def async_waker(client: Any) -> AsyncWaker:
+    """The running loop's listener for ``client`` (made on first use)."""
+    loop = asyncio.get_running_loop()
+    per_loop = _async.get(loop)
+    if per_loop is None:
+        per_loop = _async[loop] = weakref.WeakKeyDictionary()
+    w = per_loop.get(client)
+    if w is None:
+        w = per_loop[client] = AsyncWaker(client)
+    return w

@@ -1,0 +1,665 @@
+"""Fault injection against a real redis-server: the Redis lanes never have two holders
+(issue 9, "Never two holders", cases C20-C27). Each test starts a server of its own, so
+freezing it (SIGSTOP), reconfiguring it or flushing it disturbs no other test.
+
+The check behind "never two holders": every grant is checked, in the granted thread,
+against every other hold still inside its block: each must read ``lost == True`` (its
+holder knows it lost the key) at that instant. Expected: 0 violations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import gc
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from redis_server import RedisServer
+
+from lanequeue import (
+    AsyncLaneQueue,
+    AsyncSessionLane,
+    LaneBackendError,
+    LaneQueue,
+    LeaseLostError,
+    SessionLane,
+)
+from lanequeue.redis import (
+    AsyncRedisLane,
+    AsyncRedisSessionLane,
+    RedisHold,
+    RedisLane,
+    RedisSessionLane,
+)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path)
+    s.start()
+    yield s
+    if s.proc is not None:
+        s.proc.send_signal(signal.SIGCONT)
+    s.stop()
+
+
+def client_of(server: RedisServer, **kw: Any) -> redis.Redis:
+    return redis.Redis(host=server.host, port=server.port, **kw)
+
+
+def wait_until(pred: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+class Inside:
+    """The holds now inside their blocks; ``granted(h)`` counts a violation when another
+    one still reads ``lost == False``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holds: list[Any] = []
+        self.grants = 0
+        self.violations: list[str] = []
+
+    def granted(self, hold: Any) -> None:
+        with self.lock:
+            self.grants += 1
+            for other in self.holds:
+                if not other.lost:
+                    self.violations.append(f"{hold!r} granted while {other!r} held")
+            self.holds.append(hold)
+
+    def left(self, hold: Any) -> None:
+        with self.lock:
+            self.holds.remove(hold)
+
+
+# -- C21: the holder knows its lease is gone before anyone else is granted -------------
+
+
+def test_c21_starved_pool_never_two_holders(server: RedisServer) -> None:
+    """C21, input 1: 12 threads share BlockingConnectionPool(max_connections=4), one key,
+    lease_s=1.5, 2.5 s of work in each hold. Expected: 0 grants while the previous holder
+    reads lost == False; renewals never starve (they have their own connection), so no
+    lease is lost at all."""
+    pool = redis.BlockingConnectionPool(host=server.host, port=server.port,
+                                        max_connections=4, timeout=20)
+    client = redis.Redis(connection_pool=pool)
+    lane = RedisSessionLane(client, lease_s=1.5)
+    inside = Inside()
+    end = time.monotonic() + 5.5
+    lost: list[Any] = []
+
+    def worker() -> None:
+        while (left := end - time.monotonic()) > 0.1:
+            with lane.acquire("k", timeout_s=left) as hold:
+                inside.granted(hold)
+                time.sleep(min(2.5, max(0.0, end - time.monotonic())))
+                if hold.lost:
+                    lost.append(hold)
+                inside.left(hold)
+
+    threads = [threading.Thread(target=_quiet(worker)) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert inside.violations == []
+    assert inside.grants >= 2
+    assert lost == []
+    client.close()
+
+
+def _quiet(fn: Any) -> Any:
+    """A worker body whose LaneTimeoutError at the end of the window is expected."""
+    from lanequeue import LaneTimeoutError
+
+    def body() -> None:
+        try:
+            fn()
+        except LaneTimeoutError:
+            pass
+
+    return body
+
+
+def test_c21_frozen_server_holder_learns_by_its_deadline(server: RedisServer) -> None:
+    """C21, input 2: the server is frozen with SIGSTOP for 4 s while a holder with
+    lease_s=1 works. Expected: ``hold.lost`` and ``on_lease_lost`` within the lease (while
+    the server is still frozen), and the waiter granted after SIGCONT finds the holder
+    already lost."""
+    assert server.proc is not None
+    lost_at: list[float] = []
+    a = RedisSessionLane(client_of(server), lease_s=1.0,
+                         on_lease_lost=lambda h: lost_at.append(time.monotonic()))
+    b = RedisSessionLane(client_of(server, socket_timeout=10), lease_s=1.0)
+    inside = Inside()
+    hold = a.acquire("k").__enter__()
+    inside.granted(hold)
+    box: dict[str, Any] = {}
+
+    def waiter() -> None:
+        with b.acquire("k", timeout_s=15) as h2:
+            box["at"] = time.monotonic()
+            inside.granted(h2)
+            # Its grant's reply came back seconds after it was asked for (the server was
+            # frozen): the lease was extended before use, so the new holder holds.
+            box["h2_lost"] = h2.lost
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.5)  # the waiter is in line; the holder renewed at least once
+    assert not hold.lost
+    stopped = time.monotonic()
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.2)
+        assert hold.lost  # within one lease of the freeze, server still frozen
+        wait_until(lambda: bool(lost_at), timeout=0.5)
+        assert lost_at[0] - stopped <= 1.0
+        time.sleep(4.0 - (time.monotonic() - stopped))
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    t.join(15)
+    assert "at" in box
+    assert inside.violations == []
+    assert lost_at[0] < box["at"]
+    assert box["h2_lost"] is False
+
+
+class Proxy:
+    """A TCP proxy on 127.0.0.1 to the server; ``cut()`` silently stops forwarding in both
+    directions (the connections stay open: a black hole, as a dead network path is)."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.cutoff = threading.Event()
+        self.closed = threading.Event()
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self.target))
+            self.socks += [down, up]
+            threading.Thread(target=self._pump, args=(down, up), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if not self.cutoff.is_set():
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    return
+
+    def cut(self) -> None:
+        self.cutoff.set()
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_c21_connection_cut_holder_learns_before_the_next_grant(server: RedisServer) -> None:
+    """C21, input 3: the holder's connections go through a TCP proxy that is cut while the
+    process runs on. Expected: the holder's ``on_lease_lost`` fires within the lease of the
+    cut and before the server grants the key to the waiter (a direct client); at that
+    grant the holder reads lost."""
+    proxy = Proxy(server.port)
+    try:
+        lost_at: list[float] = []
+        a = RedisSessionLane(redis.Redis(host="127.0.0.1", port=proxy.port), lease_s=1.0,
+                             on_lease_lost=lambda h: lost_at.append(time.monotonic()))
+        b = RedisSessionLane(client_of(server), lease_s=1.0)
+        inside = Inside()
+        hold = a.acquire("k").__enter__()
+        inside.granted(hold)
+        time.sleep(0.5)  # a renewal went through the proxy
+        box: dict[str, Any] = {}
+
+        def waiter() -> None:
+            with b.acquire("k", timeout_s=5) as h2:
+                box["at"] = time.monotonic()
+                inside.granted(h2)
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        cut = time.monotonic()
+        proxy.cut()
+        t.join(10)
+        assert "at" in box
+        assert inside.violations == []
+        assert lost_at and lost_at[0] <= box["at"]
+        assert lost_at[0] - cut <= 1.0
+    finally:
+        proxy.close()
+
+
+# -- C22: eviction ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-lru", "volatile-ttl",
+                                    "allkeys-random", "volatile-lfu"])
+def test_c22_evicting_server_is_refused(server: RedisServer, policy: str) -> None:
+    """C22: under maxmemory with an evicting policy a lane refuses on first use with a
+    LaneBackendError naming the setting; noeviction, or no maxmemory, is accepted."""
+    r = client_of(server)
+    r.config_set("maxmemory", "100mb")
+    r.config_set("maxmemory-policy", policy)
+    for lane in (RedisSessionLane(r), RedisLane(r, "g")):
+        with pytest.raises(LaneBackendError, match=f"maxmemory-policy '{policy}'"):
+            lane.try_acquire("k")
+    assert r.dbsize() == 0  # nothing granted, no key written
+    r.config_set("maxmemory", "0")
+    assert RedisSessionLane(r).try_acquire("k")
+    r.config_set("maxmemory", "100mb")
+    r.config_set("maxmemory-policy", "noeviction")
+    assert RedisLane(r, "g").try_acquire("k")
+
+
+def test_c22_async_lane_checks_too(server: RedisServer) -> None:
+    async def main() -> None:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        await r.config_set("maxmemory", "100mb")
+        await r.config_set("maxmemory-policy", "allkeys-lru")
+        with pytest.raises(LaneBackendError, match="noeviction"):
+            await AsyncRedisSessionLane(r).try_acquire("k")
+        await r.aclose()
+
+    asyncio.run(main())
+
+
+# -- C23 / C24: one key identity; lanes never share Redis keys -------------------------
+
+
+class Room(str, enum.Enum):
+    LOBBY = "lobby"
+
+
+ODD_KEYS = ["{", "}", ":", "{x}:h", "a}:s:0", "clé 🔑", "x" * (1 << 20)]
+
+
+def test_c23_str_enum_is_its_plain_value(server: RedisServer) -> None:
+    """C23: a str Enum member is its plain string value: Room.LOBBY and "lobby" are one
+    key, in both faces."""
+    r = client_of(server)
+    a, b = RedisSessionLane(r), RedisSessionLane(r)
+    with a.acquire(Room.LOBBY) as hold:  # type: ignore[arg-type]
+        assert hold.key == "lobby" and type(hold.key) is str
+        assert b.try_acquire("lobby") is False
+    assert b.try_acquire("lobby") is True
+    assert a.try_acquire(Room.LOBBY) is False  # type: ignore[arg-type]
+
+    async def main() -> None:
+        ar = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = AsyncRedisSessionLane(ar)
+        assert await lane.try_acquire(Room.LOBBY) is False  # type: ignore[arg-type]
+        await ar.aclose()
+
+    asyncio.run(main())
+
+
+def test_c23_odd_keys_work_and_stay_distinct(server: RedisServer) -> None:
+    r = client_of(server)
+    a, b = RedisSessionLane(r), RedisSessionLane(r)
+    counting = RedisLane(r, "g", max_concurrent=len(ODD_KEYS))
+    for key in ODD_KEYS:
+        assert a.try_acquire(key), key[:20]
+        assert counting.try_acquire(key), key[:20]
+    for key in ODD_KEYS:
+        assert b.try_acquire(key) is False, key[:20]  # held by a, not by another key
+        assert b.is_held(key)
+        assert counting.holds_of(key) == 1
+    for key in ODD_KEYS:
+        assert a.manual_release(key) and counting.manual_release(key)
+    assert not any(b.is_held(k) for k in ODD_KEYS)
+
+
+@pytest.mark.parametrize("lane_type", [RedisSessionLane, RedisLane])
+def test_c23_lone_surrogate_is_a_value_error_at_the_call(
+    server: RedisServer, lane_type: Any
+) -> None:
+    lane = lane_type(client_of(server), "g")
+    with pytest.raises(ValueError, match="surrogate"):
+        lane.acquire("a\ud800")
+    with pytest.raises(ValueError, match="surrogate"):
+        lane.try_acquire("a\ud800")
+    assert lane.stats.cancelled == 0
+
+
+def test_c24_lanes_that_differ_never_share_keys(server: RedisServer) -> None:
+    """C24: session lane (prefix "app", name "c", key "jobs") and counting lane (prefix
+    "app:s", name "jobs") used to map to the same Redis keys (WRONGTYPE)."""
+    r = client_of(server)
+    session = RedisSessionLane(r, "c", prefix="app")
+    counting = RedisLane(r, "jobs", prefix="app:s", max_concurrent=1)
+    assert session.try_acquire("jobs")
+    assert counting.try_acquire("jobs")
+    assert session.manual_release("jobs") and counting.manual_release("jobs")
+    # Keys with separators: prefix "a:b" name "c" and prefix "a" with the rest in the key.
+    one = RedisSessionLane(r, "c", prefix="a:b")
+    two = RedisSessionLane(r, "b", prefix="a")
+    assert one.try_acquire("k") and two.try_acquire("c:k")
+
+
+# -- C25: cancelled twice ----------------------------------------------------------------
+
+
+class SlowReplies(AsyncRedisSessionLane):
+    """Each reply comes back 1 ms after the script ran (a slow network on the way back),
+    so the cancellations land while scripts have run but their callers wait."""
+
+    async def _run(self, op: str, key: str | None, call: Any) -> Any:
+        reply = await super()._run(op, key, call)
+        await asyncio.sleep(0.001)
+        return reply
+
+
+def test_c25_cancelled_twice_leaves_no_orphan(server: RedisServer) -> None:
+    """C25: an async acquire cancelled twice 1 ms apart, 400 times, the first cancellation
+    at 0 to 4 ms (in the acquire, in its clean-up, in the block, in the release).
+    Expected: 0 keys left held once the clean-ups ran."""
+
+    async def main() -> int:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = SlowReplies(r, lease_s=30)
+
+        async def body(key: str) -> None:
+            async with lane.acquire(key):
+                await asyncio.sleep(0.001)
+
+        for i in range(400):
+            task = asyncio.get_running_loop().create_task(body(f"k{i}"))
+            await asyncio.sleep(0.0005 * (i % 9))
+            task.cancel()
+            await asyncio.sleep(0.001)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        from lanequeue.redis._async import _CLEANUPS
+
+        for _ in range(200):
+            if not _CLEANUPS:
+                break
+            await asyncio.sleep(0.01)
+        probe = AsyncRedisSessionLane(r)
+        held = [i for i in range(400) if await probe.is_held(f"k{i}")]
+        await r.aclose()
+        return len(held)
+
+    assert asyncio.run(main()) == 0
+
+
+# -- C26: wrong client kind ------------------------------------------------------------
+
+
+def test_c26_wrong_client_kind_is_a_type_error_at_construction(server: RedisServer) -> None:
+    sync_client = client_of(server)
+    async_client = redis.asyncio.Redis(host=server.host, port=server.port)
+    for lane_type in (AsyncRedisSessionLane, AsyncRedisLane):
+        with pytest.raises(TypeError, match=r"redis\.asyncio\.Redis"):
+            lane_type(sync_client, "g")
+    for lane_type in (RedisSessionLane, RedisLane):
+        with pytest.raises(TypeError, match=r"redis\.Redis"):
+            lane_type(async_client, "g")
+    assert sync_client.dbsize() == 0  # no script ran
+
+
+# -- C20: dropped holds ----------------------------------------------------------------
+
+
+def test_c20_dropped_hold_lapses_with_a_resource_warning(server: RedisServer) -> None:
+    """C20: a hold garbage-collected without a release is no longer renewed: a
+    ResourceWarning names it, and the key reaches another client within lease_s."""
+    r = client_of(server)
+    lane = RedisSessionLane(r, lease_s=0.6)
+    other = RedisSessionLane(r, lease_s=0.6)
+    hold: RedisHold | None = lane.acquire("dropped").__enter__()
+    assert lane.active_count == 1
+    with pytest.warns(ResourceWarning, match="'dropped'"):
+        hold = None  # noqa: F841
+        gc.collect()
+    dropped = time.monotonic()
+    assert other.acquire_timeout("dropped", 2.0)
+    assert time.monotonic() - dropped <= 0.6 + 0.3  # a lease, plus a poll of the waiter
+    assert lane.active_count == 0
+
+
+# -- bounds ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lease", [3e10, 1e20, 7 * 86400 + 1])
+def test_lease_too_large_is_a_value_error(server: RedisServer, lease: float) -> None:
+    r = client_of(server)
+    for lane_type in (RedisSessionLane, RedisLane):
+        with pytest.raises(ValueError, match="lease_s"):
+            lane_type(r, "g", lease_s=lease)
+    RedisSessionLane(r, lease_s=7 * 86400)
+
+
+# -- C27: acquire_all keeps the block's own exception ---------------------------------
+
+
+def test_c27_acquire_all_block_error_propagates_after_a_lost_lease(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = client_of(server)
+    queue = LaneQueue()
+    queue.add(RedisSessionLane(r, "remote", lease_s=0.2))
+    queue.add(SessionLane("local"))
+    with (
+        caplog.at_level(logging.WARNING),
+        pytest.raises(ValueError) as info,
+        queue.acquire_all("k", ["remote", "local"]) as holds,
+    ):
+        holds["remote"]._suspend_renewal()
+        time.sleep(0.4)
+        assert holds["remote"].lost
+        raise ValueError("the block's own error")
+    assert str(info.value) == "the block's own error"
+    assert "release failed" in caplog.text
+    notes = getattr(info.value, "__notes__", [])
+    assert any("lost" in n for n in notes) or not hasattr(info.value, "add_note")
+
+
+def test_c27_async_queue_block_error_propagates(server: RedisServer) -> None:
+    async def main() -> BaseException:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        queue = AsyncLaneQueue()
+        queue.add(AsyncRedisSessionLane(r, "remote", lease_s=0.2))
+        queue.add(AsyncSessionLane("local"))
+        try:
+            async with queue.acquire_all("k", ["remote", "local"]) as holds:
+                holds["remote"]._suspend_renewal()
+                await asyncio.sleep(0.4)
+                raise ValueError("the block's own error")
+        except BaseException as exc:
+            await r.aclose()
+            return exc
+        raise AssertionError("no error")
+
+    err = asyncio.run(main())
+    assert isinstance(err, ValueError) and not isinstance(err, LeaseLostError)
+
+
+# -- item 11: FLUSHALL ---------------------------------------------------------------
+
+
+def test_flushall_holder_learns_within_one_renewal_interval(server: RedisServer) -> None:
+    """After FLUSHALL (or a restart without persistence) a newcomer can be granted at once:
+    that is the documented limit (fencing tokens protect the resource: the newcomer's
+    token is larger). The old holder learns within one renewal interval (lease_s/3)."""
+    r = client_of(server)
+    lost_at: list[float] = []
+    lane = RedisSessionLane(r, lease_s=0.9,
+                            on_lease_lost=lambda h: lost_at.append(time.monotonic()))
+    hold = lane.acquire("k").__enter__()
+    time.sleep(0.1)
+    r.flushall()
+    flushed = time.monotonic()
+    newcomer = RedisSessionLane(r, lease_s=0.9).acquire("k").__enter__()
+    assert newcomer.fencing_token > hold.fencing_token
+    wait_until(lambda: bool(lost_at), timeout=2)
+    assert lost_at[0] - flushed <= 0.3 + 0.1  # one renewal interval, plus scheduling
+    assert hold.lost
+
+
+# -- fork: a child neither renews nor releases its parent's holds ---------------------
+
+
+def test_forked_child_cannot_renew_or_release_inherited_holds(server: RedisServer) -> None:
+    """A hold belongs to the process that acquired it. In a forked child, releasing an
+    inherited hold raises RuntimeError (hold.release() and manual_release), and the
+    child's own renewer (started by a grant of its own) never renews the parent's hold:
+    once the parent stops renewing, the key lapses within lease_s."""
+    import os
+
+    r = client_of(server)
+    lane = RedisSessionLane(r, lease_s=0.6)
+    hold = lane.acquire("parent").__enter__()
+    assert lane.try_acquire("parent-manual")
+    pid = os.fork()
+    if pid == 0:  # the child
+        code = 0
+        try:
+            try:
+                hold.release()
+                code |= 1
+            except RuntimeError as exc:
+                code |= 0 if "forked child" in str(exc) else 2
+            try:
+                lane.manual_release("parent-manual")
+                code |= 4
+            except RuntimeError:
+                pass
+            with lane.acquire("child"):  # starts the child's renewer
+                time.sleep(1.5)
+        except BaseException:
+            code |= 8
+        os._exit(code)
+    hold._suspend_renewal()
+    other = RedisSessionLane(client_of(server), lease_s=0.6)
+    assert other.acquire_timeout("parent", 1.5)  # the child did not keep it alive
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert lane.is_held("parent-manual")  # the child did not release it
+    assert lane.manual_release("parent-manual")
+
+
+# -- protocol versions -----------------------------------------------------------------
+
+
+class NextVersionSessionLane(RedisSessionLane):
+    """A client of another protocol version: another key layout (and marker value)."""
+
+    _layout = "lq3"
+    _version_ttl_s = 1.0
+
+
+class NextVersionLane(RedisLane):
+    _layout = "lq3"
+    _version_ttl_s = 1.0
+
+
+class ShortMarkerSessionLane(RedisSessionLane):
+    _version_ttl_s = 1.0
+
+
+def test_two_protocol_versions_on_one_lane_are_refused_never_double_granted(
+    server: RedisServer,
+) -> None:
+    """A rolling deploy: clients of the current version hold a key; a client of the next
+    version (another key layout, so it cannot see their holds) is refused with a clear
+    LaneBackendError instead of granting next to them, also while the holds live on with
+    renewals only. Once the old version is gone (its marker ran out), the new one works,
+    and then the old one is refused."""
+    r = client_of(server)
+    old = ShortMarkerSessionLane(r, lease_s=0.6)
+    new = NextVersionSessionLane(client_of(server), lease_s=0.6)
+    hold = old.acquire("k").__enter__()
+    with pytest.raises(LaneBackendError, match=r"protocol version 'lq2'.*speaks 'lq3'"):
+        new.try_acquire("k")
+    time.sleep(1.3)  # longer than the marker: only the renewer keeps it claimed
+    with pytest.raises(LaneBackendError, match="protocol version 'lq2'"):
+        new.try_acquire("k")
+    hold.release()
+    time.sleep(1.1)  # the old version is idle: its marker runs out
+    assert new.try_acquire("k")
+    with pytest.raises(LaneBackendError, match="protocol version 'lq3'"):
+        RedisSessionLane(r).try_acquire("other")
+    # The counting kind, same rule (its own marker).
+    assert RedisLane(r, "g").try_acquire("a")
+    with pytest.raises(LaneBackendError, match="protocol version 'lq2'"):
+        NextVersionLane(r, "g").try_acquire("a")
+
+
+# -- item 10: the timing promises of the package docstring -----------------------------
+
+
+def test_dead_waiter_handed_the_key_blocks_it_at_most_its_liveness_window(
+    server: RedisServer,
+) -> None:
+    """A waiter that died after its last refresh, then was handed the key (a claim until
+    its liveness deadline), blocks the key for at most its liveness window,
+    ``3 * min(1, lease_s/3) + 1`` s, counted from its last refresh; with lease_s=1 that is
+    2 s, longer than the lease (the docstring says so)."""
+    r = client_of(server)
+    holder = RedisSessionLane(r, lease_s=1.0)
+    ghost = RedisSessionLane(r, lease_s=1.0)
+    nxt = RedisSessionLane(r, lease_s=1.0)
+    window = 3 * min(1.0, 1.0 / 3) + 1
+    assert ghost._live_ms == round(window * 1000)
+    assert holder.try_acquire("k")
+    h = RedisHold(ghost, "k", 5.0)
+    script, keys, args = ghost._acquire_call(h, True)
+    refreshed = time.monotonic()
+    assert script(keys=keys, args=args)[0] == 0  # in line; never polls again
+    box: dict[str, float] = {}
+
+    def run() -> None:
+        if nxt.acquire_timeout("k", 10):
+            box["at"] = time.monotonic()
+
+    t = threading.Thread(target=run)
+    t.start()
+    wait_until(lambda: holder.waiting_for("k") == 2)
+    assert holder.manual_release("k")  # handed to the ghost: a claim
+    t.join(10)
+    blocked = box["at"] - refreshed
+    assert 1.0 < blocked <= window + 0.35  # more than a lease, at most the window
+    assert nxt.manual_release("k")
