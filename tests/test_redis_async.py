@@ -114,7 +114,8 @@ def test_async_surface(redis_server: Any, redis_prefix: str,
             assert await s.acquire_timeout("k", 0.05) is False
         with pytest.raises(NotOwnerError):
             await hold.release()
-        assert s.stats.timeouts == 2 and s.stats.rejected == 1 and s.stats.acquired == 1 and s.stats.released == 1
+        st = s.stats
+        assert (st.timeouts, st.rejected, st.acquired, st.released) == (2, 1, 1, 1)
         with caplog.at_level(logging.WARNING, logger="lanequeue.redis"):
             assert await s.manual_release("k") is False
         assert "not held by this client" in caplog.text

@@ -150,7 +150,7 @@ def test_backend_makes_lanes_by_name(redis_server: object, redis_prefix: str) ->
         RedisBackend(client, lease_s=0)
     with pytest.raises(TypeError, match="on_lease_lost"):
         RedisBackend(client, on_lease_lost=1)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="redis.Redis"):
+    with pytest.raises(TypeError, match=r"redis\.Redis"):
         RedisBackend(object()).lane("x")
     client.close()
 
