@@ -94,8 +94,6 @@ PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 def check_priority(value: object, name: str = "priority") -> int:
     """Validate a waiter's priority: an ``int`` (not ``bool``) in
     ``[-2**31, 2**31 - 1]``; TypeError/ValueError otherwise."""
-    if value.__class__ is int and PRIORITY_MIN <= value <= PRIORITY_MAX:  # type: ignore[operator]
-        return value  # type: ignore[return-value]
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
