@@ -586,7 +586,8 @@ class _AsyncMultiAcquire(MultiHold):
         # An AsyncLaneQueue admits asyncio lanes only (``add``), and drives by their core
         # the in-process ones (``_step``).
         if core is not None:
-            return await cast(_AsyncFace, lane)._park(self._key, remaining)
+            return await cast(_AsyncFace, lane)._park(self._key, remaining,
+                                                      self._rank_for(core))
         return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(
@@ -645,15 +646,18 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
 
     def acquire_all(
-        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT
+        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT,
+        priority: int = 0,
     ) -> _AsyncMultiAcquire:
         """Hold every named lane for ``key``: an async context manager, all or nothing.
 
-        Arguments, order, deadline and errors as :meth:`lanequeue.LaneQueue.acquire_all`;
+        Arguments (``priority`` included: it orders the waits on the :class:`AsyncLane`
+        counting lanes), order, deadline and errors as
+        :meth:`lanequeue.LaneQueue.acquire_all`;
         the deadline runs on the loop's clock. Cancelled while waiting for a later lane,
         it releases the lanes already taken, in reverse, then re-raises CancelledError.
         """
-        return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s)
+        return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s, priority)
 
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:
