@@ -153,10 +153,14 @@ class Dispatcher(DispatcherBase):
         """One turn: hold the lanes, call ``fn``, release; report to the machine."""
         machine = self._machine
         budget = machine.budget(job)
+        priority = machine.lane_priority(job)
+        # Passed only when set: a queue of another kind may not take it.
+        extra = {"priority": priority} if priority else {}
         ok, value = False, None
         try:
             async with self._queue.acquire_all(
-                job.key, self._lanes, timeout_s=math.inf if budget is None else budget
+                job.key, self._lanes, timeout_s=math.inf if budget is None else budget,
+                **extra,
             ):
                 if machine.start(job):
                     token = _CURRENT.set(job.turn)
