@@ -72,6 +72,7 @@ from lanequeue import (
     SessionLane,
 )
 from lanequeue._core import CountingCore, SessionCore
+from lanequeue._face import LANE_DEFAULT
 from lanequeue.aio import _TaskWaiter
 from lanequeue.lanes import _ThreadWaiter
 
@@ -233,9 +234,11 @@ def check_consistent(core: Any) -> None:
         assert isinstance(core, CountingCore)
         held = list(core._holds)
         assert len(held) <= core.capacity
-        lines = [core._line] if core._line else []
-        if core._line:
+        lines = [line for line in (core._line, core._ranked) if line]
+        if lines:
             assert len(held) == core.capacity, "a waiter while a permit is free"
+        # Every prioritised waiter has its heap entry (the heap may hold dead ones too).
+        assert set(core._ranked) <= {e[2] for e in core._heap}, "a ranked waiter off the heap"
     assert len(set(held)) == len(held) and all(0 < t <= core._token for t in held)
     waiters = [w for line in lines for w in line]
     assert core._waiting == len(waiters)
@@ -282,9 +285,20 @@ def check_thread_lane_works(lane: Any) -> None:
 
 # -- deterministic injection: thread face ------------------------------------------------
 
+class _RankedLane(Lane):
+    """A Lane whose acquires wait with priority 3 (the core's prioritised line)."""
+
+    test_priority = 3
+
+    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT,
+                priority: int = 3) -> Any:
+        return super().acquire(key, timeout_s=timeout_s, priority=priority)
+
+
 THREAD_LANES: dict[str, Callable[[], Any]] = {
     "SessionLane": lambda: SessionLane("s", timeout_s=JOIN_S),
     "Lane": lambda: Lane("g", max_concurrent=1, timeout_s=JOIN_S),
+    "Lane+priority": lambda: _RankedLane("p", max_concurrent=1, timeout_s=JOIN_S),
 }
 
 
@@ -336,7 +350,9 @@ def _run_thread_case(lane_factory: Callable[[], Any], case: str,
             hold.__enter__()
             known.append(hold.token)
             waiter = _ThreadWaiter()  # another caller in line (no thread behind it)
-            assert core.take(KEY, True, waiter) == 0
+            rank = getattr(lane, "test_priority", 0)
+            assert (core.take(KEY, True, waiter, rank) if rank
+                    else core.take(KEY, True, waiter)) == 0
 
             def op() -> None:
                 hold.__exit__(None, None, None)
@@ -444,9 +460,20 @@ def test_c18_interrupt_at_every_point_acquire_all(
 
 # -- deterministic injection: asyncio face -----------------------------------------------
 
+class _RankedAsyncLane(AsyncLane):
+    """An AsyncLane whose acquires wait with priority 3 (the core's prioritised line)."""
+
+    test_priority = 3
+
+    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT,
+                priority: int = 3) -> Any:
+        return super().acquire(key, timeout_s=timeout_s, priority=priority)
+
+
 ASYNC_LANES: dict[str, Callable[[], Any]] = {
     "AsyncSessionLane": lambda: AsyncSessionLane("s", timeout_s=JOIN_S),
     "AsyncLane": lambda: AsyncLane("g", max_concurrent=1, timeout_s=JOIN_S),
+    "AsyncLane+priority": lambda: _RankedAsyncLane("p", max_concurrent=1, timeout_s=JOIN_S),
 }
 
 
@@ -507,7 +534,9 @@ def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
                     await hold.__aenter__()
                     known.append(hold.token)
                     waiter = _TaskWaiter(loop.create_future())
-                    assert core.take(KEY, True, waiter) == 0
+                    rank = getattr(lane, "test_priority", 0)
+                    assert (core.take(KEY, True, waiter, rank) if rank
+                            else core.take(KEY, True, waiter)) == 0
 
             loop.run_until_complete(setup())
 
@@ -818,7 +847,7 @@ def test_c20_dropped_thread_hold_warns_and_returns_its_permit(kind: str) -> None
     lane = THREAD_LANES[kind]()
     hold = lane.acquire(KEY)
     hold.__enter__()
-    with pytest.warns(ResourceWarning, match=rf"{kind} '{lane.name}'.*key '{KEY}'"):
+    with pytest.warns(ResourceWarning, match=rf"{type(lane).__name__} '{lane.name}'.*key '{KEY}'"):
         del hold
         gc.collect()
     assert lane.active_count == 0  # a view is an operation: the permit is back

@@ -50,9 +50,11 @@ Per-key core (:class:`SessionCore`), the life of one key::
   cancellation, interrupt) and is removed from the line. :meth:`withdraw` returns the
   token when the grant won the race, so the face can keep the permit or pass it on.
 
-Counting core (:class:`CountingCore`): ``holders`` permits out of ``capacity``, one FIFO
-of waiters across all keys; while anyone waits, ``holders == capacity`` (a release hands
-its permit to the next waiter instead of returning it). Every hold has its own token, so
+Counting core (:class:`CountingCore`): ``holders`` permits out of ``capacity``, one line
+of waiters across all keys, FIFO while every waiter has priority 0, else served by
+priority with ageing (see "Priority" in :class:`CountingCore`); while anyone waits,
+``holders == capacity`` (a release hands its permit to the next waiter instead of
+returning it). Every hold has its own token, so
 the same key may hold several permits and each is tracked and released on its own.
 
 Tokens: every grant takes the next integer of the lane, so a token identifies one hold
@@ -137,7 +139,8 @@ the counters keep the parent's history, and the holds the parent had at the fork
 as released, so ``acquired == released + holders`` (C19).
 
 Time: a monotonic clock (``time.monotonic`` unless the lane is given another), read only
-for idle ages and hold ages; deadlines of waiting belong to the faces.
+for idle ages, hold ages and, on a counting lane, the instant a waiter joins the line
+(its ageing runs from there); deadlines of waiting belong to the faces.
 
 Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
 ``take`` checks one flag (``draining``) and refuses while it is set; a release observes
@@ -150,6 +153,7 @@ hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import threading
@@ -163,7 +167,16 @@ from typing import Protocol
 from ._errors import LaneClearedError, LaneDrainingError
 from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
 
-__all__ = ["CLEARED", "DRAINED", "Core", "CountingCore", "LaneStats", "SessionCore", "Waiter"]
+__all__ = [
+    "CLEARED",
+    "DEFAULT_AGEING_S",
+    "DRAINED",
+    "Core",
+    "CountingCore",
+    "LaneStats",
+    "SessionCore",
+    "Waiter",
+]
 
 log = logging.getLogger("lanequeue")
 
@@ -173,6 +186,9 @@ Clock = Callable[[], float]
 #: permit: its wait was ended by ``clear(key)``, or by a drain/close.
 CLEARED = -1
 DRAINED = -2
+
+#: Seconds of waiting that raise a counting lane's waiter by one priority level.
+DEFAULT_AGEING_S = 30.0
 
 
 def ended_error(lane: str, key: str, outcome: int) -> LaneClearedError | LaneDrainingError:
@@ -193,11 +209,14 @@ class Waiter:
     a Python function could be interrupted before it woke anyone.
     """
 
-    __slots__ = ("token", "left", "wake", "since")
+    __slots__ = ("token", "left", "wake", "since", "rank")
 
     wake: Callable[[], object]
     # ``since``: when the face parked it (the face's clock); unset until then.
     since: float
+    # ``rank``: set by a counting core when the waiter joins its FIFO line, as
+    # ``(join time, join number)`` (see CountingCore, "Priority"); unset until then.
+    rank: tuple[float, int]
 
     def __init__(self) -> None:
         self.token = 0
@@ -322,8 +341,9 @@ class _CoreBase:
     # Per core: end a hold; with ``dropped`` (the front item of ``_dropped``), end that
     # dropped hold and remove the item in the same step, quietly (see _drain).
     release: Callable[[str, int, tuple[str, int] | None], bool]
-    # Per core, with the lock held: the line ``key``'s waiters stand in (None if none).
-    _line_of: Callable[[str], OrderedDict[Waiter, str] | None]
+    # Per core, with the lock held: the line ``waiter`` (a waiter for ``key``) stands in,
+    # or stood in (None if none): a table of waiters -> key.
+    _line_of: Callable[[str, Waiter], dict[Waiter, str] | None]
     # Per core: forget every hold, waiter and entry (a forked child's fresh start).
     _clear: Callable[[], None]
 
@@ -385,7 +405,7 @@ class _CoreBase:
                 return waiter.token
             if waiter.left:
                 return 0
-            line = self._line_of(key)
+            line = self._line_of(key, waiter)
             # -- commit: plain stores only --
             waiter.left = True
             if line is not None and waiter in line:  # else a releaser dropped it already
@@ -706,7 +726,7 @@ class SessionCore(_CoreBase):
         _warn_unmatched(self.name, key, token)
         return False
 
-    def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
+    def _line_of(self, key: str, waiter: Waiter) -> OrderedDict[Waiter, str] | None:
         entry = self._entries.get(key)
         return None if entry is None else entry.line
 
@@ -810,32 +830,94 @@ class SessionCore(_CoreBase):
 
 
 class CountingCore(_CoreBase):
-    """A counting lane: at most ``capacity`` holders, one FIFO line across all keys.
+    """A counting lane: at most ``capacity`` holders, one line across all keys, served by
+    priority with ageing, first come first served among equals.
 
     Thread-safe: every method takes the core's lock and never blocks inside it. Take and
-    release with a token are O(1); a release by key alone, and the views, are
-    O(holders) (at most ``capacity``).
+    release with a token are O(1) while every waiter has priority 0, O(log n) with n
+    prioritised waiters; a release by key alone, and the views, are O(holders) (at most
+    ``capacity``) plus, for the views of the line, O(waiters).
+
+    Priority
+    ========
+    A waiter that joins at time ``j`` (the core's clock, read under the lock) with
+    priority ``p`` has, at time ``t >= j``, the *effective priority*
+    ``e(t) = p + (t - j) / ageing_s``: it gains one level per ``ageing_s`` seconds of
+    waiting, continuously. A hand-off serves the waiter with the largest ``e(now)``;
+    among equal ones, the one that joined first.
+
+    Each waiter gets the *rank* ``r = j - p * ageing_s`` once, when it joins. For two
+    waiters ``a`` and ``b`` and any instant ``t`` at which both wait::
+
+        e_a(t) > e_b(t)  <=>  p_a + (t - j_a)/A > p_b + (t - j_b)/A
+                         <=>  p_a - j_a/A > p_b - j_b/A        (t cancels)
+                         <=>  j_a - p_a*A < j_b - p_b*A        (times -A < 0)
+                         <=>  r_a < r_b
+
+    and ``e_a(t) == e_b(t) <=> r_a == r_b``. The order of two waiters therefore never
+    changes while they wait, and the waiter with the largest effective priority NOW is the
+    one with the smallest rank, whatever "now" is: a min-heap keyed on ``(r, join number)``
+    gives exact ageing with no rescan (the join number breaks ties by arrival: FIFO among
+    equals). A waiter of priority ``p`` that has waited ``k * ageing_s`` ranks equal with
+    a newcomer of priority ``p + k``, and goes first.
+
+    The line is two structures: ``_line``, a FIFO (``OrderedDict``) of the waiters of
+    priority 0, and ``_heap`` + ``_ranked``, the others. A priority-0 waiter's rank is its
+    join time, and joins read the clock in join order under the lock, so ``_line`` is
+    already sorted by rank: its head is its best waiter, and a hand-off compares that head
+    with the heap's top (O(log n)). With no prioritised waiter (``_ranked`` empty) a
+    hand-off is the O(1) pop of the FIFO head, and a free permit is taken without
+    looking at the line at all (a free permit means nobody waits).
+
+    ``_ranked`` (waiter -> key) holds the live prioritised waiters and is the truth;
+    ``_heap`` holds ``(rank, join number, waiter)`` entries, some of them dead (their
+    waiter was granted, withdrew, or was dropped): withdrawal is an O(1) ``del`` from
+    ``_ranked``, and dead entries are popped when they reach the top, or skipped when a
+    join rebuilds the heap once dead entries outnumber live ones (amortised O(1) per
+    withdrawal). Every count (``waiters``, ``stats``) reads ``_line`` and ``_ranked``
+    only, so it is exact at every instant.
+
+    Interrupts: a join first pushes the heap entry (a call; a pushed entry whose waiter
+    is not in ``_ranked`` is dead, so an interrupt right after it changes nothing), then
+    stores. A hand-off picks its waiter first (popping dead tops and dropping refusing
+    waiters, each a step of its own), then stores, then wakes; the granted waiter's heap
+    entry is left dead rather than popped, so the wake-up stays the last call.
     """
 
-    __slots__ = ("capacity", "_holds", "_line")
+    __slots__ = ("capacity", "ageing_s", "_holds", "_line", "_ranked", "_heap", "_joins")
 
-    def __init__(self, name: str, capacity: int, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self,
+        name: str,
+        capacity: int,
+        clock: Clock = time.monotonic,
+        ageing_s: float = DEFAULT_AGEING_S,
+    ) -> None:
         super().__init__(name, clock)
         self.capacity = capacity
+        #: Seconds of waiting worth one priority level (> 0).
+        self.ageing_s = ageing_s
         # token -> (key, since); insertion order is grant order, so the first hold of a
         # key found in it is that key's oldest (the one a key-only release ends).
         self._holds: dict[int, tuple[str, float]] = {}
         self._line: OrderedDict[Waiter, str] = OrderedDict()
+        self._ranked: dict[Waiter, str] = {}
+        self._heap: list[tuple[float, int, Waiter]] = []
+        self._joins = 0  # waiters that joined the line: the join number of the last one
 
     def _clear(self) -> None:
         self._holds = {}
         self._line = OrderedDict()
+        self._ranked = {}
+        self._heap = []
 
-    def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int:
+    def take(
+        self, key: str, wait: bool, waiter: Waiter | None = None, priority: int = 0
+    ) -> int:
         """Grant a permit now if one is free: return the token (also stored in
         ``waiter.token`` when a waiter is given). Else return 0: with ``waiter``, after
-        putting it at the end of the line; without, counting a refusal unless ``wait``
-        (see :meth:`SessionCore.take`)."""
+        putting it in line with ``priority`` (see "Priority" above; the faces check
+        it); without, counting a refusal unless ``wait`` (see :meth:`SessionCore.take`)."""
         if self.draining:
             raise LaneDrainingError(self.name, key)
         if self._dropped:
@@ -858,7 +940,14 @@ class CountingCore(_CoreBase):
                 if not wait:
                     self.rejected += 1
                 return 0
+            now = self._clock()
+            seq = self._joins + 1
+            if priority:
+                self._join_ranked(key, waiter, now - priority * self.ageing_s, seq)
+                return 0
             # -- commit: plain stores only --
+            waiter.rank = (now, seq)
+            self._joins = seq
             self._line[waiter] = key
             self._waiting += 1
             return 0
@@ -868,13 +957,53 @@ class CountingCore(_CoreBase):
             except RuntimeError:  # acquire was interrupted before it took the lock
                 pass
 
+    def _join_ranked(self, key: str, waiter: Waiter, rank: float, seq: int) -> None:
+        """Put a prioritised ``waiter`` in line with ``rank`` (lock held)."""
+        ranked, heap = self._ranked, self._heap
+        entry = (rank, seq, waiter)
+        if len(heap) > 2 * len(ranked) + 16:
+            # Mostly dead entries: rebuild from the live ones (a new list, stored below).
+            heap = [e for e in heap if e[2] in ranked]
+            heap.append(entry)
+            heapq.heapify(heap)
+        else:
+            # Pushed before the stores: until ``ranked`` names it, the entry is dead.
+            heapq.heappush(heap, entry)
+        # -- commit: plain stores only --
+        self._heap = heap
+        self._joins = seq
+        ranked[waiter] = key
+        self._waiting += 1
+
+    def _next_ranked(self) -> Waiter | None:
+        """The waiter a hand-off serves now (lock held, some prioritised waiter live):
+        the head of the priority-0 FIFO or the heap's top, whichever has the smaller
+        rank. Pops dead heap entries and drops waiters that refuse (as
+        :meth:`_next_waiter` does), each a step that leaves the state consistent."""
+        line, ranked, heap = self._line, self._ranked, self._heap
+        while True:
+            while heap and heap[0][2] not in ranked:
+                heapq.heappop(heap)  # a dead entry: no count names it
+            front = self._next_waiter(line) if line else None
+            if not heap:
+                return front
+            top = heap[0]
+            if front is not None and front.rank < top[:2]:
+                return front
+            waiter = top[2]
+            if waiter.ready():
+                return waiter
+            # -- commit: plain stores only (its entry is now dead) --
+            del ranked[waiter]
+            self._waiting -= 1
+
     def release(
         self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
     ) -> bool:
         """End the hold of ``key`` with ``token`` (or the key's oldest hold when ``token``
-        is 0) and hand the permit to the first waiter that takes it. Returns False, logs a
-        warning and changes nothing when no such hold exists. (``dropped``: see
-        :meth:`_drain`.)"""
+        is 0) and hand the permit to the waiter served next (see "Priority"). Returns
+        False, logs a warning and changes nothing when no such hold exists.
+        (``dropped``: see :meth:`_drain`.)"""
         if self._dropped and dropped is None:
             self._drain()
         lock = self._lock
@@ -892,6 +1021,8 @@ class CountingCore(_CoreBase):
             if found:
                 if self.hold_hist is not None:
                     self.hold_hist.observe(self._clock() - holds[token][1])
+                if self._ranked and self._release_ranked(token, dropped):
+                    return True
                 line = self._line
                 waiter = self._next_waiter(line) if line else None
                 # A fresh table once the last waiter leaves: drop the table a long line
@@ -931,25 +1062,60 @@ class CountingCore(_CoreBase):
         _warn_unmatched(self.name, key, token)
         return False
 
-    def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
-        return self._line
+    def _release_ranked(self, token: int, dropped: tuple[str, int] | None) -> bool:
+        """The hand-off of :meth:`release` while prioritised waiters exist (lock held,
+        the hold ``token`` found): end the hold and grant its permit to the waiter served
+        next. Returns False, having ended nothing, when no waiter is left to take it
+        (every one refused): the caller then ends the hold alone."""
+        waiter = self._next_ranked()
+        if waiter is None:
+            return False
+        ranked, line = self._ranked, self._line
+        in_heap = waiter in ranked
+        table: dict[Waiter, str] = ranked if in_heap else line
+        wkey = table[waiter]
+        now = self._clock()
+        empty = in_heap and len(ranked) == 1
+        # -- commit: plain stores only, then the wake-up --
+        if dropped is not None:
+            del self._dropped[0]
+        holds = self._holds
+        del holds[token]
+        holds[self._token + 1] = (wkey, now)
+        del table[waiter]  # a heap entry is left dead, popped later
+        self._waiting -= 1
+        self._token = granted = self._token + 1
+        waiter.token = granted
+        if empty:
+            self._heap = []  # no live entry left: drop the dead ones at once
+        waiter.wake()  # last: the grant is recorded whether or not this returns
+        return True
+
+    def _line_of(self, key: str, waiter: Waiter) -> dict[Waiter, str] | None:
+        return self._ranked if waiter in self._ranked else self._line
 
     def _pop_line(self, key: str | None) -> list[Waiter]:
-        line = self._line
+        line, ranked = self._line, self._ranked
         out = [w for w, k in line.items() if key is None or k == key]
+        out_ranked = [w for w, k in ranked.items() if key is None or k == key]
         for w in out:
             del line[w]
-        return out
+        for w in out_ranked:
+            del ranked[w]  # its heap entry is now dead
+        if out_ranked and not ranked:
+            self._heap = []
+        return out + out_ranked
 
     def _line_heads(self) -> list[Waiter]:
-        return [next(iter(self._line))] if self._line else []
+        # The FIFO's head is its longest waiter; any prioritised waiter may be older.
+        return ([next(iter(self._line))] if self._line else []) + list(self._ranked)
 
     def _blocker_since(self, key: str) -> float | None:
         # The oldest hold of the lane: the first permit a release is likely to free.
         return next(iter(self._holds.values()))[1] if self._holds else None
 
     def _line_len(self, key: str) -> int:
-        return len(self._line)
+        return len(self._line) + len(self._ranked)
 
     def _hold_list(self) -> list[tuple[str, int, float]]:
         return [(k, t, s) for t, (k, s) in self._holds.items()]

@@ -14,12 +14,13 @@ import warnings
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._core import Clock, CountingCore, LaneStats, SessionCore, log
+from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore, log
 from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics, StuckHold
-from ._validate import check_count, check_key, check_timeout, own_signatures
+from ._validate import check_count, check_key, check_priority, check_timeout, own_signatures
 from .contract import not_held_error
 
 __all__ = [
+    "DEFAULT_AGEING_S",
     "DEFAULT_WARN_AFTER_S",
     "DEFAULT_GLOBAL_CONCURRENCY",
     "DEFAULT_IDLE_TIMEOUT_S",
@@ -319,7 +320,8 @@ class LaneKind(Generic[C]):
 
 
 class CountingKind(LaneKind[CountingCore]):
-    """A counting lane: at most ``max_concurrent`` holders over all keys, FIFO."""
+    """A counting lane: at most ``max_concurrent`` holders over all keys; waiters served
+    by priority with ageing, FIFO among equals (all FIFO while every priority is 0)."""
 
     _kind = "counting"
 
@@ -333,12 +335,27 @@ class CountingKind(LaneKind[CountingCore]):
         warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
         on_wait: OnWait | None = None,
         warn_hold_s: float | None = None,
+        ageing_s: float = DEFAULT_AGEING_S,
     ) -> None:
         super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
         where = f"{type(self).__name__}() argument"
+        ageing = check_timeout(ageing_s, f"{where} 'ageing_s'")
+        if not ageing:
+            raise ValueError(f"{where} 'ageing_s' must be a finite number of seconds > 0, "
+                             f"got {ageing_s!r}")
         self._core = CountingCore(
-            self.name, check_count(max_concurrent, f"{where} 'max_concurrent'"), clock
+            self.name, check_count(max_concurrent, f"{where} 'max_concurrent'"), clock,
+            ageing,
         )
+
+    @property
+    def ageing_s(self) -> float:
+        """Seconds of waiting that raise a waiter by one priority level."""
+        return self._core.ageing_s
+
+    def _rank(self, priority: object) -> int:
+        """``priority`` checked for an acquire (TypeError/ValueError naming it)."""
+        return check_priority(priority)
 
     @property
     def max_concurrent(self) -> int:
@@ -395,6 +412,16 @@ class SessionKind(LaneKind[SessionCore]):
             check_count(max_sessions, f"{where} 'max_sessions'"),
             math.inf if idle is None else idle,
             clock,
+        )
+
+    def _rank(self, priority: object) -> int:
+        """A per-key lane has no priority: its waiters are one key's turns, FIFO."""
+        if priority == 0 and not isinstance(priority, bool) and isinstance(priority, int):
+            return 0
+        check_priority(priority)
+        raise ValueError(
+            f"{type(self).__name__} takes no priority (got {priority!r}): a key's waiters "
+            "are served in arrival order; priority orders the waiters of a counting lane"
         )
 
     @property

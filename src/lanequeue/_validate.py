@@ -7,7 +7,9 @@ import math
 import types
 from typing import NoReturn
 
-__all__ = ["bad_key", "check_count", "check_key", "check_timeout", "own_signatures"]
+__all__ = [
+    "bad_key", "check_count", "check_key", "check_priority", "check_timeout", "own_signatures",
+]
 
 
 def bad_key(key: object, name: str = "key") -> NoReturn:
@@ -83,3 +85,17 @@ def own_signatures(cls: type, *internal: type) -> None:
             copy.__module__ = fn.__module__
             copy.__qualname__ = f"{cls.__qualname__}.{attr}"
             setattr(cls, attr, copy)
+
+
+#: Bounds of a waiter's ``priority`` on a counting lane.
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
+
+
+def check_priority(value: object, name: str = "priority") -> int:
+    """Validate a waiter's priority: an ``int`` (not ``bool``) in
+    ``[-2**31, 2**31 - 1]``; TypeError/ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValueError(f"{name} must be between -2**31 and 2**31 - 1, got {value}")
+    return int(value)

@@ -37,7 +37,7 @@ from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal, cast
 
-from ._core import Core, Waiter, ended_error
+from ._core import Core, CountingCore, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -60,6 +60,8 @@ __all__ = [
     "build_default_async_lanes",
 ]
 
+
+_ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 class _TaskWaiter(Waiter):
     """A task in line: parks on a future of the lane's loop."""
@@ -92,9 +94,10 @@ class AsyncHold(Hold):
     the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
     """
 
-    __slots__ = ()
+    __slots__ = ("_priority",)
 
     lane: _AsyncFace
+    _priority: int  # the acquire's priority (checked), for the wait if one is needed
 
     async def __aenter__(self) -> AsyncHold:
         if self._token:
@@ -103,7 +106,7 @@ class AsyncHold(Hold):
         lane._bind()
         token = lane._core.take(key, timeout != 0)
         if not token:
-            token = await lane._park(key, timeout) if timeout != 0 else 0
+            token = await lane._park(key, timeout, self._priority) if timeout != 0 else 0
             if not token:
                 raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
@@ -152,6 +155,7 @@ class _AsyncFace:
     _slow_wait: Any
     _idle: Any
     _start_drain: Any
+    _rank: Any
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_pid = 0  # the process that bound _loop (a forked child may bind its own)
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
@@ -202,19 +206,20 @@ class _AsyncFace:
     def _new_waiter(self) -> _TaskWaiter:
         return _TaskWaiter(self._bind_loop().create_future())
 
-    async def _take(self, key: str, timeout: float | None) -> int:
+    async def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
-        Returns the grant's token, or 0 if none came. Key already checked."""
+        Returns the grant's token, or 0 if none came. Key and priority already checked."""
         self._bind()
         core: Core = self._core
         got = core.take(key, timeout != 0)
         if got or timeout == 0:
             return got
-        return await self._park(key, timeout)
+        return await self._park(key, timeout, priority)
 
-    async def _park(self, key: str, timeout: float | None) -> int:
+    async def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
-        the line with a new waiter and wait up to ``timeout`` seconds (None: no limit).
+        the line with a new waiter (with ``priority``: checked, and 0 on a per-key lane)
+        and wait up to ``timeout`` seconds (None: no limit).
         Returns the grant's token, or 0 if none came (counted as a timeout).
 
         The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. Slow
@@ -236,7 +241,11 @@ class _AsyncFace:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt or a cancellation lands
             # at, the handler below finds the waiter (and its token, if granted).
-            token = core.take(key, True, waiter)
+            if priority:
+                counting: CountingCore = self._core
+                token = counting.take(key, True, waiter, priority)
+            else:
+                token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
                 return token
             if warn is not None and (timeout is None or timeout > warn):
@@ -297,19 +306,25 @@ class _AsyncFace:
         ok: bool = self._core.release(key, token)
         return ok
 
-    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> AsyncHold:
+    def acquire(
+        self, key: str, *, timeout_s: Any = LANE_DEFAULT, priority: int = 0
+    ) -> AsyncHold:
         """An async context manager that holds a permit of this lane for ``key``.
 
         Args:
             key: non-empty ``str``; on a session lane, the unit of mutual exclusion.
             timeout_s: seconds to wait (loop clock); default the lane's ``timeout_s``;
                 ``None`` waits without limit; ``0`` does not wait.
+            priority: (AsyncLane only) as :meth:`lanequeue.Lane.acquire`: a waiter with
+                a larger priority is served first, gaining one level per ``ageing_s``
+                seconds of waiting (the lane's ``clock``); an AsyncSessionLane refuses
+                any priority but 0 (ValueError).
 
         Returns:
             an :class:`AsyncHold`; ``async with`` waits and yields it, leaving releases.
 
         Raises:
-            TypeError/ValueError: at the call, for a bad key or timeout.
+            TypeError/ValueError: at the call, for a bad key, timeout or priority.
             LaneTimeoutError: on entering, when no permit came in time.
             RuntimeError: on entering, from a loop other than the lane's.
             asyncio.CancelledError: when the task is cancelled while waiting (it then
@@ -328,21 +343,27 @@ class _AsyncFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        return AsyncHold(self, key, timeout)
+        hold = AsyncHold(self, key, timeout)
+        hold._priority = priority if priority is _ZERO else self._rank(priority)
+        return hold
 
     @must_await
-    async def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+    async def acquire_timeout(
+        self, key: str, timeout_s: Any = LANE_DEFAULT, *, priority: int = 0
+    ) -> bool:
         """A coroutine: wait up to ``timeout_s`` seconds for a permit (omitted: the lane's
-        ``timeout_s``; None: no limit; 0: no wait).
+        ``timeout_s``; None: no limit; 0: no wait). ``priority``: as :meth:`acquire`.
 
         Returns True if taken (release it with :meth:`manual_release`), False on timeout.
-        Raises TypeError / ValueError for a bad key or timeout, RuntimeError from a foreign
-        loop, CancelledError if cancelled (holding nothing).
+        Raises TypeError / ValueError for a bad key, timeout or priority, RuntimeError
+        from a foreign loop, CancelledError if cancelled (holding nothing).
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        return await self._take(key, timeout) != 0
+        if priority is not _ZERO:
+            priority = self._rank(priority)
+        return await self._take(key, timeout, priority) != 0
 
     @must_await
     async def try_acquire(self, key: str) -> bool:
@@ -440,9 +461,11 @@ class _AsyncFace:
 
 
 class AsyncLane(_AsyncFace, CountingKind):
-    """A counting lane for asyncio tasks: at most ``max_concurrent`` holders, FIFO.
+    """A counting lane for asyncio tasks: at most ``max_concurrent`` holders; waiters FIFO,
+    or by ``priority`` with ageing (as :class:`lanequeue.Lane`).
 
-    Same arguments, properties, counters and errors as :class:`lanequeue.Lane`; waiting
+    Same arguments (``ageing_s`` included), properties, counters and errors as
+    :class:`lanequeue.Lane`; waiting
     is ``await``-ed and cancellable. Use it from one event loop. In a child made by
     ``os.fork()`` it starts empty and binds the child's loop.
 
@@ -563,7 +586,8 @@ class _AsyncMultiAcquire(MultiHold):
         # An AsyncLaneQueue admits asyncio lanes only (``add``), and drives by their core
         # the in-process ones (``_step``).
         if core is not None:
-            return await cast(_AsyncFace, lane)._park(self._key, remaining)
+            return await cast(_AsyncFace, lane)._park(self._key, remaining,
+                                                      self._rank_for(core))
         return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(
@@ -622,15 +646,18 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
 
     def acquire_all(
-        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT
+        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT,
+        priority: int = 0,
     ) -> _AsyncMultiAcquire:
         """Hold every named lane for ``key``: an async context manager, all or nothing.
 
-        Arguments, order, deadline and errors as :meth:`lanequeue.LaneQueue.acquire_all`;
+        Arguments (``priority`` included: it orders the waits on the :class:`AsyncLane`
+        counting lanes), order, deadline and errors as
+        :meth:`lanequeue.LaneQueue.acquire_all`;
         the deadline runs on the loop's clock. Cancelled while waiting for a later lane,
         it releases the lanes already taken, in reverse, then re-raises CancelledError.
         """
-        return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s)
+        return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s, priority)
 
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:

@@ -15,7 +15,7 @@ import time
 from types import TracebackType
 from typing import Any, Literal
 
-from ._core import Core, Waiter, ended_error
+from ._core import Core, CountingCore, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._face import (
     IDLE_POLL_S,
@@ -31,6 +31,7 @@ __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
 _new_hold = object.__new__
+_ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 
 class _ThreadWaiter(Waiter):
@@ -68,9 +69,10 @@ class ThreadHold(Hold):
     the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
     """
 
-    __slots__ = ()
+    __slots__ = ("_priority",)
 
     lane: _ThreadFace
+    _priority: int  # the acquire's priority (checked), for the wait if one is needed
 
     def __enter__(self) -> ThreadHold:
         if self._token:
@@ -78,7 +80,7 @@ class ThreadHold(Hold):
         lane, key, timeout = self.lane, self.key, self._timeout_s
         token = lane._core.take(key, timeout != 0)
         if not token:
-            token = lane._park(key, timeout) if timeout != 0 else 0
+            token = lane._park(key, timeout, self._priority) if timeout != 0 else 0
             if not token:
                 raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
@@ -116,19 +118,21 @@ class _ThreadFace:
     _slow_wait: Any
     _idle: Any
     _start_drain: Any
+    _rank: Any
 
-    def _take(self, key: str, timeout: float | None) -> int:
+    def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
-        Returns the grant's token, or 0 if none came. Key already checked."""
+        Returns the grant's token, or 0 if none came. Key and priority already checked."""
         core: Core = self._core
         got = core.take(key, timeout != 0)
         if got or timeout == 0:
             return got
-        return self._park(key, timeout)
+        return self._park(key, timeout, priority)
 
-    def _park(self, key: str, timeout: float | None) -> int:
+    def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
-        the line with a new waiter and wait up to ``timeout`` seconds (None: no limit).
+        the line with a new waiter (with ``priority``: checked, and 0 on a per-key lane)
+        and wait up to ``timeout`` seconds (None: no limit).
         Returns the grant's token, or 0 if none came (counted as a timeout).
 
         The wait is observed (``lanequeue_wait_seconds``) when it ends. With
@@ -146,7 +150,11 @@ class _ThreadFace:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt lands at, the handler
             # below finds the waiter (and its token, if granted meanwhile).
-            token = core.take(key, True, waiter)
+            if priority:
+                counting: CountingCore = self._core
+                token = counting.take(key, True, waiter, priority)
+            else:
+                token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
                 return token
             warn = self.warn_after_s
@@ -182,20 +190,28 @@ class _ThreadFace:
         core: Core = self._core
         return core.release(key, token)
 
-    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> ThreadHold:
+    def acquire(
+        self, key: str, *, timeout_s: Any = LANE_DEFAULT, priority: int = 0
+    ) -> ThreadHold:
         """A context manager that holds a permit of this lane for ``key``.
 
         Args:
             key: non-empty ``str``; on a SessionLane, the unit of mutual exclusion.
             timeout_s: seconds to wait; default the lane's ``timeout_s``; ``None`` waits
                 without limit; ``0`` does not wait.
+            priority: (Lane only) an ``int`` in ``[-2**31, 2**31 - 1]``: if this call
+                must wait, a waiter with a larger priority is served first; a waiter
+                gains one level per ``ageing_s`` seconds of waiting; equal ones are
+                served in arrival order (see README, "Priority"). A free permit is taken
+                at once whatever the priority. A SessionLane refuses any priority but 0
+                (ValueError): a key's waiters stay in arrival order.
 
         Returns:
             a :class:`ThreadHold`; entering it waits and yields the hold (with its
             ``token``), leaving it releases.
 
         Raises:
-            TypeError/ValueError: at the call, for a bad key or timeout.
+            TypeError/ValueError: at the call, for a bad key, timeout or priority.
             LaneTimeoutError: on entering, when no permit came in time (names lane and key).
 
         Example:
@@ -214,6 +230,7 @@ class _ThreadFace:
         hold.key = key
         hold._token = 0
         hold._timeout_s = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        hold._priority = priority if priority is _ZERO else self._rank(priority)
         return hold
 
     def try_acquire(self, key: str) -> bool:
@@ -227,17 +244,21 @@ class _ThreadFace:
             key = check_key(key)
         return self._take(key, 0) != 0
 
-    def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+    def acquire_timeout(
+        self, key: str, timeout_s: Any = LANE_DEFAULT, *, priority: int = 0
+    ) -> bool:
         """Wait up to ``timeout_s`` seconds for a permit: omitted, the lane's
-        ``timeout_s``; None: no limit; 0: no wait.
+        ``timeout_s``; None: no limit; 0: no wait. ``priority``: as :meth:`acquire`.
 
         Returns True if taken (release it with :meth:`manual_release`), False on timeout.
-        Raises TypeError / ValueError for a bad key or timeout.
+        Raises TypeError / ValueError for a bad key, timeout or priority.
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        return self._take(key, timeout) != 0
+        if priority is not _ZERO:
+            priority = self._rank(priority)
+        return self._take(key, timeout, priority) != 0
 
     def manual_release(self, key: str) -> bool:
         """Release a permit taken with try_acquire / acquire_timeout / _raw_acquire.
@@ -319,8 +340,11 @@ class _ThreadFace:
 class Lane(_ThreadFace, CountingKind):
     """A counting lane for threads: at most ``max_concurrent`` holders over all keys.
 
-    Waiters are served first come, first served across all keys; a release hands its
-    permit straight to the first waiter. The same key may hold several permits; each is
+    Waiters are served first come, first served across all keys, unless they asked for
+    a ``priority`` (``acquire(key, priority=...)``): then the waiter with the largest
+    priority goes first, each waiter gaining one level per ``ageing_s`` seconds of
+    waiting, equal ones in arrival order. A release hands its permit straight to the
+    waiter served next. The same key may hold several permits; each is
     tracked (``active_count``, ``get_active()``) and released on its own.
 
     Args:
@@ -336,6 +360,8 @@ class Lane(_ThreadFace, CountingKind):
         warn_hold_s: a hold longer than this many seconds is logged once (checked at
             ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
             warning); None (default): never.
+        ageing_s: seconds of waiting that raise a waiter by one priority level
+            (finite, > 0; default 30.0), on ``clock``.
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it and the class.

@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import Clock, Core
+from ._core import Clock, Core, CountingCore
 from ._errors import LaneTimeoutError
 from ._face import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -42,7 +42,7 @@ from ._face import (
     drop_hold,
 )
 from ._obs import StuckHold
-from ._validate import check_key, check_timeout, own_signatures
+from ._validate import check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace
 
@@ -79,6 +79,7 @@ class Plan:
 
 
 _new = object.__new__
+_ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 
 class MultiHold:
@@ -92,18 +93,25 @@ class MultiHold:
     and those permits return at each lane's next operation.
     """
 
-    __slots__ = ("_key", "_plan", "_taken", "_budget_s")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority")
 
     # The hold class that shows an in-process token (ThreadHold, AsyncHold).
     _view_class: type[Hold] = Hold
 
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
-    # _taken: per step taken so far, its token (in-process core) or its Hold (others).
+    # _taken: per step taken so far, its token (in-process core) or its Hold (others);
+    # _priority: the priority its waits on in-process counting lanes have (checked).
     _key: str
     _plan: Plan
     _taken: list[Any]
     _budget_s: float | None
+    _priority: int
+
+    def _rank_for(self, core: Core) -> int:
+        """The priority of a wait on ``core``: the call's on a counting lane, else 0 (a
+        per-key lane's waiters stay in arrival order)."""
+        return self._priority if core.__class__ is CountingCore else 0
 
     def _view(self, i: int) -> Hold:
         got = self._taken[i]
@@ -313,7 +321,7 @@ class _MultiAcquire(MultiHold):
         # A LaneQueue admits thread lanes only (``add``), and drives by their core the
         # in-process ones (``_step``).
         if core is not None:
-            return cast(_ThreadFace, lane)._park(self._key, remaining)
+            return cast(_ThreadFace, lane)._park(self._key, remaining, self._rank_for(core))
         return _hold(cast(SyncLane, lane), self._key, remaining)
 
     def __exit__(
@@ -639,7 +647,8 @@ class QueueBase(Generic[L, CL, SL]):
         self._plans[names] = plan
         return plan
 
-    def _multi(self, cls: type[M], key: str, lane_names: Sequence[str], timeout_s: Any) -> M:
+    def _multi(self, cls: type[M], key: str, lane_names: Sequence[str], timeout_s: Any,
+               priority: Any = 0) -> M:
         """A new, not yet entered ``acquire_all`` of class ``cls`` (arguments checked)."""
         if key.__class__ is not str or not key:
             key = check_key(key)
@@ -654,6 +663,7 @@ class QueueBase(Generic[L, CL, SL]):
         multi._plan = plan
         multi._taken = []
         multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        multi._priority = priority if priority is _ZERO else check_priority(priority)
         return multi
 
 
@@ -690,7 +700,8 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
         return (lane, lane._core if isinstance(lane, _ThreadFace) else None)
 
     def acquire_all(
-        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT
+        self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT,
+        priority: int = 0,
     ) -> _MultiAcquire:
         """Hold every named lane for ``key``: a context manager, all or nothing.
 
@@ -701,13 +712,18 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             timeout_s: seconds for the WHOLE call; omitted: the smallest ``timeout_s`` of
                 the named lanes; None (or ``math.inf``): no limit; 0: take them only if
                 all are free now.
+            priority: an ``int`` in ``[-2**31, 2**31 - 1]``, the priority of the waits
+                on the in-process counting lanes (:class:`Lane`; see
+                :meth:`Lane.acquire`). Per-key lanes keep their arrival order, and Redis
+                or other lanes reached through their own ``acquire`` serve FIFO: there
+                it changes nothing.
 
         Returns:
             a context manager; entering waits and yields a :class:`MultiHold`
             (``holds[name].token``); leaving releases every lane in reverse order.
 
         Raises:
-            TypeError/ValueError: at the call, for a bad key, list or timeout.
+            TypeError/ValueError: at the call, for a bad key, list, timeout or priority.
             KeyError: at the call, for an unknown lane name.
             LaneTimeoutError: on entering, naming the lane that was not had in time and
                 the key; the lanes taken before it are released first, in reverse.
@@ -722,7 +738,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             ...     h["session"].fencing_token > 0, queue["global"].active_count
             (True, 1)
         """
-        return self._multi(_MultiAcquire, key, lane_names, timeout_s)
+        return self._multi(_MultiAcquire, key, lane_names, timeout_s, priority)
 
     def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
         """:meth:`lanequeue.Lane.drain` for every in-process lane at once, with ONE wait:

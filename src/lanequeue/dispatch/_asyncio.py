@@ -45,8 +45,10 @@ class Dispatcher(DispatcherBase):
             pending when the key frees up).
         max_wait_s: under ``collect``, the longest the first pending turn waits for the
             window (None: no bound).
-        ageing_s: a waiting turn gains one priority level per ``ageing_s`` seconds
-            (None: strict priority).
+        ageing_s: a turn waiting in the dispatcher gains one priority level per
+            ``ageing_s`` seconds (None: strict priority); the levels it gained go with it
+            into the counting lanes' lines, where it ages by each lane's own
+            ``ageing_s`` (see "Priority, precisely" in ``lanequeue.dispatch._machine``).
         dedupe_redis: a synchronous ``redis.Redis`` client: the dedupe window is then
             shared with every dispatcher using the same Redis and ``dedupe_prefix``
             (``SET NX PX`` on ``{prefix:d:<dedupe_id>}``, one round trip per submit with a
@@ -153,10 +155,14 @@ class Dispatcher(DispatcherBase):
         """One turn: hold the lanes, call ``fn``, release; report to the machine."""
         machine = self._machine
         budget = machine.budget(job)
+        priority = machine.lane_priority(job)
+        # Passed only when set: a queue of another kind may not take it.
+        extra = {"priority": priority} if priority else {}
         ok, value = False, None
         try:
             async with self._queue.acquire_all(
-                job.key, self._lanes, timeout_s=math.inf if budget is None else budget
+                job.key, self._lanes, timeout_s=math.inf if budget is None else budget,
+                **extra,
             ):
                 if machine.start(job):
                     token = _CURRENT.set(job.turn)

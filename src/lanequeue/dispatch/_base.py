@@ -50,6 +50,7 @@ class DispatcherBase:
         objs = [queue[n] for n in names]
         self._queue = queue
         self._lanes = names
+        self._lane_objs = objs
         counting = counting_lanes(objs)
         slots: int | None = min((cap for _, cap in counting), default=None)
         gate = min(counting, key=lambda c: c[1])[0] if counting else None
@@ -127,8 +128,10 @@ class DispatcherBase:
                 ``"reject"``, ``"steer"``, ``"interrupt"``, ``"replace"``, ``"collect"``.
             dedupe_id: an idempotency id: a repeat within ``dedupe_ttl_s`` returns the
                 same ``Ticket`` object and runs nothing.
-            priority: a larger value is admitted first among waiting turns of different
-                keys (see "Priority" in the module docs); a key's own turns stay FIFO.
+            priority: an ``int``; a larger value goes first among waiting turns of
+                different keys: at the dispatcher's gate, and in the line of every
+                in-process counting lane the turn waits for (README, "Priority"); a
+                key's own turns stay FIFO.
             timeout_s: seconds from submit to start, pending time included (default: the
                 smallest ``timeout_s`` of the lanes; None or ``math.inf``: no limit).
                 Past it the ticket ends ``timed_out`` ("start timeout").
@@ -181,12 +184,19 @@ class DispatcherBase:
         """A JSON-ready picture: ``keys`` maps each key with work to ``running`` (bool),
         ``running_s`` (seconds its turn has run, or None), ``pending`` (turns not started),
         ``oldest_wait_s`` (seconds the oldest of them has waited) and ``blocked_by``
-        (why they wait: ``"key"``: the key's own turn runs; the gate's name (the
-        smallest counting lane, or ``"workers"``): waiting for the dispatcher's turn at
-        the counting lanes; ``"lanes"``: waiting inside ``acquire_all``;
+        (why they wait: ``"draining"``: one of the dispatcher's lanes is draining
+        (``lane.drain()``, ``lane.close()``, the queue's ``drain``) and the key's next
+        turn has not entered ``acquire_all`` yet, so the lane will refuse it (its ticket
+        ends ``failed`` with LaneDrainingError); ``"key"``: the key's own turn runs;
+        the gate's name (the smallest counting lane, or ``"workers"``): waiting for the
+        dispatcher's turn at the counting lanes; ``"lanes"``: waiting inside
+        ``acquire_all`` (a draining lane still serves the waiters already in its line);
         ``"debounce"``: a collect window; None: nothing waits); plus ``draining``,
-        ``closed``, ``admitted``, ``slots``, ``ready`` and ``dedupe_entries``."""
-        return self._machine.snapshot()
+        ``closed``, ``admitted``, ``slots``, ``ready`` and ``dedupe_entries``. The
+        dispatcher's own ``drain()`` / ``close(cancel_pending=False)`` block nothing:
+        its pending turns still run (see ``draining`` at the top level)."""
+        return self._machine.snapshot(
+            any(getattr(lane, "draining", False) is True for lane in self._lane_objs))
 
     @property
     def stats(self) -> DispatchStats:

@@ -84,13 +84,23 @@ dedupe window has passed the dispatcher holds no ticket, job or key.
 
 Priority, precisely
 ===================
-It orders this dispatcher's jobs of different keys waiting at the gate: the job with the
-largest ``priority`` is admitted first; a waiting job ranks as if it had arrived
-``priority * ageing_s`` seconds earlier (one level per ``ageing_s`` of waiting), ties by
-arrival at the gate. It does not order jobs of one key (FIFO), nor this dispatcher's jobs
-against other users of the same lanes (other dispatchers, direct ``acquire_all`` calls,
-other processes on Redis lanes): those meet in the lane's own FIFO line. Without a
-counting lane there is no gate and priority changes nothing.
+A job's priority is the largest ``priority`` of its tickets. It orders jobs of different
+keys in two places; it never orders the jobs of one key (FIFO: a key's next job is formed
+only when its current one ended).
+
+- At the gate: the job with the largest priority is admitted first; a waiting job ranks
+  as if it had arrived ``priority * ageing_s`` seconds earlier (one level per
+  ``ageing_s`` of waiting), ties by arrival at the gate.
+- In the lines of the in-process counting lanes (:class:`~lanequeue.Lane`,
+  :class:`~lanequeue.AsyncLane`): the runner's ``acquire_all`` carries the job's priority
+  plus the whole levels it gained at the gate (:meth:`Machine.lane_priority`), so there
+  it competes by priority with ageing (the lane's ``ageing_s``) against the other users
+  of the lane: another dispatcher, a direct ``acquire_all`` or ``acquire`` with a
+  priority. Redis lanes serve their line FIFO (a documented limit): there it changes
+  nothing, and this dispatcher's jobs meet the others in arrival order.
+
+Without a counting lane among the lanes there is no gate and no counting line, and
+priority changes nothing.
 """
 
 from __future__ import annotations
@@ -114,7 +124,7 @@ from .._errors import (
     TurnRejectedError,
     TurnTimedOutError,
 )
-from .._validate import check_key, check_timeout
+from .._validate import PRIORITY_MAX, PRIORITY_MIN, check_key, check_timeout
 
 __all__ = [
     "BUSY_POLICIES",
@@ -470,7 +480,7 @@ class Job:
     __slots__ = (
         "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
         "handle", "abandoned", "rank", "run_timer", "started_at", "end_req", "seq",
-        "reported",
+        "reported", "formed_at",
     )
 
     def __init__(self, machine: Machine, key: str, tickets: list[Ticket], seq: int) -> None:
@@ -495,6 +505,7 @@ class Job:
         self.end_req: tuple[str, str] | None = None
         self.seq = seq
         self.reported = False  # finish() was called for it
+        self.formed_at = 0.0  # when the job was formed (the dispatcher's clock)
 
     def __lt__(self, other: Job) -> bool:
         return self.rank < other.rank
@@ -771,6 +782,7 @@ class Machine:
             fx.timers.append(k.timer)
             k.timer = None
         job = Job(self, key, tickets, next(self._seq))
+        job.formed_at = now
         for t in tickets:
             t._job = job
         k.job = job
@@ -813,6 +825,17 @@ class Machine:
                     return None
                 latest = max(latest, t.deadline - now)
             return max(0.0, latest)
+
+    def lane_priority(self, job: Job) -> int:
+        """The priority the job's runner waits with in the counting lanes' lines: the
+        largest priority of its tickets, plus one level per whole ``ageing_s`` since the
+        job was formed (none without ageing), within the lanes' bounds. In a lane's line
+        it then ages by that lane's own ``ageing_s``."""
+        with self._lock:
+            prio = max(t.priority for t in job.tickets)
+            if self.ageing_s is not None:
+                prio += int((self.face.now() - job.formed_at) // self.ageing_s)
+        return min(max(prio, PRIORITY_MIN), PRIORITY_MAX)
 
     def start(self, job: Job) -> bool:
         """The runner holds the lanes: start the job. False if it was abandoned meanwhile
@@ -1148,9 +1171,11 @@ class Machine:
             pending = c["submitted"] - sum(c[s] for s in TERMINAL[:-1]) - c["running"]
             return DispatchStats(pending=pending, **c)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, lanes_draining: bool = False) -> dict[str, Any]:
         """Per key: whether a turn runs and for how long, pending count, oldest wait,
-        and what blocks it; plus the gate and the dispatcher's own state."""
+        and what blocks it; plus the gate and the dispatcher's own state.
+        ``lanes_draining``: a lane every turn takes is draining (see "Priority,
+        precisely" and the README for ``blocked_by``)."""
         with self._lock:
             now = self.face.now()
             keys: dict[str, Any] = {}
@@ -1162,7 +1187,12 @@ class Machine:
                     if job.phase != STARTED:
                         waiting += job.tickets
                 blocked: str | None = None
-                if job is not None and job.phase == STARTED:
+                if lanes_draining and waiting and (job is None or job.phase != ADMITTING):
+                    # Not inside acquire_all yet: the lanes will refuse it when it gets
+                    # there. (A job already inside may be in a draining lane's line,
+                    # which still serves it: that stays "lanes".)
+                    blocked = "draining"
+                elif job is not None and job.phase == STARTED:
                     blocked = "key" if waiting else None
                 elif job is not None:
                     blocked = self.gate_lane if job.phase == READY else "lanes"

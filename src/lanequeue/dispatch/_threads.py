@@ -206,10 +206,14 @@ class ThreadDispatcher(DispatcherBase):
         """One turn in a worker: hold the lanes, call ``fn``, release; report."""
         machine = self._machine
         budget = machine.budget(job)
+        priority = machine.lane_priority(job)
+        # Passed only when set: a queue of another kind may not take it.
+        extra = {"priority": priority} if priority else {}
         ok, value = False, None
         try:
             with self._queue.acquire_all(job.key, self._lanes,
-                                         timeout_s=float("inf") if budget is None else budget):
+                                         timeout_s=float("inf") if budget is None else budget,
+                                         **extra):
                 if machine.start(job):
                     token = _CURRENT.set(job.turn)
                     try:
