@@ -327,6 +327,16 @@ class _CoreBase:
     # Per core: forget every hold, waiter and entry (a forked child's fresh start).
     _clear: Callable[[], None]
 
+    # Per core: True while the hold ``token`` of ``key`` exists (a plain lookup, no lock:
+    # one dict read sees a consistent entry).
+    owns: Callable[[str, int], bool]
+
+    def count_unmatched(self) -> None:
+        """Count a release that matched no hold and changed nothing (a hold released a
+        second time)."""
+        with self._lock:
+            self.unmatched += 1
+
     def _next_waiter(self, line: OrderedDict[Waiter, str]) -> Waiter | None:
         """The first waiter of ``line`` able to take a permit, or None (lock held).
 
@@ -516,10 +526,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def _warn_unmatched(lane: str, key: str, token: int) -> None:
-    if token:
-        log.warning("lane %r: release of key %r with token %d matches no hold; ignored",
-                    lane, key, token)
-    else:
+    """Log a release by key (``manual_release``) that matched no hold. A release naming a
+    token comes from a hold, whose owner learns it from the hold (``release()`` raises
+    NotOwnerError; leaving a block after someone else ended the hold is silent): it is
+    counted, not logged."""
+    if not token:
         log.warning("lane %r: release of key %r, which is not held; ignored", lane, key)
 
 
@@ -650,8 +661,9 @@ class SessionCore(_CoreBase):
         self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
     ) -> bool:
         """End the hold on ``key`` (the one with ``token``, or whichever hold it has when
-        ``token`` is 0) and hand the key to the first waiter that takes it. Returns False,
-        logs a warning and changes nothing when no such hold exists. (``dropped``: see
+        ``token`` is 0) and hand the key to the first waiter that takes it. Returns False
+        and changes nothing but ``unmatched`` when no such hold exists (logged when
+        ``token`` is 0: see :func:`_warn_unmatched`). (``dropped``: see
         :meth:`_drain`.)"""
         if self._dropped and dropped is None:
             self._drain()
@@ -705,6 +717,10 @@ class SessionCore(_CoreBase):
                 pass
         _warn_unmatched(self.name, key, token)
         return False
+
+    def owns(self, key: str, token: int) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.token == token
 
     def _line_of(self, key: str) -> OrderedDict[Waiter, str] | None:
         entry = self._entries.get(key)
@@ -872,8 +888,9 @@ class CountingCore(_CoreBase):
         self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
     ) -> bool:
         """End the hold of ``key`` with ``token`` (or the key's oldest hold when ``token``
-        is 0) and hand the permit to the first waiter that takes it. Returns False, logs a
-        warning and changes nothing when no such hold exists. (``dropped``: see
+        is 0) and hand the permit to the first waiter that takes it. Returns False and
+        changes nothing but ``unmatched`` when no such hold exists (logged when ``token``
+        is 0: see :func:`_warn_unmatched`). (``dropped``: see
         :meth:`_drain`.)"""
         if self._dropped and dropped is None:
             self._drain()
@@ -977,3 +994,7 @@ class CountingCore(_CoreBase):
         self._settle()
         with self._lock:
             return self._stats(len(self._holds))
+
+    def owns(self, key: str, token: int) -> bool:
+        hold = self._holds.get(token)
+        return hold is not None and hold[0] == key

@@ -125,11 +125,13 @@ class AsyncHold(Hold):
     async def release(self) -> bool:  # type: ignore[override]
         """A coroutine: end this hold; True. Raises NotOwnerError when the hold is not the
         caller's (any more): never granted, released already, or ended by someone else
-        (``manual_release``). Plain twin: :meth:`release_nowait`."""
+        (``manual_release``); RuntimeError from another event loop or thread, changing
+        nothing (the block still releases it). Plain twin: :meth:`release_nowait`."""
         return Hold.release(self)
 
     def release_nowait(self) -> bool:
-        """:meth:`release` as a plain call (from the lane's loop)."""
+        """:meth:`release` as a plain call (from the lane's loop; RuntimeError, changing
+        nothing, from another thread)."""
         return Hold.release(self)
 
     def __del__(self) -> None:
@@ -538,16 +540,31 @@ async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | N
     return hold
 
 
+def _no_prepare(lane: object) -> None:
+    """Every in-process lane was checked (bound) before the first take."""
+
+
 class _AsyncMultiAcquire(MultiHold):
     """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
     __slots__ = ()
 
+    _view_class = AsyncHold
+
+    def _check_loops(self) -> None:
+        """Check that the caller runs on the loop of every in-process lane of the plan
+        (binding them on first use), before anything is taken or released: a refusal
+        (RuntimeError) changes nothing."""
+        for lane, core in self._plan.steps:
+            if core is not None:
+                _bind_lane(cast(_AsyncFace, lane))
+
     async def __aenter__(self) -> MultiHold:
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
+        self._check_loops()
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _bind_lane, None)
+        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, None)
         try:
             wait = next(steps, None)
             while wait is not None:
@@ -574,12 +591,20 @@ class _AsyncMultiAcquire(MultiHold):
     ) -> None:
         await self._release_all_async(exc)
 
-    async def release_async(self) -> None:
-        """Release every hold, last taken first. Safe to call twice.
+    @must_await
+    async def release(self) -> None:
+        """A coroutine: release every hold, last taken first. Safe to call twice.
 
         Every hold is released even when one release raises (a Redis hold whose lease was
-        lost raises NotOwnerError); the first such error is raised after the loop.
+        lost raises NotOwnerError); the first such error is raised after the loop. Raises
+        RuntimeError, releasing nothing, when not called from the lanes' event loop.
         """
+        self._check_loops()
+        await self._release_all_async(None)
+
+    async def release_async(self) -> None:
+        """Same as :meth:`release` (the earlier spelling)."""
+        self._check_loops()
         await self._release_all_async(None)
 
     async def _release_all_async(self, block_error: BaseException | None) -> None:
@@ -616,10 +641,12 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
     _session = AsyncSessionLane
     _face = "asyncio"
     _surface = TaskLane
-    _view_class = AsyncHold
 
     def _step(self, lane: TaskLane) -> Step:
-        return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
+        # The core only for the library's own classes: a subclass may override acquire,
+        # so it is taken through its public surface.
+        in_process = type(lane) in (AsyncLane, AsyncSessionLane)
+        return (lane, cast(AsyncLane, lane)._core if in_process else None)
 
     def acquire_all(
         self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT

@@ -373,8 +373,9 @@ class SessionLane(_ThreadFace, SessionKind):
     Args:
         name: the lane's name (default ``"session"``).
         max_sessions: soft cap on entries, >= 1.
-        idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is
-            needed; None: until room is needed).
+        idle_timeout_s: seconds an idle entry is kept (see :attr:`idle_timeout_s`: 0
+            drops an entry as soon as it is idle; None keeps it until a new key needs
+            its room).
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
         clock: monotonic clock in seconds for idle and hold ages and for measuring waits
             (replaceable in tests; deadlines always run on ``threading``'s own clock).
