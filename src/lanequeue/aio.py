@@ -39,7 +39,7 @@ from typing import Any, Literal, cast
 
 from ._core import Core, Waiter, ended_error
 from ._errors import LaneTimeoutError
-from ._face import (
+from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     IDLE_POLL_S,
     LANE_DEFAULT,

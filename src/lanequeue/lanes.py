@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from ._core import Core, Waiter, ended_error
 from ._errors import LaneTimeoutError
-from ._face import (
+from ._kinds import (
     IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,

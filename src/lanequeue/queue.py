@@ -25,7 +25,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 
 from ._core import Clock, Core
 from ._errors import LaneTimeoutError
-from ._face import (
+from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT,

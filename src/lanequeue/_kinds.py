@@ -1,4 +1,5 @@
-"""What every in-process lane shows, whatever face it wears (threads or asyncio).
+"""The kinds of in-process lane, the hold, and the defaults: what every in-process lane
+shows, whatever face it wears (threads or asyncio).
 
 A face class is one of the two *kinds* below (counting or per-key) combined with one way of
 parking waiters (:mod:`lanequeue.lanes` for threads, :mod:`lanequeue.aio` for tasks). The
