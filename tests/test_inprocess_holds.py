@@ -165,7 +165,7 @@ def test_acquire_all_holds_are_face_holds() -> None:
     queue = LaneQueue()
     queue.add_session_lane("session")
     with queue.acquire_all("k", ["session"]) as holds:
-        assert type(holds["session"]) is ThreadHold
+        assert isinstance(holds["session"], ThreadHold)
     aqueue = AsyncLaneQueue()
     aqueue.add_session_lane("session")
 

@@ -158,12 +158,21 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from ._errors import LaneClearedError, LaneDrainingError
 from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
 
-__all__ = ["CLEARED", "DRAINED", "Core", "CountingCore", "LaneStats", "SessionCore", "Waiter"]
+__all__ = [
+    "CLEARED",
+    "DRAINED",
+    "Core",
+    "CountingCore",
+    "LaneStats",
+    "SessionCore",
+    "SessionHoldSteps",
+    "Waiter",
+]
 
 log = logging.getLogger("lanequeue")
 
@@ -823,6 +832,80 @@ class SessionCore(_CoreBase):
         self._settle()
         with self._lock:
             return self._stats(self._held)
+
+
+class SessionHoldSteps:
+    """The two commonest steps of :class:`SessionCore`, run by a thread hold's own
+    ``__enter__`` / ``__exit__`` (a mixin of the per-key thread hold) to save a call each
+    way on the hot path: taking an IDLE entry (nobody holds the key, so nobody waits for
+    it), and releasing a HELD entry with nobody in line. Everything else (a new key, a
+    busy key, a line to hand over to, a drain, dropped holds to end first, hold times on)
+    goes to the hold's general path (``_enter_slow``) or to :meth:`SessionCore.release`.
+
+    They live here, next to :meth:`SessionCore.take` and :meth:`SessionCore.release`,
+    because they are those methods' steps and follow the same rules ("Interrupts" in the
+    module docstring): the lock taken inside the ``try``, calls before stores, plain
+    stores, one last builtin. The hold's token is stored in the same commit as the grant.
+    """
+
+    __slots__ = ()
+
+    lane: Any
+    key: str
+    _token: int
+    _enter_slow: ClassVar[Callable[[Any], Any]]
+
+    def __enter__(self) -> Any:
+        core = self.lane._core
+        if not self._token and not core.draining and not core._dropped:
+            lock = core._lock
+            try:
+                lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+                entry = core._entries.get(self.key)
+                if entry is not None and not entry.token:  # IDLE: nobody holds or waits
+                    now = core._clock()
+                    # -- commit: plain stores only --
+                    core._token = token = core._token + 1
+                    entry.token = token
+                    entry.since = now
+                    core._held += 1
+                    self._token = token  # type: ignore[misc]
+                    return self
+            finally:
+                try:
+                    lock.release()
+                except RuntimeError:  # acquire was interrupted before it took the lock
+                    pass
+        return self._enter_slow()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        token = self._token
+        if token > 0:  # not released early inside the block
+            core = self.lane._core
+            key = self.key
+            self._token = -token  # type: ignore[misc]  # marked released, then released
+            if not core._dropped and core.hold_hist is None:
+                lock = core._lock
+                try:
+                    lock.acquire()  # inside the try: see "Interrupts"
+                    entry = core._entries.get(key)
+                    if entry is not None and entry.token == token and entry.line is None:
+                        now = core._clock()
+                        # -- commit: plain stores only, then one last builtin call --
+                        entry.token = 0
+                        entry.since = now
+                        core._held -= 1
+                        try:
+                            core._order.move_to_end(key)
+                        except KeyError:  # the eviction scan dropped it while held
+                            core._order[key] = entry
+                        return
+                finally:
+                    try:
+                        lock.release()
+                    except RuntimeError:  # acquire was interrupted before it took it
+                        pass
+            core.release(key, token)
 
 
 class CountingCore(_CoreBase):

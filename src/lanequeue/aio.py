@@ -50,7 +50,7 @@ from ._kinds import (
 )
 from ._validate import check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
-from .queue import MultiHold, QueueBase, Step, _send
+from .queue import MultiHold, QueueBase, Step, _end_view, _send
 
 __all__ = [
     "AsyncHold",
@@ -59,6 +59,9 @@ __all__ = [
     "AsyncSessionLane",
     "build_default_async_lanes",
 ]
+
+
+_new_hold = object.__new__
 
 
 class _TaskWaiter(Waiter):
@@ -148,6 +151,7 @@ class _AsyncFace:
 
     face: Literal["asyncio"] = "asyncio"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
+    _hold_class: type[AsyncHold] = AsyncHold  # what acquire() makes
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -329,8 +333,12 @@ class _AsyncFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        return AsyncHold(self, key, timeout)
+        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
+        hold.lane = self
+        hold.key = key
+        hold._token = 0
+        hold._timeout_s = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        return hold
 
     @must_await
     async def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
@@ -549,8 +557,6 @@ class _AsyncMultiAcquire(MultiHold):
 
     __slots__ = ()
 
-    _view_class = AsyncHold
-
     def _check_loops(self) -> None:
         """Check that the caller runs on the loop of every in-process lane of the plan
         (binding them on first use), before anything is taken or released: a refusal
@@ -563,8 +569,26 @@ class _AsyncMultiAcquire(MultiHold):
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
         self._check_loops()
+        cores = self._plan.cores
+        pending: int | None = None
+        if cores is not None and self._budget_s != 0:
+            # Fast path: in-process lanes only; take each core in turn until one makes us
+            # wait, then hand over to the general loop with what that take returned.
+            key, taken = self._key, self._taken
+            try:
+                for core in cores:
+                    got = core.take(key, True)
+                    if not got:
+                        pending = got
+                        break
+                    taken.append(got)
+                else:
+                    return self
+            except BaseException:  # an interrupt between two takes: give back what we took
+                await self._release_all_async(None)
+                raise
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, None)
+        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, pending)
         try:
             wait = next(steps, None)
             while wait is not None:
@@ -589,7 +613,18 @@ class _AsyncMultiAcquire(MultiHold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._release_all_async(exc)
+        cores, taken = self._plan.cores, self._taken
+        if cores is None:
+            await self._release_all_async(exc)
+            return
+        # In-process lanes only (the exit runs in the task that entered: on their loop).
+        key = self._key
+        while taken:  # last taken first
+            token = taken.pop()
+            if type(token) is int:
+                cores[len(taken)].release(key, token)
+            else:  # viewed as a hold
+                _end_view(token, cores[len(taken)], key)
 
     @must_await
     async def release(self) -> None:

@@ -44,7 +44,7 @@ from ._kinds import (
 from ._obs import StuckHold
 from ._validate import check_key, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
-from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace
+from .lanes import Lane, SessionLane, _ThreadFace
 
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
@@ -101,9 +101,6 @@ class MultiHold:
 
     __slots__ = ("_key", "_plan", "_taken", "_budget_s")
 
-    # The hold class that shows an in-process token: the face's (ThreadHold, AsyncHold).
-    _view_class: type[Hold]
-
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
     # _taken: per step taken so far, its token (in-process core) or its Hold (others).
@@ -117,7 +114,10 @@ class MultiHold:
         if type(got) is int:
             # An in-process token: made into a Hold on first look, and kept in its place,
             # so a release through the view is seen when the block ends.
-            got = self._taken[i] = self._view_class(self._plan.steps[i][0], self._key, None, got)
+            # The lane's own hold class (a plan drives by its core only the library's own
+            # lane classes, which all name it).
+            lane: Any = self._plan.steps[i][0]
+            got = self._taken[i] = lane._hold_class(lane, self._key, None, got)
         hold: Hold = got
         return hold
 
@@ -293,8 +293,6 @@ class _MultiAcquire(MultiHold):
     """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
     __slots__ = ()
-
-    _view_class = ThreadHold
 
     def __enter__(self) -> MultiHold:
         if self._taken:
