@@ -172,7 +172,9 @@ class AsyncHold(Hold):
         if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
-        lane._bind()
+        fast = lane._fast_loop  # lane._bind(), without its frame
+        if fast is None or fast._thread_id != get_ident():
+            lane._bind_loop()
         token = lane._core.take(key, timeout != 0)
         if not token:
             token = await lane._park(key, timeout) if timeout != 0 else 0
