@@ -17,7 +17,8 @@ a unit cost more than twice the smallest one is flagged ``SUPER-LINEAR?``:
 - ns per uncontended ``with SessionLane.acquire`` with 10^2 .. 10^6 live (idle) keys;
 - ns per waiter to drain N waiters of one key (asyncio, N = 10 .. 10^5), vs
   ``asyncio.Lock`` with the same line;
-- ns per lane of an uncontended ``acquire_all`` over 1 .. 16 lanes.
+- ns per lane of an uncontended ``acquire_all`` over 1 .. 16 lanes;
+- bytes per waiting task (``tracemalloc``), ours vs ``asyncio.Lock``.
 
 Rows are short (a few tenths of a second each); ``--quick`` shrinks them further.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 
 from bench_common import Config, Row, gc_paused, median, per_round_ratio, spread
@@ -323,6 +325,39 @@ async def _drain_cost(n_waiters: int, ours: bool) -> float:
     return (time.perf_counter() - t0) / n_waiters * 1e9
 
 
+async def _bytes_per_waiter(n_waiters: int, ours: bool) -> float:
+    """Python heap bytes (tracemalloc) per task waiting for one held key: the task, its
+    coroutine and what the lock keeps for it (our waiter, its future, its line entry and
+    deadline; ``asyncio.Lock``'s future and deque slot)."""
+    lane = AsyncSessionLane(timeout_s=300.0, warn_after_s=None)
+    lock = asyncio.Lock()
+    if ours:
+        assert lane.try_acquire_nowait("k")
+    else:
+        await lock.acquire()
+
+    async def waiter() -> None:
+        if ours:
+            async with lane.acquire("k"):
+                pass
+        else:
+            async with lock:
+                pass
+
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    tasks = [asyncio.create_task(waiter()) for _ in range(n_waiters)]
+    await asyncio.sleep(0)  # every waiter in line
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    if ours:
+        assert lane.manual_release_nowait("k")
+    else:
+        lock.release()
+    await asyncio.gather(*tasks)
+    return used / n_waiters
+
+
 def _acquire_all_cost(n_lanes: int, cycles: int) -> float:
     queue = LaneQueue(warn_after_s=None)
     names = [f"lane{i}" for i in range(n_lanes)]
@@ -364,6 +399,14 @@ def section_scaling(cfg: Config) -> list[Row]:
                                 "ns/waiter", _flagged(lock, first_lock)))
                 rows.append(Row("scaling", f"ratio ours/asyncio.Lock  drain {n:,}",
                                 ours / lock, "x", "median of rounds"))
+
+            n = 1000 if cfg.quick else 10_000
+            ours_b = await _bytes_per_waiter(n, True)
+            lock_b = await _bytes_per_waiter(n, False)
+            rows.append(Row("scaling", f"ours  bytes per waiting task ({n:,} waiting)",
+                            round(ours_b), "B", "task and coroutine included"))
+            rows.append(Row("scaling", f"asyncio.Lock  bytes per waiting task ({n:,})",
+                            round(lock_b), "B", f"ours/asyncio.Lock {ours_b / lock_b:.2f}x"))
 
         asyncio.run(drains())
         per_lane: list[float] = []

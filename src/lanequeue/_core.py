@@ -112,7 +112,9 @@ line that nobody will withdraw. A token is recorded in the hold right after the 
 returns it, and a hold is marked released right before the core releases it; an
 interrupt between the two leaves that one hold held in the core, and nothing else.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
-operations (C18).
+operations (C18). The per-key thread hold runs two steps of :class:`SessionCore` itself
+(:class:`SessionHoldSteps`, in this module and under its rules): there the token is
+stored in the hold in the same commit as the grant.
 
 Dropped holds
 =============
