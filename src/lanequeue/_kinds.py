@@ -523,7 +523,9 @@ class Hold:
         raise not_held_error(lane.name, self.key, abs(token), why)
 
     def __repr__(self) -> str:
-        kind = type(self).__name__
+        # The public class (ThreadHold for the per-key lane's own internal subclass).
+        kind = next(c.__name__ for c in type(self).__mro__
+                    if issubclass(c, Hold) and not c.__name__.startswith("_"))
         state = "held" if self.held else ("released" if self._token else "not granted")
         return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token} {state}>"
 
