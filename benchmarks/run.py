@@ -4,6 +4,7 @@
     python benchmarks/run.py --quick          # short run (smoke test)
     python benchmarks/run.py --only redis     # ours vs redis-py's Lock (own redis-server)
     python benchmarks/run.py --only handoff   # one section (repeat --only for more)
+    python benchmarks/run.py --only contended --only scaling   # issue 12's rows
     python benchmarks/run.py --json out.json  # also write the figures as JSON
 
 Every figure of a run is measured in the same process, interleaved with its baselines, so
@@ -38,6 +39,7 @@ from bench_async import section_asyncio  # noqa: E402
 from bench_common import Config, Row, format_row, format_table_header, machine_info  # noqa: E402
 from bench_plan import section_plan  # noqa: E402
 from bench_redis import redis_sizes, section_redis  # noqa: E402
+from bench_scale import section_contended, section_scaling  # noqa: E402
 from bench_threads import (  # noqa: E402
     section_handoff,
     section_memory,
@@ -53,6 +55,10 @@ SECTIONS: dict[str, tuple[str, Callable[[Config], list[Row]]]] = {
                section_memory),
     "asyncio": ("asyncio: ns per uncontended async with, and two tasks handing one key over",
                 section_asyncio),
+    "contended": ("threads and tasks contending: acq/s vs locks, one key and many keys "
+                  "with a global lane", section_contended),
+    "scaling": ("cost per unit as live keys, waiters and lanes grow (super-linear growth "
+                "flagged)", section_scaling),
     "redis": ("redis: acquire+release per second vs redis-py's Lock, and fairness of many "
               "processes on one key (private redis-server)", section_redis),
     "plan": ("plan: lanequeue plan on the bundled trace and a synthetic one "

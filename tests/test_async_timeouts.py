@@ -2,7 +2,8 @@
 
 Deterministic timing uses an event loop whose clock moves only when told to
 (:class:`FakeClockLoop`), driven one iteration at a time: the lane's deadlines are timers
-on the loop's own clock (``loop.call_later``), so advancing that clock is advancing time.
+on the loop's own clock (one loop timer per lane for the earliest of them), so advancing
+that clock is advancing time.
 """
 
 from __future__ import annotations
@@ -222,3 +223,75 @@ def test_timed_out_then_cancelled_before_resuming_counts_once(kind: str) -> None
         assert st.timeouts + st.cancelled == 1, st
     finally:
         loop.shutdown()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_deadlines_of_mixed_timeouts_each_come_on_time(kind: str) -> None:
+    """The lane's one timer is re-armed for an earlier deadline: a wait of 5 s that
+    joins after a wait of 10 s ends at 5 s, the other at 10 s, and a wait of 20 s that
+    was granted meanwhile never times out."""
+    loop = FakeClockLoop()
+    try:
+        lane = make_lane(kind, timeout_s=None, warn_after_s=None)
+        ended: dict[str, float] = {}
+
+        async def hold() -> None:
+            assert lane.try_acquire_nowait("k")
+
+        async def wait(name: str, timeout: float) -> None:
+            got = await lane.acquire_timeout("k", timeout)
+            ended[name] = loop.time() - 1000.0 if not got else -1.0
+
+        loop.run_until_complete(hold())
+        for name, timeout in (("long", 10.0), ("short", 5.0)):
+            loop.create_task(wait(name, timeout))
+            loop.settle()
+        assert lane.waiting == 2
+        loop.advance(4.9)
+        assert ended == {}
+        loop.advance(0.1)
+        assert ended == {"short": 5.0}
+        loop.advance(4.9)
+        assert ended == {"short": 5.0}
+        loop.advance(0.1)
+        assert ended == {"short": 5.0, "long": 10.0}
+        assert lane.stats.timeouts == 2 and lane.waiting == 0
+        async def release() -> None:
+            assert lane.manual_release_nowait("k")
+
+        loop.create_task(wait("granted", 20.0))
+        loop.settle()
+        loop.run_until_complete(release())
+        loop.settle()
+        assert ended["granted"] == -1.0  # granted, not timed out
+        loop.run_until_complete(release())
+        loop.advance(30.0)
+        assert lane.stats.timeouts == 2
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(10)
+def test_deadlines_of_granted_waits_do_not_pile_up() -> None:
+    """Waits granted long before their deadline leave dead entries in the lane's
+    deadline heap; they are swept once they outnumber the waiters, so the heap stays
+    within twice the waiters (plus a small floor) however many waits come and go."""
+
+    async def main() -> None:
+        lane = AsyncSessionLane(timeout_s=300.0)
+        sizes: list[int] = []
+
+        async def turn() -> None:
+            async with lane.acquire("k"):
+                await asyncio.sleep(0)
+
+        for _ in range(20):
+            await asyncio.gather(*(turn() for _ in range(50)))
+            dl = lane._deadlines
+            assert dl is not None
+            sizes.append(len(dl.heap))
+        assert max(sizes) <= 2 * 50 + 65, sizes
+        assert lane.stats.timeouts == 0 and lane.stats.acquired == 1000
+
+    asyncio.run(main())

@@ -313,6 +313,77 @@ async def test_release_foreign(f: Face) -> None:
     assert lane.active_count == 0 and lane.stats.unmatched_releases == 3
 
 
+@contract
+async def test_refused_release_counts_once_and_logs_nothing(f: Face) -> None:
+    """A refused ``hold.release()`` (released already, or ended by someone else) raises
+    NotOwnerError, logs nothing and counts once in ``unmatched_releases``; a hold never
+    granted counts nothing. The lane is left as it was."""
+    lane = f.lane()
+    with _captured() as caplog:
+        hold = await f.enter(lane.acquire("k"))
+        assert await f.q(hold.release()) is True
+        for _ in range(2):
+            with pytest.raises(NotOwnerError):
+                await f.q(hold.release())
+        with pytest.raises(NotOwnerError):
+            await f.q(lane.acquire("k").release())
+        assert lane.stats.unmatched_releases == 2
+        assert lane.active_count == 0 and await f.q(lane.try_acquire("k")) is True
+        assert await f.q(lane.manual_release("k")) is True
+    assert lane_logs(caplog) == []
+
+
+@contract
+async def test_held_follows_the_lane(f: Face) -> None:
+    """``hold.held`` says whether the hold is still the caller's: False once someone else
+    ended it with ``manual_release(key)``, while the lane shows the key free."""
+    lane = f.lane()
+    async with f.hold(lane.acquire("k")) as hold:
+        assert hold.held
+        assert await f.q(lane.manual_release("k")) is True
+        assert hold.held is False
+        assert lane.active_count == 0
+        if not f.counting:
+            assert await f.q(lane.is_held("k")) is False
+        with pytest.raises(NotOwnerError):
+            await f.q(hold.release())
+    assert lane.active_count == 0 and await f.q(lane.try_acquire("k")) is True
+    assert await f.q(lane.manual_release("k")) is True
+
+
+@contract
+async def test_multi_hold(f: Face) -> None:
+    """What ``acquire_all`` yields: ``multi[name]`` is the lane's own hold type with the
+    hold surface (``release()`` a coroutine on asyncio); one released early is skipped by
+    leaving; ``multi.release()`` releases the rest, last first, and is safe twice."""
+    queue = await _mixed_queue(f, x_timeout=5.0, y_timeout=5.0)
+    x, y = queue["x"], queue["y"]
+    surface = TaskHold if f.is_async else SyncHold
+    async with f.hold(queue.acquire_all("k", ["x", "y"])) as multi:
+        assert multi.key == "k" and len(multi) == 2 and list(multi) == multi.holds
+        for name in ("x", "y"):
+            h = multi[name]
+            assert isinstance(h, surface)
+            assert type(h) is type(queue[name].acquire("other"))
+            assert h.key == "k" and h.held and h.token > 0
+        assert await f.q(multi["x"].release()) is True
+        assert multi["x"].held is False and x.active_count == 0
+        with pytest.raises(NotOwnerError):
+            await f.q(multi["x"].release())
+        assert y.active_count == 1
+    assert x.active_count == 0 and y.active_count == 0
+    multi = await f.enter(queue.acquire_all("k", ["x", "y"]))
+    assert await f.q(multi.release()) is None
+    assert await f.q(multi.release()) is None  # safe twice
+    assert x.active_count == 0 and y.active_count == 0
+    assert not any(h.held for h in multi)
+    if f.is_async:
+        multi = await f.enter(queue.acquire_all("k", ["x", "y"]))
+        await multi.release_async()
+        assert x.active_count == 0 and y.active_count == 0
+    assert x.stats.unmatched_releases == 1 and y.stats.unmatched_releases == 0
+
+
 # -- views -----------------------------------------------------------------------------
 
 

@@ -11,7 +11,7 @@ for a thread lane, from a fresh task for an asyncio lane, each under a timeout).
 Which frames are traced, and where an exception is injected:
 
 - Only frames of the package's in-process modules (``lanes.py``, ``aio.py``,
-  ``queue.py``, ``_face.py``, ``_validate.py``, ``_errors.py`` and ``_core.py``). The
+  ``queue.py``, ``_kinds.py``, ``_validate.py``, ``_errors.py`` and ``_core.py``). The
   test's own code, the clock and asyncio's own machinery are not traced: an interrupt
   there is not the library's to survive (asyncio.run turns SIGINT into a cancellation
   of the main task; an exception inside the event loop's own code stops the loop).
@@ -72,7 +72,7 @@ from lanequeue import (
     SessionLane,
 )
 from lanequeue._core import CountingCore, SessionCore
-from lanequeue._face import LANE_DEFAULT
+from lanequeue._kinds import LANE_DEFAULT
 from lanequeue.aio import _TaskWaiter
 from lanequeue.lanes import _ThreadWaiter
 
@@ -83,7 +83,7 @@ JOIN_S = 5.0
 
 _PKG = Path(lanequeue.__file__).resolve().parent
 _CORE = str(_PKG / "_core.py")
-_FACES = {str(_PKG / f) for f in ("lanes.py", "aio.py", "queue.py", "_face.py",
+_FACES = {str(_PKG / f) for f in ("lanes.py", "aio.py", "queue.py", "_kinds.py",
                                   "_validate.py", "_errors.py")}
 _TRACED = _FACES | {_CORE}
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)

@@ -296,12 +296,13 @@ def test_c05_over_release_counting_lane(caplog: pytest.LogCaptureFixture) -> Non
     assert lane.manual_release("x") is True
     assert lane.manual_release("x") is False
     assert len(_warnings(caplog, "x")) == 1
-    # A hold released twice by its token: the second release is refused and logged too.
+    # A hold released twice: the second release is refused by NotOwnerError (the report:
+    # nothing is logged) and counted once as unmatched.
     with lane.acquire("h", timeout_s=0) as hold:
         pass
     with pytest.raises(NotOwnerError):
         hold.release()
-    assert len(_warnings(caplog, "h")) == 1
+    assert _warnings(caplog, "h") == []
     assert lane.available == 2
     # Exactly 2 admitted, not 3 or more.
     assert lane.try_acquire("p")
@@ -333,7 +334,7 @@ def test_c05_over_release_session_lane(caplog: pytest.LogCaptureFixture) -> None
     with pytest.raises(NotOwnerError):
         old.release()
     assert lane.is_held("s")
-    assert len(_warnings(caplog, "s")) == 1
+    assert _warnings(caplog, "s") == []  # refused by the error, counted, not logged
     assert lane.manual_release("s")
     # Still exactly 1 per key.
     assert lane.try_acquire("k")

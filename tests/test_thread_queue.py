@@ -21,7 +21,7 @@ from lanequeue import (
     SyncLane,
     build_default_lanes,
 )
-from lanequeue._face import LANE_DEFAULT
+from lanequeue._kinds import LANE_DEFAULT
 
 JOIN_S = 10.0
 

@@ -39,7 +39,7 @@ from ._errors import (
     TurnRejectedError,
     TurnTimedOutError,
 )
-from ._face import (
+from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT,

@@ -114,7 +114,9 @@ line that nobody will withdraw. A token is recorded in the hold right after the 
 returns it, and a hold is marked released right before the core releases it; an
 interrupt between the two leaves that one hold held in the core, and nothing else.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
-operations (C18).
+operations (C18). The per-key thread hold runs two steps of :class:`SessionCore` itself
+(:class:`SessionHoldSteps`, in this module and under its rules): there the token is
+stored in the hold in the same commit as the grant.
 
 Dropped holds
 =============
@@ -162,7 +164,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, ClassVar, Protocol
 
 from ._errors import LaneClearedError, LaneDrainingError
 from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
@@ -175,6 +177,7 @@ __all__ = [
     "CountingCore",
     "LaneStats",
     "SessionCore",
+    "SessionHoldSteps",
     "Waiter",
 ]
 
@@ -346,6 +349,16 @@ class _CoreBase:
     _line_of: Callable[[str, Waiter], dict[Waiter, str] | None]
     # Per core: forget every hold, waiter and entry (a forked child's fresh start).
     _clear: Callable[[], None]
+
+    # Per core: True while the hold ``token`` of ``key`` exists (a plain lookup, no lock:
+    # one dict read sees a consistent entry).
+    owns: Callable[[str, int], bool]
+
+    def count_unmatched(self) -> None:
+        """Count a release that matched no hold and changed nothing (a hold released a
+        second time)."""
+        with self._lock:
+            self.unmatched += 1
 
     def _next_waiter(self, line: OrderedDict[Waiter, str]) -> Waiter | None:
         """The first waiter of ``line`` able to take a permit, or None (lock held).
@@ -536,10 +549,11 @@ if hasattr(os, "register_at_fork"):
 
 
 def _warn_unmatched(lane: str, key: str, token: int) -> None:
-    if token:
-        log.warning("lane %r: release of key %r with token %d matches no hold; ignored",
-                    lane, key, token)
-    else:
+    """Log a release by key (``manual_release``) that matched no hold. A release naming a
+    token comes from a hold, whose owner learns it from the hold (``release()`` raises
+    NotOwnerError; leaving a block after someone else ended the hold is silent): it is
+    counted, not logged."""
+    if not token:
         log.warning("lane %r: release of key %r, which is not held; ignored", lane, key)
 
 
@@ -670,8 +684,9 @@ class SessionCore(_CoreBase):
         self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
     ) -> bool:
         """End the hold on ``key`` (the one with ``token``, or whichever hold it has when
-        ``token`` is 0) and hand the key to the first waiter that takes it. Returns False,
-        logs a warning and changes nothing when no such hold exists. (``dropped``: see
+        ``token`` is 0) and hand the key to the first waiter that takes it. Returns False
+        and changes nothing but ``unmatched`` when no such hold exists (logged when
+        ``token`` is 0: see :func:`_warn_unmatched`). (``dropped``: see
         :meth:`_drain`.)"""
         if self._dropped and dropped is None:
             self._drain()
@@ -725,6 +740,10 @@ class SessionCore(_CoreBase):
                 pass
         _warn_unmatched(self.name, key, token)
         return False
+
+    def owns(self, key: str, token: int) -> bool:
+        entry = self._entries.get(key)
+        return entry is not None and entry.token == token
 
     def _line_of(self, key: str, waiter: Waiter) -> OrderedDict[Waiter, str] | None:
         entry = self._entries.get(key)
@@ -827,6 +846,80 @@ class SessionCore(_CoreBase):
         self._settle()
         with self._lock:
             return self._stats(self._held)
+
+
+class SessionHoldSteps:
+    """The two commonest steps of :class:`SessionCore`, run by a thread hold's own
+    ``__enter__`` / ``__exit__`` (a mixin of the per-key thread hold) to save a call each
+    way on the hot path: taking an IDLE entry (nobody holds the key, so nobody waits for
+    it), and releasing a HELD entry with nobody in line. Everything else (a new key, a
+    busy key, a line to hand over to, a drain, dropped holds to end first, hold times on)
+    goes to the hold's general path (``_enter_slow``) or to :meth:`SessionCore.release`.
+
+    They live here, next to :meth:`SessionCore.take` and :meth:`SessionCore.release`,
+    because they are those methods' steps and follow the same rules ("Interrupts" in the
+    module docstring): the lock taken inside the ``try``, calls before stores, plain
+    stores, one last builtin. The hold's token is stored in the same commit as the grant.
+    """
+
+    __slots__ = ()
+
+    lane: Any
+    key: str
+    _token: int
+    _enter_slow: ClassVar[Callable[[Any], Any]]
+
+    def __enter__(self) -> Any:
+        core = self.lane._core
+        if not self._token and not core.draining and not core._dropped:
+            lock = core._lock
+            try:
+                lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+                entry = core._entries.get(self.key)
+                if entry is not None and not entry.token:  # IDLE: nobody holds or waits
+                    now = core._clock()
+                    # -- commit: plain stores only --
+                    core._token = token = core._token + 1
+                    entry.token = token
+                    entry.since = now
+                    core._held += 1
+                    self._token = token  # type: ignore[misc]
+                    return self
+            finally:
+                try:
+                    lock.release()
+                except RuntimeError:  # acquire was interrupted before it took the lock
+                    pass
+        return self._enter_slow()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        token = self._token
+        if token > 0:  # not released early inside the block
+            core = self.lane._core
+            key = self.key
+            self._token = -token  # type: ignore[misc]  # marked released, then released
+            if not core._dropped and core.hold_hist is None:
+                lock = core._lock
+                try:
+                    lock.acquire()  # inside the try: see "Interrupts"
+                    entry = core._entries.get(key)
+                    if entry is not None and entry.token == token and entry.line is None:
+                        now = core._clock()
+                        # -- commit: plain stores only, then one last builtin call --
+                        entry.token = 0
+                        entry.since = now
+                        core._held -= 1
+                        try:
+                            core._order.move_to_end(key)
+                        except KeyError:  # the eviction scan dropped it while held
+                            core._order[key] = entry
+                        return
+                finally:
+                    try:
+                        lock.release()
+                    except RuntimeError:  # acquire was interrupted before it took it
+                        pass
+            core.release(key, token)
 
 
 class CountingCore(_CoreBase):
@@ -1002,8 +1095,9 @@ class CountingCore(_CoreBase):
     ) -> bool:
         """End the hold of ``key`` with ``token`` (or the key's oldest hold when ``token``
         is 0) and hand the permit to the waiter served next (see "Priority"). Returns
-        False, logs a warning and changes nothing when no such hold exists.
-        (``dropped``: see :meth:`_drain`.)"""
+        False and changes nothing but ``unmatched`` when no such hold exists (logged
+        when ``token`` is 0: see :func:`_warn_unmatched`). (``dropped``: see
+        :meth:`_drain`.)"""
         if self._dropped and dropped is None:
             self._drain()
         lock = self._lock
@@ -1143,3 +1237,7 @@ class CountingCore(_CoreBase):
         self._settle()
         with self._lock:
             return self._stats(len(self._holds))
+
+    def owns(self, key: str, token: int) -> bool:
+        hold = self._holds.get(token)
+        return hold is not None and hold[0] == key

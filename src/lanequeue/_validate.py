@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import types
+from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
@@ -29,21 +30,22 @@ def check_key(key: object, name: str = "key") -> str:
 def check_timeout(value: object, name: str = "timeout_s") -> float | None:
     """Validate a timeout in seconds.
 
-    ``None`` (and ``math.inf``) mean "wait without limit" and return ``None``; ``0`` means
-    "do not wait". Negative numbers and NaN raise ValueError; non-numbers (and ``bool``)
-    raise TypeError.
+    ``None``, ``math.inf`` and any value of ``threading.TIMEOUT_MAX`` seconds or more
+    (about 292 years on Linux; also integers too large for a float, such as ``10**400``)
+    mean "wait without limit" and return ``None``; ``0`` means "do not wait". Negative
+    numbers and NaN raise ValueError; non-numbers (and ``bool``) raise TypeError.
     """
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
+    if value >= TIMEOUT_MAX:  # (an int compares exactly, without converting)
+        return None
     v = float(value)
     if math.isnan(v):
         raise ValueError(f"{name} must not be NaN")
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
-    if math.isinf(v):
-        return None
     return v
 
 

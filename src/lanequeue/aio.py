@@ -17,9 +17,12 @@ Cancellation, at every point:
   waiter is granted within that same step.
 - cancelled inside the body: ``async with`` releases on the way out.
 
-Timeouts are timers on the loop's own clock (``loop.call_later``): at the deadline the
-timer withdraws the waiter and resolves its future with "no token", unless a grant got
-there first. No task or ``wait_for`` wrapper is created per wait.
+Timeouts run on the loop's own clock, with ONE loop timer per lane (:class:`_Deadlines`)
+armed for the earliest deadline of its waits: at a waiter's deadline it withdraws the
+waiter and resolves its future with "no token", unless a grant got there first. No task,
+``wait_for`` wrapper or timer is created per wait: a wait pushes its deadline on the
+lane's heap, and a wait that ends before it leaves a dead entry there, skipped when
+met and swept once dead entries outnumber the waiters.
 
 A lane is bound to the first event loop that uses it; calls from another loop or another
 thread raise RuntimeError (the lane's futures belong to one loop). Once that loop is
@@ -30,6 +33,8 @@ a child made by ``os.fork()`` the lane is empty and binds the child's own loop.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import math
 import os
 from collections.abc import Sequence
 from functools import partial
@@ -39,7 +44,7 @@ from typing import Any, Literal, cast
 
 from ._core import Core, CountingCore, Waiter, ended_error
 from ._errors import LaneTimeoutError
-from ._face import (
+from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     IDLE_POLL_S,
     LANE_DEFAULT,
@@ -50,7 +55,7 @@ from ._face import (
 )
 from ._validate import check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
-from .queue import MultiHold, QueueBase, Step, _send
+from .queue import MultiHold, QueueBase, Step, _end_view, _send
 
 __all__ = [
     "AsyncHold",
@@ -62,17 +67,18 @@ __all__ = [
 
 
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
+_new_hold = object.__new__
+
 
 class _TaskWaiter(Waiter):
     """A task in line: parks on a future of the lane's loop."""
 
-    __slots__ = ("fut", "timer")
+    __slots__ = ("fut",)
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.token = 0
         self.left = False
         self.fut = fut
-        self.timer: asyncio.TimerHandle | None = None  # the wait's one timer, if any
         # The grant sets the token first, then resolves the future (builtins only).
         self.wake = partial(fut.set_result, None)
 
@@ -80,6 +86,71 @@ class _TaskWaiter(Waiter):
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
         # hands the permit to the next waiter instead of to a task that will not use it.
         return not self.fut.done()
+
+
+# What a deadline of the heap does when it comes: log the slow wait (then push the wait's
+# real deadline), or end the wait.
+_WARN, _EXPIRE = 0, 1
+
+
+class _Deadlines:
+    """The deadlines of one lane's waits on one loop, behind ONE loop timer.
+
+    ``heap`` holds ``(when, seq, waiter, key, what, timeout, ahead)`` by loop time; the
+    timer is armed for the earliest ``when`` (``armed``: that time; inf when no timer).
+    A wait that ends early leaves its entry: :meth:`fire` skips entries whose future is
+    done, and :meth:`add` sweeps them out once the heap is more than twice the lane's
+    waiters (amortised O(1)). Runs on the loop only (adds from the waiting task, fires
+    from the loop), so it needs no lock.
+    """
+
+    __slots__ = ("lane", "loop", "heap", "timer", "armed", "seq")
+
+    def __init__(self, lane: _AsyncFace, loop: asyncio.AbstractEventLoop) -> None:
+        self.lane = lane
+        self.loop = loop
+        self.heap: list[tuple[float, int, _TaskWaiter, str, int, float, int]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.armed = math.inf
+        self.seq = 0
+
+    def add(self, when: float, waiter: _TaskWaiter, key: str, what: int, timeout: float,
+            ahead: int) -> None:
+        heap = self.heap
+        if len(heap) > 64 and len(heap) > 2 * self.lane._core.waiting:
+            live = [e for e in heap if not e[2].fut.done()]
+            heapq.heapify(live)
+            self.heap = heap = live
+        self.seq += 1
+        heapq.heappush(heap, (when, self.seq, waiter, key, what, timeout, ahead))
+        if when < self.armed:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(when, self.fire)
+            self.armed = when
+
+    def fire(self) -> None:
+        """The timer: act on every deadline that has come, then re-arm for the next."""
+        self.timer = None
+        self.armed = math.inf
+        heap, lane = self.heap, self.lane
+        now = self.loop.time()
+        while heap and heap[0][0] <= now:
+            _, _, waiter, key, what, timeout, ahead = heapq.heappop(heap)
+            if waiter.fut.done():
+                continue  # granted, cancelled or ended meanwhile
+            if what == _EXPIRE:
+                lane._expire(key, waiter)
+            else:
+                self.add(waiter.since + timeout, waiter, key, _EXPIRE, timeout, ahead)
+                lane._slow_wait(key, now - waiter.since, ahead)
+        while heap and heap[0][2].fut.done():
+            heapq.heappop(heap)
+        if heap and heap[0][0] < self.armed:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(heap[0][0], self.fire)
+            self.armed = heap[0][0]
 
 
 class AsyncHold(Hold):
@@ -103,7 +174,9 @@ class AsyncHold(Hold):
         if self._token:
             raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
-        lane._bind()
+        fast = lane._fast_loop  # lane._bind(), without its frame
+        if fast is None or fast._thread_id != get_ident():
+            lane._bind_loop()
         token = lane._core.take(key, timeout != 0)
         if not token:
             token = await lane._park(key, timeout, self._priority) if timeout != 0 else 0
@@ -128,11 +201,13 @@ class AsyncHold(Hold):
     async def release(self) -> bool:  # type: ignore[override]
         """A coroutine: end this hold; True. Raises NotOwnerError when the hold is not the
         caller's (any more): never granted, released already, or ended by someone else
-        (``manual_release``). Plain twin: :meth:`release_nowait`."""
+        (``manual_release``); RuntimeError from another event loop or thread, changing
+        nothing (the block still releases it). Plain twin: :meth:`release_nowait`."""
         return Hold.release(self)
 
     def release_nowait(self) -> bool:
-        """:meth:`release` as a plain call (from the lane's loop)."""
+        """:meth:`release` as a plain call (from the lane's loop; RuntimeError, changing
+        nothing, from another thread)."""
         return Hold.release(self)
 
     def __del__(self) -> None:
@@ -149,6 +224,7 @@ class _AsyncFace:
 
     face: Literal["asyncio"] = "asyncio"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
+    _hold_class: type[AsyncHold] = AsyncHold  # what acquire() makes
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -158,6 +234,7 @@ class _AsyncFace:
     _rank: Any
     _loop: asyncio.AbstractEventLoop | None = None
     _loop_pid = 0  # the process that bound _loop (a forked child may bind its own)
+    _deadlines: _Deadlines | None = None  # the deadlines of the waits, on the bound loop
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
 
     def _bind(self) -> None:
@@ -222,11 +299,11 @@ class _AsyncFace:
         and wait up to ``timeout`` seconds (None: no limit).
         Returns the grant's token, or 0 if none came (counted as a timeout).
 
-        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. Slow
-        waits (``warn_after_s``) never add a timer: a wait with a timeout arms its one
-        timer for ``warn_after_s`` first, logs there and re-arms it for the deadline
-        (:meth:`_warn_then_expire`); a wait without a timeout is logged when it ends, if
-        it lasted ``warn_after_s`` or more. The warning gives the waiters that were
+        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. A
+        wait with a timeout pushes one deadline on the lane's :class:`_Deadlines` (no
+        timer of its own): ``warn_after_s`` first when it is shorter, where the slow wait
+        is logged and the real deadline pushed; a wait without a timeout is logged when
+        it ends, if it lasted ``warn_after_s`` or more. The warning gives the waiters that were
         ahead when it joined. Raises LaneClearedError / LaneDrainingError when ``clear``
         or a drain ended the wait.
         """
@@ -251,10 +328,11 @@ class _AsyncFace:
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
                 if timeout is not None:
-                    waiter.timer = loop.call_later(
-                        warn, self._warn_then_expire, key, waiter, timeout, ahead)
+                    self._deadlines_of(loop).add(start + warn, waiter, key, _WARN, timeout,
+                                                 ahead)
             elif timeout is not None:
-                waiter.timer = loop.call_later(timeout, self._expire, key, waiter)
+                self._deadlines_of(loop).add(start + timeout, waiter, key, _EXPIRE, timeout,
+                                             ahead)
             await waiter.fut
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
@@ -276,24 +354,16 @@ class _AsyncFace:
             if not observed:
                 self._core.observe_wait(loop.time() - start, False)
             raise
-        finally:
-            timer = waiter.timer
-            if timer is not None:
-                timer.cancel()
 
-    def _warn_then_expire(
-        self, key: str, waiter: _TaskWaiter, timeout: float, ahead: int
-    ) -> None:
-        """The wait's timer at ``warn_after_s``: log the slow wait, then re-arm the same
-        timer for the wait's deadline (``timeout`` seconds after it started)."""
-        if waiter.fut.done():
-            return
-        loop = waiter.fut.get_loop()
-        waiter.timer = loop.call_at(waiter.since + timeout, self._expire, key, waiter)
-        self._slow_wait(key, loop.time() - waiter.since, ahead)
+    def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
+        """The lane's deadlines on ``loop`` (new after the lane moved to another loop)."""
+        dl = self._deadlines
+        if dl is None or dl.loop is not loop:
+            dl = self._deadlines = _Deadlines(self, loop)
+        return dl
 
     def _expire(self, key: str, waiter: _TaskWaiter) -> None:
-        """Timer callback at a waiter's deadline (on the loop, so no grant can race it).
+        """At a waiter's deadline (from the loop's timer, so no grant can race it).
         The future first: the task resumes even if the withdraw is interrupted (the task
         then withdraws itself)."""
         if not waiter.fut.done():
@@ -342,8 +412,11 @@ class _AsyncFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        hold = AsyncHold(self, key, timeout)
+        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
+        hold.lane = self
+        hold.key = key
+        hold._token = 0
+        hold._timeout_s = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         hold._priority = priority if priority is _ZERO else self._rank(priority)
         return hold
 
@@ -561,16 +634,47 @@ async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | N
     return hold
 
 
+def _no_prepare(lane: object) -> None:
+    """Every in-process lane was checked (bound) before the first take."""
+
+
 class _AsyncMultiAcquire(MultiHold):
     """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
     __slots__ = ()
 
+    def _check_loops(self) -> None:
+        """Check that the caller runs on the loop of every in-process lane of the plan
+        (binding them on first use), before anything is taken or released: a refusal
+        (RuntimeError) changes nothing."""
+        for lane, core in self._plan.steps:
+            if core is not None:
+                _bind_lane(cast(_AsyncFace, lane))
+
     async def __aenter__(self) -> MultiHold:
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
+        self._check_loops()
+        cores = self._plan.cores
+        pending: int | None = None
+        if cores is not None and self._budget_s != 0:
+            # Fast path: in-process lanes only; take each core in turn until one makes us
+            # wait, then hand over to the general loop with what that take returned.
+            key, taken = self._key, self._taken
+            try:
+                for core in cores:
+                    got = core.take(key, True)
+                    if not got:
+                        pending = got
+                        break
+                    taken.append(got)
+                else:
+                    return self
+            except BaseException:  # an interrupt between two takes: give back what we took
+                await self._release_all_async(None)
+                raise
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _bind_lane, None)
+        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, pending)
         try:
             wait = next(steps, None)
             while wait is not None:
@@ -596,14 +700,33 @@ class _AsyncMultiAcquire(MultiHold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self._release_all_async(exc)
+        cores, taken = self._plan.cores, self._taken
+        if cores is None:
+            await self._release_all_async(exc)
+            return
+        # In-process lanes only (the exit runs in the task that entered: on their loop).
+        key = self._key
+        while taken:  # last taken first
+            token = taken.pop()
+            if type(token) is int:
+                cores[len(taken)].release(key, token)
+            else:  # viewed as a hold
+                _end_view(token, cores[len(taken)], key)
 
-    async def release_async(self) -> None:
-        """Release every hold, last taken first. Safe to call twice.
+    @must_await
+    async def release(self) -> None:
+        """A coroutine: release every hold, last taken first. Safe to call twice.
 
         Every hold is released even when one release raises (a Redis hold whose lease was
-        lost raises NotOwnerError); the first such error is raised after the loop.
+        lost raises NotOwnerError); the first such error is raised after the loop. Raises
+        RuntimeError, releasing nothing, when not called from the lanes' event loop.
         """
+        self._check_loops()
+        await self._release_all_async(None)
+
+    async def release_async(self) -> None:
+        """Same as :meth:`release` (the earlier spelling)."""
+        self._check_loops()
         await self._release_all_async(None)
 
     async def _release_all_async(self, block_error: BaseException | None) -> None:
@@ -640,10 +763,12 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
     _session = AsyncSessionLane
     _face = "asyncio"
     _surface = TaskLane
-    _view_class = AsyncHold
 
     def _step(self, lane: TaskLane) -> Step:
-        return (lane, lane._core if isinstance(lane, _AsyncFace) else None)
+        # The core only for the library's own classes: a subclass may override acquire,
+        # so it is taken through its public surface.
+        in_process = type(lane) in (AsyncLane, AsyncSessionLane)
+        return (lane, cast(AsyncLane, lane)._core if in_process else None)
 
     def acquire_all(
         self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT,

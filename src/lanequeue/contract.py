@@ -30,7 +30,8 @@ Timeouts (``acquire``, ``acquire_timeout``, ``acquire_all``), one meaning everyw
 
 - omitted: the lane's ``timeout_s`` (for ``acquire_all``: the smallest ``timeout_s`` of
   the lanes it takes);
-- ``None`` (or ``math.inf``): no limit;
+- ``None`` (or ``math.inf``, or ``threading.TIMEOUT_MAX`` seconds or more, about 292
+  years; also an ``int`` too large for a float): no limit;
 - ``0``: do not wait (take it only if it is free now);
 - ``> 0``: wait at most that many seconds;
 - negative or NaN: ``ValueError``; not a number (or a ``bool``): ``TypeError``.
@@ -53,6 +54,13 @@ Releasing:
   :class:`~lanequeue.NotOwnerError` when the hold is no longer the caller's: released
   already, never granted, ended by someone else (``manual_release``), or its Redis lease
   ran out (:class:`~lanequeue.LeaseLostError`). The real owner's hold is never touched.
+  A refused ``release()`` logs nothing (the error is the report) and counts once in
+  ``stats.unmatched_releases`` when the hold had been granted (a never granted hold
+  counts nothing). On the in-process asyncio lanes it raises RuntimeError from another
+  event loop or thread and changes nothing: the hold stays held and the block still
+  releases it.
+- ``hold.held``: True while the hold is the caller's: from the grant until it is
+  released, or ended by someone else (``manual_release(key)``, a lost Redis lease).
 - leaving the ``with`` / ``async with`` block after an early ``release()`` is silent.
 - ``manual_release(key) -> bool`` (query): ends the key's oldest hold (of THIS lane
   object, on Redis: another process's hold is never ended). Returns False, logs a warning
@@ -82,6 +90,24 @@ Lane-wide views (queries: every process sharing the lane on Redis):
   (holds), ``waiting`` (live waiters), ``available`` (free permits) and ``keys`` (key ->
   seconds its oldest hold has lasted), all lane-wide. A per-key Redis lane has no
   lane-wide count (it would need a scan of the keyspace).
+
+Several lanes at once (``LaneQueue.acquire_all(key, lane_names)`` /
+``AsyncLaneQueue.acquire_all``): entering (``with`` / ``async with``) yields a
+:class:`~lanequeue.MultiHold`:
+
+- ``multi[name]``: the hold on that lane, of the lane's own hold type (a thread hold for
+  a ``LaneQueue``, an asyncio hold with ``release()`` a coroutine and ``release_nowait()``
+  for an ``AsyncLaneQueue``), with the hold surface above; releasing one early is
+  allowed, and leaving the block then skips it.
+- ``holds`` (in registration order), ``iter(multi)``, ``len(multi)``, ``key``.
+- ``multi.release()``: release every hold still held, last taken first; safe to call
+  twice. A plain call on threads; on asyncio a coroutine (``await multi.release()``,
+  also spelled ``release_async()``), which raises RuntimeError and releases nothing from
+  another event loop or thread.
+- ``lane_names`` must be a list (any iterable but a ``str``) of registered names
+  (TypeError naming ``lane_names`` otherwise, e.g. for None). A lane of the library's
+  own classes is driven through its core; any other lane (Redis, a lane of your own, a
+  subclass of ``Lane``) through its public ``acquire``.
 
 Errors: a key that is not a ``str`` is a ``TypeError``, an empty key a ``ValueError``, at
 the call (for a query on an asyncio face: when it is awaited).
@@ -208,7 +234,8 @@ class LaneHold(Protocol):
 
     @property
     def held(self) -> bool:
-        """True from the grant until this hold ends through the hold itself."""
+        """True while this hold is the caller's: from the grant until it is released, or
+        ended by someone else (``manual_release``, a lost Redis lease)."""
 
 
 @runtime_checkable

@@ -15,9 +15,9 @@ import time
 from types import TracebackType
 from typing import Any, Literal
 
-from ._core import Core, CountingCore, Waiter, ended_error
+from ._core import Core, CountingCore, SessionHoldSteps, Waiter, ended_error
 from ._errors import LaneTimeoutError
-from ._face import (
+from ._kinds import (
     IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
@@ -106,12 +106,22 @@ class ThreadHold(Hold):
             drop_hold(self.lane, self.key, token)
 
 
+class _SessionThreadHold(SessionHoldSteps, ThreadHold):
+    """A :class:`ThreadHold` of a :class:`SessionLane`: entering and leaving run the
+    core's common steps themselves (:class:`lanequeue._core.SessionHoldSteps`)."""
+
+    __slots__ = ()
+
+    _enter_slow = ThreadHold.__enter__
+
+
 class _ThreadFace:
     """Acquire/release for threads over either core. Thread-safe: any thread may acquire
     and any thread may release (the scheduler pattern releases from the job's thread)."""
 
     face: Literal["threads"] = "threads"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
+    _hold_class: type[ThreadHold] = ThreadHold  # what acquire() makes
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -225,7 +235,7 @@ class _ThreadFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        hold = _new_hold(ThreadHold)  # no __init__ frame: this is the hot path
+        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
         hold.lane = self
         hold.key = key
         hold._token = 0
@@ -399,8 +409,9 @@ class SessionLane(_ThreadFace, SessionKind):
     Args:
         name: the lane's name (default ``"session"``).
         max_sessions: soft cap on entries, >= 1.
-        idle_timeout_s: seconds an idle entry is kept (0: evict as soon as room is
-            needed; None: until room is needed).
+        idle_timeout_s: seconds an idle entry is kept (see :attr:`idle_timeout_s`: 0
+            drops an entry as soon as it is idle; None keeps it until a new key needs
+            its room).
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
         clock: monotonic clock in seconds for idle and hold ages and for measuring waits
             (replaceable in tests; deadlines always run on ``threading``'s own clock).
@@ -435,6 +446,8 @@ class SessionLane(_ThreadFace, SessionKind):
         >>> sessions.manual_release("gateway:slack:c2:u2:t2")
         True
     """
+
+    _hold_class = _SessionThreadHold
 
     def is_held(self, key: str) -> bool:
         """True while ``key`` has a holder."""

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
 from ._core import Clock, Core, CountingCore
 from ._errors import LaneTimeoutError
-from ._face import (
+from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT,
@@ -44,7 +44,7 @@ from ._face import (
 from ._obs import StuckHold
 from ._validate import check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
-from .lanes import Lane, SessionLane, ThreadHold, _ThreadFace
+from .lanes import Lane, SessionLane, _ThreadFace
 
 __all__ = ["LaneQueue", "MultiHold", "build_default_lanes"]
 
@@ -85,8 +85,15 @@ _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot 
 class MultiHold:
     """The holds taken by one ``acquire_all`` call, in registration order.
 
-    ``multi[name]`` is the hold on the lane called ``name`` (with its ``token``);
-    iterating yields the holds. Leaving the ``with`` block releases them in reverse.
+    ``multi[name]`` is the hold on the lane called ``name``: the lane's own hold type
+    (:class:`~lanequeue.ThreadHold` for a ``LaneQueue``, :class:`~lanequeue.AsyncHold` for
+    an ``AsyncLaneQueue``, a Redis hold for a Redis lane), with the contract's hold surface
+    (``key``, ``token``, ``held``, ``release()``; on asyncio ``release()`` is a coroutine
+    and ``release_nowait()`` its plain twin). Releasing one hold early is allowed: leaving
+    the block then skips it. ``holds`` lists them, iterating yields them, ``len()`` counts
+    them, ``key`` is the request's key. Leaving the ``with`` block releases them in
+    reverse; so does ``release()`` (threads) / ``await release()`` (asyncio, also spelled
+    ``release_async()``), which is safe to call twice.
 
     Garbage-collected while still holding in-process lanes (entered, never left nor
     released), it warns with a ``ResourceWarning`` per lane naming the lane and the key,
@@ -94,9 +101,6 @@ class MultiHold:
     """
 
     __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority")
-
-    # The hold class that shows an in-process token (ThreadHold, AsyncHold).
-    _view_class: type[Hold] = Hold
 
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
@@ -118,9 +122,17 @@ class MultiHold:
         if type(got) is int:
             # An in-process token: made into a Hold on first look, and kept in its place,
             # so a release through the view is seen when the block ends.
-            got = self._taken[i] = self._view_class(self._plan.steps[i][0], self._key, None, got)
+            # The lane's own hold class (a plan drives by its core only the library's own
+            # lane classes, which all name it).
+            lane: Any = self._plan.steps[i][0]
+            got = self._taken[i] = lane._hold_class(lane, self._key, None, got)
         hold: Hold = got
         return hold
+
+    @property
+    def key(self) -> str:
+        """The request's key."""
+        return self._key
 
     @property
     def holds(self) -> list[Hold]:
@@ -148,10 +160,8 @@ class MultiHold:
         if taken:
             steps = self._plan.steps
             for i, got in enumerate(taken):
-                if type(got) is int:
-                    drop_hold(steps[i][0], self._key, got)
-                elif type(got) is Hold and got.held:  # an in-process token, viewed
-                    drop_hold(got.lane, got.key, got.token)
+                if type(got) is int:  # (a viewed token is its view's: it has its own
+                    drop_hold(steps[i][0], self._key, got)  # finalizer)
 
     def _acquiring(
         self, clock: Callable[[], float], prepare: Callable[[Any], Any], pending: Any
@@ -251,6 +261,17 @@ def _report_release_error(key: str, error: BaseException, block_error: BaseExcep
         add_note(text)
 
 
+def _names(lane_names: object) -> tuple[str, ...]:
+    """``lane_names`` as a tuple; TypeError naming the argument if it is not a sequence of
+    names (a ``str`` is refused: it would read as one lane per character)."""
+    if isinstance(lane_names, (str, bytes)) or not isinstance(lane_names, Iterable):
+        raise TypeError(
+            "lane_names must be a list of lane names, not "
+            f"{type(lane_names).__name__}"
+        )
+    return tuple(lane_names)
+
+
 def _remaining(deadline: float | None, now: float) -> float | None:
     return None if deadline is None else max(0.0, deadline - now)
 
@@ -280,8 +301,6 @@ class _MultiAcquire(MultiHold):
     """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order."""
 
     __slots__ = ()
-
-    _view_class = ThreadHold
 
     def __enter__(self) -> MultiHold:
         if self._taken:
@@ -355,6 +374,15 @@ class _MultiAcquire(MultiHold):
         hold = next(steps, None)
         while hold is not None:
             hold = _send(steps, _caught(hold.release))
+
+
+def _check_backend(backend: object, maker: str) -> None:
+    """TypeError naming ``backend`` unless it can make lanes (a :class:`LaneBackend`)."""
+    if not callable(getattr(backend, maker, None)):
+        raise TypeError(
+            f"backend must be a lane backend (such as lanequeue.redis.RedisBackend) with "
+            f"a {maker}() method, or None, not {type(backend).__name__}"
+        )
 
 
 def _hold(lane: SyncLane, key: str, timeout: float | None) -> SyncHold | None:
@@ -445,8 +473,9 @@ class QueueBase(Generic[L, CL, SL]):
 
         Raises:
             ValueError: the name is taken; ``clock`` given with a backend.
-            TypeError: the backend's lane belongs to the other face (threads vs asyncio);
-                and the lane's own errors for bad arguments.
+            TypeError: ``backend`` is not a lane backend; the backend's lane belongs to
+                the other face (threads vs asyncio); and the lane's own errors for bad
+                arguments.
         """
         if name in self._lanes:
             raise ValueError(f"a lane named {name!r} is already registered")
@@ -457,6 +486,7 @@ class QueueBase(Generic[L, CL, SL]):
                 **self._ops,
             ))
         self._no_clock(clock)
+        _check_backend(backend, "lane")
         lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s)
         return self.add(cast(L, lane))  # add() checks the face
 
@@ -506,8 +536,8 @@ class QueueBase(Generic[L, CL, SL]):
 
         Raises:
             ValueError: the name is taken; ``clock`` given with a backend.
-            TypeError: the backend's lane belongs to the other face; and the lane's own
-                errors for bad arguments.
+            TypeError: ``backend`` is not a lane backend; the backend's lane belongs to
+                the other face; and the lane's own errors for bad arguments.
         """
         if name in self._lanes:
             raise ValueError(f"a lane named {name!r} is already registered")
@@ -518,6 +548,7 @@ class QueueBase(Generic[L, CL, SL]):
                 **self._ops,
             ))
         self._no_clock(clock)
+        _check_backend(backend, "session_lane")
         lane = backend.session_lane(
             name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, timeout_s=timeout_s
         )
@@ -606,16 +637,27 @@ class QueueBase(Generic[L, CL, SL]):
         it took first). Holders keep their permits. Returns how many waits were ended.
         Raises TypeError/ValueError for a bad key."""
         key = check_key(key)
-        return sum(lane.clear(key) for lane in self._ops_lanes())
+        lanes = self._checked_wakers()
+        return sum(lane._core.end_waiters(key, cleared=True) for lane in lanes)
 
     def close(self) -> None:
         """:meth:`~lanequeue.Lane.close` every in-process lane: refuse new acquisitions
-        and end every wait with :class:`LaneDrainingError`; holders finish. Idempotent."""
-        for lane in self._ops_lanes():
-            lane.close()
+        and end every wait with :class:`LaneDrainingError`; holders finish. Idempotent.
+        On an ``AsyncLaneQueue``, RuntimeError (and no lane changed) when a lane is
+        bound to another event loop than the caller's."""
+        self._start_drain(True)
+
+    def _checked_wakers(self) -> list[LaneKind[Any]]:
+        """The in-process lanes, after checking that the caller may wake the waiters of
+        every one of them (asyncio: on each lane's loop): a refusal changes nothing."""
+        lanes = self._ops_lanes()
+        for lane in lanes:
+            lane._check_waker()
+        return lanes
 
     def _start_drain(self, cancel_waiting: bool) -> None:
-        for lane in self._ops_lanes():
+        lanes = self._checked_wakers() if cancel_waiting else self._ops_lanes()
+        for lane in lanes:
             lane._start_drain(cancel_waiting)
 
     def _idle(self) -> bool:
@@ -623,7 +665,9 @@ class QueueBase(Generic[L, CL, SL]):
 
     def _step(self, lane: L) -> Step:
         """How this queue drives ``lane``: (lane, its core) for an in-process lane of the
-        queue's own face, (lane, None) for lanes reached through their ``_hold``."""
+        queue's own face whose class is exactly the library's, (lane, None) for every
+        other lane (Redis, foreign, subclasses), taken through its public ``acquire``
+        (``_hold``)."""
         return (lane, None)
 
     def _plan(self, names: tuple[str, ...]) -> Plan:
@@ -652,11 +696,12 @@ class QueueBase(Generic[L, CL, SL]):
         """A new, not yet entered ``acquire_all`` of class ``cls`` (arguments checked)."""
         if key.__class__ is not str or not key:
             key = check_key(key)
-        names = tuple(lane_names)
+        if lane_names.__class__ is list or lane_names.__class__ is tuple:
+            names = tuple(lane_names)
+        else:
+            names = _names(lane_names)
         plan = self._plans.get(names)
         if plan is None:
-            if isinstance(lane_names, str):
-                raise TypeError("lane_names must be a list of lane names, not a str")
             plan = self._plan(names)
         multi = _new(cls)
         multi._key = key
@@ -697,7 +742,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
     _surface = SyncLane
 
     def _step(self, lane: SyncLane) -> Step:
-        return (lane, lane._core if isinstance(lane, _ThreadFace) else None)
+        # The core only for the library's own classes: a subclass may override acquire,
+        # so it is taken through its public surface.
+        return (lane, cast(Lane, lane)._core if type(lane) in (Lane, SessionLane) else None)
 
     def acquire_all(
         self, key: str, lane_names: Sequence[str], *, timeout_s: Any = LANE_DEFAULT,

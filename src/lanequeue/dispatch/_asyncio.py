@@ -90,9 +90,11 @@ class Dispatcher(DispatcherBase):
         dedupe_redis: Any = None,
         dedupe_prefix: str = "lanequeue",
     ) -> None:
-        if not getattr(queue, "_async_face", True) or type(queue).__name__ == "LaneQueue":
-            raise TypeError("Dispatcher runs on asyncio: give it an AsyncLaneQueue "
-                            "(ThreadDispatcher takes a LaneQueue)")
+        from ..aio import AsyncLaneQueue
+
+        if not isinstance(queue, AsyncLaneQueue):
+            raise TypeError("Dispatcher runs on asyncio: its queue must be an AsyncLaneQueue "
+                            f"(ThreadDispatcher takes a LaneQueue), not {queue!r}")
         super().__init__(queue, lanes=lanes, busy=busy, max_pending=max_pending,
                          overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
                          dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,

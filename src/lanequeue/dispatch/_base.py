@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._face import LANE_DEFAULT
+from .._kinds import LANE_DEFAULT
 from .._validate import check_timeout
 from ._machine import DispatchStats, Job, Machine, Ticket, Timer, counting_lanes
 

@@ -164,9 +164,11 @@ class ThreadDispatcher(DispatcherBase):
         max_workers: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if getattr(queue, "_async_face", False) or type(queue).__name__ == "AsyncLaneQueue":
-            raise TypeError("ThreadDispatcher runs on threads: give it a LaneQueue "
-                            "(Dispatcher takes an AsyncLaneQueue)")
+        from ..queue import LaneQueue
+
+        if not isinstance(queue, LaneQueue):
+            raise TypeError("ThreadDispatcher runs on threads: its queue must be a LaneQueue "
+                            f"(Dispatcher takes an AsyncLaneQueue), not {queue!r}")
         if not callable(clock):
             raise TypeError(f"clock must be a callable returning seconds, not {clock!r}")
         self._clock = clock

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from .._face import LANE_DEFAULT
+from .._kinds import LANE_DEFAULT
 from ..contract import must_await
 from ._link import AsyncLink
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal

@@ -7,7 +7,7 @@ from typing import Any
 
 import redis.asyncio
 
-from .._face import (
+from .._kinds import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,

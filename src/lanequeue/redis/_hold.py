@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .._face import Hold
+from .._kinds import Hold
 from ._wake import owner_id
 
 __all__ = ["ENDED", "HELD", "PENDING", "RELEASING", "RedisHoldBase"]

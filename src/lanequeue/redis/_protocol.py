@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 
 from .._core import LaneStats
 from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
-from .._face import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
+from .._kinds import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
 from .._validate import check_count, check_timeout
 from . import _scripts as lua
 from ._args import (

@@ -24,7 +24,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import NotOwnerError
-from .._face import LANE_DEFAULT
+from .._kinds import LANE_DEFAULT
 from ..contract import not_held_error
 from ._link import SyncLink
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal

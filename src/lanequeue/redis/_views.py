@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._face import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, DEFAULT_TIMEOUT_S
+from .._kinds import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, DEFAULT_TIMEOUT_S
 from .._validate import check_count, check_timeout
 from ._args import text
 from ._keys import plain_key

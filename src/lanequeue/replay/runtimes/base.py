@@ -22,7 +22,7 @@ from itertools import pairwise
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lanequeue import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS
-from lanequeue._face import SessionKind
+from lanequeue._kinds import SessionKind
 from lanequeue.replay.observe import ArrivalGate, Observer
 from lanequeue.replay.policy import LaneSpec
 

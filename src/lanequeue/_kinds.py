@@ -1,4 +1,5 @@
-"""What every in-process lane shows, whatever face it wears (threads or asyncio).
+"""The kinds of in-process lane, the hold, and the defaults: what every in-process lane
+shows, whatever face it wears (threads or asyncio).
 
 A face class is one of the two *kinds* below (counting or per-key) combined with one way of
 parking waiters (:mod:`lanequeue.lanes` for threads, :mod:`lanequeue.aio` for tasks). The
@@ -431,7 +432,13 @@ class SessionKind(LaneKind[SessionCore]):
 
     @property
     def idle_timeout_s(self) -> float:
-        """Seconds an entry with no holder and no waiter is kept."""
+        """Seconds an entry with no holder and no waiter is kept (``math.inf`` when the
+        lane was made with None).
+
+        An entry past it is dropped by the next new key, ``session_count`` or
+        ``cleanup_idle()`` (none of them waits for ``max_sessions``), so with 0 an entry
+        is gone as soon as it goes idle. With None it is kept until a new key needs its
+        room at ``max_sessions`` (the oldest idle entry goes first)."""
         return self._core.idle_timeout_s
 
     @property
@@ -470,11 +477,12 @@ class Hold:
 
     ``token`` (also ``fencing_token``) is the grant's number: it grows with every grant of
     the lane, so a downstream store can refuse writes carrying an older token. ``held`` is
-    True from the grant to the release. ``release()`` ends the hold once and raises
-    NotOwnerError when the hold is not the caller's (any more); leaving the ``with`` block
-    after an early ``release()`` is silent, and a hold never ends anyone else's hold.
-    Holds are made by ``lane.acquire(key)`` and by a queue's ``acquire_all``; do not build
-    them yourself.
+    True while the lane still grants this hold to its caller: from the grant until it is
+    released, or ended by someone else (``manual_release(key)``). ``release()`` ends the
+    hold once and raises NotOwnerError when the hold is not the caller's (any more);
+    leaving the ``with`` block after an early ``release()`` is silent, and a hold never
+    ends anyone else's hold. Holds are made by ``lane.acquire(key)`` and by a queue's
+    ``acquire_all``; do not build them yourself.
     """
 
     __slots__ = ("lane", "key", "_token", "_timeout_s")
@@ -505,8 +513,11 @@ class Hold:
 
     @property
     def held(self) -> bool:
-        """True from the grant until this hold is released."""
-        return self._token > 0
+        """True while this hold is the caller's: granted, not released through the hold,
+        and not ended by someone else (``manual_release(key)``). Read from the lane, which
+        knows the token of every hold; O(1), never waits."""
+        token = self._token
+        return token > 0 and self.lane._core.owns(self.key, token)
 
     def release(self) -> bool:
         """End this hold; return True. Never waits.
@@ -514,25 +525,35 @@ class Hold:
         Raises:
             NotOwnerError: the hold is not the caller's (any more): never granted,
                 released already, or ended by someone else (``manual_release(key)``).
-                Nothing is released then; a release that reached the lane and ended
-                nothing is also logged and counted in ``unmatched_releases``.
+                Nothing is released then, and nothing is logged (the error is the
+                report); a hold that was granted counts once in
+                ``stats.unmatched_releases`` (a release that matched no hold), one never
+                granted counts nothing.
+            RuntimeError: (asyncio lanes) not called from the lane's event loop; the
+                hold is left exactly as it was (still held, released by leaving the
+                block).
         """
         token = self._token
+        lane = self.lane
         if token > 0:
+            lane._check_waker()  # may refuse: before any change
             self._token = -token
-            if self.lane._release(self.key, token):
+            if lane._core.release(self.key, token):
                 return True
             why = "it was ended by someone else (manual_release)"
         elif token < 0:
-            self.lane._release(self.key, -token)  # refused: logged and counted
+            lane._check_waker()
+            lane._core.count_unmatched()
             why = "it was released already"
         else:
             why = "it was never granted"
-        raise not_held_error(self.lane.name, self.key, abs(token), why)
+        raise not_held_error(lane.name, self.key, abs(token), why)
 
     def __repr__(self) -> str:
-        kind = type(self).__name__
-        state = "held" if self._token > 0 else ("released" if self._token else "not granted")
+        # The public class (ThreadHold for the per-key lane's own internal subclass).
+        kind = next(c.__name__ for c in type(self).__mro__
+                    if issubclass(c, Hold) and not c.__name__.startswith("_"))
+        state = "held" if self.held else ("released" if self._token else "not granted")
         return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token} {state}>"
 
 
