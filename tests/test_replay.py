@@ -533,8 +533,8 @@ def test_cli_defaults_are_the_configs() -> None:
     assert (args.policy, args.global_cap, args.speed, args.tpot_ms, args.runtime) == (
         config.policy, config.global_cap, config.speed, config.tpot_ms, config.runtime
     )
-    assert (args.max_sessions, args.idle_timeout, args.backend, args.workers) == (
-        config.max_sessions, config.idle_timeout_s, config.backend, config.workers
+    assert (args.max_sessions, args.idle_timeout_s, args.backend, args.workers, args.limit) == (
+        config.max_sessions, config.idle_timeout_s, config.backend, config.workers, config.limit
     )
     assert (config.max_sessions, config.idle_timeout_s) == (
         lanequeue.DEFAULT_MAX_SESSIONS, lanequeue.DEFAULT_IDLE_TIMEOUT_S
@@ -557,7 +557,10 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--json", str(tmp_path / "no" / "dir.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["replay", "--speed", "0"]) == 2
-    assert "speed must be a finite number > 0, got 0.0" in capsys.readouterr().err
+    assert (
+        "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0.0"
+        in capsys.readouterr().err
+    )
     assert main([]) == 2
     # Checked before the replay starts, not after a minute of it.
     assert main(["replay", "--json", str(tmp_path)]) == 2

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Replay a request trace through real lanes, on real threads or asyncio tasks. "
             "Each request arrives at its trace time / SPEED, takes the lanes "
             "['session', 'global'] with acquire_all under its conversation's key, works for "
-            "output_length * TPOT_MS / SPEED milliseconds, then releases. Reports waits, "
+            "its service time / SPEED (duration_s, or output tokens * TPOT_MS), then "
+            "releases. Reports waits, "
             "order and concurrency as the workers observed them, next to an exact "
             "simulation of the same policy."
         ),
@@ -70,22 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="TRACE",
-        help="trace file, JSON lines, plain or gzip (default: the bundled Mooncake trace, "
-        "12,031 requests from one hour of a production LLM chat service)",
+        help="trace file, plain or gzip: the Mooncake format, or the generic format (JSON "
+        "lines or CSV with timestamp, key, duration_s or output_tokens), told from the "
+        "content as by 'lanequeue plan' (default: the bundled Mooncake trace, 12,031 "
+        "requests from one hour of a production LLM chat service)",
     )
     rp.add_argument(
         "--speed",
         type=float,
         default=defaults.speed,
-        help=f"divide trace time by this (default {defaults.speed:g}: the hour plays in a "
-        "minute)",
+        help=f"divide trace time by this, 1e-06 to 1e+06 (default {defaults.speed:g}: the "
+        "hour plays in a minute)",
     )
     rp.add_argument(
         "--tpot-ms",
         type=float,
         default=defaults.tpot_ms,
         metavar="MS",
-        help=f"work per output token, trace milliseconds (default {defaults.tpot_ms:g})",
+        help="work per output token, trace milliseconds, for lines that give tokens "
+        "(default 30 for a Mooncake trace; required for generic output_tokens lines)",
     )
     rp.add_argument(
         "--global",
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.global_cap,
         metavar="N",
-        help=f"permits of the global lane (default {defaults.global_cap})",
+        help=f"permits of the global lane, 1 to 10**9 (default {defaults.global_cap})",
     )
     rp.add_argument(
         "--policy",
@@ -143,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--idle-timeout",
+        dest="idle_timeout_s",
         type=float,
         default=defaults.idle_timeout_s,
         metavar="S",
@@ -190,8 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no progress bar (it is shown only on a terminal, with tqdm)",
     )
+    rp.set_defaults(options=_option_names(rp))
     _add_plan_parser(sub)
     return parser
+
+
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's setting name (its ``dest``, the name the checks use) -> the option."""
+    return {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+
+
+def _refused(exc: Exception, options: dict[str, str]) -> str:
+    """The message of a refused setting, naming its option when it names one."""
+    option = options.get(getattr(exc, "setting", ""))
+    return f"argument {option}: {exc}" if option else str(exc)
 
 
 def _seconds(text: str) -> Fraction:
@@ -287,16 +304,17 @@ def _add_plan_parser(sub: Any) -> None:
         "--speed",
         type=float,
         default=60.0,
-        help="with --verify: divide trace time by this (default 60)",
+        help="with --verify: divide trace time by this, 1e-06 to 1e+06 (default 60)",
     )
     pp.add_argument(
         "--jobs",
         type=int,
         default=None,
         metavar="N",
-        help="processes simulating caps (default: the usable cores for a trace of "
-        "50,000 requests or more, else 1)",
+        help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "
+        "of 50,000 requests or more, else 1)",
     )
+    pp.set_defaults(options=_option_names(pp))
 
 
 def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
@@ -357,11 +375,16 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.dispatch import BUSY_POLICIES
     from lanequeue.replay import TraceError, read_trace
     from lanequeue.replay.busy import busy_table, ideal_waits, run_busy
+    from lanequeue.replay.trace import service_times_us
 
     def fail(message: str) -> int:
         print(f"lanequeue replay: error: {message}", file=err)
         return 2
 
+    try:
+        config = _replay_config(args)
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
     policies = list(BUSY_POLICIES) if args.busy == "all" else args.busy.split(",")
     for p in policies:
         if p not in BUSY_POLICIES:
@@ -374,21 +397,25 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if path is not None:
             return fail(f"--busy prints a table only: {path} would not be written")
     try:
-        trace = read_trace(args.trace)
+        trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
-    trace = trace.head(args.limit)
+    trace = trace.head(config.limit)
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
+    try:
+        service_times_us(trace, config.tpot_ms)
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
     results = []
     for p in policies:
-        results.append(run_busy(trace, p, speed=args.speed, tpot_ms=args.tpot_ms,
-                                global_cap=args.global_cap, max_sessions=args.max_sessions))
+        results.append(run_busy(trace, p, speed=config.speed, tpot_ms=config.tpot_ms,
+                                global_cap=config.global_cap, max_sessions=config.max_sessions))
     ideal = None
     if "enqueue" in policies:
-        ideal = ideal_waits(trace, speed=args.speed, tpot_ms=args.tpot_ms,
-                            global_cap=args.global_cap)
+        ideal = ideal_waits(trace, speed=config.speed, tpot_ms=config.tpot_ms,
+                            global_cap=config.global_cap)
     print(busy_table(results, ideal), file=out)
     bad = [r.policy for r in results if r.overlaps or r.order_violations]
     if bad:
@@ -399,12 +426,31 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _replay_config(args: argparse.Namespace) -> Any:
+    """The replay's options as a :class:`ReplayConfig`, which checks them all (ValueError)."""
+    from lanequeue.replay import ReplayConfig
+
+    return ReplayConfig(
+        policy=args.policy,
+        global_cap=args.global_cap,
+        speed=args.speed,
+        tpot_ms=args.tpot_ms,
+        runtime=args.runtime,
+        max_sessions=args.max_sessions,
+        idle_timeout_s=args.idle_timeout_s,
+        backend=args.backend,
+        workers=args.workers,
+        limit=args.limit,
+    )
+
+
 def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if getattr(args, "busy", None) is not None:
         return _replay_busy(args, out, err)
-    from lanequeue.replay import ReplayConfig, TraceError, read_trace, run_replay
+    from lanequeue.replay import TraceError, read_trace, run_replay
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
     from lanequeue.replay.runtimes.redis_processes import BackendError, check_backend
+    from lanequeue.replay.trace import service_times_us
 
     def fail(message: str) -> int:
         print(f"lanequeue replay: error: {message}", file=err)
@@ -412,19 +458,9 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     # Check everything that can fail before spending a minute on the replay.
     try:
-        config = ReplayConfig(
-            policy=args.policy,
-            global_cap=args.global_cap,
-            speed=args.speed,
-            tpot_ms=args.tpot_ms,
-            runtime=args.runtime,
-            max_sessions=args.max_sessions,
-            idle_timeout_s=args.idle_timeout,
-            backend=args.backend,
-            workers=args.workers,
-        )
+        config = _replay_config(args)
     except ValueError as exc:
-        return fail(str(exc))
+        return fail(_refused(exc, args.options))
     if args.plot_path is not None:
         try:
             require_matplotlib()
@@ -449,7 +485,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
         return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
     try:
-        trace = read_trace(args.trace)
+        trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
     if args.backend is not None:
@@ -458,12 +494,13 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         except BackendError as exc:
             return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
-    try:
-        trace = trace.head(args.limit)
-    except ValueError as exc:
-        return fail(str(exc))
+    trace = trace.head(config.limit)
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
+    try:
+        service_times_us(trace, config.tpot_ms)  # a generic trace's tokens need tpot_ms
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
 
     queues: list[Any] = []  # the in-process queue, once the runtime has built it
     on_queue = queues.append if args.backend is None else None
@@ -505,20 +542,40 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 1
     print(
         f"\nchecks passed: order kept in every conversation, at most one request per "
-        f"conversation at a time, at most {report.global_cap} at once",
+        f"conversation at a time, at most {report.cap_at_once} at once"
+        + (" (the policy's single permit)" if report.cap_at_once < report.global_cap else ""),
         file=out,
     )
     return 0
 
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from lanequeue.replay.plan import PlanGoal, plan_capacity, verify_plan, write_plan_plot
+    from lanequeue.replay.plan import (
+        PlanGoal,
+        check_plan_arguments,
+        plan_capacity,
+        verify_plan,
+        write_plan_plot,
+    )
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib
     from lanequeue.replay.trace import TraceError, read_trace
 
     def fail(message: str) -> int:
         print(f"lanequeue plan: error: {message}", file=err)
         return 2
+
+    # Every setting is checked before the trace is read (and --speed before a simulation).
+    try:
+        goal = PlanGoal(args.p99_wait_s, args.max_wait_s)
+        check_plan_arguments(
+            tpot_ms=args.tpot_ms,
+            min_global=args.min_global,
+            max_global=args.max_global,
+            jobs=args.jobs,
+            speed=args.speed,
+        )
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
 
     if args.plot_path is not None:
         try:
@@ -542,7 +599,6 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not trace.requests:
         return fail(f"no valid request to plan with in {trace.source}")
     try:
-        goal = PlanGoal(args.p99_wait_s, args.max_wait_s)
         plan = plan_capacity(
             trace,
             goal,
@@ -552,7 +608,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             jobs=args.jobs,
         )
     except ValueError as exc:
-        return fail(str(exc))
+        return fail(_refused(exc, args.options))
     print(plan.text(), file=out)
     if args.json_path is not None:
         plan.write_json(args.json_path)

@@ -62,7 +62,7 @@ class BusyResult:
         return asdict(self)
 
 
-def run_busy(trace: Trace, policy: str, *, speed: float = 60.0, tpot_ms: float = 30.0,
+def run_busy(trace: Trace, policy: str, *, speed: float = 60.0, tpot_ms: float | None = None,
              global_cap: int = 64, max_sessions: int = 256) -> BusyResult:
     """Replay ``trace`` through a Dispatcher with busy policy ``policy`` (real time, on a
     new event loop). Raises ValueError for an unknown policy."""
@@ -134,7 +134,7 @@ async def _run(plan: Any, policy: str, global_cap: int, max_sessions: int) -> Bu
     )
 
 
-def ideal_waits(trace: Trace, *, speed: float, tpot_ms: float,
+def ideal_waits(trace: Trace, *, speed: float, tpot_ms: float | None,
                 global_cap: int) -> tuple[float, float, float, float]:
     """p50, p95, p99 and max wait of the exact simulation (the ideal of ``enqueue``)."""
     sched = simulate_trace(trace, ReplayConfig(speed=speed, tpot_ms=tpot_ms,
