@@ -877,3 +877,18 @@ def test_huge_and_deep_json_values_are_skipped_not_crashing() -> None:
     assert trace.format == "mooncake"
     assert [r.line for r in trace.requests] == [4]
     assert [s.line for s in trace.skipped] == [1, 2, 3]
+
+
+@pytest.mark.timeout(60)
+def test_readme_max_global_hint_and_error_example_are_what_is_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    shown = text.split("`lanequeue plan --p99-wait-s 2 --max-global 40` prints `", 1)[1]
+    shown = shown.split("`", 1)[0]
+    trace = read_trace()
+    assert shown in plan_capacity(trace, PlanGoal(2), max_global=40).text().splitlines()
+    assert "(without the limit, 53 is recommended)" in text
+    assert plan_capacity(trace, PlanGoal(2)).recommended_global == 53
+    example = text.split("a message naming the option, e.g. `", 1)[1].split("`", 1)[0]
+    assert run_cli(["replay", "--speed", "nan"], capsys) == (2, example + "\n")
