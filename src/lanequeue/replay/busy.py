@@ -4,7 +4,8 @@ Each request arrives at its trace time / ``speed`` (one asyncio loop, as the asy
 runtime) and is SUBMITTED to a dispatcher under its conversation's key, with the busy
 policy under test, instead of taking the lanes itself. The dispatcher takes
 ``["session", "global"]`` of an :class:`~lanequeue.AsyncLaneQueue` for each turn it runs.
-A turn works for ``output_length x tpot_ms / speed``; a merged call (``collect``) works as
+A turn works for its service time / ``speed`` (``duration_s``, or ``output_tokens x
+tpot_ms``: :func:`~lanequeue.replay.trace.service_times_us`); a merged call (``collect``) works as
 long as its longest message (one reply to them all); a running turn takes the payloads
 steered into it when its work is done (``steer``), and its reply covers them.
 
