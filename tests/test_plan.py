@@ -892,3 +892,20 @@ def test_readme_max_global_hint_and_error_example_are_what_is_printed(
     assert plan_capacity(trace, PlanGoal(2)).recommended_global == 53
     example = text.split("a message naming the option, e.g. `", 1)[1].split("`", 1)[0]
     assert run_cli(["replay", "--speed", "nan"], capsys) == (2, example + "\n")
+
+
+@pytest.mark.timeout(30)
+def test_trace_names_are_escaped_when_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "gateway\nrecommended global cap: 1.csv"
+    path.write_text("timestamp,key,duration_s\n0,a,1\nbad,a,1\n")
+    assert main(["plan", str(path), "--p99-wait-s", "1"]) == 0
+    captured = capsys.readouterr()
+    shown = str(path).replace("\n", "\\n")
+    assert captured.out.splitlines()[0] == f"lanequeue plan: {shown}"
+    assert captured.err.splitlines()[0].startswith(f"lanequeue plan: {shown}: line 3:")
+    assert main(["replay", str(path), "--speed", "1000"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == f"lanequeue replay: {shown}"
+    assert captured.err.splitlines()[0].startswith(f"lanequeue replay: {shown}: line 3:")

@@ -334,6 +334,9 @@ def _report_skipped(
 ) -> None:
     """The first :data:`MAX_LINE_MESSAGES` skipped lines with their numbers and reasons,
     then how many more, then the total."""
+    from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
+
+    source = printable(source, MAX_SOURCE_CHARS)
     for s in skipped[:MAX_LINE_MESSAGES]:
         print(f"lanequeue {command}: {source}: line {s.line}: {s.reason}; skipped", file=err)
     if len(skipped) > MAX_LINE_MESSAGES:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lanequeue.replay.policy import policy_lanes
+from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
 
 __all__ = ["JSON_KEYS", "ReplayReport", "percentile"]
 
@@ -221,7 +222,7 @@ class ReplayReport:
         w2 = max(len("ideal"), *(len(r[2]) for r in rows))
         speed = f"{self.speed:g}"
         lines = [
-            f"lanequeue replay: {self.source}",
+            f"lanequeue replay: {printable(self.source, MAX_SOURCE_CHARS)}",
             f"policy {self.policy}, runtime {self.runtime}, global cap {self.global_cap}, "
             f"speed {speed}x, "
             + (
