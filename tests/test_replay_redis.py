@@ -176,6 +176,9 @@ def test_cli_backend_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["replay", "--backend", "http://127.0.0.1:6379/0"]) == 2
     assert "bad backend URL" in capsys.readouterr().err
+    # Refused before the trace is read.
+    assert main(["replay", "/nonexistent/t.jsonl", "--backend", "http://127.0.0.1:1/0"]) == 2
+    assert "argument --backend: bad backend URL" in capsys.readouterr().err
 
     assert main(["replay", "--backend", "redis://127.0.0.1:6379/notadb"]) == 2
     assert "bad backend URL" in capsys.readouterr().err

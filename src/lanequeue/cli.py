@@ -487,15 +487,15 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                         "install it with: pip install 'lanequeue[prometheus]'")
     if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
         return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
-    try:
-        trace = read_trace(args.trace, trace_format="auto")
-    except (ValueError, TraceError) as exc:
-        return fail(str(exc))
     if args.backend is not None:
         try:
             check_backend(args.backend)
         except BackendError as exc:
-            return fail(str(exc))
+            return fail(f"argument --backend: {exc}")
+    try:
+        trace = read_trace(args.trace, trace_format="auto")
+    except (ValueError, TraceError) as exc:
+        return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
     trace = trace.head(config.limit)
     if not trace.requests:
