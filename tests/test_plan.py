@@ -589,6 +589,8 @@ BAD_PLAN_SETTINGS = [
     *(("--max-global", v) for v in ("0", "-1", "inf", HUGE)),
     *(("--jobs", v) for v in ("0", "-1", "nan", "1025", HUGE)),
     *(("--p99-wait-s", v) for v in ("-1", "nan", "inf", "1e400", "1e10", HUGE)),
+    # Not ASCII decimals (Fraction() takes "1_000" from Python 3.11 only):
+    *(("--p99-wait-s", v) for v in ("1_000", "2/3", "\u0661")),
     *(("--max-wait-s", v) for v in ("-1", "nan", "-inf", "1e400", HUGE)),
 ]
 

@@ -212,12 +212,14 @@ def _refused(exc: Exception, options: dict[str, str]) -> str:
 
 
 def _seconds(text: str) -> Fraction:
-    """A number of seconds, kept exact (``0.1`` is one tenth); :class:`PlanGoal` checks
-    its range."""
-    try:
-        return Fraction(text.strip())
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    """A number of seconds in ASCII decimal notation, kept exact (``0.1`` is one tenth);
+    :class:`PlanGoal` checks its range."""
+    from lanequeue.replay._checks import decimal_text
+
+    decimal = decimal_text(text)
+    if decimal is None:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return Fraction(decimal)
 
 
 def _add_plan_parser(sub: Any) -> None:

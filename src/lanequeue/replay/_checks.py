@@ -13,6 +13,7 @@ typo as -1).
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "check_seconds",
     "check_speed",
     "check_tpot_ms",
+    "decimal_text",
 ]
 
 #: Largest cap, registry size or request count a setting may name.
@@ -40,6 +42,26 @@ MIN_SPEED = 1e-6
 MAX_SPEED = 1e6
 #: Largest work per output token, milliseconds (a minute per token).
 MAX_TPOT_MS = 60_000.0
+
+
+# Numbers in text: ASCII decimal notation only, so that what Python's float(), int() and
+# Fraction() also take (underscores, "nan", "inf", "2/3", other scripts' digits; Fraction
+# takes underscores only from Python 3.11) is refused alike on every Python.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+
+
+def decimal_text(text: str) -> str | None:
+    """``text`` without surrounding blanks if it is a number in ASCII decimal notation (an
+    optional sign, digits with an optional ``.`` fraction, an optional exponent of at most
+    4 digits: ``-1.5``, ``.5``, ``2e3``), else None.
+
+    Example::
+
+        >>> decimal_text(" 2.5e-1 "), decimal_text("1_000"), decimal_text("nan")
+        ('2.5e-1', None, None)
+    """
+    text = text.strip()
+    return text if _DECIMAL.fullmatch(text) else None
 
 
 class SettingError(ValueError):

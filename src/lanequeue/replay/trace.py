@@ -69,7 +69,7 @@ from importlib import resources
 from pathlib import Path
 from typing import IO
 
-from lanequeue.replay._checks import SettingError, check_tpot_ms
+from lanequeue.replay._checks import SettingError, check_tpot_ms, decimal_text
 
 __all__ = [
     "DEFAULT_TPOT_MS",
@@ -119,10 +119,7 @@ MAX_VALUE_CHARS = 80
 
 _EPOCH_DAY = date(1970, 1, 1).toordinal()
 _US_PER_S = 1_000_000
-# Numbers in text (CSV cells, JSON strings): ASCII decimal notation only, so that what
-# Python's float() and int() also take (underscores, "nan", "inf", other scripts' digits)
-# is refused alike on every Python.
-_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+# Integers in text (see decimal_text for other numbers): ASCII digits only.
 _INTEGER = re.compile(r"[+-]?[0-9]{1,20}")
 # The accepted ISO 8601 forms (see the module docstring), parsed here rather than by
 # datetime.fromisoformat, whose accepted set differs between Python versions.
@@ -262,8 +259,8 @@ def _json(text: str) -> object | SkippedLine:
 
 def _text_number(text: str) -> float | None:
     """A number written in ASCII decimal notation (``-1.5``, ``2e3``), else None."""
-    text = text.strip()
-    return float(text) if _NUMBER.fullmatch(text) else None
+    decimal = decimal_text(text)
+    return None if decimal is None else float(decimal)
 
 
 def iso8601_us(text: str) -> int | None:
