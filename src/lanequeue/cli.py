@@ -319,6 +319,26 @@ def _add_plan_parser(sub: Any) -> None:
     pp.set_defaults(options=_option_names(pp))
 
 
+def _output_refused(args: argparse.Namespace) -> str | None:
+    """Why ``--json`` or ``--plot`` cannot be written (checked before any work), or None."""
+    for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"argument {option}: cannot write {path}: it is a directory; give a file name"
+        if not path.resolve().parent.is_dir():
+            return (
+                f"argument {option}: cannot write {path}: directory {path.parent} does not "
+                "exist"
+            )
+    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
+        return (
+            "argument --plot: a PNG is written: give a file name ending in .png, not "
+            f"{args.plot_path}"
+        )
+    return None
+
+
 def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
     """A tqdm bar on ``stream`` if wanted, possible (tqdm importable) and ``stream`` is a
     terminal; else None."""
@@ -393,8 +413,8 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     policies = list(BUSY_POLICIES) if args.busy == "all" else args.busy.split(",")
     for p in policies:
         if p not in BUSY_POLICIES:
-            return fail(f"unknown busy policy {p!r}; available: {', '.join(BUSY_POLICIES)}"
-                        ", or all")
+            return fail(f"argument --busy: unknown busy policy {p!r}; available: "
+                        f"{', '.join(BUSY_POLICIES)}, or all")
     if args.backend is not None:
         return fail("--busy runs one process on asyncio: it cannot be combined with "
                     "--backend")
@@ -471,24 +491,21 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             require_matplotlib()
         except PlotUnavailableError as exc:
             return fail(str(exc))
-    for path in (args.json_path, args.plot_path):
-        if path is None:
-            continue
-        if path.is_dir():
-            return fail(f"cannot write {path}: it is a directory; give a file name")
-        if not path.resolve().parent.is_dir():
-            return fail(f"cannot write {path}: directory {path.parent} does not exist")
+    refused = _output_refused(args)
+    if refused:
+        return fail(refused)
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
-            return fail(f"--metrics-port must be a port number (0-65535), not {args.metrics_port}")
+            return fail(
+                f"argument --metrics-port: must be a port number (0-65535), not "
+                f"{args.metrics_port}"
+            )
         if args.backend is not None:
             return fail("--metrics-port serves in-process lanes; the lanes of --backend live "
                         "in the worker processes")
         if importlib.util.find_spec("prometheus_client") is None:
             return fail("--metrics-port needs prometheus_client, which is not installed; "
                         "install it with: pip install 'lanequeue[prometheus]'")
-    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
-        return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
     if args.backend is not None:
         try:
             check_backend(args.backend)
@@ -587,15 +604,9 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             require_matplotlib()
         except PlotUnavailableError as exc:
             return fail(str(exc))
-    for path in (args.json_path, args.plot_path):
-        if path is None:
-            continue
-        if path.is_dir():
-            return fail(f"cannot write {path}: it is a directory; give a file name")
-        if not path.resolve().parent.is_dir():
-            return fail(f"cannot write {path}: directory {path.parent} does not exist")
-    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
-        return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
+    refused = _output_refused(args)
+    if refused:
+        return fail(refused)
     try:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
