@@ -911,3 +911,17 @@ def test_trace_names_are_escaped_when_printed(
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0] == f"lanequeue replay: {shown}"
     assert captured.err.splitlines()[0].startswith(f"lanequeue replay: {shown}: line 3:")
+
+
+@pytest.mark.timeout(10)
+def test_cli_output_paths_refused_at_once_naming_the_option(
+    tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for option, value, reason in (
+        ("--json", str(tmp_path), "it is a directory"),
+        ("--json", str(tmp_path / "no" / "p.json"), "does not exist"),
+        ("--plot", str(tmp_path / "p.txt"), "ending in .png"),
+    ):
+        code, err = run_cli(["plan", "--p99-wait-s", "2", option, value], capsys)
+        assert code == 2
+        assert f"lanequeue plan: error: argument {option}: " in err and reason in err
