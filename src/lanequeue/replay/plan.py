@@ -116,6 +116,7 @@ __all__ = [
     "PlanGoal",
     "PlanInputs",
     "Verification",
+    "check_plan_arguments",
     "exact_percentile",
     "plan_capacity",
     "plan_inputs",
