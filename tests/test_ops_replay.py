@@ -60,7 +60,7 @@ def test_on_queue_with_a_backend_is_refused() -> None:
 
 def test_cli_metrics_port_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--limit", "5", "--metrics-port", "70000"]) == 2
-    assert "--metrics-port must be a port number" in capsys.readouterr().err
+    assert "argument --metrics-port: must be a port number" in capsys.readouterr().err
     assert main(["replay", "--limit", "5", "--metrics-port", "0",
                  "--backend", "redis://127.0.0.1:1/0"]) == 2
     assert "in-process lanes" in capsys.readouterr().err

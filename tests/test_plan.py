@@ -417,8 +417,12 @@ def test_cli_no_feasible_cap_exits_3(tmp_path: Path, capsys: pytest.CaptureFixtu
     # A max goal below a's 9 s serialisation wait: also infeasible.
     assert main(["plan", str(trace), "--p99-wait-s", "100", "--max-wait-s", "8"]) == 3
     # Feasible, but not within --max-global: 3 too.
+    # Every cap up to 2 was simulated: cap 3 (saturation) is proven the smallest that meets.
     assert main(["plan", str(trace), "--p99-wait-s", "9.96", "--max-global", "2"]) == 3
-    assert "raise --max-global" in capsys.readouterr().out
+    assert (
+        "no cap in 1-2 meets the goal: cap 3 is the smallest that meets it (from 3 on, every "
+        "cap does)" in capsys.readouterr().out
+    )
 
 
 @pytest.mark.timeout(30)
@@ -434,7 +438,10 @@ def test_cli_plan_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
         == 2
     )
     assert main(["plan", str(tokens), "--p99-wait-s", "-1"]) == 2
-    assert "p99_wait_s must be >= 0, got -1" in capsys.readouterr().err
+    assert (
+        "argument --p99-wait-s: p99_wait_s must be a number of seconds from 0 to 1e+09, got -1"
+        in capsys.readouterr().err
+    )
     empty = tmp_path / "empty.jsonl"
     empty.write_text("{bad\n")
     assert main(["plan", str(empty), "--p99-wait-s", "1"]) == 2
@@ -547,3 +554,374 @@ def test_readme_generic_example(tmp_path: Path, capsys: pytest.CaptureFixture[st
     # conv-22's first request: 310 tokens x 20 ms.
     assert plan_inputs(trace, tpot_ms=20).work[1] == 6_200_000
     assert main(["plan", str(path), "--p99-wait-s", "0.5"]) == 2
+
+
+# --------------------------------------------------------------------------------------
+# Settings: every bad value refused at once (exit 2, naming the option), before any work
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """The exit status and stderr of ``lanequeue ARGV`` (argparse's own refusals too)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the command reads a trace or simulates anything."""
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command did work before refusing its settings")
+
+    monkeypatch.setattr("lanequeue.replay.trace.read_trace", boom)
+    monkeypatch.setattr("lanequeue.replay.plan.simulate_ticks", boom)
+    monkeypatch.setattr("lanequeue.replay.plan.verify_plan", boom)
+
+
+HUGE = str(10**30)
+BAD_PLAN_SETTINGS = [
+    *(("--speed", v) for v in ("0", "-1", "nan", "inf", "1e400", "1e7", HUGE)),
+    *(("--tpot-ms", v) for v in ("-1", "nan", "inf", "1e400", "60001", HUGE)),
+    *(("--min-global", v) for v in ("0", "-1", "nan", "1e400", HUGE)),
+    *(("--max-global", v) for v in ("0", "-1", "inf", HUGE)),
+    *(("--jobs", v) for v in ("0", "-1", "nan", "1025", HUGE)),
+    *(("--p99-wait-s", v) for v in ("-1", "nan", "inf", "1e400", "1e10", HUGE)),
+    # Not ASCII decimals (Fraction() takes "1_000" from Python 3.11 only):
+    *(("--p99-wait-s", v) for v in ("1_000", "2/3", "\u0661")),
+    *(("--max-wait-s", v) for v in ("-1", "nan", "-inf", "1e400", HUGE)),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("option", "value"), BAD_PLAN_SETTINGS)
+def test_cli_plan_refuses_a_bad_setting_at_once(
+    option: str, value: str, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--verify", "--p99-wait-s", "2", option, value]
+    code, err = run_cli(argv, capsys)
+    assert code == 2
+    assert f"argument {option}" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.timeout(10)
+def test_cli_plan_names_the_range_of_a_refused_setting(
+    no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(["plan", "--verify", "--p99-wait-s", "2", "--speed", "nan"], capsys) == (
+        2,
+        "lanequeue plan: error: argument --speed: speed must be a number from 1e-06 to "
+        "1e+06, got nan\n",
+    )
+    # 1e400 seconds is refused (a goal must stay a finite float in --json), not overflowed.
+    code, err = run_cli(["plan", "--p99-wait-s", "1e400"], capsys)
+    assert code == 2
+    assert "argument --p99-wait-s: p99_wait_s must be a number of seconds from 0 to 1e+09" in err
+    code, err = run_cli(["plan", "--p99-wait-s", "1", "--max-wait-s", "1e400"], capsys)
+    assert code == 2
+    assert "argument --max-wait-s: max_wait_s must be a number of seconds from 0 to 1e+09" in err
+    code, err = run_cli(["plan", "--p99-wait-s", "1", "--jobs", HUGE], capsys)
+    assert "jobs must be an integer from 1 to 1,024, got an integer of about 31 digits" in err
+
+
+@pytest.mark.timeout(10)
+def test_plan_settings_are_checked_in_one_place() -> None:
+    from lanequeue.replay._checks import SettingError
+    from lanequeue.replay.plan import check_plan_arguments
+
+    for kwargs, setting in (
+        ({"speed": 0.0}, "speed"),
+        ({"speed": math.inf}, "speed"),
+        ({"tpot_ms": math.nan}, "tpot_ms"),
+        ({"min_global": 0}, "min_global"),
+        ({"max_global": 10**30}, "max_global"),
+        ({"jobs": 0}, "jobs"),
+    ):
+        with pytest.raises(SettingError) as info:
+            check_plan_arguments(**kwargs)  # type: ignore[arg-type]
+        assert info.value.setting == setting
+        with pytest.raises(SettingError):  # the same check behind the API
+            if setting == "speed":
+                verify_plan(generic(HAND), 1, **kwargs)  # type: ignore[arg-type]
+            else:
+                plan_capacity(generic(HAND), PlanGoal(1), **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"min_global \(5\) > max_global \(2\)"):
+        check_plan_arguments(min_global=5, max_global=2)
+    with pytest.raises(TypeError, match="min_global must be an integer"):
+        check_plan_arguments(min_global=1.0)  # type: ignore[arg-type]
+    for bad in (-1, math.nan, math.inf, 1e400, 10**10, Fraction(10**400)):
+        with pytest.raises(SettingError):
+            PlanGoal(bad)
+        with pytest.raises(SettingError):
+            PlanGoal(1, bad)
+    # The largest goal accepted stays a finite float in the JSON document.
+    assert PlanGoal(10**9, 10**9).to_dict() == {"p99_wait_s": 1e9, "max_wait_s": 1e9}
+
+
+# --------------------------------------------------------------------------------------
+# What the plan says: true hints, empty ranges, keys printed safely
+
+
+@pytest.mark.timeout(60)
+def test_max_global_hint_says_only_what_was_simulated() -> None:
+    trace = read_trace()
+    full = plan_capacity(trace, PlanGoal(2))
+    sat, best = full.saturation_global, full.recommended_global
+    assert best is not None and 41 <= best < sat - 1  # caps between 40 and sat also meet
+    capped = plan_capacity(trace, PlanGoal(2), max_global=40)
+    assert capped.recommended_global is None
+    text = capped.text()
+    assert (
+        f"no cap in 1-40 meets the goal: every cap from {sat} on meets it; caps 41-{sat - 1} "
+        "were not simulated, so the smallest that does is not known (raise --max-global to "
+        "find it)"
+    ) in text
+    assert f"caps >= {sat}" not in text
+    # (When every cap up to sat - 1 misses, sat is proven the smallest: see
+    # test_cli_no_feasible_cap_exits_3.)
+
+
+@pytest.mark.timeout(10)
+def test_recommendation_line_for_every_range() -> None:
+    trace = generic(HAND)  # p99: cap 1 29.73, cap 2 9.97, cap 3 8.73
+
+    def line(plan_text: str) -> str:
+        return next(x for x in plan_text.splitlines() if x.startswith("recommended"))
+
+    assert line(plan_capacity(trace, PlanGoal(30)).text()) == (
+        "recommended global cap: 1 (the smallest cap meets the goal)"
+    )
+    assert line(plan_capacity(trace, PlanGoal(Fraction("9.97"))).text()) == (
+        "recommended global cap: 2 (the smallest cap that meets the goal; cap 1 misses it)"
+    )
+    assert line(plan_capacity(trace, PlanGoal(Fraction("8.73"))).text()) == (
+        "recommended global cap: 3 (the smallest cap that meets the goal; every cap in 1-2 "
+        "misses it)"
+    )
+    # The range starts at the recommendation: nothing smaller was searched, and it says so.
+    assert line(plan_capacity(trace, PlanGoal(30), min_global=2, max_global=3).text()) == (
+        "recommended global cap: 2 (the smallest cap searched meets the goal; caps below 2 "
+        "were not searched)"
+    )
+    assert line(plan_capacity(trace, PlanGoal(Fraction("8.73")), min_global=2).text()) == (
+        "recommended global cap: 3 (the smallest cap that meets the goal; cap 2 misses it; "
+        "caps below 2 were not searched)"
+    )
+    assert "from 60" not in plan_capacity(read_trace().head(2000), PlanGoal(2), min_global=60,
+                                          max_global=70).text()
+
+
+@pytest.mark.timeout(10)
+def test_keys_are_escaped_and_cut_when_printed(tmp_path: Path) -> None:
+    long_key = "k" * 200_000
+    rows = [
+        (0.0, "evil\nrecommended global cap: 1", 10.0),
+        (1.0, "evil\nrecommended global cap: 1", 1.0),
+        (0.0, long_key, 10.0),
+        (1.0, long_key, 1.0),
+    ]
+    text = plan_capacity(generic(rows), PlanGoal(1)).text()
+    assert "no cap meets the goal" in text
+    lines = text.splitlines()
+    assert not any(x.startswith("recommended") for x in lines)  # no injected line
+    assert any(
+        x.startswith("  conversation evil\\nrecommended global cap: 1: 1 request over")
+        for x in lines
+    )
+    long_line = next(x for x in lines if "kkkk" in x)
+    assert f"conversation {'k' * 60}... (200,000 characters): 1 request over" in long_line
+    assert len(long_line) < 200
+
+
+# --------------------------------------------------------------------------------------
+# ISO 8601: one accepted set on every Python version
+
+
+def utc_us(*args: int) -> int:
+    from datetime import datetime, timezone
+
+    delta = datetime(*args, tzinfo=timezone.utc) - datetime(1970, 1, 1, tzinfo=timezone.utc)
+    return delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds
+
+
+ISO_ACCEPTED = [
+    ("2025-03-04T09:00:00Z", utc_us(2025, 3, 4, 9)),
+    ("2025-03-04t09:00:00z", utc_us(2025, 3, 4, 9)),
+    ("2025-03-04 09:00:00", utc_us(2025, 3, 4, 9)),  # no offset: UTC
+    ("2025-03-04T09:00", utc_us(2025, 3, 4, 9)),
+    ("2025-03-04", utc_us(2025, 3, 4)),
+    ("2025-03-04T09:00:00.120Z", utc_us(2025, 3, 4, 9, 0, 0, 120_000)),
+    ("2025-03-04T09:00:00,120Z", utc_us(2025, 3, 4, 9, 0, 0, 120_000)),  # comma decimal
+    ("2025-03-04T09:00:00.1234565Z", utc_us(2025, 3, 4, 9, 0, 0, 123_456)),  # half to even
+    ("2025-03-04T09:00:00.123456789Z", utc_us(2025, 3, 4, 9, 0, 0, 123_457)),
+    ("2025-03-04T23:59:59.9999999Z", utc_us(2025, 3, 5)),  # rounds into the next day
+    ("2025-03-04T10:00:00+01:00", utc_us(2025, 3, 4, 9)),
+    ("2025-03-04T10:00:00+0100", utc_us(2025, 3, 4, 9)),
+    ("2025-03-04T10:00:00+01", utc_us(2025, 3, 4, 9)),
+    ("2025-03-04T04:30:00-04:30", utc_us(2025, 3, 4, 9)),
+    ("2024-02-29T00:00:00Z", utc_us(2024, 2, 29)),
+]
+ISO_REFUSED = [
+    "20250304T090000Z",  # basic format
+    "2025-W10-2T09:00:00Z",  # week date
+    "2025-063T09:00:00Z",  # ordinal date
+    "2025-03-04T24:00:00Z",
+    "2025-03-04T09:60:00Z",
+    "2025-03-04T09:00:60Z",  # leap second
+    "2025-02-29T09:00:00Z",
+    "0000-01-01T00:00:00Z",
+    "2025-3-4T09:00:00Z",
+    "+2025-03-04T09:00:00Z",
+    "2025-03-04T09Z",
+    "2025-03-04T09:00.5Z",  # fraction of a minute
+    "2025-03-04T09:00:00.1234567890Z",  # 10 fraction digits
+    "2025-03-04T09:00:00+24:00",
+    "2025-03-04T09:00:00+01:60",
+    "2025-03-04T09:00:00 +01:00",
+    "2025-03-04T09:00:00+01:00:00",
+    "2025-03-04Z",
+    "\uff12\uff10\uff12\uff15-03-04T09:00:00Z",  # fullwidth digits
+    "2025-03-04T09:00:00Zjunk",
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("text", "expected"), ISO_ACCEPTED)
+def test_iso8601_accepted_forms(text: str, expected: int) -> None:
+    from lanequeue.replay.trace import iso8601_us
+
+    assert iso8601_us(text) == expected
+    csv_cell = f'"{text}"' if "," in text else text
+    trace = parse_trace_lines(
+        ["timestamp,key,duration_s", "2024-06-01T00:00:00Z,a,1", f"{csv_cell},b,1"],
+        trace_format="auto",
+    )
+    assert trace.skipped == ()
+    at = dict(zip([r.key for r in trace.requests], plan_inputs(trace).arrival, strict=True))
+    assert at["b"] - at["a"] == expected - utc_us(2024, 6, 1)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("text", ISO_REFUSED)
+def test_iso8601_refused_forms(text: str) -> None:
+    from lanequeue.replay.trace import iso8601_us
+
+    assert iso8601_us(text) is None
+    line = json.dumps({"timestamp": text, "key": "a", "duration_s": 1})
+    trace = parse_trace_lines([line], trace_format="auto")
+    assert trace.requests == ()
+    assert "ISO 8601" in trace.skipped[0].reason
+
+
+# --------------------------------------------------------------------------------------
+# Numbers in text, and values no reader may crash on
+
+
+@pytest.mark.timeout(10)
+def test_csv_numbers_are_ascii_decimal_only() -> None:
+    lines = [
+        "timestamp,key,duration_s,output_tokens",
+        "1,a,1_000,",  # float() takes underscores: refused here
+        "2,a,nan,",
+        "3,a,inf,",
+        "4,a,١٢,",  # float() takes other scripts' digits
+        "5,a,0x10,",
+        "1_000,a,1,",
+        "6,a,,1_0",
+        "7,a,,12.0",
+        "8,a, 2.5e-1 ,",
+        "9,a,,+7",
+        " 10 ,a,.5,",
+    ]
+    trace = parse_trace_lines(lines, trace_format="auto")
+    assert [s.line for s in trace.skipped] == [2, 3, 4, 5, 6, 7, 8, 9]
+    assert [(r.line, r.duration_us, r.output_length) for r in trace.requests] == [
+        (10, 250_000, 0),
+        (11, None, 7),
+        (12, 500_000, 0),
+    ]
+    assert "field 'duration_s'" in trace.skipped[0].reason
+    assert "field 'output_tokens'" in trace.skipped[6].reason
+
+
+@pytest.mark.timeout(10)
+def test_huge_and_deep_json_values_are_skipped_not_crashing() -> None:
+    big = "9" * 400
+    bigger = "9" * 5000  # past Python's digit limit for int()
+    deep = "[" * 100_000 + "]" * 100_000
+    long_text = "x" * 200_000
+    generic_lines = [
+        f'{{"timestamp": {big}, "key": "a", "duration_s": 1}}',
+        f'{{"timestamp": 1, "key": "a", "duration_s": {big}}}',
+        f'{{"timestamp": 1, "key": "a", "output_tokens": {big}}}',
+        f'{{"timestamp": 1, "key": "a", "duration_s": {bigger}}}',
+        f'{{"timestamp": 1, "key": {deep}, "duration_s": 1}}',
+        json.dumps({"timestamp": long_text, "key": "a", "duration_s": 1}),
+        '{"timestamp": NaN, "key": "a", "duration_s": 1}',
+        '{"timestamp": 1, "key": "a", "duration_s": Infinity}',
+        json.dumps({"timestamp": 2, "key": "a", "duration_s": 1}),
+    ]
+    trace = parse_trace_lines(generic_lines, trace_format="generic")
+    assert [r.line for r in trace.requests] == [9]
+    assert [s.line for s in trace.skipped] == list(range(1, 9))
+    assert all(len(s.reason) < 300 for s in trace.skipped)
+    assert "(200,000 characters)" in trace.skipped[5].reason
+    mooncake_lines = [
+        f'{{"timestamp": {big}, "input_length": 1, "output_length": 1, "hash_ids": [0, 1]}}',
+        f'{{"timestamp": 1, "input_length": 1, "output_length": {bigger}, "hash_ids": [0, 1]}}',
+        f'{{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": {deep}}}',
+        '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [0, 1]}',
+    ]
+    trace = parse_trace_lines(mooncake_lines, trace_format="auto")
+    assert trace.format == "mooncake"
+    assert [r.line for r in trace.requests] == [4]
+    assert [s.line for s in trace.skipped] == [1, 2, 3]
+
+
+@pytest.mark.timeout(60)
+def test_readme_max_global_hint_and_error_example_are_what_is_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    shown = text.split("`lanequeue plan --p99-wait-s 2 --max-global 40` prints `", 1)[1]
+    shown = shown.split("`", 1)[0]
+    trace = read_trace()
+    assert shown in plan_capacity(trace, PlanGoal(2), max_global=40).text().splitlines()
+    assert "(without the limit, 53 is recommended)" in text
+    assert plan_capacity(trace, PlanGoal(2)).recommended_global == 53
+    example = text.split("a message naming the option, e.g. `", 1)[1].split("`", 1)[0]
+    assert run_cli(["replay", "--speed", "nan"], capsys) == (2, example + "\n")
+
+
+@pytest.mark.timeout(30)
+def test_trace_names_are_escaped_when_printed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "gateway\nrecommended global cap: 1.csv"
+    path.write_text("timestamp,key,duration_s\n0,a,1\nbad,a,1\n")
+    assert main(["plan", str(path), "--p99-wait-s", "1"]) == 0
+    captured = capsys.readouterr()
+    shown = str(path).replace("\n", "\\n")
+    assert captured.out.splitlines()[0] == f"lanequeue plan: {shown}"
+    assert captured.err.splitlines()[0].startswith(f"lanequeue plan: {shown}: line 3:")
+    assert main(["replay", str(path), "--speed", "1000"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == f"lanequeue replay: {shown}"
+    assert captured.err.splitlines()[0].startswith(f"lanequeue replay: {shown}: line 3:")
+
+
+@pytest.mark.timeout(10)
+def test_cli_output_paths_refused_at_once_naming_the_option(
+    tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for option, value, reason in (
+        ("--json", str(tmp_path), "it is a directory"),
+        ("--json", str(tmp_path / "no" / "p.json"), "does not exist"),
+        ("--plot", str(tmp_path / "p.txt"), "ending in .png"),
+    ):
+        code, err = run_cli(["plan", "--p99-wait-s", "2", option, value], capsys)
+        assert code == 2
+        assert f"lanequeue plan: error: argument {option}: " in err and reason in err

@@ -533,8 +533,8 @@ def test_cli_defaults_are_the_configs() -> None:
     assert (args.policy, args.global_cap, args.speed, args.tpot_ms, args.runtime) == (
         config.policy, config.global_cap, config.speed, config.tpot_ms, config.runtime
     )
-    assert (args.max_sessions, args.idle_timeout, args.backend, args.workers) == (
-        config.max_sessions, config.idle_timeout_s, config.backend, config.workers
+    assert (args.max_sessions, args.idle_timeout_s, args.backend, args.workers, args.limit) == (
+        config.max_sessions, config.idle_timeout_s, config.backend, config.workers, config.limit
     )
     assert (config.max_sessions, config.idle_timeout_s) == (
         lanequeue.DEFAULT_MAX_SESSIONS, lanequeue.DEFAULT_IDLE_TIMEOUT_S
@@ -557,7 +557,10 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--json", str(tmp_path / "no" / "dir.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert main(["replay", "--speed", "0"]) == 2
-    assert "speed must be a finite number > 0, got 0.0" in capsys.readouterr().err
+    assert (
+        "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0.0"
+        in capsys.readouterr().err
+    )
     assert main([]) == 2
     # Checked before the replay starts, not after a minute of it.
     assert main(["replay", "--json", str(tmp_path)]) == 2
@@ -637,3 +640,158 @@ def test_python_dash_m(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["requests"] == 50
+
+
+# --------------------------------------------------------------------------------------
+# Settings refused at once; the generic format; the checks line of global-serial
+
+
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The exit status, stdout and stderr of ``lanequeue ARGV`` (argparse's refusals too)."""
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+HUGE = str(10**30)
+BAD_REPLAY_SETTINGS = [
+    *(("--speed", v) for v in ("0", "-1", "nan", "inf", "1e400", "1e7", HUGE)),
+    *(("--tpot-ms", v) for v in ("-1", "nan", "inf", "1e400", "60001", HUGE)),
+    *(("--global", v) for v in ("0", "-1", "nan", "1e400", HUGE)),
+    *(("--max-sessions", v) for v in ("0", "-1", "inf", HUGE)),
+    *(("--idle-timeout", v) for v in ("-1", "nan", "inf", "1e400", "1e10", HUGE)),
+    *(("--limit", v) for v in ("0", "-1", "nan", HUGE)),
+    *(("--workers", v) for v in ("0", "-1", "1025", HUGE)),
+    *(("--metrics-port", v) for v in ("-1", "65536", "nan", HUGE)),
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "busy"),
+    [
+        (option, value, busy)
+        for busy in (False, True)
+        for option, value in BAD_REPLAY_SETTINGS
+        if not (busy and option == "--metrics-port")  # --busy serves no metrics
+    ],
+)
+def test_cli_replay_refuses_a_bad_setting_at_once(
+    option: str,
+    value: str,
+    busy: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the replay did work before refusing its settings")
+
+    for target in ("read_trace", "run_replay"):
+        monkeypatch.setattr(f"lanequeue.replay.{target}", boom)
+    monkeypatch.setattr("lanequeue.replay.busy.run_busy", boom)
+    argv = ["replay", option, value] + (["--busy", "enqueue"] if busy else [])
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    assert option in err and "Traceback" not in err
+    if option != "--metrics-port":
+        assert f"argument {option}" in err
+
+
+def test_replay_settings_are_checked_in_the_config() -> None:
+    from lanequeue.replay._checks import SettingError
+
+    for kwargs, setting in (
+        ({"speed": float("nan")}, "speed"),
+        ({"speed": 0}, "speed"),
+        ({"tpot_ms": float("inf")}, "tpot_ms"),
+        ({"global_cap": 10**30}, "global_cap"),
+        ({"max_sessions": 0}, "max_sessions"),
+        ({"idle_timeout_s": float("nan")}, "idle_timeout_s"),
+        ({"limit": 0}, "limit"),
+        ({"policy": "fifo"}, "policy"),
+        ({"runtime": "fibers"}, "runtime"),
+    ):
+        with pytest.raises(SettingError) as info:
+            ReplayConfig(**kwargs)  # type: ignore[arg-type]
+        assert info.value.setting == setting
+    with pytest.raises(TypeError, match="global_cap must be an integer"):
+        ReplayConfig(global_cap=2.0)  # type: ignore[arg-type]
+
+
+TEN_LINES = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def readme_generic_example(tmp_path: Path) -> Path:
+    text = TEN_LINES.read_text(encoding="utf-8")
+    section = text.split("## Capacity planning: `lanequeue plan`", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in section.split("```")[1::2] if b.lstrip().startswith("timestamp"))
+    path = tmp_path / "ten.csv"
+    path.write_text(block.strip() + "\n")
+    return path
+
+
+def test_cli_replay_reads_the_generic_format_as_plan_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lanequeue.replay.plan import PlanGoal, plan_capacity
+
+    ten = readme_generic_example(tmp_path)
+    # Its output_tokens lines need a time per token, as for plan.
+    code, _, err = run_cli(["replay", str(ten), "--speed", "50"], capsys)
+    assert code == 2
+    assert "argument --tpot-ms: the trace gives output_tokens" in err
+    code, out, err = run_cli(["replay", str(ten), "--tpot-ms", "20", "--speed", "50"], capsys)
+    assert (code, err) == (0, "")
+    assert "20 ms per output token" in out
+    assert [x.split()[1] for x in out.splitlines() if x.startswith("requests ")] == ["9"]
+    # Only durations: no time per token needed; the same reader and the same service times.
+    durations = tmp_path / "durations.jsonl"
+    rows = [(0.0, "a", 0.6), (0.05, "b", 0.5), (0.1, "a", 0.3), (0.2, "c", 0.4)]
+    durations.write_text(
+        "".join(
+            json.dumps({"timestamp": t, "key": k, "duration_s": d}) + "\n" for t, k, d in rows
+        )
+    )
+    code, out, _ = run_cli(["replay", str(durations), "--global", "1", "--speed", "5"], capsys)
+    assert code == 0
+    assert "service times from the trace" in out
+    trace = read_trace(durations, trace_format="auto")
+    ideal = simulate_trace(trace, ReplayConfig(global_cap=1, speed=1))
+    planned = plan_capacity(trace, PlanGoal(100), max_global=1).row_by_cap[1]
+    assert float(max(ideal.waits)) == planned.wait_max_s
+    # Cap 1: a0 works 0-0.6; b (0.05) and c (0.2) queue for the global lane, a1 (0.1) for
+    # a's lane, which it gets at 0.6 and then queues behind c: b 0.6-1.1, c 1.1-1.5, a1 1.5.
+    assert [float(w) for w in ideal.waits] == [0.0, 0.55, 1.4, 0.9]
+
+
+def test_cli_global_serial_checks_line_states_its_single_permit(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_cli(
+        ["replay", "--policy", "global-serial", "--limit", "20", "--speed", "5000"], capsys
+    )
+    assert code == 0
+    assert out.rstrip().splitlines()[-1] == (
+        "checks passed: order kept in every conversation, at most one request per "
+        "conversation at a time, at most 1 at once (the policy's single permit)"
+    )
+    code, out, _ = run_cli(["replay", "--limit", "20", "--speed", "5000"], capsys)
+    assert out.rstrip().endswith("at most 64 at once")
+
+
+def test_report_checks_the_policys_real_cap() -> None:
+    import dataclasses
+
+    result = run_replay(read_trace().head(20), ReplayConfig(policy="global-serial", speed=5000))
+    report = result.report
+    assert report.cap_at_once == 1 and report.peak_global == 1
+    assert report.failed_checks() == []
+    broken = dataclasses.replace(report, peak_global=2)
+    assert broken.failed_checks() == ["peak_global = 2 (cap 1)"]
+
+
+def test_config_limit_replays_the_first_requests() -> None:
+    result = run_replay(read_trace(), ReplayConfig(speed=5000, limit=25))
+    assert result.report.requests == 25

@@ -200,4 +200,7 @@ def test_cli_runtime_asyncio(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_cli_rejects_an_unknown_runtime(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--runtime", "trio", "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert "lanequeue replay: error: unknown runtime 'trio'; available: asyncio, threads" in err
+    assert (
+        "lanequeue replay: error: argument --runtime: unknown runtime 'trio'; available: "
+        "asyncio, threads"
+    ) in err

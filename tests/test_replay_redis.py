@@ -172,10 +172,13 @@ def test_cli_backend_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "workers > 1 needs a shared backend" in capsys.readouterr().err
 
     assert main(["replay", "--backend", "redis://127.0.0.1:1/0", "--workers", "0"]) == 2
-    assert "workers must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert "workers must be an integer from 1 to 1,024, got 0" in capsys.readouterr().err
 
     assert main(["replay", "--backend", "http://127.0.0.1:6379/0"]) == 2
     assert "bad backend URL" in capsys.readouterr().err
+    # Refused before the trace is read.
+    assert main(["replay", "/nonexistent/t.jsonl", "--backend", "http://127.0.0.1:1/0"]) == 2
+    assert "argument --backend: bad backend URL" in capsys.readouterr().err
 
     assert main(["replay", "--backend", "redis://127.0.0.1:6379/notadb"]) == 2
     assert "bad backend URL" in capsys.readouterr().err
@@ -198,11 +201,11 @@ def test_cli_asyncio_runtime_with_a_backend_is_a_clear_error(
 def test_config_and_runtime_validation() -> None:
     with pytest.raises(ValueError, match="workers > 1 needs a shared backend"):
         ReplayConfig(workers=2)
-    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+    with pytest.raises(ValueError, match="workers must be an integer from 1 to 1,024"):
         ReplayConfig(backend="redis://127.0.0.1:6379/0", workers=0)
     with pytest.raises(ValueError, match="cannot run on a backend"):
         ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="asyncio")
-    with pytest.raises(ValueError, match="workers must be an integer >= 1"):
+    with pytest.raises(ValueError, match="workers must be an integer from 1 to 1,024"):
         RedisProcessRuntime("redis://127.0.0.1:6379/0", 0)
     with pytest.raises(BackendError, match="cannot reach Redis"):
         check_backend(f"redis://127.0.0.1:{free_port()}/0")

@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Replay a request trace through real lanes, on real threads or asyncio tasks. "
             "Each request arrives at its trace time / SPEED, takes the lanes "
             "['session', 'global'] with acquire_all under its conversation's key, works for "
-            "output_length * TPOT_MS / SPEED milliseconds, then releases. Reports waits, "
+            "its service time / SPEED (duration_s, or output tokens * TPOT_MS), then "
+            "releases. Reports waits, "
             "order and concurrency as the workers observed them, next to an exact "
             "simulation of the same policy."
         ),
@@ -70,22 +71,25 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="TRACE",
-        help="trace file, JSON lines, plain or gzip (default: the bundled Mooncake trace, "
-        "12,031 requests from one hour of a production LLM chat service)",
+        help="trace file, plain or gzip: the Mooncake format, or the generic format (JSON "
+        "lines or CSV with timestamp, key, duration_s or output_tokens), told from the "
+        "content as by 'lanequeue plan' (default: the bundled Mooncake trace, 12,031 "
+        "requests from one hour of a production LLM chat service)",
     )
     rp.add_argument(
         "--speed",
         type=float,
         default=defaults.speed,
-        help=f"divide trace time by this (default {defaults.speed:g}: the hour plays in a "
-        "minute)",
+        help=f"divide trace time by this, 1e-06 to 1e+06 (default {defaults.speed:g}: the "
+        "hour plays in a minute)",
     )
     rp.add_argument(
         "--tpot-ms",
         type=float,
         default=defaults.tpot_ms,
         metavar="MS",
-        help=f"work per output token, trace milliseconds (default {defaults.tpot_ms:g})",
+        help="work per output token, trace milliseconds, for lines that give tokens "
+        "(default 30 for a Mooncake trace; required for generic output_tokens lines)",
     )
     rp.add_argument(
         "--global",
@@ -93,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.global_cap,
         metavar="N",
-        help=f"permits of the global lane (default {defaults.global_cap})",
+        help=f"permits of the global lane, 1 to 10**9 (default {defaults.global_cap})",
     )
     rp.add_argument(
         "--policy",
@@ -143,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--idle-timeout",
+        dest="idle_timeout_s",
         type=float,
         default=defaults.idle_timeout_s,
         metavar="S",
@@ -190,17 +195,31 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no progress bar (it is shown only on a terminal, with tqdm)",
     )
+    rp.set_defaults(options=_option_names(rp))
     _add_plan_parser(sub)
     return parser
 
 
+def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Each option's setting name (its ``dest``, the name the checks use) -> the option."""
+    return {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+
+
+def _refused(exc: Exception, options: dict[str, str]) -> str:
+    """The message of a refused setting, naming its option when it names one."""
+    option = options.get(getattr(exc, "setting", ""))
+    return f"argument {option}: {exc}" if option else str(exc)
+
+
 def _seconds(text: str) -> Fraction:
-    """A number of seconds, kept exact (``0.1`` is one tenth); :class:`PlanGoal` checks
-    its range."""
-    try:
-        return Fraction(text.strip())
-    except (ValueError, ZeroDivisionError):
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    """A number of seconds in ASCII decimal notation, kept exact (``0.1`` is one tenth);
+    :class:`PlanGoal` checks its range."""
+    from lanequeue.replay._checks import decimal_text
+
+    decimal = decimal_text(text)
+    if decimal is None:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return Fraction(decimal)
 
 
 def _add_plan_parser(sub: Any) -> None:
@@ -287,16 +306,37 @@ def _add_plan_parser(sub: Any) -> None:
         "--speed",
         type=float,
         default=60.0,
-        help="with --verify: divide trace time by this (default 60)",
+        help="with --verify: divide trace time by this, 1e-06 to 1e+06 (default 60)",
     )
     pp.add_argument(
         "--jobs",
         type=int,
         default=None,
         metavar="N",
-        help="processes simulating caps (default: the usable cores for a trace of "
-        "50,000 requests or more, else 1)",
+        help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "
+        "of 50,000 requests or more, else 1)",
     )
+    pp.set_defaults(options=_option_names(pp))
+
+
+def _output_refused(args: argparse.Namespace) -> str | None:
+    """Why ``--json`` or ``--plot`` cannot be written (checked before any work), or None."""
+    for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
+        if path is None:
+            continue
+        if path.is_dir():
+            return f"argument {option}: cannot write {path}: it is a directory; give a file name"
+        if not path.resolve().parent.is_dir():
+            return (
+                f"argument {option}: cannot write {path}: directory {path.parent} does not "
+                "exist"
+            )
+    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
+        return (
+            "argument --plot: a PNG is written: give a file name ending in .png, not "
+            f"{args.plot_path}"
+        )
+    return None
 
 
 def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
@@ -316,6 +356,9 @@ def _report_skipped(
 ) -> None:
     """The first :data:`MAX_LINE_MESSAGES` skipped lines with their numbers and reasons,
     then how many more, then the total."""
+    from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
+
+    source = printable(source, MAX_SOURCE_CHARS)
     for s in skipped[:MAX_LINE_MESSAGES]:
         print(f"lanequeue {command}: {source}: line {s.line}: {s.reason}; skipped", file=err)
     if len(skipped) > MAX_LINE_MESSAGES:
@@ -357,16 +400,21 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.dispatch import BUSY_POLICIES
     from lanequeue.replay import TraceError, read_trace
     from lanequeue.replay.busy import busy_table, ideal_waits, run_busy
+    from lanequeue.replay.trace import service_times_us
 
     def fail(message: str) -> int:
         print(f"lanequeue replay: error: {message}", file=err)
         return 2
 
+    try:
+        config = _replay_config(args)
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
     policies = list(BUSY_POLICIES) if args.busy == "all" else args.busy.split(",")
     for p in policies:
         if p not in BUSY_POLICIES:
-            return fail(f"unknown busy policy {p!r}; available: {', '.join(BUSY_POLICIES)}"
-                        ", or all")
+            return fail(f"argument --busy: unknown busy policy {p!r}; available: "
+                        f"{', '.join(BUSY_POLICIES)}, or all")
     if args.backend is not None:
         return fail("--busy runs one process on asyncio: it cannot be combined with "
                     "--backend")
@@ -374,21 +422,25 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if path is not None:
             return fail(f"--busy prints a table only: {path} would not be written")
     try:
-        trace = read_trace(args.trace)
+        trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
     _report_skipped(trace.skipped, trace.source, err)
-    trace = trace.head(args.limit)
+    trace = trace.head(config.limit)
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
+    try:
+        service_times_us(trace, config.tpot_ms)
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
     results = []
     for p in policies:
-        results.append(run_busy(trace, p, speed=args.speed, tpot_ms=args.tpot_ms,
-                                global_cap=args.global_cap, max_sessions=args.max_sessions))
+        results.append(run_busy(trace, p, speed=config.speed, tpot_ms=config.tpot_ms,
+                                global_cap=config.global_cap, max_sessions=config.max_sessions))
     ideal = None
     if "enqueue" in policies:
-        ideal = ideal_waits(trace, speed=args.speed, tpot_ms=args.tpot_ms,
-                            global_cap=args.global_cap)
+        ideal = ideal_waits(trace, speed=config.speed, tpot_ms=config.tpot_ms,
+                            global_cap=config.global_cap)
     print(busy_table(results, ideal), file=out)
     bad = [r.policy for r in results if r.overlaps or r.order_violations]
     if bad:
@@ -399,12 +451,31 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _replay_config(args: argparse.Namespace) -> Any:
+    """The replay's options as a :class:`ReplayConfig`, which checks them all (ValueError)."""
+    from lanequeue.replay import ReplayConfig
+
+    return ReplayConfig(
+        policy=args.policy,
+        global_cap=args.global_cap,
+        speed=args.speed,
+        tpot_ms=args.tpot_ms,
+        runtime=args.runtime,
+        max_sessions=args.max_sessions,
+        idle_timeout_s=args.idle_timeout_s,
+        backend=args.backend,
+        workers=args.workers,
+        limit=args.limit,
+    )
+
+
 def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if getattr(args, "busy", None) is not None:
         return _replay_busy(args, out, err)
-    from lanequeue.replay import ReplayConfig, TraceError, read_trace, run_replay
+    from lanequeue.replay import TraceError, read_trace, run_replay
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
     from lanequeue.replay.runtimes.redis_processes import BackendError, check_backend
+    from lanequeue.replay.trace import service_times_us
 
     def fail(message: str) -> int:
         print(f"lanequeue replay: error: {message}", file=err)
@@ -412,58 +483,46 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     # Check everything that can fail before spending a minute on the replay.
     try:
-        config = ReplayConfig(
-            policy=args.policy,
-            global_cap=args.global_cap,
-            speed=args.speed,
-            tpot_ms=args.tpot_ms,
-            runtime=args.runtime,
-            max_sessions=args.max_sessions,
-            idle_timeout_s=args.idle_timeout,
-            backend=args.backend,
-            workers=args.workers,
-        )
+        config = _replay_config(args)
     except ValueError as exc:
-        return fail(str(exc))
+        return fail(_refused(exc, args.options))
     if args.plot_path is not None:
         try:
             require_matplotlib()
         except PlotUnavailableError as exc:
             return fail(str(exc))
-    for path in (args.json_path, args.plot_path):
-        if path is None:
-            continue
-        if path.is_dir():
-            return fail(f"cannot write {path}: it is a directory; give a file name")
-        if not path.resolve().parent.is_dir():
-            return fail(f"cannot write {path}: directory {path.parent} does not exist")
+    refused = _output_refused(args)
+    if refused:
+        return fail(refused)
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
-            return fail(f"--metrics-port must be a port number (0-65535), not {args.metrics_port}")
+            return fail(
+                f"argument --metrics-port: must be a port number (0-65535), not "
+                f"{args.metrics_port}"
+            )
         if args.backend is not None:
             return fail("--metrics-port serves in-process lanes; the lanes of --backend live "
                         "in the worker processes")
         if importlib.util.find_spec("prometheus_client") is None:
             return fail("--metrics-port needs prometheus_client, which is not installed; "
                         "install it with: pip install 'lanequeue[prometheus]'")
-    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
-        return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
-    try:
-        trace = read_trace(args.trace)
-    except (ValueError, TraceError) as exc:
-        return fail(str(exc))
     if args.backend is not None:
         try:
             check_backend(args.backend)
         except BackendError as exc:
-            return fail(str(exc))
-    _report_skipped(trace.skipped, trace.source, err)
+            return fail(f"argument --backend: {exc}")
     try:
-        trace = trace.head(args.limit)
-    except ValueError as exc:
+        trace = read_trace(args.trace, trace_format="auto")
+    except (ValueError, TraceError) as exc:
         return fail(str(exc))
+    _report_skipped(trace.skipped, trace.source, err)
+    trace = trace.head(config.limit)
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
+    try:
+        service_times_us(trace, config.tpot_ms)  # a generic trace's tokens need tpot_ms
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
 
     queues: list[Any] = []  # the in-process queue, once the runtime has built it
     on_queue = queues.append if args.backend is None else None
@@ -505,14 +564,21 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return 1
     print(
         f"\nchecks passed: order kept in every conversation, at most one request per "
-        f"conversation at a time, at most {report.global_cap} at once",
+        f"conversation at a time, at most {report.cap_at_once} at once"
+        + (" (the policy's single permit)" if report.cap_at_once < report.global_cap else ""),
         file=out,
     )
     return 0
 
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from lanequeue.replay.plan import PlanGoal, plan_capacity, verify_plan, write_plan_plot
+    from lanequeue.replay.plan import (
+        PlanGoal,
+        check_plan_arguments,
+        plan_capacity,
+        verify_plan,
+        write_plan_plot,
+    )
     from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib
     from lanequeue.replay.trace import TraceError, read_trace
 
@@ -520,20 +586,27 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         print(f"lanequeue plan: error: {message}", file=err)
         return 2
 
+    # Every setting is checked before the trace is read (and --speed before a simulation).
+    try:
+        goal = PlanGoal(args.p99_wait_s, args.max_wait_s)
+        check_plan_arguments(
+            tpot_ms=args.tpot_ms,
+            min_global=args.min_global,
+            max_global=args.max_global,
+            jobs=args.jobs,
+            speed=args.speed,
+        )
+    except ValueError as exc:
+        return fail(_refused(exc, args.options))
+
     if args.plot_path is not None:
         try:
             require_matplotlib()
         except PlotUnavailableError as exc:
             return fail(str(exc))
-    for path in (args.json_path, args.plot_path):
-        if path is None:
-            continue
-        if path.is_dir():
-            return fail(f"cannot write {path}: it is a directory; give a file name")
-        if not path.resolve().parent.is_dir():
-            return fail(f"cannot write {path}: directory {path.parent} does not exist")
-    if args.plot_path is not None and args.plot_path.suffix.lower() != ".png":
-        return fail(f"--plot writes a PNG: give a file name ending in .png, not {args.plot_path}")
+    refused = _output_refused(args)
+    if refused:
+        return fail(refused)
     try:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
@@ -542,7 +615,6 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not trace.requests:
         return fail(f"no valid request to plan with in {trace.source}")
     try:
-        goal = PlanGoal(args.p99_wait_s, args.max_wait_s)
         plan = plan_capacity(
             trace,
             goal,
@@ -552,7 +624,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             jobs=args.jobs,
         )
     except ValueError as exc:
-        return fail(str(exc))
+        return fail(_refused(exc, args.options))
     print(plan.text(), file=out)
     if args.json_path is not None:
         plan.write_json(args.json_path)

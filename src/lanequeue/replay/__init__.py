@@ -2,8 +2,11 @@
 
 The pieces, each in its own module:
 
-- :mod:`~lanequeue.replay.trace`: read a trace (Mooncake conversation format, plain or
-  gzip; the bundled one by default), reporting bad lines by number.
+- :mod:`~lanequeue.replay.trace`: read a trace (the Mooncake conversation format, or the
+  generic JSON-lines/CSV format of gateway logs; plain or gzip; the bundled one by
+  default), reporting bad lines by number.
+- :mod:`~lanequeue.replay._checks`: the range checks of every setting
+  (:class:`SettingError` names the refused one).
 - :mod:`~lanequeue.replay.policy`: which lanes a request takes (``session`` or the
   original ``global-serial``), as data.
 - :mod:`~lanequeue.replay.simulate`: the exact discrete-event simulation of
@@ -32,6 +35,7 @@ Example: the first 500 requests of the bundled trace, 600 times faster than real
     ...
 """
 
+from lanequeue.replay._checks import SettingError
 from lanequeue.replay.policy import DEFAULT_POLICY, POLICIES, LaneSpec, policy_lanes
 from lanequeue.replay.report import JSON_KEYS, ReplayReport, percentile
 from lanequeue.replay.runner import (
@@ -66,6 +70,7 @@ __all__ = [
     "RunRecord",
     "Runtime",
     "Schedule",
+    "SettingError",
     "SkippedLine",
     "Trace",
     "TraceError",

@@ -4,7 +4,8 @@ Each request arrives at its trace time / ``speed`` (one asyncio loop, as the asy
 runtime) and is SUBMITTED to a dispatcher under its conversation's key, with the busy
 policy under test, instead of taking the lanes itself. The dispatcher takes
 ``["session", "global"]`` of an :class:`~lanequeue.AsyncLaneQueue` for each turn it runs.
-A turn works for ``output_length x tpot_ms / speed``; a merged call (``collect``) works as
+A turn works for its service time / ``speed`` (``duration_s``, or ``output_tokens x
+tpot_ms``: :func:`~lanequeue.replay.trace.service_times_us`); a merged call (``collect``) works as
 long as its longest message (one reply to them all); a running turn takes the payloads
 steered into it when its work is done (``steer``), and its reply covers them.
 
@@ -62,7 +63,7 @@ class BusyResult:
         return asdict(self)
 
 
-def run_busy(trace: Trace, policy: str, *, speed: float = 60.0, tpot_ms: float = 30.0,
+def run_busy(trace: Trace, policy: str, *, speed: float = 60.0, tpot_ms: float | None = None,
              global_cap: int = 64, max_sessions: int = 256) -> BusyResult:
     """Replay ``trace`` through a Dispatcher with busy policy ``policy`` (real time, on a
     new event loop). Raises ValueError for an unknown policy."""
@@ -134,7 +135,7 @@ async def _run(plan: Any, policy: str, global_cap: int, max_sessions: int) -> Bu
     )
 
 
-def ideal_waits(trace: Trace, *, speed: float, tpot_ms: float,
+def ideal_waits(trace: Trace, *, speed: float, tpot_ms: float | None,
                 global_cap: int) -> tuple[float, float, float, float]:
     """p50, p95, p99 and max wait of the exact simulation (the ideal of ``enqueue``)."""
     sched = simulate_trace(trace, ReplayConfig(speed=speed, tpot_ms=tpot_ms,

@@ -90,9 +90,22 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from lanequeue.replay._checks import (
+    MAX_PROCESSES,
+    check_count,
+    check_seconds,
+    check_speed,
+    check_tpot_ms,
+)
 from lanequeue.replay.policy import policy_lanes
 from lanequeue.replay.simulate import simulate_ticks
-from lanequeue.replay.trace import Trace
+from lanequeue.replay.trace import (
+    DEFAULT_TPOT_MS,
+    MAX_SOURCE_CHARS,
+    Trace,
+    printable,
+    service_times_us,
+)
 
 __all__ = [
     "DEFAULT_TPOT_MS",
@@ -103,6 +116,7 @@ __all__ = [
     "PlanGoal",
     "PlanInputs",
     "Verification",
+    "check_plan_arguments",
     "exact_percentile",
     "plan_capacity",
     "plan_inputs",
@@ -112,8 +126,6 @@ __all__ = [
 
 #: Simulation ticks per second: times are simulated in whole microseconds.
 TICKS_PER_S = 1_000_000
-#: Work per output token for a Mooncake trace when none is given (as ``lanequeue replay``).
-DEFAULT_TPOT_MS = 30.0
 #: A trace at least this long is scanned on several processes (when there are cores).
 PARALLEL_MIN_REQUESTS = 50_000
 #: ``bound=None`` uses the load bound when it saves at least this many request-simulations.
@@ -122,29 +134,23 @@ BOUND_MIN_SAVING = 100_000
 MAX_OFFENDERS = 50
 
 
-def _exact_number(value: float | Fraction | int, name: str, *, allow_none: bool = False) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return Fraction(value)
-
-
 @dataclass(frozen=True)
 class PlanGoal:
     """What the waits must meet.
 
     Attributes:
-        p99_wait_s: the 99th percentile of the waits must be at most this, seconds (>= 0).
-        max_wait_s: when not None, every wait must be at most this, seconds (>= 0).
+        p99_wait_s: the 99th percentile of the waits must be at most this, seconds (0 to
+            1e9; an int, float or Fraction, kept exact).
+        max_wait_s: when not None, every wait must be at most this, seconds (0 to 1e9).
+
+    A goal above 1e9 s (about 31 years) is refused rather than read as "no goal": no wait
+    of a trace comes near it, and the goal must stay a finite float in the ``--json``
+    document.
 
     Raises:
         TypeError: a value that is not a number.
-        ValueError: a negative or non-finite value.
+        ValueError: a negative, NaN, infinite or larger value
+            (:class:`~lanequeue.replay._checks.SettingError` naming the attribute).
 
     Example::
 
@@ -156,8 +162,9 @@ class PlanGoal:
     max_wait_s: float | Fraction | None = None
 
     def __post_init__(self) -> None:
-        _exact_number(self.p99_wait_s, "p99_wait_s")
-        _exact_number(self.max_wait_s, "max_wait_s", allow_none=True)  # type: ignore[arg-type]
+        check_seconds(self.p99_wait_s, "p99_wait_s")
+        if self.max_wait_s is not None:
+            check_seconds(self.max_wait_s, "max_wait_s")
 
     @property
     def threshold_s(self) -> Fraction:
@@ -203,50 +210,29 @@ def plan_inputs(trace: Trace, tpot_ms: float | None = None) -> PlanInputs:
     """The planner's inputs from ``trace``: arrival and service times in microseconds.
 
     A request's service time is its ``duration_s`` (generic format), else
-    ``output_tokens * tpot_ms`` rounded to the microsecond.
+    ``output_tokens * tpot_ms`` rounded to the microsecond
+    (:func:`~lanequeue.replay.trace.service_times_us`, as ``lanequeue replay``).
 
     Args:
         trace: the requests (any format :func:`~lanequeue.replay.read_trace` reads).
-        tpot_ms: milliseconds of work per output token. None: 30 for a Mooncake trace (as
-            ``lanequeue replay``); a generic trace whose lines give ``output_tokens`` must
-            name it, since only the operator knows their model's speed.
+        tpot_ms: milliseconds of work per output token (0 to 60,000). None: 30 for a
+            Mooncake trace; a generic trace whose lines give ``output_tokens`` must name it.
 
     Raises:
-        ValueError: ``tpot_ms`` negative or not finite, or missing where it is needed.
+        TypeError: ``tpot_ms`` not a number.
+        ValueError: ``tpot_ms`` out of range (NaN and infinities included), or missing
+            where it is needed.
     """
-    if tpot_ms is not None and not (tpot_ms >= 0 and math.isfinite(tpot_ms)):
-        raise ValueError(f"tpot_ms must be a finite number >= 0, got {tpot_ms}")
+    work, used = service_times_us(trace, tpot_ms)
     reqs = trace.requests
-    needs_tpot = any(r.duration_us is None for r in reqs)
-    if needs_tpot and tpot_ms is None:
-        if trace.format != "mooncake":
-            raise ValueError(
-                "the trace gives output_tokens: name the work per output token with "
-                "tpot_ms (--tpot-ms MS)"
-            )
-        tpot_ms = DEFAULT_TPOT_MS
-    tpot_us = Fraction(tpot_ms if tpot_ms is not None else 0) * 1000
     # Whole microseconds: exact for integer milliseconds, and for a generic trace's
     # microseconds (kept as milliseconds with three decimals, which round back exactly).
     arrival = [round(r.timestamp_ms * 1000) for r in reqs]
     if arrival and arrival[0]:
         t0 = arrival[0]
         arrival = [a - t0 for a in arrival]
-    if tpot_us.denominator == 1:
-        per_token = int(tpot_us)
-        work = [
-            r.duration_us if r.duration_us is not None else r.output_length * per_token
-            for r in reqs
-        ]
-    else:
-        work = [
-            r.duration_us if r.duration_us is not None else round(r.output_length * tpot_us)
-            for r in reqs
-        ]
     labels = {r.conversation: r.label for r in reqs}
-    return PlanInputs(
-        arrival, [r.conversation for r in reqs], work, labels, tpot_ms if needs_tpot else None
-    )
+    return PlanInputs(arrival, [r.conversation for r in reqs], work, labels, used)
 
 
 def exact_percentile(sorted_values: Sequence[int], q: int) -> Fraction:
@@ -529,7 +515,7 @@ class CapacityPlan:
             else f"{self.tpot_ms:g} ms per output token"
         )
         lines = [
-            f"lanequeue plan: {self.source}",
+            f"lanequeue plan: {printable(self.source, MAX_SOURCE_CHARS)}",
             f"{self.requests:,} requests, {self.conversations:,} conversations; policy "
             f"session (one lane per conversation, then the global lane); {work}",
             f"goal: {self.goal.describe()}",
@@ -598,17 +584,43 @@ class CapacityPlan:
                 f"caps {self.min_global}-{self.proven_below - 1} miss by the load bound: "
                 f"{self.bound_reason}."
             )
-        rng = f"{self.min_global}-" + ("" if self.max_global is None else str(self.max_global))
-        if self.recommended_global is not None:
-            lines.append(
-                f"recommended global cap: {self.recommended_global} (the smallest cap that "
-                f"meets the goal; every smaller cap from {self.min_global} misses it)"
-            )
+        rec, low, sat = self.recommended_global, self.min_global, self.saturation_global
+        not_searched = "" if low == 1 else f"; caps below {low} were not searched"
+        if rec is not None:
+            if rec == low:
+                why = (
+                    "the smallest cap meets the goal"
+                    if low == 1
+                    else f"the smallest cap searched meets the goal{not_searched}"
+                )
+            else:
+                smaller = (
+                    f"cap {low} misses"
+                    if rec - 1 == low
+                    else f"every cap in {low}-{rec - 1} misses"
+                )
+                why = f"the smallest cap that meets the goal; {smaller} it{not_searched}"
+            lines.append(f"recommended global cap: {rec} ({why})")
         elif self.floor_meets:
-            lines.append(
-                f"no cap in {rng} meets the goal: caps >= {self.saturation_global} do "
-                "(raise --max-global)"
-            )
+            assert self.max_global is not None  # else the saturation cap is recommended
+            top = self.max_global
+            rng = str(low) if top == low else f"{low}-{top}"
+            if top == sat - 1:
+                known = (
+                    f"cap {sat} is the smallest that meets it (from {sat} on, every cap "
+                    "does)"
+                )
+            else:
+                gap = (
+                    f"cap {top + 1} was"
+                    if top + 1 == sat - 1
+                    else f"caps {top + 1}-{sat - 1} were"
+                )
+                known = (
+                    f"every cap from {sat} on meets it; {gap} not simulated, so the "
+                    "smallest that does is not known (raise --max-global to find it)"
+                )
+            lines.append(f"no cap in {rng} meets the goal: {known}")
         else:
             lines.append(
                 "no cap meets the goal: even with no global limit, the waits behind each "
@@ -621,8 +633,8 @@ class CapacityPlan:
             )
             for o in self.floor_offenders[:20]:
                 lines.append(
-                    f"  conversation {o.key}: {_count(o.requests, 'request')} over, longest wait "
-                    f"{o.worst_wait_s:.3f} s"
+                    f"  conversation {printable(o.key)}: {_count(o.requests, 'request')} over, "
+                    f"longest wait {o.worst_wait_s:.3f} s"
                 )
             more = self.floor_offending_conversations - min(20, len(self.floor_offenders))
             if more > 0:
@@ -689,6 +701,39 @@ def _scan(
     return rows, found
 
 
+def check_plan_arguments(
+    *,
+    tpot_ms: float | None = None,
+    min_global: int = 1,
+    max_global: int | None = None,
+    jobs: int | None = None,
+    speed: float | None = None,
+) -> None:
+    """Check the settings of :func:`plan_capacity` (and ``speed``, of :func:`verify_plan`)
+    before any work: the one place they are checked (``lanequeue plan`` calls it first).
+
+    Ranges: ``tpot_ms`` None or 0 to 60,000 ms; ``min_global`` and ``max_global`` integers
+    from 1 to 10**9 (``max_global`` None: no limit), ``min_global <= max_global``;
+    ``jobs`` None or 1 to 1024; ``speed`` None or 1e-6 to 1e6.
+
+    Raises:
+        TypeError: a setting of the wrong type.
+        ValueError: a setting out of range, NaN and infinities included
+            (:class:`~lanequeue.replay._checks.SettingError` naming it), or
+            ``min_global > max_global``.
+    """
+    check_tpot_ms(tpot_ms)
+    check_count(min_global, "min_global")
+    if max_global is not None:
+        check_count(max_global, "max_global")
+        if min_global > max_global:
+            raise ValueError(f"min_global ({min_global}) > max_global ({max_global})")
+    if jobs is not None:
+        check_count(jobs, "jobs", maximum=MAX_PROCESSES)
+    if speed is not None:
+        check_speed(speed)
+
+
 def plan_capacity(
     trace: Trace,
     goal: PlanGoal,
@@ -719,8 +764,8 @@ def plan_capacity(
 
     Raises:
         TypeError: ``goal`` is not a PlanGoal, or a cap is not an integer.
-        ValueError: no requests, a cap < 1, ``min_global > max_global``, ``jobs < 1``, or
-            ``tpot_ms`` bad or missing (see :func:`plan_inputs`).
+        ValueError: no requests, a setting out of range (:func:`check_plan_arguments`),
+            or ``tpot_ms`` missing where the trace needs it (see :func:`plan_inputs`).
 
     Thread safety: pure computation over its arguments; safe to call from several threads.
 
@@ -738,15 +783,7 @@ def plan_capacity(
     started = time.perf_counter()
     if not isinstance(goal, PlanGoal):
         raise TypeError(f"goal must be a PlanGoal, got {goal!r}")
-    for name, value in (("min_global", min_global), ("max_global", max_global), ("jobs", jobs)):
-        if value is None and name != "min_global":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if max_global is not None and min_global > max_global:
-        raise ValueError(f"min_global ({min_global}) > max_global ({max_global})")
+    check_plan_arguments(tpot_ms=tpot_ms, min_global=min_global, max_global=max_global, jobs=jobs)
     if not trace.requests:
         raise ValueError(f"no valid request to plan with in {trace.source}")
     inputs = plan_inputs(trace, tpot_ms)
@@ -922,14 +959,15 @@ def verify_plan(
         print(check.text())
 
     Raises:
-        ValueError: no requests, a cap < 1, a bad speed, an unknown runtime, or ``tpot_ms``
-            bad or missing.
+        TypeError: a setting of the wrong type.
+        ValueError: no requests, a cap out of 1 .. 10**9, ``speed`` out of 1e-6 .. 1e6,
+            an unknown runtime, or ``tpot_ms`` bad or missing.
     """
     from lanequeue.replay import ReplayPlan, get_runtime, session_key
     from lanequeue.replay.observe import count_order_violations
 
-    if not (speed > 0 and math.isfinite(speed)):
-        raise ValueError(f"speed must be a finite number > 0, got {speed}")
+    speed = check_speed(speed)
+    check_count(global_cap, "global_cap")
     if not trace.requests:
         raise ValueError(f"no valid request to replay in {trace.source}")
     lanes = policy_lanes("session", global_cap)

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lanequeue.replay.policy import policy_lanes
+from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
+
 __all__ = ["JSON_KEYS", "ReplayReport", "percentile"]
 
 #: Keys every ``--json`` document has (more may follow them).
@@ -67,7 +70,7 @@ class ReplayReport:
             request of their own conversation (must be 0), from the workers' start order
             (:func:`~lanequeue.replay.observe.count_order_violations`).
         max_key_concurrency: most requests of one conversation working at once (must be 1).
-        peak_global: most requests working at once (must not exceed ``global_cap``).
+        peak_global: most requests working at once (must not exceed :attr:`cap_at_once`).
         registry_peak / registry_final: entries of the session lane's registry, largest
             sampled and after the run; None for a policy without a per-key lane. Not
             bounded by ``max_sessions`` (a soft cap): held entries are never evicted, and
@@ -116,13 +119,24 @@ class ReplayReport:
     runtime: str
     global_cap: int
     speed: float
-    tpot_ms: float
+    tpot_ms: float | None
     source: str
     errors: int = 0
     lane_stats: dict[str, dict[str, int]] = field(default_factory=dict)
     workers: int = 1
     backend: str | None = None
     backend_info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cap_at_once(self) -> int:
+        """The most requests the policy lets work at once: the smallest capacity of its
+        shared lanes (``global_cap`` for ``session``; 1 for ``global-serial``, whose single
+        permit serialises everything)."""
+        return min(
+            lane.capacity
+            for lane in policy_lanes(self.policy, self.global_cap)
+            if not lane.per_key
+        )
 
     def failed_checks(self) -> list[str]:
         """The invariants this run broke (empty when all hold): order within a
@@ -132,8 +146,8 @@ class ReplayReport:
             failed.append(f"order_violations = {self.order_violations} (expected 0)")
         if self.max_key_concurrency > 1:
             failed.append(f"max_key_concurrency = {self.max_key_concurrency} (expected <= 1)")
-        if self.peak_global > self.global_cap:
-            failed.append(f"peak_global = {self.peak_global} (cap {self.global_cap})")
+        if self.peak_global > self.cap_at_once:
+            failed.append(f"peak_global = {self.peak_global} (cap {self.cap_at_once})")
         if self.errors:
             failed.append(f"{self.errors} requests failed")
         no_ttl = self.backend_info.get("redis_keys_without_ttl")
@@ -208,9 +222,14 @@ class ReplayReport:
         w2 = max(len("ideal"), *(len(r[2]) for r in rows))
         speed = f"{self.speed:g}"
         lines = [
-            f"lanequeue replay: {self.source}",
+            f"lanequeue replay: {printable(self.source, MAX_SOURCE_CHARS)}",
             f"policy {self.policy}, runtime {self.runtime}, global cap {self.global_cap}, "
-            f"speed {speed}x, {self.tpot_ms:g} ms per output token",
+            f"speed {speed}x, "
+            + (
+                "service times from the trace"
+                if self.tpot_ms is None
+                else f"{self.tpot_ms:g} ms per output token"
+            ),
         ]
         if self.backend is not None:
             lines.append(

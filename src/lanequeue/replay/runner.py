@@ -9,8 +9,15 @@ from fractions import Fraction
 from typing import Any
 
 from lanequeue import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, build_gateway_session_key
+from lanequeue.replay._checks import (
+    SettingError,
+    check_count,
+    check_seconds,
+    check_speed,
+    check_tpot_ms,
+)
 from lanequeue.replay.observe import count_order_violations, peak_concurrency
-from lanequeue.replay.policy import DEFAULT_POLICY, LaneSpec, policy_lanes
+from lanequeue.replay.policy import DEFAULT_POLICY, POLICIES, LaneSpec, policy_lanes
 from lanequeue.replay.report import ReplayReport, percentile
 from lanequeue.replay.runtimes import (
     ProgressFn,
@@ -23,7 +30,7 @@ from lanequeue.replay.runtimes import (
 from lanequeue.replay.runtimes.base import check_workers
 from lanequeue.replay.runtimes.threads import ThreadRuntime
 from lanequeue.replay.simulate import Schedule, simulate
-from lanequeue.replay.trace import Trace
+from lanequeue.replay.trace import DEFAULT_TPOT_MS, Trace, service_times_us
 
 __all__ = [
     "DEFAULT_GLOBAL_CAP",
@@ -43,8 +50,6 @@ __all__ = [
 DEFAULT_GLOBAL_CAP = 64
 #: Trace time is divided by this: the bundled hour plays in a minute.
 DEFAULT_SPEED = 60.0
-#: Work per output token, trace milliseconds.
-DEFAULT_TPOT_MS = 30.0
 #: The runtime used when none is named.
 DEFAULT_RUNTIME = ThreadRuntime.name
 
@@ -57,7 +62,10 @@ class ReplayConfig:
         policy: ``"session"`` or ``"global-serial"`` (see :func:`policy_lanes`).
         global_cap: permits of the "global" lane (requests working at once).
         speed: trace time is divided by this (60: an hour of trace plays in a minute).
-        tpot_ms: work per output token in trace milliseconds (before dividing by speed).
+        tpot_ms: work per output token in trace milliseconds (before dividing by speed),
+            for the requests that give tokens; None: 30 for a Mooncake trace, and a generic
+            trace whose lines give ``output_tokens`` must name it (as ``lanequeue plan``;
+            see :func:`lanequeue.replay.trace.service_times_us`).
         runtime: name of the runtime (:data:`lanequeue.replay.runtimes.RUNTIMES`).
         max_sessions: soft cap of the session lane's registry, entries.
         idle_timeout_s: seconds of *trace* time an idle session entry is kept (divided by
@@ -66,28 +74,50 @@ class ReplayConfig:
             by ``workers`` processes of the thread runtime
             (:mod:`lanequeue.replay.runtimes.redis_processes`).
         workers: worker processes sharing the backend's lanes (> 1 needs a backend).
+        limit: replay only the first ``limit`` requests in arrival order (None: all).
 
     Every setting is checked here, once (the command line passes its options straight
-    through).
+    through): ``speed`` from 1e-6 to 1e6; ``tpot_ms`` from 0 to 60,000; ``global_cap``,
+    ``max_sessions`` and ``limit`` integers from 1 to 10**9; ``workers`` from 1 to 1024;
+    ``idle_timeout_s`` from 0 to 1e9 seconds (see :mod:`lanequeue.replay._checks`).
 
     Raises:
-        ValueError: a setting out of range, an unknown policy or runtime, ``workers > 1``
-            without a backend, or a backend with a runtime other than ``threads``.
+        TypeError: a setting of the wrong type.
+        ValueError: a setting out of range (NaN and infinities included: a
+            :class:`~lanequeue.replay._checks.SettingError` naming it), an unknown policy
+            or runtime, ``workers > 1`` without a backend, or a backend with a runtime
+            other than ``threads``.
     """
 
     policy: str = DEFAULT_POLICY
     global_cap: int = DEFAULT_GLOBAL_CAP
     speed: float = DEFAULT_SPEED
-    tpot_ms: float = DEFAULT_TPOT_MS
+    tpot_ms: float | None = None
     runtime: str = DEFAULT_RUNTIME
     max_sessions: int = DEFAULT_MAX_SESSIONS
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
     backend: str | None = None
     workers: int = 1
+    limit: int | None = None
 
     def __post_init__(self) -> None:
+        check_speed(self.speed)
+        check_tpot_ms(self.tpot_ms)
+        check_count(self.global_cap, "global_cap")
+        check_count(self.max_sessions, "max_sessions")
+        if self.limit is not None:
+            check_count(self.limit, "limit")
+        if self.idle_timeout_s is not None:
+            check_seconds(self.idle_timeout_s, "idle_timeout_s")
         check_workers(self.workers)
-        check_runtime(self.runtime)
+        try:
+            check_runtime(self.runtime)
+        except ValueError as exc:
+            raise SettingError("runtime", str(exc)) from None
+        if self.policy not in POLICIES:
+            raise SettingError(
+                "policy", f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}"
+            )
         if self.backend is None and self.workers != 1:
             raise ValueError(
                 "workers > 1 needs a shared backend: worker processes share lanes only "
@@ -98,19 +128,6 @@ class ReplayConfig:
                 f"runtime {self.runtime!r} cannot run on a backend: the Redis backend runs "
                 "the threads runtime in each worker process"
             )
-        if not (self.speed > 0 and math.isfinite(self.speed)):
-            raise ValueError(f"speed must be a finite number > 0, got {self.speed}")
-        if not (self.tpot_ms >= 0 and math.isfinite(self.tpot_ms)):
-            raise ValueError(f"tpot_ms must be a finite number >= 0, got {self.tpot_ms}")
-        if (
-            isinstance(self.max_sessions, bool)
-            or not isinstance(self.max_sessions, int)
-            or self.max_sessions < 1
-        ):
-            raise ValueError(f"max_sessions must be >= 1, got {self.max_sessions}")
-        if self.idle_timeout_s is not None and not self.idle_timeout_s >= 0:
-            raise ValueError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
-        policy_lanes(self.policy, self.global_cap)  # validates both
 
     @property
     def lanes(self) -> tuple[LaneSpec, ...]:
@@ -143,13 +160,19 @@ def session_key(conversation: int) -> str:
 
 def make_plan(trace: Trace, config: ReplayConfig) -> ReplayPlan:
     """The trace in scaled seconds: arrival = (timestamp - first timestamp) / 1000 / speed,
-    work = output_length * tpot_ms / 1000 / speed."""
+    work = service time (:func:`~lanequeue.replay.trace.service_times_us`) / speed.
+
+    Raises:
+        ValueError: the trace gives ``output_tokens`` in the generic format and
+            ``config.tpot_ms`` is None.
+    """
     reqs = trace.requests
     t0 = reqs[0].timestamp_ms if reqs else 0
     scale = 1000.0 * config.speed
+    work_us, _ = service_times_us(trace, config.tpot_ms)
     return ReplayPlan(
         arrival_s=[(r.timestamp_ms - t0) / scale for r in reqs],
-        work_s=[r.output_length * config.tpot_ms / scale for r in reqs],
+        work_s=[w / 1e6 / config.speed for w in work_us],
         keys=[session_key(r.conversation) for r in reqs],
         lanes=config.lanes,
         max_sessions=config.max_sessions,
@@ -167,11 +190,11 @@ def simulate_trace(trace: Trace, config: ReplayConfig) -> Schedule:
     """
     reqs = trace.requests
     t0 = Fraction(reqs[0].timestamp_ms) if reqs else Fraction(0)
-    tpot = Fraction(config.tpot_ms)
+    work_us, _ = service_times_us(trace, config.tpot_ms)
     sched = simulate(
         [Fraction(r.timestamp_ms) - t0 for r in reqs],
         [r.conversation for r in reqs],
-        [r.output_length * tpot for r in reqs],
+        [Fraction(w, 1000) for w in work_us],
         config.lanes,
     )
     scale = 1000 * Fraction(config.speed)
@@ -195,8 +218,10 @@ def run_replay(
 
     Each request arrives at its trace time divided by ``config.speed``, takes the lanes
     ``["session", "global"]`` with ``acquire_all`` under its conversation's key, works for
-    ``output_length * tpot_ms / speed`` milliseconds, then releases. The same trace is also
-    simulated exactly (:func:`simulate_trace`) for the ``ideal_*`` figures.
+    its service time / ``speed`` (``duration_s``, or ``output_tokens * tpot_ms``), then
+    releases. Only the first ``config.limit`` requests are replayed when it is set. The
+    same requests are also simulated exactly (:func:`simulate_trace`) for the ``ideal_*``
+    figures.
 
     Args:
         trace: the requests (see :func:`lanequeue.replay.read_trace`).
@@ -210,12 +235,14 @@ def run_replay(
         The report and the data behind it. Takes about the trace's duration / speed.
 
     Raises:
-        ValueError: an unknown runtime or policy, bad settings, or ``on_queue`` with a
-            backend.
+        ValueError: an unknown runtime or policy, bad settings, ``on_queue`` with a
+            backend, or a generic trace giving ``output_tokens`` with ``tpot_ms`` None.
         lanequeue.replay.runtimes.redis_processes.BackendError: with a backend: the server cannot be
             reached, or a worker process failed.
     """
     config = config or ReplayConfig()
+    trace = trace.head(config.limit)
+    _, tpot_ms = service_times_us(trace, config.tpot_ms)
     if on_queue is not None and config.backend is not None:
         raise ValueError("on_queue: the lanes of a backend live in the worker processes")
     runtime: Runtime
@@ -272,7 +299,7 @@ def run_replay(
         runtime=runtime.name,
         global_cap=config.global_cap,
         speed=config.speed,
-        tpot_ms=config.tpot_ms,
+        tpot_ms=tpot_ms,
         source=trace.source,
         errors=len(record.errors),
         lane_stats=record.lane_stats,

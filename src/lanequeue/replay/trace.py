@@ -1,12 +1,12 @@
 """Reading request traces: the Mooncake conversation-trace format and a generic format.
 
-Mooncake (the bundled trace, and what ``lanequeue replay`` reads): one JSON object per line
+Mooncake (the bundled trace): one JSON object per line
 with the fields ``timestamp`` (arrival, milliseconds from the start of the trace),
 ``input_length`` and ``output_length`` (tokens) and ``hash_ids`` (prefix-block ids;
 ``hash_ids[1]`` identifies the conversation, see ``lanequeue/data/README.md``).
 
-Generic (what an operator exports from gateway logs; read by ``lanequeue plan``): JSON lines,
-or CSV with a header line, with the fields
+Generic (what an operator exports from gateway logs): JSON lines, or CSV with a header
+line, with the fields
 
 - ``timestamp``: arrival, in seconds (any origin, e.g. Unix time) or as an ISO 8601 date and
   time (``2025-01-31T09:00:00.250Z``; without a UTC offset it is taken as UTC);
@@ -16,10 +16,38 @@ or CSV with a header line, with the fields
   the planner multiplies by a time per output token. When a line has both, ``duration_s``
   is used; an empty CSV cell or a JSON ``null`` counts as absent.
 
+Numbers written as text (every CSV cell, and JSON strings) are ASCII decimal notation
+only: an optional sign, digits with an optional ``.`` fraction, an optional exponent
+(``1700000000.25``, ``2.5e-1``). What Python's ``float()`` and ``int()`` also take is
+refused: ``1_000``, ``nan``, ``inf``, digits of other scripts. ``output_tokens`` is an
+integer (``12``, not ``12.0``).
+
+The ISO 8601 forms accepted, the same on every Python version (parsed by
+:func:`iso8601_us`, not by ``datetime.fromisoformat``, which accepts more on Python 3.11 and
+later than on 3.10):
+
+- a calendar date in the extended format, ``YYYY-MM-DD`` (years 0001-9999), alone (that
+  day's midnight) or followed by ``T``, ``t`` or a space and a time;
+- a time ``hh:mm``, ``hh:mm:ss`` or ``hh:mm:ss`` with a fraction of 1 to 9 digits after
+  ``.`` or ``,`` (rounded to the microsecond): hours 00-23, minutes and seconds 00-59;
+- after the time, an optional UTC offset ``Z`` (or ``z``), ``+hh:mm``, ``+hhmm`` or ``+hh``
+  (or ``-``); without one the time is UTC.
+
+Everything else is refused (the line is skipped): the basic format (``20250304T090000Z``),
+week dates (``2025-W10-2``), ordinal dates (``2025-063``), ``24:00``, leap seconds
+(``:60``), fractions of hours or minutes, more than 9 fraction digits.
+
 Generic times are read to the microsecond and made relative to the earliest arrival. With
-``trace_format="auto"`` the format is told from the content: a first line that is not a
-JSON object is a CSV header; a first JSON object with ``hash_ids`` is Mooncake, one with
-``key`` is generic.
+``trace_format="auto"`` (what ``lanequeue replay`` and ``lanequeue plan`` use) the format is
+told from the first telling line: a line that does not start with ``{`` and holds a comma is
+a CSV header (generic); a JSON object with ``hash_ids`` is Mooncake, one with ``key`` is
+generic. Lines that tell nothing (blank, not JSON and without a comma, JSON without either
+field) are passed over; with no telling line the trace is read as Mooncake, so its bad lines
+are reported one by one.
+
+Text from the trace that is printed (conversation keys, refused values in a skipped line's
+reason) is escaped and cut short (:func:`printable`), so a key holding a newline or 200 kB
+prints as one short line.
 
 A line that is blank, is not valid JSON (or CSV), or lacks a field (or holds one of the
 wrong type or out of range) is not fatal: it is skipped and reported with its 1-based line
@@ -32,15 +60,19 @@ import csv
 import gzip
 import itertools
 import json
-import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date
+from fractions import Fraction
 from importlib import resources
 from pathlib import Path
 from typing import IO
 
+from lanequeue.replay._checks import SettingError, check_tpot_ms, decimal_text
+
 __all__ = [
+    "DEFAULT_TPOT_MS",
     "DEFAULT_TRACE_NAME",
     "GENERIC_FIELDS",
     "REQUIRED_FIELDS",
@@ -50,10 +82,15 @@ __all__ = [
     "TraceError",
     "TraceRequest",
     "default_trace_source",
+    "iso8601_us",
     "parse_trace_lines",
+    "printable",
     "read_trace",
+    "service_times_us",
 ]
 
+#: Work per output token of a Mooncake trace when none is given, milliseconds.
+DEFAULT_TPOT_MS = 30.0
 #: File name of the bundled trace inside the ``lanequeue.data`` directory.
 DEFAULT_TRACE_NAME = "mooncake_conversation_trace.jsonl.gz"
 
@@ -73,8 +110,25 @@ MAX_DURATION_S = MAX_TIMESTAMP_MS / 1000
 #: Values of ``trace_format`` accepted by :func:`parse_trace_lines` and :func:`read_trace`.
 TRACE_FORMATS = ("mooncake", "generic", "auto")
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
+#: Printed conversation keys are cut to this many characters; a trace's name to
+#: ``MAX_SOURCE_CHARS``; a refused value quoted in a skipped line's reason to
+#: ``MAX_VALUE_CHARS``.
+MAX_KEY_CHARS = 60
+MAX_SOURCE_CHARS = 200
+MAX_VALUE_CHARS = 80
+
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+_US_PER_S = 1_000_000
+# Integers in text (see decimal_text for other numbers): ASCII digits only.
+_INTEGER = re.compile(r"[+-]?[0-9]{1,20}")
+# The accepted ISO 8601 forms (see the module docstring), parsed here rather than by
+# datetime.fromisoformat, whose accepted set differs between Python versions.
+_ISO_8601 = re.compile(
+    r"(?P<year>[0-9]{4})-(?P<month>[0-9]{2})-(?P<day>[0-9]{2})"
+    r"(?:[Tt ](?P<hour>[0-9]{2}):(?P<minute>[0-9]{2})"
+    r"(?::(?P<second>[0-9]{2})(?:[.,](?P<fraction>[0-9]{1,9}))?)?"
+    r"(?P<offset>[Zz]|(?P<sign>[+-])(?P<oh>[0-9]{2})(?::?(?P<om>[0-9]{2}))?)?)?"
+)
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -163,6 +217,91 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def printable(text: str, limit: int = MAX_KEY_CHARS) -> str:
+    """``text`` made safe for one line of output: backslashes and non-printable characters
+    (newlines, control characters, ...) escaped as in a Python string literal, and cut to
+    ``limit`` characters, followed by ``...`` and the full length, when longer.
+
+    Example::
+
+        >>> printable("conv-22"), printable("a\\nb"), printable("x" * 100, 5)
+        ('conv-22', 'a\\\\nb', 'xxxxx... (100 characters)')
+    """
+    shown = "".join(
+        c if c.isprintable() and c != "\\" else repr(c)[1:-1] for c in text[:limit]
+    )
+    return shown if len(text) <= limit else f"{shown}... ({len(text):,} characters)"
+
+
+def _shown(value: object) -> str:
+    """A refused value for a skipped line's reason: its repr, cut to ``MAX_VALUE_CHARS``."""
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
+        text = repr(value[:MAX_VALUE_CHARS])
+        return f"{text}... ({len(value):,} characters)"
+    text = repr(value)
+    if len(text) > MAX_VALUE_CHARS:
+        return f"{text[:MAX_VALUE_CHARS]}... ({len(text):,} characters)"
+    return text
+
+
+def _json(text: str) -> object | SkippedLine:
+    """``text`` parsed as JSON, or a SkippedLine (line 0) with the reason it is not."""
+    try:
+        obj: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return SkippedLine(0, f"invalid JSON: {exc.msg} (column {exc.colno})")
+    except (ValueError, RecursionError) as exc:  # an integer too long, nesting too deep
+        return SkippedLine(0, f"invalid JSON: {printable(str(exc), MAX_VALUE_CHARS)}")
+    return obj
+
+
+def _text_number(text: str) -> float | None:
+    """A number written in ASCII decimal notation (``-1.5``, ``2e3``), else None."""
+    decimal = decimal_text(text)
+    return None if decimal is None else float(decimal)
+
+
+def iso8601_us(text: str) -> int | None:
+    """Microseconds since 1970-01-01T00:00:00Z of an ISO 8601 date and time in one of the
+    accepted forms (module docstring), rounded to the microsecond; None for any other text.
+
+    The same forms are accepted on every Python version (this does not use
+    ``datetime.fromisoformat``, which accepts more since Python 3.11).
+
+    Example::
+
+        >>> iso8601_us("1970-01-01T00:00:01.5Z"), iso8601_us("1970-01-01 01:00:00+01:00")
+        (1500000, 0)
+        >>> iso8601_us("19700101T000000Z") is None
+        True
+    """
+    m = _ISO_8601.fullmatch(text.strip())
+    if m is None:
+        return None
+    year, month, day = int(m["year"]), int(m["month"]), int(m["day"])
+    try:
+        days = date(year, month, day).toordinal() - _EPOCH_DAY
+    except ValueError:  # year 0, month 13, February 30, ...
+        return None
+    hour = int(m["hour"] or 0)
+    minute = int(m["minute"] or 0)
+    second = int(m["second"] or 0)
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    us = (((days * 24 + hour) * 60 + minute) * 60 + second) * _US_PER_S
+    fraction = m["fraction"]
+    if fraction:
+        us += round(Fraction(int(fraction) * _US_PER_S, 10 ** len(fraction)))
+    if m["sign"]:
+        oh, om = int(m["oh"]), int(m["om"] or 0)
+        if oh > 23 or om > 59:
+            return None
+        us -= (1 if m["sign"] == "+" else -1) * (oh * 60 + om) * 60 * _US_PER_S
+    return us
+
+
 def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
     """Parse one line: ``(timestamp_ms, input_length, output_length, conversation)``.
 
@@ -170,10 +309,9 @@ def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
     """
     if not text.strip():
         return "blank line"
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return f"invalid JSON: {exc.msg} (column {exc.colno})"
+    obj = _json(text)
+    if isinstance(obj, SkippedLine):
+        return obj.reason
     if not isinstance(obj, dict):
         return f"not a JSON object (got {type(obj).__name__})"
     missing = [f for f in REQUIRED_FIELDS if f not in obj]
@@ -184,17 +322,17 @@ def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
             + ", ".join(repr(f) for f in missing)
         )
     ts = obj["timestamp"]
-    if not _is_number(ts) or not math.isfinite(ts) or not 0 <= ts <= MAX_TIMESTAMP_MS:
+    if not _is_number(ts) or not 0 <= ts <= MAX_TIMESTAMP_MS:  # NaN fails the range
         return (
             f"field 'timestamp' must be a number of milliseconds from 0 to "
-            f"{MAX_TIMESTAMP_MS:.0e} (got {ts!r})"
+            f"{MAX_TIMESTAMP_MS:.0e} (got {_shown(ts)})"
         )
     for name in ("input_length", "output_length"):
         value = obj[name]
         if not _is_int(value) or not 0 <= value <= MAX_LENGTH_TOKENS:
             return (
                 f"field {name!r} must be an integer from 0 to {MAX_LENGTH_TOKENS:,} "
-                f"(got {value!r})"
+                f"(got {_shown(value)})"
             )
     hash_ids = obj["hash_ids"]
     if not isinstance(hash_ids, list):
@@ -202,7 +340,7 @@ def _parse_line(text: str) -> tuple[int | float, int, int, int] | str:
     if len(hash_ids) < 2:
         return "field 'hash_ids' needs at least 2 block ids (hash_ids[1] is the conversation)"
     if not _is_int(hash_ids[1]):
-        return f"field 'hash_ids' must hold integers (hash_ids[1] is {hash_ids[1]!r})"
+        return f"field 'hash_ids' must hold integers (hash_ids[1] is {_shown(hash_ids[1])})"
     return ts, obj["input_length"], obj["output_length"], hash_ids[1]
 
 
@@ -222,18 +360,15 @@ def _decoded(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | SkippedL
 
 
 def _detect(text: str) -> str | None:
-    """The format a line shows: ``"csv"`` (not a JSON object: a CSV header), ``"mooncake"``,
-    ``"generic"`` (a JSON object with ``hash_ids`` / with ``key``), or None (blank or not
-    telling)."""
+    """The format a line shows: ``"csv"`` (not a JSON object, with a comma: a CSV header),
+    ``"mooncake"`` or ``"generic"`` (a JSON object with ``hash_ids`` / with ``key``), or
+    None (not telling)."""
     stripped = text.strip()
     if not stripped:
         return None
     if not stripped.startswith("{"):
-        return "csv"
-    try:
-        obj = json.loads(stripped)
-    except json.JSONDecodeError:
-        return None
+        return "csv" if "," in stripped else None
+    obj = _json(stripped)
     if not isinstance(obj, dict):
         return None
     if "hash_ids" in obj:
@@ -273,28 +408,23 @@ def _generic_timestamp_us(value: object) -> int | str:
     reason it is not valid."""
     seconds: float | None = None
     if _is_number(value):
-        seconds = float(value)  # type: ignore[arg-type]
+        seconds = value  # type: ignore[assignment]
     elif isinstance(value, str):
-        text = value.strip()
-        try:
-            seconds = float(text)
-        except ValueError:
-            try:
-                when = datetime.fromisoformat(text[:-1] + "+00:00" if text[-1:] in "Zz" else text)
-            except ValueError:
+        seconds = _text_number(value)
+        if seconds is None:
+            us = iso8601_us(value)
+            if us is None:
                 return (
-                    f"field 'timestamp' must be seconds or an ISO 8601 date and time "
-                    f"(got {value!r})"
+                    "field 'timestamp' must be seconds or an ISO 8601 date and time such as "
+                    f"2025-03-04T09:00:00.120Z (got {_shown(value)})"
                 )
-            if when.tzinfo is None:
-                when = when.replace(tzinfo=timezone.utc)
-            return (when - _EPOCH) // _MICROSECOND
-    if seconds is None or not math.isfinite(seconds) or abs(seconds) > MAX_GENERIC_TIMESTAMP_S:
+            return us
+    if seconds is None or not -MAX_GENERIC_TIMESTAMP_S <= seconds <= MAX_GENERIC_TIMESTAMP_S:
         return (
             f"field 'timestamp' must be a number of seconds within "
-            f"+-{MAX_GENERIC_TIMESTAMP_S:.0e} or an ISO 8601 date and time (got {value!r})"
+            f"+-{MAX_GENERIC_TIMESTAMP_S:.0e} or an ISO 8601 date and time (got {_shown(value)})"
         )
-    return round(seconds * 1_000_000)
+    return round(seconds * _US_PER_S)
 
 
 def _parse_generic_record(
@@ -314,33 +444,27 @@ def _parse_generic_record(
     if _is_int(key):
         key = str(key)
     if not isinstance(key, str):
-        return f"field 'key' must be a string (got {key!r})"
+        return f"field 'key' must be a string (got {_shown(key)})"
     duration = record.get("duration_s")
     if not _absent(duration):
         seconds: float | None = None
         if _is_number(duration):
-            seconds = float(duration)  # type: ignore[arg-type]
+            seconds = duration  # type: ignore[assignment]
         elif isinstance(duration, str):
-            try:
-                seconds = float(duration)
-            except ValueError:
-                seconds = None
-        if seconds is None or not 0 <= seconds <= MAX_DURATION_S:
+            seconds = _text_number(duration)
+        if seconds is None or not 0 <= seconds <= MAX_DURATION_S:  # NaN fails the range
             return (
                 f"field 'duration_s' must be a number of seconds from 0 to "
-                f"{MAX_DURATION_S:.1e} (got {duration!r})"
+                f"{MAX_DURATION_S:.1e} (got {_shown(duration)})"
             )
-        return ts, key, round(seconds * 1_000_000), 0
+        return ts, key, round(seconds * _US_PER_S), 0
     tokens = record["output_tokens"]
-    if isinstance(tokens, str):
-        try:
-            tokens = int(tokens.strip())
-        except ValueError:
-            pass
+    if isinstance(tokens, str) and _INTEGER.fullmatch(tokens.strip()):
+        tokens = int(tokens.strip())
     if not _is_int(tokens) or not 0 <= tokens <= MAX_LENGTH_TOKENS:  # type: ignore[operator]
         return (
             f"field 'output_tokens' must be an integer from 0 to {MAX_LENGTH_TOKENS:,} "
-            f"(got {record['output_tokens']!r})"
+            f"(got {_shown(record['output_tokens'])})"
         )
     return ts, key, None, tokens  # type: ignore[return-value]
 
@@ -376,10 +500,9 @@ def _generic_records(
                     )
                 continue
         if mode == "json":
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                yield lineno, SkippedLine(lineno, f"invalid JSON: {exc.msg} (column {exc.colno})")
+            obj = _json(text)
+            if isinstance(obj, SkippedLine):
+                yield lineno, SkippedLine(lineno, obj.reason)
                 continue
             if not isinstance(obj, dict):
                 yield lineno, SkippedLine(
@@ -440,6 +563,58 @@ def _parse_generic(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
         for i, (ts, lineno, key, duration_us, tokens) in enumerate(parsed)
     )
     return Trace(requests, tuple(skipped), "", "generic")
+
+
+def service_times_us(trace: Trace, tpot_ms: float | None = None) -> tuple[list[int], float | None]:
+    """Each request's service time in whole microseconds, in ``trace.requests`` order, and
+    the work per output token used (None when no request needed one): the one rule of
+    ``lanequeue replay`` and ``lanequeue plan``.
+
+    A request's service time is its ``duration_s`` (generic format), else
+    ``output_tokens * tpot_ms`` rounded to the microsecond.
+
+    Args:
+        trace: the requests.
+        tpot_ms: milliseconds of work per output token (0 to 60,000). None: 30
+            (:data:`DEFAULT_TPOT_MS`) for a Mooncake trace; a generic trace whose lines
+            give ``output_tokens`` must name it, since only the operator knows their model's
+            speed.
+
+    Raises:
+        TypeError: ``tpot_ms`` not a number.
+        ValueError: ``tpot_ms`` out of range, or missing where it is needed.
+
+    Example::
+
+        >>> t = parse_trace_lines(["timestamp,key,duration_s,output_tokens", "0,a,1.5,",
+        ...                        "1,b,,10"], trace_format="auto")
+        >>> service_times_us(t, tpot_ms=20)
+        ([1500000, 200000], 20.0)
+    """
+    tpot_ms = check_tpot_ms(tpot_ms)
+    reqs = trace.requests
+    needs_tpot = any(r.duration_us is None for r in reqs)
+    if needs_tpot and tpot_ms is None:
+        if trace.format != "mooncake":
+            raise SettingError(
+                "tpot_ms",
+                "the trace gives output_tokens: name the work per output token with "
+                "tpot_ms (--tpot-ms MS)",
+            )
+        tpot_ms = DEFAULT_TPOT_MS
+    tpot_us = Fraction(tpot_ms if tpot_ms is not None else 0) * 1000
+    if tpot_us.denominator == 1:
+        per_token = int(tpot_us)
+        work = [
+            r.duration_us if r.duration_us is not None else r.output_length * per_token
+            for r in reqs
+        ]
+    else:
+        work = [
+            r.duration_us if r.duration_us is not None else round(r.output_length * tpot_us)
+            for r in reqs
+        ]
+    return work, tpot_ms if needs_tpot else None
 
 
 def parse_trace_lines(

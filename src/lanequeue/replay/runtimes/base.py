@@ -200,13 +200,15 @@ def add_plan_lanes(queue: Q, plan: ReplayPlan) -> Q:
 
 
 def check_workers(workers: int) -> None:
-    """Check a count of worker processes.
+    """Check a count of worker processes (1 to 1024).
 
     Raises:
-        ValueError: ``workers`` is not an integer >= 1.
+        TypeError: ``workers`` is not an integer.
+        ValueError: ``workers`` is out of range.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    from lanequeue.replay._checks import MAX_PROCESSES, check_count
+
+    check_count(workers, "workers", maximum=MAX_PROCESSES)
 
 
 @runtime_checkable

@@ -1,0 +1,166 @@
+"""Range checks of the replay's and the planner's settings, in one place.
+
+Every setting of :class:`~lanequeue.replay.ReplayConfig`, :class:`~lanequeue.replay.plan.
+PlanGoal`, :func:`~lanequeue.replay.plan.plan_capacity` and
+:func:`~lanequeue.replay.plan.verify_plan` is checked by these functions, and only there:
+the command line passes its options straight through and names the option of a refused
+setting from :attr:`SettingError.setting`.
+
+The bounds keep every derived time finite and every loop bounded: NaN and infinities are
+refused, and so are numbers beyond the documented maxima (a count of 10**30 is as much a
+typo as -1).
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+__all__ = [
+    "MAX_COUNT",
+    "MAX_PROCESSES",
+    "MAX_SECONDS",
+    "MAX_SPEED",
+    "MAX_TPOT_MS",
+    "MIN_SPEED",
+    "SettingError",
+    "check_count",
+    "check_seconds",
+    "check_speed",
+    "check_tpot_ms",
+    "decimal_text",
+]
+
+#: Largest cap, registry size or request count a setting may name.
+MAX_COUNT = 1_000_000_000
+#: Largest number of processes (``workers``, ``jobs``).
+MAX_PROCESSES = 1024
+#: Largest duration setting (a wait goal, an idle timeout), seconds: about 31 years.
+MAX_SECONDS = 1e9
+#: Range of ``speed`` (trace time is divided by it).
+MIN_SPEED = 1e-6
+MAX_SPEED = 1e6
+#: Largest work per output token, milliseconds (a minute per token).
+MAX_TPOT_MS = 60_000.0
+
+
+# Numbers in text: ASCII decimal notation only, so that what Python's float(), int() and
+# Fraction() also take (underscores, "nan", "inf", "2/3", other scripts' digits; Fraction
+# takes underscores only from Python 3.11) is refused alike on every Python.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+
+
+def decimal_text(text: str) -> str | None:
+    """``text`` without surrounding blanks if it is a number in ASCII decimal notation (an
+    optional sign, digits with an optional ``.`` fraction, an optional exponent of at most
+    4 digits: ``-1.5``, ``.5``, ``2e3``), else None.
+
+    Example::
+
+        >>> decimal_text(" 2.5e-1 "), decimal_text("1_000"), decimal_text("nan")
+        ('2.5e-1', None, None)
+    """
+    text = text.strip()
+    return text if _DECIMAL.fullmatch(text) else None
+
+
+class SettingError(ValueError):
+    """A setting out of range.
+
+    Attributes:
+        setting: the name of the refused setting (a keyword argument or config field, e.g.
+            ``"speed"``); the command line names its option from it.
+    """
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message: a huge integer by its size, not its digits."""
+    if isinstance(value, Fraction):
+        if value.denominator != 1:
+            try:
+                return f"{float(value):g}"
+            except OverflowError:
+                return "a number beyond the floats' range"
+        value = value.numerator
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    return str(value)
+
+
+def _number(value: object, name: str, what: str) -> float | Fraction:
+    if isinstance(value, bool) or not isinstance(value, (int, float, Fraction)):
+        raise TypeError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def check_seconds(
+    value: object, name: str, *, maximum: float = MAX_SECONDS
+) -> float | Fraction | int:
+    """Return ``value``, a number of seconds from 0 to ``maximum`` (int, float or Fraction).
+
+    Raises:
+        TypeError: not a number (``bool`` included).
+        SettingError: NaN, negative, infinite or above ``maximum``.
+    """
+    v = _number(value, name, "a number of seconds")
+    if not 0 <= v <= maximum:  # NaN fails too
+        raise SettingError(
+            name,
+            f"{name} must be a number of seconds from 0 to {maximum:g}, got {_shown(value)}",
+        )
+    return v
+
+
+def check_speed(value: object, name: str = "speed") -> float:
+    """Return ``value`` as a float from :data:`MIN_SPEED` to :data:`MAX_SPEED`.
+
+    Raises:
+        TypeError: not a number.
+        SettingError: NaN, infinite, or out of that range (0 and negatives included).
+    """
+    v = _number(value, name, "a number")
+    if not MIN_SPEED <= v <= MAX_SPEED:
+        raise SettingError(
+            name,
+            f"{name} must be a number from {MIN_SPEED:g} to {MAX_SPEED:g}, got {_shown(value)}",
+        )
+    return float(v)
+
+
+def check_tpot_ms(value: object, name: str = "tpot_ms") -> float | None:
+    """Return ``value`` (None, or milliseconds from 0 to :data:`MAX_TPOT_MS`) as a float.
+
+    Raises:
+        TypeError: not a number or None.
+        SettingError: NaN, negative, infinite or above the maximum.
+    """
+    if value is None:
+        return None
+    v = _number(value, name, "a number of milliseconds")
+    if not 0 <= v <= MAX_TPOT_MS:
+        raise SettingError(
+            name,
+            f"{name} must be a number of milliseconds from 0 to {MAX_TPOT_MS:g}, "
+            f"got {_shown(value)}",
+        )
+    return float(v)
+
+
+def check_count(value: object, name: str, *, maximum: int = MAX_COUNT) -> int:
+    """Return ``value``, an integer from 1 to ``maximum``.
+
+    Raises:
+        TypeError: not an int (``bool`` and floats included).
+        SettingError: below 1 or above ``maximum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if not 1 <= value <= maximum:
+        raise SettingError(
+            name, f"{name} must be an integer from 1 to {maximum:,}, got {_shown(value)}"
+        )
+    return value
