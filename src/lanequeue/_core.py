@@ -161,7 +161,7 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from ._errors import LaneClearedError, LaneDrainingError
-from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
+from ._obs import HELD_BATCH, WAIT_BUCKETS, Histogram, HistogramSnapshot
 
 __all__ = ["CLEARED", "DRAINED", "Core", "CountingCore", "LaneStats", "SessionCore", "Waiter"]
 
@@ -662,11 +662,14 @@ class SessionCore(_CoreBase):
                 return False  # another thread's drain ended it
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
-                if self.hold_hist is not None:
-                    self.hold_hist.observe(self._clock() - entry.since)
                 line = entry.line
                 waiter = None if line is None else self._next_waiter(line)
                 now = self._clock()
+                held = self.hold_hist
+                if held is not None:  # hold times: one append, bucketed in batches
+                    held.append(now - entry.since)
+                    if len(held) >= HELD_BATCH:
+                        held.fold()
                 # -- commit: plain stores only, then one last call --
                 if dropped is not None:
                     del self._dropped[0]
@@ -890,8 +893,11 @@ class CountingCore(_CoreBase):
                 token = next((t for t, h in holds.items() if h[0] == key), 0)
                 found = token != 0
             if found:
-                if self.hold_hist is not None:
-                    self.hold_hist.observe(self._clock() - holds[token][1])
+                held = self.hold_hist
+                if held is not None:  # hold times: one append, bucketed in batches
+                    held.append(self._clock() - holds[token][1])
+                    if len(held) >= HELD_BATCH:
+                        held.fold()
                 line = self._line
                 waiter = self._next_waiter(line) if line else None
                 # A fresh table once the last waiter leaves: drop the table a long line
