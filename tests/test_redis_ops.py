@@ -119,3 +119,37 @@ def test_queue_with_a_backend_gives_its_lanes_the_operations_arguments(
                  queue.add_session_lane("s", backend=backend)):
         assert lane.warn_after_s == 0.5 and lane.warn_hold_s == 7.0
         assert lane.on_wait is not None
+
+
+def test_slow_wait_names_this_process_waiters_ahead_and_its_holder(
+    redis_client: Any, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The slow-wait report of a Redis waiter counts the waiters of this lane object that
+    came before it for the key, and gives the age of this object's hold of the key."""
+    calls: list[tuple[Any, ...]] = []
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, timeout_s=8,
+                            warn_after_s=0.1, on_wait=lambda *a: calls.append(a),
+                            warn_hold_s=0.05)
+    assert lane.try_acquire("k")
+    first = threading.Thread(target=lambda: lane.acquire_timeout("k", 8) and None)
+    first.start()
+    _until(lambda: lane.waiting == 1)
+    second = threading.Thread(target=lambda: lane.acquire_timeout("k", 8) and None)
+    with caplog.at_level("WARNING", logger="lanequeue"):
+        second.start()
+        _until(lambda: len(calls) == 2)
+        assert lane.status()["waiting"] == 2
+    assert sorted(c[3] for c in calls) == [0, 1]
+    assert all(c[0] is lane and c[1] == "k" and c[2] >= 0.1 for c in calls)
+    slow = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
+    assert len(slow) == 2 and all("held for -" not in m for m in slow)
+    held = [r.getMessage() for r in caplog.records if "has held its permit" in r.getMessage()]
+    assert len(held) == 1  # the long hold, logged once
+    assert lane.manual_release("k")  # to the first waiter, then to the second
+    _until(lambda: lane.active_count == 1 and lane.waiting == 1)
+    assert lane.manual_release("k")
+    _until(lambda: lane.active_count == 1 and lane.waiting == 0)
+    assert lane.manual_release("k")
+    first.join(8)
+    second.join(8)
+    assert lane.active_count == 0 and lane.waiting == 0

@@ -33,11 +33,12 @@ _EMPTY_WAIT = Histogram(WAIT_BUCKETS)
 class _Waiter:
     """One acquisition of this process in progress (from its first script to its end)."""
 
-    __slots__ = ("key", "since", "in_line", "end", "warned")
+    __slots__ = ("key", "since", "ahead", "in_line", "end", "warned")
 
-    def __init__(self, key: str, since: float) -> None:
+    def __init__(self, key: str, since: float, ahead: int) -> None:
         self.key = key
         self.since = since  # time.monotonic() at the call
+        self.ahead = ahead  # this process's acquisitions of the key already under way
         self.in_line = False  # reached its first bounded wait
         self.end: BaseException | None = None  # cleared or drained: how it must end
         self.warned = False
@@ -57,6 +58,8 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         self._ops_init(f"{type(self).__name__}() argument", warn_after_s, on_wait, warn_hold_s)
         self._draining = False
         self._ops_waiters: dict[str, _Waiter] = {}
+        # Per key, this object's acquisitions under way (the ``ahead`` of a newcomer).
+        self._ops_per_key: dict[str, int] = {}
         self._wait_hist = Histogram(WAIT_BUCKETS)
         self._wait_zeros = 0
         self._hold_hist: Histogram | None = None
@@ -67,9 +70,12 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         if self._draining:
             raise LaneDrainingError(self.name, hold.key)
         owner = hold.owner
-        w = _Waiter(hold.key, time.monotonic())
+        key = hold.key
+        per_key = self._ops_per_key
         with self._lock:
-            self._ops_waiters[owner] = w
+            n = per_key.get(key, 0)
+            per_key[key] = n + 1
+            w = self._ops_waiters[owner] = _Waiter(key, time.monotonic(), n)
         granted = failed = False
         try:
             granted = yield from super()._take(hold, timeout, kept)
@@ -90,6 +96,11 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             now = time.monotonic()
             with self._lock:
                 del self._ops_waiters[owner]
+                n = per_key[key] - 1
+                if n:
+                    per_key[key] = n
+                else:
+                    del per_key[key]
                 if granted and not w.in_line:
                     self._wait_zeros += 1
                 elif w.in_line or (not failed and timeout != 0):
@@ -98,7 +109,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                     and now - w.since >= self.warn_after_s):
                 # The warning comes no later than the end of the wait.
                 w.warned = True
-                self._slow_wait(w.key, now - w.since, self._ahead(w))
+                self._slow_wait(w.key, now - w.since, w.ahead)
 
     def _ops_block(self, owner: str, block: float) -> float:
         """Before a bounded wait of ``owner`` (up to ``block`` s): how long to wait. Raises
@@ -131,17 +142,11 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             waited = time.monotonic() - w.since
             if waited >= limit:
                 w.warned = True
-                self._slow_wait(w.key, waited, self._ahead(w))
+                self._slow_wait(w.key, waited, w.ahead)
 
     def _ops_wake(self, owner: str) -> None:
         """Wake ``owner``'s bounded wait now (the face's)."""
         raise NotImplementedError
-
-    def _ahead(self, w: _Waiter) -> int:
-        """Waiters of this process for the same key that came before ``w``."""
-        with self._lock:
-            return sum(1 for x in self._ops_waiters.values()
-                       if x is not w and x.key == w.key and x.since < w.since)
 
     def _release_result(self, hold: H, ok: bool) -> bool:
         hist = self._hold_hist
@@ -165,8 +170,20 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         return out
 
     def _holder_age(self, key: str) -> float | None:
-        ages = [age for k, _, age in self._hold_list() if k == key]
-        return max(ages) if ages else None
+        """Seconds this object's oldest live hold that a waiter of ``key`` waits behind
+        has lasted (per-key lane: of ``key``; counting lane: of any key); None: none."""
+        now = time.monotonic()
+        oldest: float | None = None
+        with self._lock:
+            groups = [self._holds.get(key, [])] if self._kind_label == "session" \
+                else list(self._holds.values())
+            for entries in groups:
+                for entry in entries:
+                    h = entry()
+                    if h is not None and not h.lost:
+                        oldest = h._since if oldest is None else min(oldest, h._since)
+                        break
+        return None if oldest is None else now - oldest
 
     def _end_waiters(self, key: str | None, err: type[LaneClearedError | LaneDrainingError]
                      ) -> int:
@@ -208,6 +225,13 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             sessions.clear("gateway:web:42")   # this replica's queued turns go
         """
         return self._end_waiters(plain_key(key), LaneClearedError)
+
+    def status(self) -> dict[str, Any]:
+        """A JSON-ready picture of this lane object (no Redis round trip). Also logs the
+        holds past ``warn_hold_s`` not logged yet."""
+        if self.warn_hold_s is not None:
+            self._check_holds(self._hold_list())
+        return super().status()
 
     def track_holds(self) -> None:
         """Start observing hold times for ``lanequeue_hold_seconds`` (idempotent): a
