@@ -339,3 +339,18 @@ def test_fold_buckets_values_on_the_bounds_as_observe_does() -> None:
     assert batch.snapshot() == one.snapshot()
     assert batch.snapshot().counts[0] == 2  # 0.0 and the first bound itself
     assert len(batch) == 0
+
+
+def test_fold_of_a_batch_within_one_bucket() -> None:
+    """A batch whose values all fall in one bucket (the usual one: a busy lane's holds
+    are alike) is counted there at once, the same as value by value."""
+    from lanequeue._obs import HOLD_BUCKETS, Histogram
+
+    for values in ([0.0, 0.0004, 0.001], [0.02, 0.05, 0.03], [4000.0, 1e6]):
+        one, batch = Histogram(HOLD_BUCKETS), Histogram(HOLD_BUCKETS)
+        for v in values:
+            one.observe(v)
+            batch.append(v)
+        batch.fold()
+        assert batch.counts == one.counts and batch.sum == pytest.approx(one.sum)
+        assert sum(1 for n in batch.counts if n) == 1

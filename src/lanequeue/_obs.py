@@ -72,11 +72,18 @@ class Histogram(list[float]):
         held = self
         if not held:
             return
+        bounds = self.bounds
+        lo = bisect_left(bounds, min(held))
+        if lo == bisect_left(bounds, max(held)):  # all in one bucket (the usual batch)
+            self.counts[lo] += len(held)
+            self.sum += sum(held)
+            held.clear()
+            return
         # Sorted once (in C), then one search per bound instead of one per value.
         held.sort()
         counts = self.counts
         below = 0
-        for i, bound in enumerate(self.bounds):
+        for i, bound in enumerate(bounds):
             upto = bisect_right(held, bound)
             counts[i] += upto - below
             below = upto
