@@ -149,19 +149,22 @@ class Face:
 
     # -- making lanes --------------------------------------------------------------------
 
-    def lane(self, name: str = "lane", *, timeout_s: float | None = 5.0, cap: int = 1) -> Any:
-        """A lane of the class under test: ``cap`` permits (counting) or a per-key lane."""
+    def lane(
+        self, name: str = "lane", *, timeout_s: float | None = 5.0, cap: int = 1, **ops: Any
+    ) -> Any:
+        """A lane of the class under test: ``cap`` permits (counting) or a per-key lane;
+        ``ops``: ``warn_after_s``, ``on_wait``, ``warn_hold_s``."""
         spec = self.spec
         if spec.redis:
             b = self.backend()
             if spec.counting:
-                return b.lane(name, max_concurrent=cap, timeout_s=timeout_s)
-            return b.session_lane(name, timeout_s=timeout_s)
+                return b.lane(name, max_concurrent=cap, timeout_s=timeout_s, **ops)
+            return b.session_lane(name, timeout_s=timeout_s, **ops)
         if spec.counting:
             cls: Any = AsyncLane if spec.is_async else Lane
-            return cls(name, max_concurrent=cap, timeout_s=timeout_s)
+            return cls(name, max_concurrent=cap, timeout_s=timeout_s, **ops)
         cls = AsyncSessionLane if spec.is_async else SessionLane
-        return cls(name, timeout_s=timeout_s)
+        return cls(name, timeout_s=timeout_s, **ops)
 
     def queue(self) -> Any:
         """An empty queue of this face."""

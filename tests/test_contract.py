@@ -22,11 +22,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from contract_face import SPECS, Body, Face
+from contract_face import BOUND_S, SPECS, Body, Face
 
 from lanequeue import (
     AsyncLane,
     Lane,
+    LaneClearedError,
+    LaneDrainingError,
     LaneStats,
     LaneTimeoutError,
     NotOwnerError,
@@ -616,3 +618,209 @@ async def test_raw_pair(f: Face) -> None:
     assert lane.stats.timeouts == 1
     assert await f.q(lane._raw_release("k")) is None
     assert lane.active_count == 0
+
+
+# -- operations: lifecycle, stuck holds, slow waits, metrics (Redis lanes: this process) --
+
+
+@contract
+async def test_drain_refuses_new_acquisitions_and_waits_for_holders(f: Face) -> None:
+    """``drain()`` refuses every new acquisition at once (``acquire``, ``try_acquire``,
+    ``acquire_timeout``) with LaneDrainingError; the holder finishes; with the default
+    timeout it returns at once (False while held); ``wait_idle`` returns False when its
+    timeout passes and True once the holder left."""
+    lane = f.lane()
+    hold = await f.enter(lane.acquire("k"))
+    assert lane.draining is False
+    assert await f.q(lane.drain()) is False
+    assert lane.draining is True
+    with pytest.raises(LaneDrainingError):
+        await f.q(lane.try_acquire("other"))
+    with pytest.raises(LaneDrainingError):
+        await f.q(lane.acquire_timeout("other", 0.1))
+    with pytest.raises(LaneDrainingError):
+        await f.enter(lane.acquire("other"))
+    assert await f.q(lane.wait_idle(0.05)) is False
+    assert hold.held
+    await f.leave(hold)
+    assert await f.q(lane.wait_idle(BOUND_S)) is True
+    assert await f.q(lane.drain(1.0)) is True
+    assert lane.stats.acquired == 1 and lane.active_count == 0
+
+
+@contract
+async def test_drain_keeps_waiters_unless_cancel_waiting(f: Face) -> None:
+    """A waiter keeps its place through ``drain()`` and is granted when the holder leaves;
+    ``drain(cancel_waiting=True)`` ends the waits with LaneDrainingError, holders keep
+    their permits."""
+    lane = f.lane(timeout_s=None)
+
+    async def wait_for_k() -> int:
+        async with f.hold(lane.acquire("k")) as h:
+            return int(h.token)
+
+    hold = await f.enter(lane.acquire("k"))
+    kept = f.spawn(wait_for_k)
+    await f.until(lambda: lane.waiting == 1)
+    assert await f.q(lane.drain(0.0)) is False
+    await asyncio.sleep(0.05)
+    assert not kept.done  # still in line
+    await f.leave(hold)
+    assert await kept.join() > hold.token  # served after the drain began
+    assert await f.q(lane.wait_idle(BOUND_S)) is True
+
+    lane2 = f.lane("lane2", timeout_s=None)
+    hold2 = await f.enter(lane2.acquire("k"))
+    ended = f.spawn(lambda: _acquire_and_return(f, lane2, "k"))
+    await f.until(lambda: lane2.waiting == 1)
+    assert await f.q(lane2.drain(0.0, cancel_waiting=True)) is False
+    with pytest.raises(LaneDrainingError):
+        await ended.join()
+    assert hold2.held and lane2.active_count == 1 and lane2.waiting == 0
+    await f.leave(hold2)
+    assert await f.q(lane2.wait_idle(BOUND_S)) is True
+
+
+async def _acquire_and_return(f: Face, lane: Any, key: str) -> int:
+    async with f.hold(lane.acquire(key)) as h:
+        return int(h.token)
+
+
+@contract
+async def test_clear_ends_the_waits_of_one_key(f: Face) -> None:
+    """``clear(key)`` ends every wait for ``key`` with LaneClearedError and returns how
+    many; the holder keeps its permit; the lane serves new callers afterwards."""
+    lane = f.lane(timeout_s=None)
+    hold = await f.enter(lane.acquire("k"))
+    waiters = [f.spawn(lambda: _acquire_and_return(f, lane, "k")) for _ in range(2)]
+    await f.until(lambda: lane.waiting == 2)
+    assert lane.clear("other") == 0
+    assert lane.clear("k") == 2
+    for w in waiters:
+        with pytest.raises(LaneClearedError):
+            await w.join()
+    assert lane.clear("k") == 0
+    assert hold.held and lane.active_count == 1
+    await f.until(lambda: lane.waiting == 0)
+    await f.leave(hold)
+    assert await _acquire_and_return(f, lane, "k") > hold.token
+    with pytest.raises((TypeError, ValueError)):
+        lane.clear("")
+
+
+@contract
+async def test_close_ends_waits_and_refuses_new_ones(f: Face) -> None:
+    """``close()``: every wait ends with LaneDrainingError at once, new acquisitions are
+    refused, the holder releases as usual; idempotent."""
+    lane = f.lane(timeout_s=None)
+    hold = await f.enter(lane.acquire("k"))
+    waiter = f.spawn(lambda: _acquire_and_return(f, lane, "k"))
+    await f.until(lambda: lane.waiting == 1)
+    lane.close()
+    with pytest.raises(LaneDrainingError):
+        await waiter.join()
+    assert lane.draining
+    with pytest.raises(LaneDrainingError):
+        await f.q(lane.try_acquire("k"))
+    await f.leave(hold)
+    lane.close()
+    assert await f.q(lane.wait_idle(BOUND_S)) is True
+
+
+@contract
+async def test_queue_operations_apply_to_every_lane(f: Face) -> None:
+    """A queue's ``drain``/``clear``/``stuck``/``close`` reach its lanes of every class."""
+    queue = f.queue()
+    lane = queue.add(f.lane("x", timeout_s=None))
+    hold = await f.enter(lane.acquire("k"))
+    assert [s.key for s in queue.stuck(0)["x"]] == ["k"]
+    waiter = f.spawn(lambda: _acquire_and_return(f, lane, "k"))
+    await f.until(lambda: lane.waiting == 1)
+    assert queue.clear("k") == 1
+    with pytest.raises(LaneClearedError):
+        await waiter.join()
+    assert await f.q(queue.drain(0.0)) is False
+    assert lane.draining
+    await f.leave(hold)
+    assert await f.q(queue.wait_idle(BOUND_S)) is True
+
+
+@contract
+async def test_stuck_lists_old_holds_with_their_tokens(f: Face) -> None:
+    """``stuck(s)`` lists the holds older than ``s`` seconds (key, age, fencing token),
+    oldest first; ``warn_hold_s`` logs a long hold once."""
+    lane = f.lane(cap=2, warn_hold_s=0.05)
+    with _captured() as logs:
+        first = await f.enter(lane.acquire("a"))
+        await asyncio.sleep(0.1)
+        second = await f.enter(lane.acquire("b"))
+        found = lane.stuck(0)
+        assert [(s.key, s.token) for s in found] == [("a", first.token), ("b", second.token)]
+        assert found[0].age_s >= 0.1 > found[1].age_s
+        assert [s.key for s in lane.stuck(0.05)] == ["a"]
+        assert lane.stuck(3600) == []
+        lane.stuck(0)
+        long_holds = [r.getMessage() for r in logs.records if "has held" in r.getMessage()]
+        assert len(long_holds) == 1 and "'a'" in long_holds[0]
+        await f.leave(second)
+        await f.leave(first)
+    assert lane.stuck(0) == []
+    with pytest.raises((TypeError, ValueError)):
+        lane.stuck(-1)
+
+
+@contract
+async def test_slow_wait_is_reported_once_during_the_wait(f: Face) -> None:
+    """A wait past ``warn_after_s`` is logged ONCE and ``on_wait(lane, key, waited_s,
+    ahead)`` called once; a wait with a timeout is reported while it still waits (a wait
+    without one may be reported when it ends, never later)."""
+    calls: list[tuple[Any, str, float, int]] = []
+    lane = f.lane(timeout_s=BOUND_S, warn_after_s=0.1,
+                  on_wait=lambda *a: calls.append(a))
+    with _captured() as logs:
+        hold = await f.enter(lane.acquire("k"))
+        waiter = f.spawn(lambda: _acquire_and_return(f, lane, "k"))
+        await f.until(lambda: len(calls) == 1)
+        assert not waiter.done  # reported during the wait
+        await asyncio.sleep(0.3)
+        await f.leave(hold)
+        await waiter.join()
+    assert len(calls) == 1
+    who, key, waited, ahead = calls[0]
+    assert who is lane and key == "k" and waited >= 0.1 and ahead == 0
+    slow = [r.getMessage() for r in logs.records if "has waited" in r.getMessage()]
+    assert len(slow) == 1 and "'k'" in slow[0]
+
+
+@contract
+async def test_metrics_snapshot_counts_waits_and_holds(f: Face) -> None:
+    """``metrics_snapshot()`` after a scripted run: counters match ``stats``, every
+    acquisition observed its wait (immediate grants as 0), every release its hold time
+    (after ``track_holds``); Redis lanes label it ``scope="process"``."""
+    lane = f.lane(timeout_s=None)
+    lane.track_holds()
+    async with f.hold(lane.acquire("k")):
+        await asyncio.sleep(0.02)
+    hold = await f.enter(lane.acquire("k"))
+    waiter = f.spawn(lambda: _acquire_and_return(f, lane, "k"))
+    await f.until(lambda: lane.waiting == 1)
+    await asyncio.sleep(0.05)
+    assert await f.q(lane.try_acquire("k")) is False
+    snaps = lane.metrics_snapshot()
+    mine = snaps[0]
+    assert mine.lane == "lane" and mine.kind == ("counting" if f.counting else "session")
+    assert mine.scope == ("process" if f.spec.redis else None)
+    assert mine.stats.waiters == 1 and mine.stats.holders == 1
+    assert mine.oldest_wait_s >= 0.05
+    await f.leave(hold)
+    await waiter.join()
+    m = lane.metrics_snapshot()[0]
+    assert m.stats == lane.stats
+    assert m.stats.acquired == 3 and m.stats.rejected == 1
+    assert m.wait.count == 3 and m.wait.counts[0] >= 2  # two immediate grants
+    assert m.wait.sum >= 0.05
+    assert m.hold is not None and m.hold.count == 3 and m.hold.sum >= 0.02
+    assert m.leases_lost == 0 and m.oldest_wait_s == 0.0
+    if f.spec.redis and f.counting and not f.is_async:
+        wide = lane.metrics_snapshot()[1]
+        assert wide.scope == "lane" and wide.stats.holders == 0

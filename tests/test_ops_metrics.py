@@ -297,3 +297,60 @@ def test_asyncio_waits_are_observed_on_the_loop_clock() -> None:
         assert m.wait.counts[m.wait.bounds.index(1.0)] == 1  # the granted one: 0.7 s
     finally:
         loop.shutdown()
+
+
+@pytest.mark.parametrize("cls", [Lane, SessionLane])
+def test_hold_times_appended_then_bucketed_in_batches_match_bucket_by_bucket(
+    cls: Any, fake_clock: FakeClock
+) -> None:
+    """A release appends its hold time; the lane buckets them every HELD_BATCH releases
+    and at read time. Across several batches the histogram equals one built value by
+    value, and the appended list never grows past a batch."""
+    from lanequeue._obs import HELD_BATCH, HOLD_BUCKETS, Histogram
+
+    lane = cls(clock=fake_clock) if cls is SessionLane else cls("g", clock=fake_clock)
+    lane.track_holds()
+    expected = Histogram(HOLD_BUCKETS)
+    # Lengths in most buckets, and past the last bound (none ON a bound: the fake
+    # clock's sums are floats).
+    lengths = [0.0, 0.0005, 0.0011, 0.04, 0.4, 0.9, 7.0, 3000.0, 4000.0]
+    for i in range(2 * HELD_BATCH + 7):
+        length = lengths[i % len(lengths)]
+        with lane.acquire(f"k{i % 3}"):
+            fake_clock.advance(length)
+        expected.observe(length)
+        assert len(lane._core.hold_hist) < HELD_BATCH
+    hold = lane.metrics_snapshot()[0].hold
+    want = expected.snapshot()
+    assert hold is not None and hold.counts == want.counts
+    assert hold.count == 2 * HELD_BATCH + 7 and hold.sum == pytest.approx(want.sum)
+
+
+def test_fold_buckets_values_on_the_bounds_as_observe_does() -> None:
+    """``counts[i]`` holds the values ``<= bounds[i]``: a value ON a bound goes to that
+    bound's bucket, whether observed at once or appended and folded."""
+    from lanequeue._obs import HOLD_BUCKETS, Histogram
+
+    values = [0.0, *HOLD_BUCKETS, *(b * 1.5 for b in HOLD_BUCKETS), 1e9]
+    one, batch = Histogram(HOLD_BUCKETS), Histogram(HOLD_BUCKETS)
+    for v in values:
+        one.observe(v)
+        batch.append(v)
+    assert batch.snapshot() == one.snapshot()
+    assert batch.snapshot().counts[0] == 2  # 0.0 and the first bound itself
+    assert len(batch) == 0
+
+
+def test_fold_of_a_batch_within_one_bucket() -> None:
+    """A batch whose values all fall in one bucket (the usual one: a busy lane's holds
+    are alike) is counted there at once, the same as value by value."""
+    from lanequeue._obs import HOLD_BUCKETS, Histogram
+
+    for values in ([0.0, 0.0004, 0.001], [0.02, 0.05, 0.03], [4000.0, 1e6]):
+        one, batch = Histogram(HOLD_BUCKETS), Histogram(HOLD_BUCKETS)
+        for v in values:
+            one.observe(v)
+            batch.append(v)
+        batch.fold()
+        assert batch.counts == one.counts and batch.sum == pytest.approx(one.sum)
+        assert sum(1 for n in batch.counts if n) == 1

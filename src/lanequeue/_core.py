@@ -167,7 +167,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Protocol
 
 from ._errors import LaneClearedError, LaneDrainingError
-from ._obs import WAIT_BUCKETS, Histogram, HistogramSnapshot
+from ._obs import HELD_BATCH, WAIT_BUCKETS, Histogram, HistogramSnapshot
 
 __all__ = [
     "CLEARED",
@@ -697,11 +697,14 @@ class SessionCore(_CoreBase):
                 return False  # another thread's drain ended it
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
-                if self.hold_hist is not None:
-                    self.hold_hist.observe(self._clock() - entry.since)
                 line = entry.line
                 waiter = None if line is None else self._next_waiter(line)
                 now = self._clock()
+                held = self.hold_hist
+                if held is not None:  # hold times: one append, bucketed in batches
+                    held.append(now - entry.since)
+                    if len(held) >= HELD_BATCH:
+                        held.fold()
                 # -- commit: plain stores only, then one last call --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1113,8 +1116,11 @@ class CountingCore(_CoreBase):
                 token = next((t for t, h in holds.items() if h[0] == key), 0)
                 found = token != 0
             if found:
-                if self.hold_hist is not None:
-                    self.hold_hist.observe(self._clock() - holds[token][1])
+                held = self.hold_hist
+                if held is not None:  # hold times: one append, bucketed in batches
+                    held.append(self._clock() - holds[token][1])
+                    if len(held) >= HELD_BATCH:
+                        held.fold()
                 if self._ranked and self._release_ranked(token, dropped):
                     return True
                 line = self._line

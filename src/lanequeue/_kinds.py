@@ -12,11 +12,11 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
-from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore, log
-from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics, StuckHold
+from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore
+from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics
+from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
 from ._validate import check_count, check_key, check_priority, check_timeout, own_signatures
 from .contract import not_held_error
 
@@ -31,6 +31,7 @@ __all__ = [
     "CountingKind",
     "Hold",
     "LaneKind",
+    "OnWait",
     "SessionKind",
     "drop_hold",
 ]
@@ -45,13 +46,8 @@ DEFAULT_GLOBAL_CONCURRENCY = 8
 DEFAULT_MAX_SESSIONS = 256
 #: Seconds an idle per-key entry is kept.
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
-#: Seconds a wait may last before it is logged as slow (``warn_after_s``).
-DEFAULT_WARN_AFTER_S = 2.0
 #: How often ``wait_idle`` looks whether the lane is idle, in seconds.
 IDLE_POLL_S = 0.01
-
-#: ``on_wait(lane, key, waited_s, ahead)``: called once per wait that passes warn_after_s.
-OnWait = Callable[[Any, str, float, int], object]
 
 
 class _Default:
@@ -68,7 +64,7 @@ LANE_DEFAULT: Any = _Default()
 C = TypeVar("C", CountingCore, SessionCore)
 
 
-class LaneKind(Generic[C]):
+class LaneKind(LaneOps, Generic[C]):
     """Name, timeout, read-only views and operations shared by every in-process lane.
 
     Every error of a constructor names the public class and the argument
@@ -102,15 +98,7 @@ class LaneKind(Generic[C]):
             raise TypeError(
                 f"{where} 'clock' must be a callable returning seconds, not {clock!r}"
             )
-        #: Seconds after which a wait is logged once as slow (None: never).
-        self.warn_after_s: float | None = check_timeout(warn_after_s, f"{where} 'warn_after_s'")
-        if on_wait is not None and not callable(on_wait):
-            raise TypeError(f"{where} 'on_wait' must be callable or None, not {on_wait!r}")
-        #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
-        self.on_wait: OnWait | None = on_wait
-        #: Seconds after which a hold is logged once as long (None: never).
-        self.warn_hold_s: float | None = check_timeout(warn_hold_s, f"{where} 'warn_hold_s'")
-        self._warned_holds: set[int] = set()
+        self._ops_init(where, warn_after_s, on_wait, warn_hold_s)
 
     # -- operations: slow waits, stuck holds, metrics, lifecycle -------------------------
 
@@ -118,64 +106,11 @@ class LaneKind(Generic[C]):
         """Now, on the clock the face measures waits with."""
         return self._core._clock()
 
-    def _slow_wait(self, key: str, waited_s: float, ahead: int) -> None:
-        """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
-        ``ahead``: the waiters that were ahead of it in line when it joined."""
-        core = self._core
-        holder_age = core.holder_age(key)
-        log.warning(
-            "lane %r: key %r has waited %.3f s for a permit (%d waiters were ahead when it "
-            "joined; the current holder has held for %s s)", self.name, key, waited_s, ahead,
-            "-" if holder_age is None else f"{holder_age:.3f}",
-        )
-        if self.warn_hold_s is not None:
-            self._check_holds(core.hold_list())
-        if self.on_wait is not None:
-            try:
-                self.on_wait(self, key, waited_s, ahead)
-            except Exception:
-                log.exception("lane %r: on_wait callback failed", self.name)
+    def _hold_list(self) -> list[tuple[str, int, float]]:
+        return self._core.hold_list()
 
-    def _check_holds(self, holds: list[tuple[str, int, float]]) -> None:
-        """Log, once per hold, the holds older than ``warn_hold_s``."""
-        limit = self.warn_hold_s
-        if limit is None:
-            return
-        warned = self._warned_holds
-        for key, token, age in holds:
-            if age >= limit and token not in warned:
-                warned.add(token)
-                log.warning("lane %r: key %r has held its permit for %.3f s (token %d)",
-                            self.name, key, age, token)
-        if warned:
-            warned.intersection_update(t for _, t, _ in holds)
-
-    def stuck(self, older_than_s: float) -> list[StuckHold]:
-        """The holds older than ``older_than_s`` seconds, oldest first.
-
-        Each is a :class:`lanequeue.StuckHold` (``key``, ``age_s``, ``token``: the hold's
-        fencing token). Also logs the holds past ``warn_hold_s`` not logged yet.
-        O(holds). Thread-safe. Raises TypeError/ValueError for a bad threshold.
-
-        Example:
-
-            >>> from lanequeue import Lane
-            >>> lane = Lane("global", max_concurrent=2)
-            >>> lane.try_acquire("job-1")
-            True
-            >>> [h.key for h in lane.stuck(0)]
-            ['job-1']
-            >>> lane.stuck(3600)
-            []
-        """
-        limit = check_timeout(older_than_s, "older_than_s")
-        holds = self._core.hold_list()
-        self._check_holds(holds)
-        if limit is None:
-            return []
-        out = [StuckHold(k, age, t) for k, t, age in holds if age >= limit]
-        out.sort(key=lambda h: -h.age_s)
-        return out
+    def _holder_age(self, key: str) -> float | None:
+        return self._core.holder_age(key)
 
     def metrics_snapshot(self) -> list[LaneMetrics]:
         """The lane's metrics now (one :class:`lanequeue.LaneMetrics`), for an exporter
@@ -261,14 +196,6 @@ class LaneKind(Generic[C]):
         key = check_key(key)
         self._check_waker()
         return self._core.end_waiters(key, cleared=True)
-
-    def close(self) -> None:
-        """Refuse new acquisitions (:class:`LaneDrainingError`) and end every wait with
-        that error, at once; holders keep their permits until they release. Idempotent;
-        the same as ``drain(0, cancel_waiting=True)`` without looking whether the lane
-        is idle. Never waits. On an asyncio lane, RuntimeError when not called from the
-        lane's event loop."""
-        self._start_drain(True)
 
     @property
     def active_count(self) -> int:

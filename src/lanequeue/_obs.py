@@ -2,8 +2,9 @@
 metrics exporter reads, and the stuck-hold record.
 
 Nothing here calls a metrics library. A lane keeps its histograms as lists of integers
-(one per bucket) that it bumps where the work already happens (the slow path of a wait, the
-release of a hold when hold metrics are on); an exporter (:mod:`lanequeue.metrics`) reads
+(one per bucket) that it bumps where the work already happens (the slow path of a wait; the
+release of a hold, when hold metrics are on, appends the hold time to a short list that is
+bucketed in batches and at read time); an exporter (:mod:`lanequeue.metrics`) reads
 :meth:`MetricsSource.metrics_snapshot` at scrape time. Any lane that offers the two
 methods of :class:`MetricsSource` (the in-process lanes do; a Redis lane can) plugs into
 the exporters.
@@ -11,7 +12,7 @@ the exporters.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from ._core import LaneStats
 
 __all__ = [
+    "HELD_BATCH",
     "HOLD_BUCKETS",
     "WAIT_BUCKETS",
     "Histogram",
@@ -37,12 +39,20 @@ WAIT_BUCKETS: tuple[float, ...] = (
 HOLD_BUCKETS: tuple[float, ...] = (
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 )
+#: Values a histogram's hot path appends to it before they are bucketed (``fold``).
+HELD_BATCH = 256
 
 
-class Histogram:
+class Histogram(list[float]):
     """Observations counted per bucket: ``counts[i]`` holds the values ``<= bounds[i]``
     and ``> bounds[i-1]``; the last count holds the values above every bound. Not
-    thread-safe by itself: its owner calls it under its own lock."""
+    thread-safe by itself: its owner calls it under its own lock.
+
+    Two ways in: :meth:`observe` buckets a value at once; a hot path (the release of a
+    hold) appends the value to the histogram itself, which is a list of the values not
+    bucketed yet (one list append: no method call, no bucket search), and calls
+    :meth:`fold` once it holds :data:`HELD_BATCH` values, which bounds its memory. A
+    snapshot folds what is left first, so both ways give the same histogram."""
 
     __slots__ = ("bounds", "counts", "sum")
 
@@ -50,14 +60,41 @@ class Histogram:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+        super().__init__()
 
     def observe(self, value: float) -> None:
         """Count ``value`` (seconds) in its bucket and add it to the sum."""
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def fold(self) -> None:
+        """Bucket the values appended to the list and empty it."""
+        held = self
+        if not held:
+            return
+        bounds = self.bounds
+        lo = bisect_left(bounds, min(held))
+        if lo == bisect_left(bounds, max(held)):  # all in one bucket (the usual batch)
+            self.counts[lo] += len(held)
+            self.sum += sum(held)
+            held.clear()
+            return
+        # Sorted once (in C), then one search per bound instead of one per value.
+        held.sort()
+        counts = self.counts
+        below = 0
+        for i, bound in enumerate(bounds):
+            upto = bisect_right(held, bound)
+            counts[i] += upto - below
+            below = upto
+        counts[-1] += len(held) - below
+        self.sum += sum(held)
+        held.clear()
+
     def snapshot(self, zeros: int = 0) -> HistogramSnapshot:
-        """A copy, with ``zeros`` more observations of 0 (counted in the first bucket)."""
+        """A copy (after :meth:`fold`), with ``zeros`` more observations of 0 (counted in
+        the first bucket)."""
+        self.fold()
         counts = list(self.counts)
         counts[0] += zeros
         return HistogramSnapshot(self.bounds, tuple(counts), self.sum)

@@ -786,7 +786,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
 
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:
-        """:meth:`lanequeue.LaneQueue.drain` for asyncio: every in-process lane refuses
+        """:meth:`lanequeue.LaneQueue.drain` for asyncio: every lane refuses
         new acquisitions at once, then this waits up to ``timeout_s`` (loop clock) for all
         to be idle. A coroutine; True if every lane is idle on return."""
         timeout = check_timeout(timeout_s)
@@ -795,7 +795,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
 
     async def wait_idle(self, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` seconds (loop clock; None: no limit) until no
-        in-process lane has a holder or a waiter; False when the timeout passed first.
+        lane has a holder or a waiter; False when the timeout passed first.
         A coroutine; looks every 10 ms."""
         timeout = check_timeout(timeout_s)
         loop = asyncio.get_running_loop()

@@ -197,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.set_defaults(options=_option_names(rp))
     _add_plan_parser(sub)
+    _add_status_parser(sub)
     return parser
 
 
@@ -654,6 +655,29 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return 0
 
 
+def _add_status_parser(sub: Any) -> None:
+    sp = sub.add_parser(
+        "status",
+        help="show every lane in a Redis: holders, leases, fencing tokens, lines",
+        description=(
+            "A live view of the lanes in one Redis: per lane its kind, holders (key, "
+            "fencing token, lease left), live waiters in line per key, and the oldest wait "
+            "seen. Finds the keys with SCAN (never KEYS) and only reads. --json prints one "
+            "document (no extra needed); the table and --watch need rich "
+            "(pip install 'lanequeue[cli]')."
+        ),
+    )
+    sp.add_argument("--backend", required=True, metavar="redis://HOST:PORT/DB",
+                    help="the Redis to read (a redis:// or rediss:// URL)")
+    sp.add_argument("--prefix", default=None, metavar="P",
+                    help="only the lanes of this key prefix (default: every prefix)")
+    sp.add_argument("--watch", action="store_true",
+                    help="refresh the table in place until interrupted")
+    sp.add_argument("--interval", type=float, default=1.0, metavar="S",
+                    help="seconds between refreshes with --watch (default 1.0)")
+    sp.add_argument("--json", action="store_true", help="print one JSON document")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``lanequeue`` command with ``argv`` (default ``sys.argv[1:]``); return the
     exit status (0 success, 1 a replay check failed, 2 bad arguments or input, 3 no cap
@@ -672,5 +696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except KeyboardInterrupt:
             print("lanequeue plan: interrupted", file=sys.stderr)
             return 130
+    if args.command == "status":
+        from lanequeue.redis._status import run_status
+
+        return run_status(args, sys.stdout, sys.stderr)
     parser.print_help(sys.stderr)
     return 2

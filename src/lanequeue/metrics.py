@@ -35,7 +35,8 @@ name                                type       meaning
 ``scope`` (Redis: ``process`` or ``lane``) add that label.
 
 Cost: nothing per acquisition; attaching an exporter turns on hold-time observation
-(:meth:`~lanequeue.Lane.track_holds`: a clock read and a bucket increment per release)
+(:meth:`~lanequeue.Lane.track_holds`: a clock read and a list append per release, bucketed
+in batches),
 unless it is given ``hold_times=False`` (then ``lanequeue_hold_seconds`` is not
 reported). ``benchmarks/run.py --only uncontended`` prints the figures with hold times on
 and off.

@@ -36,12 +36,12 @@ from ._kinds import (
     LANE_DEFAULT,
     CountingKind,
     Hold,
-    LaneKind,
     OnWait,
     SessionKind,
     drop_hold,
 )
 from ._obs import StuckHold
+from ._ops import LaneOps
 from ._validate import check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
@@ -487,7 +487,8 @@ class QueueBase(Generic[L, CL, SL]):
             ))
         self._no_clock(clock)
         _check_backend(backend, "lane")
-        lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s)
+        lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s,
+                            **self._ops)
         return self.add(cast(L, lane))  # add() checks the face
 
     @overload
@@ -550,7 +551,8 @@ class QueueBase(Generic[L, CL, SL]):
         self._no_clock(clock)
         _check_backend(backend, "session_lane")
         lane = backend.session_lane(
-            name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, timeout_s=timeout_s
+            name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, timeout_s=timeout_s,
+            **self._ops,
         )
         return self.add(cast(L, lane))  # add() checks the face
 
@@ -616,14 +618,14 @@ class QueueBase(Generic[L, CL, SL]):
         """Each lane's ``status()`` by name (never a round trip to Redis)."""
         return {name: lane.status() for name, lane in self._lanes.items()}
 
-    # -- operations over every lane (lanes without them, such as Redis lanes, are skipped)
+    # -- operations over every lane (Redis lanes: this process's waiters and holds)
 
-    def _ops_lanes(self) -> list[LaneKind[Any]]:
-        return [x for x in self._lanes.values() if isinstance(x, LaneKind)]
+    def _ops_lanes(self) -> list[LaneOps]:
+        return [x for x in self._lanes.values() if isinstance(x, LaneOps)]
 
     def stuck(self, older_than_s: float) -> dict[str, list[StuckHold]]:
-        """Each in-process lane's :meth:`~lanequeue.Lane.stuck` holds, by lane name (lanes
-        with none left out). Raises TypeError/ValueError for a bad threshold."""
+        """Each lane's :meth:`~lanequeue.Lane.stuck` holds (a Redis lane: this process's),
+        by lane name (lanes with none left out). Raises TypeError/ValueError for a bad threshold."""
         out: dict[str, list[StuckHold]] = {}
         for lane in self._ops_lanes():
             holds = lane.stuck(older_than_s)
@@ -632,24 +634,25 @@ class QueueBase(Generic[L, CL, SL]):
         return out
 
     def clear(self, key: str) -> int:
-        """End every wait for ``key`` on every in-process lane (each waiter raises
-        :class:`LaneClearedError`; an ``acquire_all`` waiting for ``key`` gives back what
-        it took first). Holders keep their permits. Returns how many waits were ended.
+        """End every wait for ``key`` on every lane (a Redis lane: this process's waits;
+        each waiter raises :class:`LaneClearedError`; an ``acquire_all`` waiting for
+        ``key`` gives back what it took first). Holders keep their permits. Returns how
+        many waits were ended.
         Raises TypeError/ValueError for a bad key."""
         key = check_key(key)
         lanes = self._checked_wakers()
-        return sum(lane._core.end_waiters(key, cleared=True) for lane in lanes)
+        return sum(lane.clear(key) for lane in lanes)
 
     def close(self) -> None:
-        """:meth:`~lanequeue.Lane.close` every in-process lane: refuse new acquisitions
-        and end every wait with :class:`LaneDrainingError`; holders finish. Idempotent.
-        On an ``AsyncLaneQueue``, RuntimeError (and no lane changed) when a lane is
-        bound to another event loop than the caller's."""
+        """:meth:`~lanequeue.Lane.close` every lane (a Redis lane: this lane object):
+        refuse new acquisitions and end every wait with :class:`LaneDrainingError`;
+        holders finish. Idempotent. On an ``AsyncLaneQueue``, RuntimeError (and no lane
+        changed) when a lane is bound to another event loop than the caller's."""
         self._start_drain(True)
 
-    def _checked_wakers(self) -> list[LaneKind[Any]]:
-        """The in-process lanes, after checking that the caller may wake the waiters of
-        every one of them (asyncio: on each lane's loop): a refusal changes nothing."""
+    def _checked_wakers(self) -> list[LaneOps]:
+        """The lanes, after checking that the caller may wake the waiters of every one of
+        them (asyncio: on each lane's loop): a refusal changes nothing."""
         lanes = self._ops_lanes()
         for lane in lanes:
             lane._check_waker()
@@ -721,8 +724,8 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
 
     ``warn_after_s``, ``on_wait`` and ``warn_hold_s`` (keyword arguments, see
     :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make.
-    ``drain``, ``wait_idle``, ``clear``, ``close`` and ``stuck`` apply to every in-process
-    lane of the queue.
+    ``drain``, ``wait_idle``, ``clear``, ``close`` and ``stuck`` apply to every lane of
+    the queue (a Redis lane: this process's holders and waiters).
 
     Example:
 
@@ -788,13 +791,13 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
         return self._multi(_MultiAcquire, key, lane_names, timeout_s, priority)
 
     def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
-        """:meth:`lanequeue.Lane.drain` for every in-process lane at once, with ONE wait:
+        """:meth:`lanequeue.Lane.drain` for every lane at once, with ONE wait:
         every lane refuses new acquisitions (an ``acquire_all`` naming any of them raises
         :class:`LaneDrainingError`, holding nothing), then this waits up to
         ``timeout_s`` seconds (0: not at all; None: no limit) for all of them to be idle.
 
         Returns True if every lane is idle on return. Raises TypeError/ValueError for a
-        bad timeout. Lanes without these operations (Redis lanes) are left as they are.
+        bad timeout. A Redis lane drains this lane object (this process's holders and waiters).
 
         Example:
 
@@ -807,7 +810,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
         return self.wait_idle(timeout)
 
     def wait_idle(self, timeout_s: float | None) -> bool:
-        """Wait up to ``timeout_s`` seconds (None: no limit) until no in-process lane of
+        """Wait up to ``timeout_s`` seconds (None: no limit) until no lane of
         the queue has a holder or a waiter; False when the timeout passed first. Looks
         every 10 ms. Raises TypeError/ValueError for a bad timeout."""
         timeout = check_timeout(timeout_s)

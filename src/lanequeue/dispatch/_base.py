@@ -3,6 +3,7 @@ state machine (:mod:`lanequeue.dispatch._machine`). The faces add how a turn is 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -84,20 +85,24 @@ class DispatcherBase:
 
     # -- the face's part (overridden) ------------------------------------------------------
 
+    @abstractmethod
     def now(self) -> float:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def launch(self, job: Job) -> None:
-        raise NotImplementedError
+        ...
 
     def interrupt(self, job: Job) -> None:
         """Threads only see the turn's cancel event (set by the machine)."""
 
+    @abstractmethod
     def idle(self) -> None:
-        raise NotImplementedError
+        ...
 
     def _check_caller(self) -> None:
         """Face-specific check of the calling thread/loop (RuntimeError if wrong)."""

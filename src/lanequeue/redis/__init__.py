@@ -201,6 +201,16 @@ keys) on a counting lane. On the asyncio lanes every call that needs Redis is a 
 (``try_acquire``, ``acquire_timeout``, ``manual_release``, ``hold.release()``,
 ``is_held``, ``waiting_for``, ``holds_of``, ``lane_status``), as on every asyncio lane.
 
+Operations (:mod:`._ops`, over :class:`lanequeue._ops.LaneOps`, as on the in-process
+lanes) act on THIS lane object's waiters and holds: ``drain``, ``wait_idle`` (coroutines
+on the asyncio lanes), ``clear(key)``, ``close()``, ``draining``, ``stuck(older_than_s)``
+(with fencing tokens), ``warn_after_s``/``on_wait``/``warn_hold_s``,
+``metrics_snapshot()`` (``scope="process"``; plus ``scope="lane"`` on :class:`RedisLane`
+from ``lane_status()``) and ``track_holds()``; ``leases_lost`` counts lost leases. A
+cleared or drained waiter leaves the Redis line at once through the same clean-up as an
+interrupted one; other processes' waiters keep their place. ``lanequeue status
+--backend redis://...`` shows every lane of a Redis (:mod:`._status`: SCAN and reads).
+
 :class:`RedisBackend` holds a client with the ``prefix``, ``lease_s`` and
 ``on_lease_lost`` its lanes share and makes them by name, so a queue builds them like its
 in-process lanes: ``queue.add_lane("global", max_concurrent=8, backend=backend)``.

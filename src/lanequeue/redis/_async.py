@@ -30,10 +30,12 @@ from typing import Any, Literal
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from .._kinds import LANE_DEFAULT
+from .._kinds import IDLE_POLL_S, LANE_DEFAULT
+from .._validate import check_timeout
 from ..contract import must_await
 from ._link import AsyncLink
-from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
+from ._ops import RedisOps
+from ._protocol import Call, RedisHoldBase, Step, Steps, T, renewal
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import AsyncWaker, async_waker
@@ -145,7 +147,7 @@ async def _renew_loop(ref: weakref.ref[_AsyncFace]) -> None:
             lane._renewer_stopped()
 
 
-class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
+class _AsyncFace(RedisOps[AsyncRedisHold]):
     """Acquire/release for asyncio tasks over either kind of Redis lane: the core's
     procedures, run with awaited I/O; one renewer task per lane object."""
 
@@ -188,7 +190,16 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
         waker.forget(owner)
 
     async def _wait_wake(self, owner: str, block: float) -> None:
-        await self._wk().wait(owner, block)
+        await self._wk().wait(owner, self._ops_block(owner, block))
+        self._ops_woke(owner)
+
+    def _ops_wake(self, owner: str) -> None:
+        try:
+            ev = self._wk()._events.get(owner)
+        except RuntimeError:  # no running loop: the waiter sees its end at its next poll
+            return
+        if ev is not None:
+            ev.set()
 
     def _local_waiters(self) -> int:
         return self._wk().count
@@ -272,6 +283,39 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
         as the thread face: False and a warning when this object holds nothing for
         ``key`` or its lease was lost; another client's hold is never released."""
         return await drive(self._manual_release(key))
+
+    async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
+                    ) -> bool:
+        """A coroutine: refuse new acquisitions of THIS lane object, then wait up to
+        ``timeout_s`` seconds (0: not at all; None: no limit) until it has no holder and
+        no waiter; same contract as :meth:`lanequeue.redis.RedisLane.drain`. Call it
+        from the event loop of the lane's waiters. Returns True if idle on return; raises
+        TypeError/ValueError for a bad timeout.
+
+        Example::
+
+            await lane.drain(timeout_s=30)
+        """
+        timeout = check_timeout(timeout_s)
+        self._start_drain(cancel_waiting)
+        return await self.wait_idle(timeout)
+
+    async def wait_idle(self, timeout_s: float | None) -> bool:
+        """A coroutine: wait up to ``timeout_s`` seconds (None: no limit) until THIS lane
+        object has no holder and no waiter; True then, False when the timeout passed
+        first. Looks every 10 ms. Raises TypeError/ValueError for a bad timeout."""
+        timeout = check_timeout(timeout_s)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while not self._idle():
+            if deadline is None:
+                await asyncio.sleep(IDLE_POLL_S)
+                continue
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(IDLE_POLL_S, left))
+        return True
 
     async def _raw_acquire(self, key: str) -> bool:
         """The source design's internal acquire: wait the lane's ``timeout_s``."""

@@ -13,6 +13,7 @@ from .._kinds import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
 )
+from .._ops import DEFAULT_WARN_AFTER_S, OnWait
 from ._args import check_lease, check_prefix
 from ._async import AsyncRedisLane, AsyncRedisSessionLane
 from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, OnLeaseLost
@@ -76,6 +77,9 @@ class RedisBackend:
         *,
         max_concurrent: int = DEFAULT_MAX_CONCURRENT,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
     ) -> CountingLane:
         """A counting lane on this backend (``RedisLane`` or ``AsyncRedisLane``, by the
         client), with the backend's prefix, lease and callback."""
@@ -83,6 +87,7 @@ class RedisBackend:
         return cls(
             self.client, name, max_concurrent=max_concurrent, timeout_s=timeout_s,
             lease_s=self.lease_s, prefix=self.prefix, on_lease_lost=self.on_lease_lost,
+            warn_after_s=warn_after_s, on_wait=on_wait, warn_hold_s=warn_hold_s,
         )
 
     def session_lane(
@@ -92,6 +97,9 @@ class RedisBackend:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S,
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
     ) -> SessionLane:
         """A per-key lane on this backend (``RedisSessionLane`` or
         ``AsyncRedisSessionLane``, by the client), with the backend's prefix, lease and
@@ -102,6 +110,7 @@ class RedisBackend:
             idle_timeout_s=math.inf if idle_timeout_s is None else idle_timeout_s,
             timeout_s=timeout_s,
             lease_s=self.lease_s, prefix=self.prefix, on_lease_lost=self.on_lease_lost,
+            warn_after_s=warn_after_s, on_wait=on_wait, warn_hold_s=warn_hold_s,
         )
 
     def __repr__(self) -> str:

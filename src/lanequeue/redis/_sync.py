@@ -23,10 +23,13 @@ from typing import Any, Literal
 import redis
 from redis.cluster import RedisCluster
 
-from .._errors import NotOwnerError
-from .._kinds import LANE_DEFAULT
+from .._errors import LaneBackendError, NotOwnerError
+from .._kinds import IDLE_POLL_S, LANE_DEFAULT
+from .._obs import LaneMetrics
+from .._validate import check_timeout
 from ..contract import not_held_error
 from ._link import SyncLink
+from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import SyncWaker, sync_waker
@@ -123,7 +126,7 @@ def not_held(hold: RedisHoldBase) -> NotOwnerError:
     )
 
 
-class _SyncFace(RedisLaneBase[RedisHold]):
+class _SyncFace(RedisOps[RedisHold]):
     """Acquire/release for threads over either kind of Redis lane: the core's procedures,
     run with blocking I/O; one daemon renewer thread per lane object."""
 
@@ -156,7 +159,11 @@ class _SyncFace(RedisLaneBase[RedisHold]):
         self._wk().forget(owner)
 
     def _wait_wake(self, owner: str, block: float) -> None:
-        self._wk().wait(owner, block)
+        self._wk().wait(owner, self._ops_block(owner, block))
+        self._ops_woke(owner)
+
+    def _ops_wake(self, owner: str) -> None:
+        self._wk()._woken(owner)
 
     def _local_waiters(self) -> int:
         return self._wk().count
@@ -241,6 +248,38 @@ class _SyncFace(RedisLaneBase[RedisHold]):
         """The source design's internal release (see :meth:`manual_release`)."""
         self.manual_release(key)
 
+    def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
+        """Refuse new acquisitions of THIS lane object at once (``acquire``,
+        ``try_acquire``, ``acquire_timeout`` and a queue's ``acquire_all`` raise
+        :class:`~lanequeue.LaneDrainingError`); its holders finish; its waiters keep
+        their place, unless ``cancel_waiting`` ends them with that error (each leaves the
+        line in Redis). Then wait up to ``timeout_s`` seconds (0: not at all; None: no
+        limit) until this lane object has no holder and no waiter.
+
+        Other processes' clients of the lane are untouched. Returns True if idle on
+        return. Raises TypeError/ValueError for a bad timeout.
+
+        Example::
+
+            lane.drain(timeout_s=30)   # on shutdown: let this replica's holders finish
+        """
+        timeout = check_timeout(timeout_s)
+        self._start_drain(cancel_waiting)
+        return self.wait_idle(timeout)
+
+    def wait_idle(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` seconds (None: no limit) until THIS lane object has
+        no holder and no waiter; True then, False when the timeout passed first. Looks
+        every 10 ms. Raises TypeError/ValueError for a bad timeout."""
+        timeout = check_timeout(timeout_s)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._idle():
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            time.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
+        return True
+
 
 class RedisSessionLane(_SyncFace, SessionLaneBase[RedisHold]):
     """A per-key lane on Redis for threads: one holder per key across every process and
@@ -260,6 +299,14 @@ class RedisSessionLane(_SyncFace, SessionLaneBase[RedisHold]):
         prefix: prefix of every Redis key of the lane (no ``{`` or ``}``).
         on_lease_lost: called as ``on_lease_lost(hold)`` (from the renewer thread, or the
             releasing thread) once when a hold's lease is found lost.
+        warn_after_s, on_wait, warn_hold_s: as on ``SessionLane``, for this process's
+            waiters and holds (default 2.0, None, None): a wait past ``warn_after_s`` is
+            logged once, with the waiters of this process ahead of it and this
+            process's hold of the key (if any); no timer is added per wait.
+
+    Operations (this lane object, i.e. this process): ``metrics_snapshot()``,
+    ``track_holds()``, ``stuck(older_than_s)``, ``drain()``, ``wait_idle()``,
+    ``clear(key)``, ``close()``, ``draining``.
 
     Views: ``is_held(key)`` and ``waiting_for(key)`` ask Redis; ``active_count``,
     ``waiting``, ``get_active()``, ``session_count`` and ``stats`` describe THIS lane
@@ -292,7 +339,8 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
         client: a ``redis.Redis`` (or ``redis.cluster.RedisCluster``) client.
         name: the lane's name (no ``:``, ``{``, ``}``).
         max_concurrent: permits, >= 1.
-        timeout_s, lease_s, prefix, on_lease_lost: as on :class:`RedisSessionLane`.
+        timeout_s, lease_s, prefix, on_lease_lost, warn_after_s, on_wait, warn_hold_s:
+            as on :class:`RedisSessionLane`.
 
     Views: ``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats`` and
     ``status()`` describe THIS lane object (no round trip); ``holds_of(key)`` and
@@ -320,3 +368,10 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
     def holds_of(self, key: str) -> int:
         """Permits held now by ``key``, lane-wide (asks Redis)."""
         return drive(self._holds_of(key))
+
+    def _lane_metrics(self) -> LaneMetrics | None:
+        try:
+            return self._lane_entry(drive(self._lane_wide()))
+        except LaneBackendError as exc:
+            self._lane_failed(exc)
+            return None

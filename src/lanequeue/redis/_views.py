@@ -10,20 +10,28 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .._kinds import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS, DEFAULT_TIMEOUT_S
+from .._kinds import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONCURRENT,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_TIMEOUT_S,
+)
+from .._ops import DEFAULT_WARN_AFTER_S, OnWait
 from .._validate import check_count, check_timeout
 from ._args import text
 from ._keys import plain_key
 from ._kinds import CountingKind, SessionKind
-from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, H, OnLeaseLost, RedisLaneBase, Steps
+from ._ops import RedisOps
+from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, H, OnLeaseLost, Steps
 
 __all__ = ["CountingLaneBase", "SessionLaneBase"]
 
 
-class SessionLaneBase(RedisLaneBase[H]):
+class SessionLaneBase(RedisOps[H]):
     """The per-key kind (either face): its arguments, limits and per-key views."""
 
     _kind_class = SessionKind
+    _kind_label = "session"
 
     def __init__(
         self,
@@ -36,11 +44,15 @@ class SessionLaneBase(RedisLaneBase[H]):
         lease_s: float = DEFAULT_LEASE_S,
         prefix: str = DEFAULT_PREFIX,
         on_lease_lost: OnLeaseLost | None = None,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
     ) -> None:
         super().__init__(
             client, name, max_concurrent=1, timeout_s=timeout_s, lease_s=lease_s,
             prefix=prefix, on_lease_lost=on_lease_lost,
         )
+        self._ops_setup(warn_after_s, on_wait, warn_hold_s)
         self._max_sessions = check_count(max_sessions, "max_sessions")
         idle = check_timeout(idle_timeout_s, "idle_timeout_s")
         self._idle_timeout_s = math.inf if idle is None else idle
@@ -74,10 +86,31 @@ class SessionLaneBase(RedisLaneBase[H]):
         return {"max_sessions": self._max_sessions}
 
 
-class CountingLaneBase(RedisLaneBase[H]):
+class CountingLaneBase(RedisOps[H]):
     """The counting kind (either face): its arguments, limits and lane-wide views."""
 
-    _kind_class = CountingKind  # its arguments are RedisLaneBase's
+    _kind_class = CountingKind
+    _kind_label = "counting"
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        lease_s: float = DEFAULT_LEASE_S,
+        prefix: str = DEFAULT_PREFIX,
+        on_lease_lost: OnLeaseLost | None = None,
+        warn_after_s: float | None = DEFAULT_WARN_AFTER_S,
+        on_wait: OnWait | None = None,
+        warn_hold_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            client, name, max_concurrent=max_concurrent, timeout_s=timeout_s,
+            lease_s=lease_s, prefix=prefix, on_lease_lost=on_lease_lost,
+        )
+        self._ops_setup(warn_after_s, on_wait, warn_hold_s)
 
     @property
     def max_concurrent(self) -> int:

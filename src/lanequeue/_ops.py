@@ -1,0 +1,164 @@
+"""The operations every lane offers, written once for the in-process and the Redis lanes:
+slow-wait warnings, long-hold warnings, ``stuck``, ``close`` and ``draining``.
+
+:class:`LaneOps` is a mixin over a small interface that each lane fills in:
+
+- ``name`` (the lane's name), ``_hold_list()`` (this lane's holds as ``(key, fencing
+  token, seconds held)``), ``_holder_age(key)`` (seconds the hold a waiter of ``key``
+  waits behind has lasted, None when unknown);
+- ``_start_drain(cancel_waiting)`` (refuse acquisitions; end the waits too when asked)
+  and ``_idle()`` (no holder and no waiter), which a queue also calls over its lanes;
+- ``clear(key)`` and ``draining`` (a property).
+
+The in-process lanes (:mod:`lanequeue._face`) see the whole lane; a Redis lane sees this
+process's holders and waiters (:mod:`lanequeue.redis._ops`).
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from ._obs import StuckHold
+from ._validate import check_timeout
+
+__all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "OnWait", "log"]
+
+log = logging.getLogger("lanequeue")
+
+#: Seconds a wait may last before it is logged as slow (``warn_after_s``).
+DEFAULT_WARN_AFTER_S = 2.0
+
+#: ``on_wait(lane, key, waited_s, ahead)``: called once per wait that passes warn_after_s.
+OnWait = Callable[[Any, str, float, int], object]
+
+
+class LaneOps:
+    """Slow waits, long holds, ``stuck`` and ``close``, over the interface in the module
+    docstring. Thread-safe as far as the interface is."""
+
+    name: str
+    warn_after_s: float | None
+    on_wait: OnWait | None
+    warn_hold_s: float | None
+    _warned_holds: set[int]
+
+    def _ops_init(
+        self,
+        where: str,
+        warn_after_s: float | None,
+        on_wait: OnWait | None,
+        warn_hold_s: float | None,
+    ) -> None:
+        """Check and keep the operations' arguments (``where`` names the call in errors)."""
+        #: Seconds after which a wait is logged once as slow (None: never).
+        self.warn_after_s = check_timeout(warn_after_s, f"{where} 'warn_after_s'")
+        if on_wait is not None and not callable(on_wait):
+            raise TypeError(f"{where} 'on_wait' must be callable or None, not {on_wait!r}")
+        #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
+        self.on_wait = on_wait
+        #: Seconds after which a hold is logged once as long (None: never).
+        self.warn_hold_s = check_timeout(warn_hold_s, f"{where} 'warn_hold_s'")
+        self._warned_holds = set()
+
+    # -- the interface --------------------------------------------------------------------
+
+    @abstractmethod
+    def _hold_list(self) -> list[tuple[str, int, float]]:
+        """This lane's holds: ``(key, fencing token, seconds held)``."""
+        ...
+
+    @abstractmethod
+    def _holder_age(self, key: str) -> float | None:
+        """Seconds the hold a waiter of ``key`` waits behind has lasted; None if unknown."""
+        ...
+
+    @abstractmethod
+    def _start_drain(self, cancel_waiting: bool) -> None:
+        """Refuse new acquisitions; with ``cancel_waiting``, end every wait too."""
+        ...
+
+    @abstractmethod
+    def _idle(self) -> bool:
+        """True when no holder and no waiter is left."""
+        ...
+
+    def _check_waker(self) -> None:
+        """Check that this caller may wake the lane's waiters (an in-process asyncio lane:
+        only from its loop); the default lets any caller."""
+
+    @abstractmethod
+    def clear(self, key: str) -> int:
+        """End every wait for ``key`` with LaneClearedError; return how many."""
+        ...
+
+    # -- written once -----------------------------------------------------------------------
+
+    def _slow_wait(self, key: str, waited_s: float, ahead: int) -> None:
+        """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
+        ``ahead``: the waiters that were ahead of it in line when it joined."""
+        holder_age = self._holder_age(key)
+        log.warning(
+            "lane %r: key %r has waited %.3f s for a permit (%d waiters were ahead when it "
+            "joined; the current holder has held for %s s)", self.name, key, waited_s, ahead,
+            "-" if holder_age is None else f"{holder_age:.3f}",
+        )
+        if self.warn_hold_s is not None:
+            self._check_holds(self._hold_list())
+        if self.on_wait is not None:
+            try:
+                self.on_wait(self, key, waited_s, ahead)
+            except Exception:
+                log.exception("lane %r: on_wait callback failed", self.name)
+
+    def _check_holds(self, holds: list[tuple[str, int, float]]) -> None:
+        """Log, once per hold, the holds older than ``warn_hold_s``."""
+        limit = self.warn_hold_s
+        if limit is None:
+            return
+        warned = self._warned_holds
+        for key, token, age in holds:
+            if age >= limit and token not in warned:
+                warned.add(token)
+                log.warning("lane %r: key %r has held its permit for %.3f s (token %d)",
+                            self.name, key, age, token)
+        if warned:
+            warned.intersection_update(t for _, t, _ in holds)
+
+    def stuck(self, older_than_s: float) -> list[StuckHold]:
+        """The holds older than ``older_than_s`` seconds, oldest first.
+
+        Each is a :class:`lanequeue.StuckHold` (``key``, ``age_s``, ``token``: the hold's
+        fencing token). On a Redis lane, the holds of this lane object (this process).
+        Also logs the holds past ``warn_hold_s`` not logged yet. O(holds). Thread-safe.
+        Raises TypeError/ValueError for a bad threshold.
+
+        Example:
+
+            >>> from lanequeue import Lane
+            >>> lane = Lane("global", max_concurrent=2)
+            >>> lane.try_acquire("job-1")
+            True
+            >>> [h.key for h in lane.stuck(0)]
+            ['job-1']
+            >>> lane.stuck(3600)
+            []
+        """
+        limit = check_timeout(older_than_s, "older_than_s")
+        holds = self._hold_list()
+        self._check_holds(holds)
+        if limit is None:
+            return []
+        out = [StuckHold(k, age, t) for k, t, age in holds if age >= limit]
+        out.sort(key=lambda h: -h.age_s)
+        return out
+
+    def close(self) -> None:
+        """Refuse new acquisitions (:class:`LaneDrainingError`) and end every wait with
+        that error, at once; holders keep their permits until they release. Idempotent;
+        the same as ``drain(0, cancel_waiting=True)`` without looking whether the lane
+        is idle. Never waits. On an asyncio lane, RuntimeError when not called from the
+        lane's event loop. On a Redis lane: this lane object's waiters (this process)."""
+        self._start_drain(True)

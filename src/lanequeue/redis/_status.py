@@ -1,0 +1,347 @@
+"""A read-only picture of every lane in one Redis: what ``lanequeue status`` shows.
+
+One job: find the lanes' keys with SCAN (never KEYS: it blocks the server for the whole
+keyspace), read them (GET, PTTL, LRANGE, ZRANGE, HGETALL, TIME; nothing that writes) and
+describe each lane: its kind, its holders (key, fencing token, lease left), its line per
+key (live waiters) and its oldest wait. Keys follow the layout of :mod:`._keys`
+(``{lq2:len(P):P:<kind>:len(N):N[:K]}:<suffix>``, kind ``s`` per-key or ``c`` counting)
+and the lanes' version markers ``{lq:len(P):P:<kind>:len(N):N}:v``.
+
+The layout keeps no time at which a waiter joined the line, so the oldest wait is what
+this reader has seen: :class:`StatusReader` remembers when it first saw each waiter, and
+``oldest_wait_s`` is the time since then for the longest waiter still in line (a lower
+bound; 0 at the first look). ``--watch`` makes it grow with the wait.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._keys import LAYOUT, base, version_key
+
+__all__ = ["StatusReader", "parse_lane_key"]
+
+_KIND = {"s": "session", "c": "counting"}
+_SUFFIX = re.compile(r"[a-z](:[0-9a-f]+)?\Z")
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+@dataclass(frozen=True)
+class LaneKey:
+    """One Redis key of a lane, parsed: ``layout`` (``lq2``; ``lq`` for a version
+    marker), ``prefix``, ``kind`` (``s`` or ``c``), ``name``, ``key`` (the lane key of a
+    per-key lane, else None) and ``suffix`` (``h``, ``q``, ``w``, ``f``, ``i``, ``m``,
+    ``v``, ``x:<id>``)."""
+
+    layout: str
+    prefix: str
+    kind: str
+    name: str
+    key: str | None
+    suffix: str
+
+
+def _take_len(s: str, at: int) -> tuple[str, int] | None:
+    """At ``s[at:]``: ``<n>:<n chars>``; (the chars, index after them) or None."""
+    colon = s.find(":", at)
+    if colon <= at or not s[at:colon].isdigit():
+        return None
+    n = int(s[at:colon])
+    end = colon + 1 + n
+    if end > len(s):
+        return None
+    return s[colon + 1:end], end
+
+
+def parse_lane_key(raw: str) -> LaneKey | None:
+    """Parse a Redis key of a lane (see the module docstring); None if it is not one."""
+    if raw.startswith("{" + LAYOUT + ":"):
+        layout = LAYOUT
+    elif raw.startswith("{lq:"):
+        layout = "lq"
+    else:
+        return None
+    got = _take_len(raw, len(layout) + 2)
+    if got is None:
+        return None
+    prefix, at = got
+    if raw[at:at + 1] != ":" or raw[at + 1:at + 2] not in _KIND or raw[at + 2:at + 3] != ":":
+        return None
+    kind = raw[at + 1]
+    got = _take_len(raw, at + 3)
+    if got is None:
+        return None
+    name, at = got
+    # The suffix never contains "}", so the key (which may) ends at the last "}:".
+    close = raw.rfind("}:")
+    if close < at:
+        return None
+    suffix = raw[close + 2:]
+    if not _SUFFIX.match(suffix):
+        return None
+    if close == at:
+        key = None
+    elif raw[at] == ":" and kind == "s" and layout == LAYOUT:
+        key = raw[at + 1:close]
+    else:
+        return None
+    return LaneKey(layout, prefix, kind, name, key, suffix)
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
+
+
+@dataclass
+class _Lane:
+    prefix: str
+    kind: str
+    name: str
+    keys: set[str | None] = field(default_factory=set)
+    versions: set[str] = field(default_factory=set)
+
+
+class StatusReader:
+    """Reads the lanes of one Redis (a ``redis.Redis`` client) with SCAN and plain reads.
+
+    ``prefix``: only the lanes of that prefix (None: every prefix). :meth:`read` returns
+    one JSON-ready document per call; the reader remembers when it first saw each waiter
+    (for ``oldest_wait_s``). Not thread-safe. Raises redis-py's errors as they come.
+
+    Example::
+
+        reader = StatusReader(redis.Redis(), prefix="lanequeue")
+        doc = reader.read()
+        doc["keys_seen"], [lane["name"] for lane in doc["lanes"]]
+    """
+
+    def __init__(self, client: Any, prefix: str | None = None, *, count: int = 1000) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.count = count
+        self._first_seen: dict[tuple[str, str, str, str], int] = {}
+
+    def _patterns(self) -> list[str]:
+        if self.prefix is None:
+            return ["{lq*"]
+        p = _GLOB.sub(r"\\\1", self.prefix)
+        return [f"{{{LAYOUT}:{len(self.prefix)}:{p}:*", f"{{lq:{len(self.prefix)}:{p}:*"]
+
+    def read(self) -> dict[str, Any]:
+        """One picture: ``keys_seen`` (keys SCAN returned), ``server_time_ms``,
+        ``prefix`` and ``lanes`` (sorted by prefix, name, kind), each with ``prefix``,
+        ``name``, ``kind`` (``session``/``counting``), ``versions`` (protocol versions
+        with a live marker), ``holders`` (``key``, ``token``, ``lease_left_s``; a
+        counting lane adds ``held_s``), ``lines`` (key -> live waiters in line),
+        ``waiting`` (their sum), ``oldest_wait_s`` (see the module docstring), and on a
+        counting lane ``max_concurrent`` (the cap in use, when known)."""
+        lanes: dict[tuple[str, str, str], _Lane] = {}
+        seen = 0
+        for pattern in self._patterns():
+            for raw in self.client.scan_iter(match=pattern, count=self.count):
+                seen += 1
+                parsed = parse_lane_key(_text(raw))
+                if parsed is None:
+                    continue
+                if self.prefix is not None and parsed.prefix != self.prefix:
+                    continue
+                ident = (parsed.prefix, parsed.kind, parsed.name)
+                lane = lanes.get(ident)
+                if lane is None:
+                    lane = lanes[ident] = _Lane(*ident)
+                if parsed.layout == LAYOUT:
+                    lane.keys.add(parsed.key)
+                else:
+                    lane.versions.add(parsed.suffix)
+        sec, usec = self.client.time()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        out = []
+        alive: set[tuple[str, str, str, str]] = set()
+        for ident in sorted(lanes):
+            lane = lanes[ident]
+            doc = self._read_lane(lane, now_ms, alive)
+            out.append(doc)
+        for gone in set(self._first_seen) - alive:
+            del self._first_seen[gone]
+        return {
+            "prefix": self.prefix,
+            "keys_seen": seen,
+            "server_time_ms": now_ms,
+            "lanes": out,
+        }
+
+    def _versions(self, lane: _Lane) -> list[str]:
+        if not lane.versions:
+            return []
+        v = self.client.get(version_key(lane.prefix, lane.kind, lane.name))
+        return [] if v is None else [_text(v)]
+
+    def _base(self, lane: _Lane, key: str | None) -> str:
+        return base(lane.prefix, lane.kind, lane.name, key)
+
+    def _read_lane(self, lane: _Lane, now_ms: int, alive: set[tuple[str, str, str, str]]
+                   ) -> dict[str, Any]:
+        holders: list[dict[str, Any]] = []
+        lines: dict[str, int] = {}
+        waiters: list[tuple[str, str]] = []  # (waiter id, key) of live waiters in line
+        doc: dict[str, Any] = {
+            "prefix": lane.prefix,
+            "name": lane.name,
+            "kind": _KIND[lane.kind],
+            "versions": self._versions(lane),
+        }
+        if lane.kind == "s":
+            for key in sorted(k for k in lane.keys if k is not None):
+                b = self._base(lane, key)
+                pipe = self.client.pipeline(transaction=False)
+                pipe.get(b + "h")
+                pipe.pttl(b + "h")
+                pipe.lrange(b + "q", 0, -1)
+                pipe.zrange(b + "w", 0, -1, withscores=True)
+                holder, pttl, line, live = pipe.execute()
+                if holder is not None:
+                    parts = _text(holder).split(":")
+                    token = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+                    holders.append({
+                        "key": key,
+                        "token": token,
+                        "lease_left_s": max(0, int(pttl)) / 1000.0,
+                    })
+                deadlines = {_text(m): s for m, s in live}
+                for wid in map(_text, line):
+                    if deadlines.get(wid, 0) > now_ms:
+                        waiters.append((wid, key))
+        else:
+            b = self._base(lane, None)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(b + "h", 0, -1, withscores=True)
+            pipe.hgetall(b + "i")
+            pipe.lrange(b + "q", 0, -1)
+            pipe.zrange(b + "w", 0, -1, withscores=True)
+            pipe.get(b + "m")
+            holds, info, line, live, cap = pipe.execute()
+            infos = {_text(k): _text(v) for k, v in info.items()}
+            for hid, deadline in holds:
+                hid = _text(hid)
+                if deadline <= now_ms or hid not in infos:
+                    continue  # lapsed: the next script purges it
+                fence, since, key = infos[hid].split(":", 2)
+                holders.append({
+                    "key": key,
+                    "token": int(fence),
+                    "lease_left_s": (deadline - now_ms) / 1000.0,
+                    "held_s": max(0, now_ms - int(since)) / 1000.0,
+                })
+            deadlines = {_text(m): s for m, s in live}
+            for item in map(_text, line):
+                wid, _, key = item.partition(":")
+                if deadlines.get(wid, 0) > now_ms:
+                    waiters.append((wid, key))
+            doc["max_concurrent"] = None if cap is None else int(cap)
+        holders.sort(key=lambda h: (h["key"], h["token"]))
+        oldest = now_ms
+        for wid, key in waiters:
+            lines[key] = lines.get(key, 0) + 1
+            ident = (lane.prefix, lane.kind, lane.name, wid)
+            alive.add(ident)
+            first = self._first_seen.setdefault(ident, now_ms)
+            oldest = min(oldest, first)
+        doc.update(
+            holders=holders,
+            lines=dict(sorted(lines.items())),
+            waiting=len(waiters),
+            oldest_wait_s=(now_ms - oldest) / 1000.0,
+        )
+        return doc
+
+
+def render(doc: dict[str, Any]) -> Any:
+    """A rich renderable (a table per lane, and a header) of a :meth:`StatusReader.read`
+    document. Needs rich (extra ``[cli]``); ImportError without it."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    parts: list[Any] = [Text(
+        f"{len(doc['lanes'])} lanes, {doc['keys_seen']} keys seen (SCAN)"
+        + (f", prefix {doc['prefix']!r}" if doc["prefix"] is not None else "")
+    )]
+    for lane in doc["lanes"]:
+        cap = lane.get("max_concurrent")
+        title = (f"{lane['prefix']}/{lane['name']} ({lane['kind']}"
+                 + (f", max {cap}" if cap is not None else "")
+                 + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
+                 f"oldest wait >= {lane['oldest_wait_s']:.1f} s")
+        table = Table(title=title, title_justify="left")
+        table.add_column("key")
+        table.add_column("fencing token", justify="right")
+        table.add_column("lease left (s)", justify="right")
+        table.add_column("held (s)", justify="right")
+        table.add_column("in line", justify="right")
+        keys = sorted({h["key"] for h in lane["holders"]} | set(lane["lines"]))
+        for key in keys:
+            mine = [h for h in lane["holders"] if h["key"] == key] or [None]
+            for h in mine:
+                table.add_row(
+                    key,
+                    "-" if h is None else str(h["token"]),
+                    "-" if h is None else f"{h['lease_left_s']:.1f}",
+                    "-" if h is None or "held_s" not in h else f"{h['held_s']:.1f}",
+                    str(lane["lines"].get(key, 0)),
+                )
+        parts.append(table)
+    return Group(*parts)
+
+
+def run_status(args: Any, out: Any, err: Any) -> int:
+    """``lanequeue status`` (see :mod:`lanequeue.cli`): 0 on success, 2 for bad
+    arguments, a missing rich, or a Redis that cannot be read; 130 when interrupted."""
+    import json
+    import time
+
+    import redis
+
+    if args.json and args.watch:
+        print("lanequeue status: --json and --watch do not go together", file=err)
+        return 2
+    if not args.interval > 0:
+        print("lanequeue status: --interval must be > 0", file=err)
+        return 2
+    if not args.json:
+        try:
+            import rich  # noqa: F401
+        except ImportError:
+            print("lanequeue status: the table needs rich: pip install 'lanequeue[cli]' "
+                  "(or use --json)", file=err)
+            return 2
+    try:
+        client = redis.Redis.from_url(args.backend)
+    except ValueError as exc:
+        print(f"lanequeue status: bad --backend {args.backend!r}: {exc}", file=err)
+        return 2
+    reader = StatusReader(client, args.prefix)
+    try:
+        if args.json:
+            print(json.dumps(reader.read(), indent=2), file=out)
+            return 0
+        from rich.console import Console
+        from rich.live import Live
+
+        console = Console(file=out)
+        if not args.watch:
+            console.print(render(reader.read()))
+            return 0
+        with Live(render(reader.read()), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(render(reader.read()), refresh=True)
+    except redis.RedisError as exc:
+        print(f"lanequeue status: reading {args.backend}: {type(exc).__name__}: {exc}",
+              file=err)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        client.close()

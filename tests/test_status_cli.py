@@ -1,0 +1,209 @@
+"""``lanequeue status --backend redis://...``: every lane in a Redis, against the real
+server (tests/redis_server.py), with holders and waiters made here. The command runs as
+a Redis user that may only read and SCAN (KEYS denied), so a write or a KEYS would fail
+the test."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from lanequeue.cli import main
+from lanequeue.redis import RedisLane, RedisSessionLane
+from lanequeue.redis._keys import base
+from lanequeue.redis._status import StatusReader, parse_lane_key
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _until(cond: Any, timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def reader_url(redis_server: Any, redis_client: Any) -> Any:
+    """A redis:// URL of a user that may read, SCAN and TIME, and nothing else."""
+    user = "status" + uuid.uuid4().hex[:8]
+    redis_client.execute_command(
+        "ACL", "SETUSER", user, "on", ">pw", "~*", "resetchannels",
+        "+@read", "+scan", "+time", "+@connection", "-keys",
+    )
+    yield f"redis://{user}:pw@{redis_server.host}:{redis_server.port}/0"
+    redis_client.execute_command("ACL", "DELUSER", user)
+
+
+@pytest.fixture
+def busy_lanes(redis_client: Any, redis_prefix: str) -> Any:
+    """A per-key lane with key "k1" held and one waiter; a counting lane (2 permits)
+    with "a" and "b" held and one waiter for "c"; the holds' tokens by key."""
+    sessions = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=30)
+    llm = RedisLane(redis_client, "llm", max_concurrent=2, prefix=redis_prefix, lease_s=30)
+    holds = {"k1": sessions.acquire("k1"), "a": llm.acquire("a"), "b": llm.acquire("b")}
+    for h in holds.values():
+        h.__enter__()
+    done = threading.Event()
+
+    def waiter(lane: Any, key: str) -> None:
+        with lane.acquire(key, timeout_s=20):
+            done.wait(20)
+
+    threads = [threading.Thread(target=waiter, args=(sessions, "k1"), daemon=True),
+               threading.Thread(target=waiter, args=(llm, "c"), daemon=True)]
+    for t in threads:
+        t.start()
+    _until(lambda: sessions.waiting_for("k1") == 1 and llm.lane_status()["waiting"] == 1)
+    yield {k: h.token for k, h in holds.items()}
+    done.set()
+    for h in holds.values():
+        h.release()
+    for t in threads:
+        t.join(10)
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["status", *argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_json_shows_holders_tokens_leases_and_lines(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_client: Any, redis_prefix: str,
+) -> None:
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["prefix"] == redis_prefix
+    ours = [k for k in redis_client.scan_iter(match="*", count=1000)
+            if redis_prefix.encode() in k]
+    assert doc["keys_seen"] == len(ours) > 0
+    by_name = {lane["name"]: lane for lane in doc["lanes"]}
+    assert sorted(by_name) == ["llm", "session"]
+    s, c = by_name["session"], by_name["llm"]
+    assert s["kind"] == "session" and c["kind"] == "counting"
+    assert [(h["key"], h["token"]) for h in s["holders"]] == [("k1", busy_lanes["k1"])]
+    assert sorted((h["key"], h["token"]) for h in c["holders"]) == [
+        ("a", busy_lanes["a"]), ("b", busy_lanes["b"])]
+    for h in s["holders"] + c["holders"]:
+        assert 0 < h["lease_left_s"] <= 30
+    assert all(0 <= h["held_s"] < 30 for h in c["holders"])
+    assert s["lines"] == {"k1": 1} and c["lines"] == {"c": 1}
+    assert s["waiting"] == 1 and c["waiting"] == 1
+    assert c["max_concurrent"] == 2
+    assert s["versions"] == ["lq2"] and c["versions"] == ["lq2"]
+
+
+def test_without_prefix_every_lane_is_listed(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_prefix: str,
+) -> None:
+    code, out, err = _run(capsys, "--backend", reader_url, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    mine = {lane["name"] for lane in doc["lanes"] if lane["prefix"] == redis_prefix}
+    assert mine == {"llm", "session"}
+    assert doc["prefix"] is None and doc["keys_seen"] >= 4
+
+
+def test_table_shows_every_lane(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_prefix: str,
+) -> None:
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix)
+    assert code == 0, err
+    assert "2 lanes" in out and "keys seen (SCAN)" in out
+    assert f"{redis_prefix}/llm (counting, max 2)" in out
+    assert f"{redis_prefix}/session (session)" in out
+    for token in busy_lanes.values():
+        assert str(token) in out
+
+
+def test_watch_refreshes_until_interrupted(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--watch`` redraws the table every ``--interval`` until Ctrl-C (exit 130)."""
+    real_sleep = time.sleep
+    main_thread = threading.current_thread()
+    naps: list[float] = []
+
+    def sleep(s: float) -> None:
+        if threading.current_thread() is main_thread:
+            naps.append(s)
+            if len(naps) == 3:
+                raise KeyboardInterrupt
+        real_sleep(s)
+
+    reads: list[int] = []
+    real_read = StatusReader.read
+
+    def read(self: StatusReader) -> dict[str, Any]:
+        doc = real_read(self)
+        reads.append(len(doc["lanes"]))
+        return doc
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    monkeypatch.setattr(StatusReader, "read", read)
+    code, out, _err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix,
+                          "--watch", "--interval", "0.01")
+    assert code == 130 and naps == [0.01, 0.01, 0.01]
+    assert reads == [2, 2, 2]  # drawn, then redrawn after each of the first two naps
+    assert f"{redis_prefix}/llm (counting, max 2)" in out
+
+
+def test_oldest_wait_grows_while_the_waiter_stays(
+    redis_client: Any, redis_prefix: str, busy_lanes: dict[str, int]
+) -> None:
+    """The layout keeps no join time: the reader counts from when it first saw a waiter
+    (0 at the first look), and the figure grows while that waiter stays in line."""
+    reader = StatusReader(redis_client, redis_prefix)
+    first = {lane["name"]: lane["oldest_wait_s"] for lane in reader.read()["lanes"]}
+    assert first == {"llm": 0.0, "session": 0.0}
+    time.sleep(0.2)
+    later = {lane["name"]: lane["oldest_wait_s"] for lane in reader.read()["lanes"]}
+    assert later["llm"] >= 0.15 and later["session"] >= 0.15
+
+
+def test_bad_backend_and_options(capsys: pytest.CaptureFixture[str], redis_server: Any) -> None:
+    code, _, err = _run(capsys, "--backend", "nonsense://x", "--json")
+    assert code == 2 and "--backend" in err
+    code, _, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json")
+    assert code == 2 and "ConnectionError" in err
+    code, _, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json", "--watch")
+    assert code == 2 and "--watch" in err
+
+
+def test_parse_keys_whatever_they_contain() -> None:
+    """Lengths make the parse exact: a key with ':', '{', '}' or '}:h' in it (C24)."""
+    for key in ["plain", "a:b", "x}:h", "{tag}", "é:}"]:
+        got = parse_lane_key(base("p:x", "s", "sess", key) + "q")
+        assert got is not None and (got.prefix, got.kind, got.name, got.key, got.suffix) == (
+            "p:x", "s", "sess", key, "q")
+    got = parse_lane_key(base("p", "c", "n") + "x:0a1b")
+    assert got is not None and got.key is None and got.suffix == "x:0a1b"
+    assert parse_lane_key("{lq:1:p:c:1:n}:v") is not None
+    for junk in ["other", "{lq2:9:p:c:1:n}:h", "{lq2:1:p:z:1:n}:h", "{lq2:1:p:c:1:n}:H"]:
+        assert parse_lane_key(junk) is None
+
+
+def test_json_needs_no_rich_the_table_does(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "rich" or m.startswith("rich.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "rich", None)  # import rich -> ImportError
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix, "--json")
+    assert code == 0 and len(json.loads(out)["lanes"]) == 2
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix)
+    assert code == 2 and "lanequeue[cli]" in err and out == ""
