@@ -44,10 +44,12 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bw   liveness: zset waiter id -> deadline (ms)
                                     Bf   last fencing token
                                     Bx:<id>  a withdrawn acquisition (lives one lease)
+                                    Bp   presence: "owner|channel|absent since ms"
     counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
                                     Bi   hold id -> "fence:since:key"
                                     Bq   line: list of "id:key", FIFO
                                     Bw, Bf, Bx:<id>  as above
+                                    Bp   presence: hold id -> "channel|absent since"
 
 Protocol versions. Clients of two protocol versions never share a lane: each lane has a
 version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
@@ -126,6 +128,34 @@ holds in a zset instead of one holder)::
   lease ends, takes K over: the key reaches the next waiter within ``lease_s`` (counted
   from the holder's last renewal) plus a round trip, plus the lateness of the server's
   blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
+- Failover (C30; :mod:`._presence`). Each process keeps one presence connection per
+  server, subscribed to a channel of its own (``lq:live:<random>:<epoch>``; a new
+  connection is a new epoch), and each grant records the channel it was asked under
+  (``Bp``). The head waiter, at each of its polls, asks ``PUBSUB NUMSUB`` whether the
+  holder's channel still has its subscriber; once it has been empty for ``GRACE_S``
+  (2 s, on the server's clock, the first empty reading starts it), the waiter's script
+  ends that hold and takes the key (or permit) through the line. A killed process's
+  kernel closes its sockets at once, so its holds move on within 2 s plus one poll
+  (about 3 s), whatever ``lease_s`` is. A process that is only slow (a GC pause,
+  SIGSTOP, a blocked event loop) keeps its sockets open and its holds up to ``lease_s``.
+  The rule "the holder learns of a loss no later than the server acts on it" holds
+  because the holder's presence thread pings every 0.25 s and declares the epoch DEAD,
+  marking every hold granted under it lost (flag and ``on_lease_lost``), the moment the
+  connection fails (error, EOF, reset; redis-py is never allowed to reconnect it in
+  place) or a ping stays unanswered for 0.75 s while the thread runs (a connection that
+  is silently dead, e.g. to a master that was failed over). So the holder's loss comes
+  at most 1 s after the last moment its connection was known present on the server; the
+  server cannot see the connection absent before that moment, and acts 2 s after it
+  does. After a Sentinel failover the new master has no subscribers at all: holders
+  connected to the old one detect the dead connection within that 1 s (the failover
+  itself takes longer), and their new presence connection is a new epoch, so the holds
+  of the old one stay lost. A frozen process is not mistaken for a dead connection: the
+  thread reads the socket once more without waiting before it declares a ping
+  unanswered, and the answer to a ping sent before a freeze waits in the socket buffer.
+  Falls back to ``lease_s``: a host that vanishes without closing its sockets (they stay
+  open on the server until TCP keepalive), a hold granted while its process had no
+  presence connection, a hold confirmed by a withdraw, and Redis Cluster (``NUMSUB``
+  counts one node's subscribers only, so presence is off there).
 - The holder's own deadline. A hold's deadline is its lease counted from BEFORE the
   request that granted or last renewed it was sent, less a guard
   (``min(lease_s/20, 0.25)`` s); the server's expiry can only come later. ``hold.lost``
@@ -185,7 +215,9 @@ confirm names an owner id drawn for one acquisition, so it acts only on that acq
 hold; (4) a holder's deadline is conservative (counted from before the request was sent)
 and read from its own clock, so ``hold.lost`` is True no later than the server can grant
 the key to anyone else, whatever the I/O does; a process that is itself frozen cannot act
-on it, and then fencing tokens protect the data (NOTES §4).
+on it, and then fencing tokens protect the data (NOTES §4); (5) a takeover by presence
+needs the holder's presence channel empty for 2 s of server time, and the holder's hold
+reads lost within 1 s of the last moment that channel was known present (see Failover).
 
 Caveats: all clients of one lane must use the same ``prefix`` and name. Clients of a
 counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe: the lane
