@@ -149,9 +149,13 @@ holds in a zset instead of one holder)::
   does. After a Sentinel failover the new master has no subscribers at all: holders
   connected to the old one detect the dead connection within that 1 s (the failover
   itself takes longer), and their new presence connection is a new epoch, so the holds
-  of the old one stay lost. A frozen process is not mistaken for a dead connection: the
-  thread reads the socket once more without waiting before it declares a ping
-  unanswered, and the answer to a ping sent before a freeze waits in the socket buffer.
+  of the old one stay lost. The price: a failover, a server restart, or a server that
+  stops answering for more than 0.75 s (a long script, a slow fork) ends every hold
+  granted under the connections it affects; the holders learn it at once (``lost``,
+  ``on_lease_lost``) and acquire again. A slow CLIENT process keeps its holds: a frozen
+  process is not mistaken for a dead connection, since the thread reads the socket once
+  more without waiting before it declares a ping unanswered, and the answer to a ping
+  sent before a freeze waits in the socket buffer.
   Falls back to ``lease_s``: a host that vanishes without closing its sockets (they stay
   open on the server until TCP keepalive), a hold granted while its process had no
   presence connection, a hold confirmed by a withdraw, and Redis Cluster (``NUMSUB``

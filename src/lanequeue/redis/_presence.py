@@ -169,7 +169,12 @@ class Presence:
                     self._ping(conn)
                     time.sleep(PING_S)
             except Exception as exc:
-                log.debug("presence connection: %s; a new one follows", exc)
+                if epoch is not None:
+                    log.warning("presence connection to Redis lost (%s: %s): holds granted "
+                                "under it are lost; a new one follows",
+                                type(exc).__name__, exc)
+                else:
+                    log.debug("presence connection: %s; a new one follows", exc)
             finally:
                 self.epoch = None
                 self.client_id = 0
