@@ -187,8 +187,8 @@ class _AsyncFace(RedisLaneBase[AsyncRedisHold]):
             return
         waker.forget(owner)
 
-    async def _wait_wake(self, owner: str, block: float) -> None:
-        await self._wk().wait(owner, block)
+    async def _wait_wake(self, owner: str, block: float) -> int:
+        return await self._wk().wait(owner, block)
 
     def _local_waiters(self) -> int:
         return self._wk().count

@@ -656,7 +656,13 @@ class RedisLaneBase(ABC, Generic[H]):
                 block = next_block(poll, wake, deadline, time.monotonic())
                 if not block:
                     break
-                yield self._wait_wake, (owner, block)
+                token = yield self._wait_wake, (owner, block)
+                if token:
+                    # The wake-up carried a grant of a full lease, made by a script that
+                    # ran after our last acquire was sent (at t0): ours at once.
+                    granted, value, t0 = yield from self._fresh(hold, int(token), t0)
+                    if granted:
+                        return self._granted(hold, value, t0, kept)
                 # Woken (or the bounded wait ran out): re-run acquire, which confirms a
                 # hand-off, takes over a lapsed holder if we are first, or refreshes our
                 # liveness in line.

@@ -78,8 +78,25 @@ _WAKE = r"""
 -- connection and hands the message to the waiting thread or task, so waiters hold no
 -- connection while they wait. A message lost (no subscriber at that instant) costs the
 -- waiter one poll of latency, never a hang: it re-checks at least every poll.
-local function wake(id)
-  redis.call('PUBLISH', 'lq:wake:' .. string.sub(id, 1, 10), id)
+-- With `tok` (a fencing token as a string), the message also carries a grant of a full
+-- lease ("id:tok"): the woken waiter holds at once, with no confirm round trip.
+local function wake(id, tok)
+  local msg = id
+  if tok then msg = id .. ':' .. tok end
+  redis.call('PUBLISH', 'lq:wake:' .. string.sub(id, 1, 10), msg)
+end
+
+-- The presence channel and lease (ms) a waiter sent with its last poll (hash `n`:
+-- "channel|lease"), if its process's presence connection is there now: the hand-off may
+-- then grant it a full lease (ITS lease: lease_s may differ per process), since presence
+-- bounds a waiter that died (see _presence.py). Removes the entry.
+local function live_channel(n, id)
+  local v = redis.call('HGET', n, id)
+  if not v then return false end
+  redis.call('HDEL', n, id)
+  local c, ms = string.match(v, '^(.*)|(%d+)$')
+  if c and redis.call('PUBSUB', 'NUMSUB', c)[2] > 0 then return c, tonumber(ms) end
+  return false
 end
 """
 
@@ -130,7 +147,7 @@ _SESSION_REST = (
     _KEEP
     + _WAKE
     + r"""
-local q, w, fk = base .. 'q', base .. 'w', base .. 'f'
+local q, w, fk, n = base .. 'q', base .. 'w', base .. 'f', base .. 'n'
 
 -- Record the holder's presence channel (see _presence.py): "owner|channel|absent since
 -- (ms, 0: present)". A record naming another owner is stale and ignored.
@@ -153,11 +170,22 @@ local function promote(fttl, now, now_us, s_us)
     if not now then now, now_us, s_us = clock() end
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
+    local c, ms = live_channel(n, id)
     if dl and dl > now then
       local f, fs = fence(fk, now_us, s_us, fttl)
-      local ttl = fmt(dl - now)
-      redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
-      wake(id)
+      if c then
+        -- The waiter's process is present: a full lease (its own), its presence
+        -- recorded, the grant carried in the wake-up (2 round trips per hand-off: the
+        -- release, then the woken waiter works at once). A waiter that died since its
+        -- last poll is ended by presence (its process) or its lease (its host).
+        redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ms)
+        present(id, c, ms)
+        wake(id, fs)
+      else
+        local ttl = fmt(dl - now)
+        redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
+        wake(id)
+      end
       return id, f
     end
   end
@@ -222,6 +250,10 @@ if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me) end
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
 keep(w, live)
+if chan ~= '' then
+  redis.call('HSET', n, me, chan .. '|' .. lease)
+  keep(n, live)
+end
 -- The head of the line learns when the holder's lease (or claim) runs out, and polls
 -- right then: a holder that died is replaced one round trip after its lease ends.
 if redis.call('LINDEX', q, 0) ~= me then return {0, -1} end
@@ -337,6 +369,7 @@ local me, lease = ARGV[1], ARGV[2]
 redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
+redis.call('HDEL', n, me)
 local o, f = holder(h)
 if o == me then
   redis.call('PEXPIRE', h, lease)
@@ -442,9 +475,17 @@ local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
     local id, key = string.sub(item, 1, c - 1), string.sub(item, c + 1)
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
+    local c, ms = live_channel(string.sub(h, 1, -2) .. 'n', id)
     if dl and dl > now then
-      grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
-      wake(id)
+      if c then
+        -- Present: a full lease (its own), carried in the wake-up (see the per-key
+        -- promote).
+        present(h, id, c, ms)
+        wake(id, fmt(grant(h, i, fk, id, key, now + ms, now, now_us, s_us, fttl)))
+      else
+        grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
+        wake(id)
+      end
     end
   end
 end
@@ -501,6 +542,11 @@ if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me .. ':' .. key)
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
 keep(w, live)
+if chan ~= '' then
+  local n = string.sub(h, 1, -2) .. 'n'
+  redis.call('HSET', n, me, chan .. '|' .. fmt(lease))
+  keep(n, live)
+end
 -- The head of the line learns when the first lease runs out (see the per-key acquire).
 local head = redis.call('LINDEX', q, 0)
 if head and string.sub(head, 1, #me + 1) == me .. ':' then
@@ -591,6 +637,7 @@ cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
+redis.call('HDEL', string.sub(h, 1, -2) .. 'n', me)
 purge(h, i, now)
 if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)

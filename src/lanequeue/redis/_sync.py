@@ -155,8 +155,8 @@ class _SyncFace(RedisLaneBase[RedisHold]):
     def _forget(self, owner: str) -> None:
         self._wk().forget(owner)
 
-    def _wait_wake(self, owner: str, block: float) -> None:
-        self._wk().wait(owner, block)
+    def _wait_wake(self, owner: str, block: float) -> int:
+        return self._wk().wait(owner, block)
 
     def _local_waiters(self) -> int:
         return self._wk().count
