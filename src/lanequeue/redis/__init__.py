@@ -45,11 +45,13 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bf   last fencing token
                                     Bx:<id>  a withdrawn acquisition (lives one lease)
                                     Bp   presence: "owner|channel|absent since ms"
+                                    Bn   waiter id -> "channel|lease_ms" (its last poll)
     counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
                                     Bi   hold id -> "fence:since:key"
                                     Bq   line: list of "id:key", FIFO
                                     Bw, Bf, Bx:<id>  as above
                                     Bp   presence: hold id -> "channel|absent since"
+                                    Bn   as above
 
 Protocol versions. Clients of two protocol versions never share a lane: each lane has a
 version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
@@ -115,7 +117,15 @@ holds in a zset instead of one holder)::
   acquire sees itself as holder and confirms (full lease). A waiter that died after its
   last refresh therefore blocks K for at most its liveness window (3 polls + 1 s, i.e.
   ``3 * min(1, lease_s/3) + 1`` s: more than a lease when ``lease_s`` is under 3 s);
-  the next poll of anyone moves K on. No instant exists in which K is free while
+  the next poll of anyone moves K on. The fast hand-off (2 round trips per grant on the
+  critical path: the release, then the woken waiter works): a waiter sends its process's
+  presence channel and its lease with each poll (``Bn``); when that channel has its
+  subscriber at the hand-off, the waiter gets a FULL lease of its own length, with its
+  presence recorded, and the wake-up message carries the fencing token (``id:token``):
+  the woken waiter holds at once, counting its deadline from before its last poll was
+  sent (the hand-off ran after it). A waiter that died since its last poll is then
+  ended by presence (its process was killed: about 3 s) or, if its host vanished, by
+  its lease; a wake-up that is lost costs one poll, whose acquire confirms the grant. No instant exists in which K is free while
   a live waiter is in line, so a newcomer cannot overtake.
 - Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
   counting lane's zset). A background renewer (one daemon thread per sync lane object,
