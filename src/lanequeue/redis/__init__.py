@@ -125,8 +125,9 @@ holds in a zset instead of one holder)::
   the woken waiter holds at once, counting its deadline from before its last poll was
   sent (the hand-off ran after it). A waiter that died since its last poll is then
   ended by presence (its process was killed: about 3 s) or, if its host vanished, by
-  its lease; a wake-up that is lost costs one poll, whose acquire confirms the grant. No instant exists in which K is free while
-  a live waiter is in line, so a newcomer cannot overtake.
+  its lease; a wake-up that is lost costs one poll, whose acquire confirms the grant.
+  No instant exists in which K is free while a live waiter is in line, so a newcomer
+  cannot overtake.
 - Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
   counting lane's zset). A background renewer (one daemon thread per sync lane object,
   one task per async lane object) renews each hold every ``lease_s/3`` with one script
