@@ -166,3 +166,63 @@ def test_c30_holder_learns_before_the_takeover_when_its_connection_is_cut(
         except Exception:
             pass
         admin.close()
+
+
+class _CountingCalls:
+    """Counts the acquire scripts a lane object sends, per owner id."""
+
+    def __init__(self) -> None:
+        self.acquires: dict[str, int] = {}
+
+    def record(self, op: str, call: Any) -> None:
+        if op == "acquire":
+            owner = call[2][0]
+            self.acquires[owner] = self.acquires.get(owner, 0) + 1
+
+
+def test_hand_off_carries_the_grant_no_confirm_round_trip(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """A waiter whose process is present is handed a full lease in its wake-up: it holds
+    after ONE acquire script (the one that put it in line), with a full lease and a
+    larger fencing token, for both kinds of lane."""
+    calls = _CountingCalls()
+
+    class Session(RedisSessionLane):
+        def _run(self, op: str, key: str | None, call: Any) -> Any:
+            calls.record(op, call)
+            return super()._run(op, key, call)
+
+    class Counting(RedisLane):
+        def _run(self, op: str, key: str | None, call: Any) -> Any:
+            calls.record(op, call)
+            return super()._run(op, key, call)
+
+    for lane in (Session(redis_client, "s", prefix=redis_prefix, lease_s=30),
+                 Counting(redis_client, "c", max_concurrent=1, prefix=redis_prefix,
+                          lease_s=30)):
+        first = lane.acquire(KEY)
+        first.__enter__()
+        got: dict[str, Any] = {}
+        joined = threading.Event()
+
+        def wait(lane: Any = lane, got: dict[str, Any] = got,
+                 joined: threading.Event = joined) -> None:
+            hold = lane.acquire(KEY, timeout_s=10)
+            joined.set()
+            with hold:
+                got["owner"], got["token"] = hold.owner, hold.fencing_token
+                got["left"] = hold._expires - time.monotonic()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        joined.wait(5)
+        deadline = time.monotonic() + 5
+        while lane.waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)  # its first script has put it in line
+        first.__exit__(None, None, None)
+        t.join(10)
+        assert got["token"] > first.fencing_token
+        assert calls.acquires[got["owner"]] == 1  # no confirm round trip
+        assert got["left"] > 25  # a full lease of 30 s, not a claim of a few seconds
