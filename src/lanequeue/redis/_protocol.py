@@ -894,7 +894,10 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _renewed(self, hold: H, ok: bool, t0: float) -> None:
         if not ok:
-            if HELD <= hold._state <= RELEASING:
+            # A hold whose release is on its way may have been released by it already
+            # (the release and this renewal race on two connections): the release's own
+            # answer says whether it was still ours, so only a HELD hold is lost here.
+            if hold._state == HELD:
                 self._notice_lost(hold)
             return
         with self._lock:
