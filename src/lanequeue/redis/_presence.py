@@ -75,17 +75,20 @@ class Epoch:
         with self._lock:
             self._lanes.add(lane)
 
-    def _die(self) -> None:
+    def _die(self) -> int:
+        """Mark the epoch dead and its holds lost; return how many holds were lost."""
         with self._lock:
             if self.dead:
-                return
+                return 0
             self.dead = True
             lanes = list(self._lanes)
+        lost = 0
         for lane in lanes:
             try:
-                lane._presence_lost(self)
+                lost += int(lane._presence_lost(self))
             except Exception:  # never let the presence thread die
                 log.exception("presence: marking holds lost failed")
+        return lost
 
 
 def _sync_connection_maker(client: Any) -> Any:
@@ -169,10 +172,12 @@ class Presence:
                     self._ping(conn)
                     time.sleep(PING_S)
             except Exception as exc:
-                if epoch is not None:
-                    log.warning("presence connection to Redis lost (%s: %s): holds granted "
-                                "under it are lost; a new one follows",
-                                type(exc).__name__, exc)
+                self.epoch = None
+                lost = epoch._die() if epoch is not None else 0
+                if lost:
+                    log.warning("presence connection to Redis lost (%s: %s): the %d holds "
+                                "granted under it are lost; a new one follows",
+                                type(exc).__name__, exc, lost)
                 else:
                     log.debug("presence connection: %s; a new one follows", exc)
             finally:

@@ -369,9 +369,10 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._notice_lost(hold)
         return start
 
-    def _presence_lost(self, epoch: Epoch) -> None:
+    def _presence_lost(self, epoch: Epoch) -> int:
         """The presence connection ``epoch`` died (called by its thread): every hold
-        granted under it is lost now, before the server may give it to a waiter."""
+        granted under it is lost now, before the server may give it to a waiter. Returns
+        how many."""
         due: list[H] = []
         with self._lock:
             for entries in self._holds.values():
@@ -382,6 +383,7 @@ class RedisLaneBase(ABC, Generic[H]):
                         due.append(h)
         for h in due:
             self._notice_lost(h)
+        return len(due)
 
     def _on_drop(self, entry: Watched) -> None:
         """A caller-owned hold was garbage-collected while still registered (never
