@@ -29,6 +29,7 @@ uncontended rounds run after they are gone.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 import shutil
@@ -271,6 +272,200 @@ def _fairness(host: str, port: int, nprocs: int, window_s: float) -> dict[str, A
     return out
 
 
+# -- 3. hot key: 16 processes on one key, hand-off latency and commands per grant ----------
+
+HOT_PHASES = ("ours", "redispy", "prl")
+HOT_LABELS = {"ours": "ours  RedisSessionLane", "redispy": "redis-py  Lock",
+              "prl": "python-redis-lock  Lock"}
+
+
+def _hot_worker(idx: int, host: str, port: int, window_s: float, ready: list[Any],
+                go: list[Any], start: Any, out_dir: str, errors: Any) -> None:
+    """One process on the hot key: for each phase, loop acquire/release until the shared
+    deadline, stamping each grant (time granted, time its release began)."""
+    import json
+
+    import redis
+    from redis.exceptions import LockError
+
+    from lanequeue import LaneTimeoutError
+    from lanequeue.redis import RedisSessionLane
+
+    try:
+        import redis_lock
+    except ImportError:
+        redis_lock = None
+    client = redis.Redis(host=host, port=port, socket_connect_timeout=5)
+    try:
+        lane = RedisSessionLane(client, "hot", prefix=PREFIX, lease_s=30, timeout_s=30)
+        client.ping()
+        for p, phase in enumerate(HOT_PHASES):
+            with ready[p].get_lock():
+                ready[p].value += 1
+            if not go[p].wait(timeout=120) or start[p] <= 0:
+                return
+            deadline = start[p] + window_s
+            time.sleep(max(0.0, start[p] - time.monotonic()))
+            stamps: list[tuple[float, float]] = []
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or (phase == "prl" and redis_lock is None):
+                    break
+                try:
+                    if phase == "ours":
+                        with lane.acquire(KEY, timeout_s=left):
+                            t_g = time.monotonic()
+                            t_r = time.monotonic()
+                    elif phase == "redispy":
+                        with client.lock(LOCK_KEY, timeout=30, blocking_timeout=left):
+                            t_g = time.monotonic()
+                            t_r = time.monotonic()
+                    else:
+                        lk = redis_lock.Lock(client, "prl:" + KEY, expire=30)
+                        if not lk.acquire(blocking=True, timeout=max(0.001, left)):
+                            continue
+                        t_g = time.monotonic()
+                        t_r = time.monotonic()
+                        lk.release()
+                except (LaneTimeoutError, LockError):
+                    continue
+                if t_g <= deadline:
+                    stamps.append((t_g, t_r))
+            Path(out_dir, f"{phase}-{idx}.json").write_text(json.dumps(stamps))
+    except BaseException:
+        with errors.get_lock():
+            errors.value += 1
+        traceback.print_exc()
+    finally:
+        client.close()
+
+
+_OWN_COMMANDS = ("ping", "subscribe", "client|id", "config|resetstat", "info")
+#: The commands each candidate's clients send (one round trip each); every other command
+#: in INFO commandstats ran inside a script.
+_SENT = {"ours": ("evalsha", "eval"), "redispy": ("set", "evalsha", "eval"),
+         "prl": ("set", "blpop", "evalsha", "eval")}
+
+
+def _hot_key(host: str, port: int, nprocs: int, window_s: float) -> dict[str, Any]:
+    """Run the three hot-key phases on one pool of workers; per phase: grants per
+    process, hand-off latencies (a release begun -> the next grant, any process), and
+    the commands the server ran per grant (INFO commandstats delta over the window)."""
+    import json
+
+    import redis
+
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    ready = [ctx.Value("i", 0) for _ in HOT_PHASES]
+    go = [ctx.Event() for _ in HOT_PHASES]
+    start = ctx.Array("d", len(HOT_PHASES), lock=False)
+    errors = ctx.Value("i", 0)
+    admin = redis.Redis(host=host, port=port)
+    out: dict[str, Any] = {"phases": {}}
+    with tempfile.TemporaryDirectory(prefix="lanequeue-bench-hot-") as out_dir:
+        procs = [ctx.Process(target=_hot_worker, name=f"lanequeue-bench-hot-{i}",
+                             args=(i, host, port, window_s, ready, go, start, out_dir,
+                                   errors), daemon=True) for i in range(nprocs)]
+        try:
+            for p in procs:
+                p.start()
+            # PING round trip, for scale (median of 200, from this process).
+            rtts = []
+            for _ in range(200):
+                t = time.perf_counter()
+                admin.ping()
+                rtts.append(time.perf_counter() - t)
+            out["ping_rtt_s"] = median(rtts)
+            for i, phase in enumerate(HOT_PHASES):
+                if not _all_ready(ready[i], nprocs, procs, 60 if i == 0 else window_s + 30):
+                    out["aborted_before"] = phase
+                    break
+                admin.config_resetstat()
+                start[i] = time.monotonic() + 0.2
+                go[i].set()
+                time.sleep(0.2 + window_s)
+                stats = admin.info("commandstats")
+                out["phases"][phase] = {"commands": {
+                    k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()
+                }}
+            for p in procs:
+                p.join(timeout=20)
+        finally:
+            for ev in go:
+                ev.set()
+            for p in procs:
+                p.join(timeout=0.5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=2)
+            admin.close()
+        for phase, got in out["phases"].items():
+            per: list[int] = []
+            stamps: list[tuple[float, float]] = []
+            for i in range(nprocs):
+                f = Path(out_dir, f"{phase}-{i}.json")
+                mine = json.loads(f.read_text()) if f.exists() else None
+                per.append(-1 if mine is None else len(mine))
+                stamps.extend(mine or [])
+            stamps.sort()
+            got["per_process"] = per
+            got["handoff_s"] = [b[0] - a[1] for a, b in itertools.pairwise(stamps)
+                                if b[0] >= a[1]]
+    out["errors"] = errors.value
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    ys = sorted(xs)
+    return ys[min(len(ys) - 1, int(q * len(ys)))] if ys else float("nan")
+
+
+def _hot_rows(hot: dict[str, Any], nprocs: int, window_s: float) -> list[Row]:
+    rows: list[Row] = []
+    rtt = hot.get("ping_rtt_s", float("nan"))
+    rows.append(Row(SEC, f"hot key: {nprocs} processes on one key, {window_s:g} s each",
+                    None, "", f"PING round trip {rtt * 1e6:.0f} us (median); "
+                    f"{hot['errors']} worker errors"
+                    + (f", stopped before {hot['aborted_before']}"
+                       if "aborted_before" in hot else "")))
+    rates: dict[str, float] = {}
+    for phase in HOT_PHASES:
+        got = hot["phases"].get(phase)
+        if got is None:
+            continue
+        per = [c for c in got["per_process"] if c >= 0]
+        total = sum(per)
+        if phase == "prl" and total == 0:
+            rows.append(Row(SEC, f"{HOT_LABELS[phase]}: not run", None, "",
+                            "pip install python-redis-lock (the bench extra)"))
+            continue
+        rates[phase] = total / window_s
+        cmds = {k: v for k, v in got["commands"].items() if k not in _OWN_COMMANDS}
+        sent = {k: v for k, v in cmds.items() if k in _SENT[phase]}
+        per_grant = sum(sent.values()) / total if total else float("nan")
+        inner = (sum(cmds.values()) - sum(sent.values())) / total if total else float("nan")
+        top = " + ".join(f"{v / total:.2f} {k.upper()}" for k, v in
+                         sorted(sent.items(), key=lambda kv: -kv[1])) if total else ""
+        lo, hi = (min(per), max(per)) if per else (0, 0)
+        ho = got["handoff_s"]
+        p50, p99 = _pct(ho, 0.5), _pct(ho, 0.99)
+        rows.append(Row(SEC, f"{HOT_LABELS[phase]}  grants/s", total / window_s, "grants/s",
+                        f"min/max per process {lo}/{hi} = {lo / hi if hi else 0:.2f}; "
+                        f"{per_grant:.2f} round trips per grant ({top}), {inner:.1f} "
+                        f"calls in scripts (INFO commandstats over the window)",
+                        data={"per_process": got["per_process"], "commands": got["commands"]}))
+        rows.append(Row(SEC, f"{HOT_LABELS[phase]}  hand-off p50/p99", p50 * 1e6, "us",
+                        f"p99 {p99 * 1e6:.0f} us; p50 = {p50 / rtt:.1f} PING round trips "
+                        f"(release begun -> next grant, any process)"))
+    if "ours" in rates and "redispy" in rates and rates["redispy"]:
+        r = rates["ours"] / rates["redispy"]
+        rows.append(Row(SEC, "hot key ratio ours/redis-py Lock  grants/s", r, "x",
+                        "one run, same workers and server", goal=">= 1",
+                        status="PASS" if r >= 1 else "MISS"))
+    return rows
+
+
 # -- 1. uncontended ----------------------------------------------------------------------------
 
 
@@ -382,6 +577,10 @@ def section_redis(cfg: Config) -> list[Row]:
         # thread) and the uncontended rounds run with the workers gone.
         fair = _fairness(server.host, server.port, nprocs, window_s)
 
+        # 3. hot key, also before this process makes a lane (workers fork from it)
+        hot_n, hot_s = (16, 3.0)
+        hot = _hot_key(server.host, server.port, hot_n, hot_s)
+
         # 1. uncontended
         client = redis.Redis(host=server.host, port=server.port)
         lane = RedisSessionLane(client, "bench", prefix=PREFIX, lease_s=30)
@@ -434,6 +633,8 @@ def section_redis(cfg: Config) -> list[Row]:
         goal=f">= {UNCONTENDED_GOAL:g}", status="PASS" if r >= UNCONTENDED_GOAL else "MISS",
         data={"rounds_ratio": ratios},
     ))
+
+    rows.extend(_hot_rows(hot, hot_n, hot_s))
 
     # -- fairness rows --
     setup = fair.get("setup_s")

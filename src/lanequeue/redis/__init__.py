@@ -44,10 +44,14 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bw   liveness: zset waiter id -> deadline (ms)
                                     Bf   last fencing token
                                     Bx:<id>  a withdrawn acquisition (lives one lease)
+                                    Bp   presence: "owner|channel|absent since ms"
+                                    Bn   waiter id -> "channel|lease_ms" (its last poll)
     counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
                                     Bi   hold id -> "fence:since:key"
                                     Bq   line: list of "id:key", FIFO
                                     Bw, Bf, Bx:<id>  as above
+                                    Bp   presence: hold id -> "channel|absent since"
+                                    Bn   as above
 
 Protocol versions. Clients of two protocol versions never share a lane: each lane has a
 version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
@@ -113,8 +117,17 @@ holds in a zset instead of one holder)::
   acquire sees itself as holder and confirms (full lease). A waiter that died after its
   last refresh therefore blocks K for at most its liveness window (3 polls + 1 s, i.e.
   ``3 * min(1, lease_s/3) + 1`` s: more than a lease when ``lease_s`` is under 3 s);
-  the next poll of anyone moves K on. No instant exists in which K is free while
-  a live waiter is in line, so a newcomer cannot overtake.
+  the next poll of anyone moves K on. The fast hand-off (2 round trips per grant on the
+  critical path: the release, then the woken waiter works): a waiter sends its process's
+  presence channel and its lease with each poll (``Bn``); when that channel has its
+  subscriber at the hand-off, the waiter gets a FULL lease of its own length, with its
+  presence recorded, and the wake-up message carries the fencing token (``id:token``):
+  the woken waiter holds at once, counting its deadline from before its last poll was
+  sent (the hand-off ran after it). A waiter that died since its last poll is then
+  ended by presence (its process was killed: about 3 s) or, if its host vanished, by
+  its lease; a wake-up that is lost costs one poll, whose acquire confirms the grant.
+  No instant exists in which K is free while a live waiter is in line, so a newcomer
+  cannot overtake.
 - Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
   counting lane's zset). A background renewer (one daemon thread per sync lane object,
   one task per async lane object) renews each hold every ``lease_s/3`` with one script
@@ -126,6 +139,38 @@ holds in a zset instead of one holder)::
   lease ends, takes K over: the key reaches the next waiter within ``lease_s`` (counted
   from the holder's last renewal) plus a round trip, plus the lateness of the server's
   blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
+- Failover (C30; :mod:`._presence`). Each process keeps one presence connection per
+  server, subscribed to a channel of its own (``lq:live:<random>:<epoch>``; a new
+  connection is a new epoch), and each grant records the channel it was asked under
+  (``Bp``). The head waiter, at each of its polls, asks ``PUBSUB NUMSUB`` whether the
+  holder's channel still has its subscriber; once it has been empty for ``GRACE_S``
+  (2 s, on the server's clock, the first empty reading starts it), the waiter's script
+  ends that hold and takes the key (or permit) through the line. A killed process's
+  kernel closes its sockets at once, so its holds move on within 2 s plus one poll
+  (about 3 s), whatever ``lease_s`` is. A process that is only slow (a GC pause,
+  SIGSTOP, a blocked event loop) keeps its sockets open and its holds up to ``lease_s``.
+  The rule "the holder learns of a loss no later than the server acts on it" holds
+  because the holder's presence thread pings every 0.25 s and declares the epoch DEAD,
+  marking every hold granted under it lost (flag and ``on_lease_lost``), the moment the
+  connection fails (error, EOF, reset; redis-py is never allowed to reconnect it in
+  place) or a ping stays unanswered for 0.75 s while the thread runs (a connection that
+  is silently dead, e.g. to a master that was failed over). So the holder's loss comes
+  at most 1 s after the last moment its connection was known present on the server; the
+  server cannot see the connection absent before that moment, and acts 2 s after it
+  does. After a Sentinel failover the new master has no subscribers at all: holders
+  connected to the old one detect the dead connection within that 1 s (the failover
+  itself takes longer), and their new presence connection is a new epoch, so the holds
+  of the old one stay lost. The price: a failover, a server restart, or a server that
+  stops answering for more than 0.75 s (a long script, a slow fork) ends every hold
+  granted under the connections it affects; the holders learn it at once (``lost``,
+  ``on_lease_lost``) and acquire again. A slow CLIENT process keeps its holds: a frozen
+  process is not mistaken for a dead connection, since the thread reads the socket once
+  more without waiting before it declares a ping unanswered, and the answer to a ping
+  sent before a freeze waits in the socket buffer.
+  Falls back to ``lease_s``: a host that vanishes without closing its sockets (they stay
+  open on the server until TCP keepalive), a hold granted while its process had no
+  presence connection, a hold confirmed by a withdraw, and Redis Cluster (``NUMSUB``
+  counts one node's subscribers only, so presence is off there).
 - The holder's own deadline. A hold's deadline is its lease counted from BEFORE the
   request that granted or last renewed it was sent, less a guard
   (``min(lease_s/20, 0.25)`` s); the server's expiry can only come later. ``hold.lost``
@@ -185,7 +230,9 @@ confirm names an owner id drawn for one acquisition, so it acts only on that acq
 hold; (4) a holder's deadline is conservative (counted from before the request was sent)
 and read from its own clock, so ``hold.lost`` is True no later than the server can grant
 the key to anyone else, whatever the I/O does; a process that is itself frozen cannot act
-on it, and then fencing tokens protect the data (NOTES §4).
+on it, and then fencing tokens protect the data (NOTES §4); (5) a takeover by presence
+needs the holder's presence channel empty for 2 s of server time, and the holder's hold
+reads lost within 1 s of the last moment that channel was known present (see Failover).
 
 Caveats: all clients of one lane must use the same ``prefix`` and name. Clients of a
 counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe: the lane

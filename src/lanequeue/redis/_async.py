@@ -189,9 +189,10 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             return
         waker.forget(owner)
 
-    async def _wait_wake(self, owner: str, block: float) -> None:
-        await self._wk().wait(owner, self._ops_block(owner, block))
-        self._ops_woke(owner)
+    async def _wait_wake(self, owner: str, block: float) -> int:
+        token = await self._wk().wait(owner, self._ops_block(owner, block))
+        self._ops_woke(owner)  # raises when clear/drain ended this wait
+        return token
 
     def _ops_wake(self, owner: str) -> None:
         try:

@@ -41,7 +41,7 @@ class RedisHoldBase(Hold):
 
     __slots__ = (
         "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
-        "_pid", "__weakref__",
+        "_pid", "_presence", "__weakref__",
     )
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
@@ -59,6 +59,9 @@ class RedisHoldBase(Hold):
         self._paused = False
         self._entry: Any = None  # this hold's entry in its lane object's registry
         self._pid = 0  # the process the hold was granted in
+        # The presence epoch the grant was asked under (None: none); once it is dead, the
+        # hold is lost (see _presence.py).
+        self._presence: Any = None
 
     @property
     def lost(self) -> bool:
@@ -66,9 +69,12 @@ class RedisHoldBase(Hold):
         holder's own deadline passed without a confirmed renewal. Read from the clock,
         not from I/O: it turns True at or before the moment Redis could grant the key to
         anyone else, even while the renewer waits on a stalled server or connection."""
-        return self._lost or (
-            HELD <= self._state <= RELEASING and time.monotonic() >= self._expires
-        )
+        if self._lost:
+            return True
+        if not HELD <= self._state <= RELEASING:
+            return False
+        p = self._presence
+        return time.monotonic() >= self._expires or (p is not None and p.dead)
 
     @property
     def held(self) -> bool:

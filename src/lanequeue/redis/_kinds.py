@@ -14,10 +14,14 @@ from typing import Any, ClassVar
 
 from . import _scripts as lua
 from ._keys import base as key_base
+from ._presence import GRACE_S
 
 __all__ = ["Call", "CountingKind", "Kind", "SessionKind"]
 
 Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
+
+#: The presence grace period in ms (see :mod:`._presence`), sent with every acquire.
+GRACE_MS = round(GRACE_S * 1000)
 
 
 class Kind(ABC):
@@ -40,13 +44,17 @@ class Kind(ABC):
         """The base ``{...}:`` of the Redis keys that ``key`` uses."""
 
     @abstractmethod
-    def acquire(self, owner: str, key: str, wait: bool, live_ms: int) -> Call: ...
+    def acquire(self, owner: str, key: str, wait: bool, live_ms: int,
+                chan: str = "") -> Call:
+        """``chan``: the presence channel of the caller's process ('' for none)."""
 
     @abstractmethod
     def release(self, owner: str, token: int, key: str) -> Call: ...
 
     @abstractmethod
-    def renew(self, owner: str, key: str) -> Call: ...
+    def renew(self, owner: str, key: str, chan: str | None = None) -> Call:
+        """``chan``: None keeps the hold's presence record; a channel replaces it; ''
+        removes it (the hold then lives by its lease only)."""
 
     @abstractmethod
     def withdraw(self, owner: str, key: str) -> Call: ...
@@ -66,17 +74,21 @@ class SessionKind(Kind):
     def base(self, key: str) -> str:
         return key_base(self.prefix, "s", self.name, key, layout=self.layout)
 
-    def acquire(self, owner: str, key: str, wait: bool, live_ms: int) -> Call:
+    def acquire(self, owner: str, key: str, wait: bool, live_ms: int,
+                chan: str = "") -> Call:
         return self.s_acquire, [self.base(key) + "h"], [
-            owner, self.lease_ms, live_ms if wait else 0
+            owner, self.lease_ms, live_ms if wait else 0, chan, GRACE_MS
         ]
 
     def release(self, owner: str, token: int, key: str) -> Call:
         # The holder value of our grant (owner:token): the script's one-call fast path.
         return self.s_release, [self.base(key) + "h"], [f"{owner}:{token}", self.lease_ms]
 
-    def renew(self, owner: str, key: str) -> Call:
-        return self.s_renew, [self.base(key) + "h"], [owner, self.lease_ms]
+    def renew(self, owner: str, key: str, chan: str | None = None) -> Call:
+        args: list[Any] = [owner, self.lease_ms]
+        if chan is not None:
+            args.append(chan)
+        return self.s_renew, [self.base(key) + "h"], args
 
     def withdraw(self, owner: str, key: str) -> Call:
         return self.s_withdraw, [self.base(key) + "h"], [owner, self.lease_ms]
@@ -102,16 +114,21 @@ class CountingKind(Kind):
     def base(self, key: str) -> str:
         return self._base
 
-    def acquire(self, owner: str, key: str, wait: bool, live_ms: int) -> Call:
+    def acquire(self, owner: str, key: str, wait: bool, live_ms: int,
+                chan: str = "") -> Call:
         return self.s_acquire, self._keys, [
-            owner, self.lease_ms, live_ms, 1 if wait else 0, self.fence_ttl_ms, self.cap, key
+            owner, self.lease_ms, live_ms, 1 if wait else 0, self.fence_ttl_ms, self.cap, key,
+            chan, GRACE_MS,
         ]
 
     def release(self, owner: str, token: int, key: str) -> Call:
         return self.s_release, self._keys, [owner, self.fence_ttl_ms, self.cap]
 
-    def renew(self, owner: str, key: str) -> Call:
-        return self.s_renew, self._keys, [owner, self.lease_ms, self.fence_ttl_ms, self.cap]
+    def renew(self, owner: str, key: str, chan: str | None = None) -> Call:
+        args: list[Any] = [owner, self.lease_ms, self.fence_ttl_ms, self.cap]
+        if chan is not None:
+            args.append(chan)
+        return self.s_renew, self._keys, args
 
     def withdraw(self, owner: str, key: str) -> Call:
         return self.s_withdraw, self._keys, [

@@ -56,6 +56,7 @@ from ._hold import ENDED, HELD, PENDING, RELEASING, RedisHoldBase
 from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
+from ._presence import Epoch, presence_for
 
 __all__ = [
     "Call",
@@ -183,6 +184,9 @@ class RedisLaneBase(ABC, Generic[H]):
         self._watch_at = math.inf  # when the watchdog's pending entry for us fires
         self._version_key = version_key(self.prefix, self._kind_class.letter, self.name)
         self._s_version = client.register_script(lua.VERSION_CLAIM)
+        # This process's presence connection to the server (failover: see _presence.py);
+        # None on Redis Cluster, where holds fall back to lease_s.
+        self._presence = presence_for(client)
         self._k: Kind = self._kind_class(
             client, self.prefix, self.name, self._layout, self._lease_ms,
             self._fence_ttl_ms, self._cap,
@@ -229,7 +233,13 @@ class RedisLaneBase(ABC, Generic[H]):
         return self._k.base(key)
 
     def _acquire_call(self, hold: RedisHoldBase, wait: bool, live_ms: int = 0) -> Call:
-        return self._k.acquire(hold.owner, hold.key, wait, live_ms or self._live_ms)
+        # The presence epoch of this request (sent with it, recorded by a grant): if it
+        # dies, a grant made under it reads lost at once (see _presence.py).
+        pres = self._presence
+        epoch = pres.current() if pres is not None else None
+        hold._presence = epoch
+        return self._k.acquire(hold.owner, hold.key, wait, live_ms or self._live_ms,
+                               epoch.channel if epoch is not None else "")
 
     def _release_call(self, hold: RedisHoldBase) -> Call:
         return self._k.release(hold.owner, hold.token, hold.key)
@@ -352,7 +362,28 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._watch_at = hold._expires
         if watch:
             watchdog.watch(self, hold._expires)
+        epoch = hold._presence
+        if epoch is not None:
+            epoch.watch(self)
+            if epoch.dead:  # died between the request and its answer
+                self._notice_lost(hold)
         return start
+
+    def _presence_lost(self, epoch: Epoch) -> int:
+        """The presence connection ``epoch`` died (called by its thread): every hold
+        granted under it is lost now, before the server may give it to a waiter. Returns
+        how many."""
+        due: list[H] = []
+        with self._lock:
+            for entries in self._holds.values():
+                for entry in entries:
+                    h = entry()
+                    if h is not None and h._presence is epoch and not h._lost \
+                            and HELD <= h._state <= RELEASING:
+                        due.append(h)
+        for h in due:
+            self._notice_lost(h)
+        return len(due)
 
     def _on_drop(self, entry: Watched) -> None:
         """A caller-owned hold was garbage-collected while still registered (never
@@ -592,6 +623,10 @@ class RedisLaneBase(ABC, Generic[H]):
             else:
                 prev = None
             if not self._server_checked:
+                if self._presence is not None and not self._async_face:
+                    # First use: let the presence connection come up (a few ms), so the
+                    # first grants are covered too (see _presence.py).
+                    self._presence.ready.wait(1.0)
                 yield from self._check_server()
             if time.monotonic() >= self._version_due:
                 yield from self._check_version()
@@ -623,7 +658,13 @@ class RedisLaneBase(ABC, Generic[H]):
                 block = next_block(poll, wake, deadline, time.monotonic())
                 if not block:
                     break
-                yield self._wait_wake, (owner, block)
+                token = yield self._wait_wake, (owner, block)
+                if token:
+                    # The wake-up carried a grant of a full lease, made by a script that
+                    # ran after our last acquire was sent (at t0): ours at once.
+                    granted, value, t0 = yield from self._fresh(hold, int(token), t0)
+                    if granted:
+                        return self._granted(hold, value, t0, kept)
                 # Woken (or the bounded wait ran out): re-run acquire, which confirms a
                 # hand-off, takes over a lapsed holder if we are first, or refreshes our
                 # liveness in line.
@@ -685,6 +726,20 @@ class RedisLaneBase(ABC, Generic[H]):
         while time.monotonic() - t0 > self.lease_s / 2:
             t0 = time.monotonic()
             reply = yield from self._script("renew", hold.key, self._renew_call(hold))
+            if int(reply) != 1:
+                return False, -1, t0
+        # The presence connection the grant was asked under died before the grant was
+        # answered (the server froze, a reconnect): the server would take the hold over
+        # from its empty channel, so move the record to the current connection (or drop
+        # it: the hold then lives by its lease only) before the hold is ours.
+        while hold._presence is not None and hold._presence.dead:
+            pres = self._presence
+            epoch = pres.current() if pres is not None else None
+            hold._presence = epoch
+            t0 = time.monotonic()
+            call = self._k.renew(hold.owner, hold.key,
+                                 epoch.channel if epoch is not None else "")
+            reply = yield from self._script("renew", hold.key, call)
             if int(reply) != 1:
                 return False, -1, t0
         return True, token, t0
@@ -841,7 +896,10 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _renewed(self, hold: H, ok: bool, t0: float) -> None:
         if not ok:
-            if HELD <= hold._state <= RELEASING:
+            # A hold whose release is on its way may have been released by it already
+            # (the release and this renewal race on two connections): the release's own
+            # answer says whether it was still ours, so only a HELD hold is lost here.
+            if hold._state == HELD:
                 self._notice_lost(hold)
             return
         with self._lock:

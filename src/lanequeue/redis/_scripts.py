@@ -78,8 +78,25 @@ _WAKE = r"""
 -- connection and hands the message to the waiting thread or task, so waiters hold no
 -- connection while they wait. A message lost (no subscriber at that instant) costs the
 -- waiter one poll of latency, never a hang: it re-checks at least every poll.
-local function wake(id)
-  redis.call('PUBLISH', 'lq:wake:' .. string.sub(id, 1, 10), id)
+-- With `tok` (a fencing token as a string), the message also carries a grant of a full
+-- lease ("id:tok"): the woken waiter holds at once, with no confirm round trip.
+local function wake(id, tok)
+  local msg = id
+  if tok then msg = id .. ':' .. tok end
+  redis.call('PUBLISH', 'lq:wake:' .. string.sub(id, 1, 10), msg)
+end
+
+-- The presence channel and lease (ms) a waiter sent with its last poll (hash `n`:
+-- "channel|lease"), if its process's presence connection is there now: the hand-off may
+-- then grant it a full lease (ITS lease: lease_s may differ per process), since presence
+-- bounds a waiter that died (see _presence.py). Removes the entry.
+local function live_channel(n, id)
+  local v = redis.call('HGET', n, id)
+  if not v then return false end
+  redis.call('HDEL', n, id)
+  local c, ms = string.match(v, '^(.*)|(%d+)$')
+  if c and redis.call('PUBSUB', 'NUMSUB', c)[2] > 0 then return c, tonumber(ms) end
+  return false
 end
 """
 
@@ -130,7 +147,13 @@ _SESSION_REST = (
     _KEEP
     + _WAKE
     + r"""
-local q, w, fk = base .. 'q', base .. 'w', base .. 'f'
+local q, w, fk, n = base .. 'q', base .. 'w', base .. 'f', base .. 'n'
+
+-- Record the holder's presence channel (see _presence.py): "owner|channel|absent since
+-- (ms, 0: present)". A record naming another owner is stale and ignored.
+local function present(id, c, ttl)
+  if c and c ~= '' then redis.call('SET', base .. 'p', id .. '|' .. c .. '|0', 'PX', ttl) end
+end
 
 -- Called only when nobody holds the key. Hands it to the first LIVE waiter in line:
 -- dead waiters (liveness deadline passed: crashed, or paused too long) are dropped on
@@ -147,11 +170,22 @@ local function promote(fttl, now, now_us, s_us)
     if not now then now, now_us, s_us = clock() end
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
+    local c, ms = live_channel(n, id)
     if dl and dl > now then
       local f, fs = fence(fk, now_us, s_us, fttl)
-      local ttl = fmt(dl - now)
-      redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
-      wake(id)
+      if c then
+        -- The waiter's process is present: a full lease (its own), its presence
+        -- recorded, the grant carried in the wake-up (2 round trips per hand-off: the
+        -- release, then the woken waiter works at once). A waiter that died since its
+        -- last poll is ended by presence (its process) or its lease (its host).
+        redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ms)
+        present(id, c, ms)
+        wake(id, fs)
+      else
+        local ttl = fmt(dl - now)
+        redis.call('SET', h, id .. ':' .. fs .. ':w', 'PX', ttl)
+        wake(id)
+      end
       return id, f
     end
   end
@@ -163,8 +197,9 @@ SESSION_ACQUIRE = (
     _SESSION_KEYS
     + _CLOCK
     + r"""
--- ARGV: owner, lease_ms, live_ms (0: try only, never join the line).
-local me, lease = ARGV[1], ARGV[2]
+-- ARGV: owner, lease_ms, live_ms (0: try only, never join the line), presence channel
+-- of the caller's process ('' for none), grace_ms.
+local me, lease, chan = ARGV[1], ARGV[2], ARGV[4]
 local now, now_us, s_us
 -- Fast path: no holder and no line at all (not even dead waiters), and this acquisition
 -- was not withdrawn: ours at once.
@@ -172,6 +207,7 @@ if redis.call('EXISTS', h, base .. 'q', base .. 'x:' .. me) == 0 then
   now, now_us, s_us = clock()
   local f, fs = fence(base .. 'f', now_us, s_us, lease)
   redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
+  if chan ~= '' then redis.call('SET', base .. 'p', me .. '|' .. chan .. '|0', 'PX', lease) end
   return f
 end
 """
@@ -193,6 +229,7 @@ if o == me then
   -- Granted to us by hand-off (or this is a retry whose first reply was lost): confirm,
   -- i.e. turn the claim into a full lease. Idempotent per owner id.
   redis.call('PEXPIRE', h, lease)
+  present(me, chan, lease)
   return f
 end
 if not o then
@@ -200,6 +237,7 @@ if not o then
   local fs
   f, fs = fence(fk, now_us, s_us, lease)
   redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
+  present(me, chan, lease)
   return f
 end
 if live == 0 then return {0, -1} end
@@ -212,10 +250,47 @@ if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me) end
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
 keep(w, live)
+if chan ~= '' then
+  redis.call('HSET', n, me, chan .. '|' .. lease)
+  keep(n, live)
+end
 -- The head of the line learns when the holder's lease (or claim) runs out, and polls
 -- right then: a holder that died is replaced one round trip after its lease ends.
-if redis.call('LINDEX', q, 0) == me then return {0, redis.call('PTTL', h)} end
-return {0, -1}
+if redis.call('LINDEX', q, 0) ~= me then return {0, -1} end
+local wake = redis.call('PTTL', h)
+-- Failover: a holder whose process is gone (its presence channel has stayed empty for
+-- the grace period, server clock) is taken over now, not at the end of its lease. Its
+-- process marked the hold lost before the grace ran out (see _presence.py); a process
+-- that is only slow keeps its connection, so its channel never empties.
+local pv = redis.call('GET', base .. 'p')
+if pv then
+  local po, pc, since = string.match(pv, '^([^|]*)|(.*)|(%d+)$')
+  if po == o then
+    since = tonumber(since)
+    if redis.call('PUBSUB', 'NUMSUB', pc)[2] > 0 then
+      if since > 0 then redis.call('SET', base .. 'p', po .. '|' .. pc .. '|0', 'KEEPTTL') end
+    else
+      local grace = tonumber(ARGV[5])
+      if since == 0 then
+        since = now
+        redis.call('SET', base .. 'p', po .. '|' .. pc .. '|' .. fmt(now), 'KEEPTTL')
+      end
+      if now - since >= grace then
+        redis.call('DEL', h)
+        now, now_us, s_us = clock()
+        o, f = promote(lease, now, now_us, s_us)
+        if o == me then
+          redis.call('PEXPIRE', h, lease)
+          present(me, chan, lease)
+          return f
+        end
+        return {0, -1}
+      end
+      if since + grace - now < wake then wake = since + grace - now end
+    end
+  end
+end
+return {0, wake}
 """
 )
 
@@ -258,10 +333,21 @@ return 0
 SESSION_RENEW = (
     _HOLDER
     + r"""
--- KEYS: h. ARGV: owner, lease_ms. Extends the lease only while it is still ours: an
--- expired holder key reads as absent, so a lease that ran out is never revived.
+-- KEYS: h. ARGV: owner, lease_ms, [presence channel]. Extends the lease only while it is
+-- still ours: an expired holder key reads as absent, so a lease that ran out is never
+-- revived. With a channel, the hold's presence record is replaced ('': removed, the
+-- hold then lives by its lease only): a grant whose presence connection died before
+-- the grant was answered moves to the new one.
 if holder(KEYS[1]) == ARGV[1] then
+  local p = string.sub(KEYS[1], 1, -2) .. 'p'
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if ARGV[3] == nil then
+    redis.call('PEXPIRE', p, ARGV[2])
+  elseif ARGV[3] == '' then
+    redis.call('DEL', p)
+  else
+    redis.call('SET', p, ARGV[1] .. '|' .. ARGV[3] .. '|0', 'PX', ARGV[2])
+  end
   return 1
 end
 return 0
@@ -283,6 +369,7 @@ local me, lease = ARGV[1], ARGV[2]
 redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
+redis.call('HDEL', n, me)
 local o, f = holder(h)
 if o == me then
   redis.call('PEXPIRE', h, lease)
@@ -318,8 +405,54 @@ local function purge(h, i, now)
   local gone = redis.call('ZRANGEBYSCORE', h, '-inf', fmt(now))
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', h, '-inf', fmt(now))
-    for _, id in ipairs(gone) do redis.call('HDEL', i, id) end
+    local p = string.sub(h, 1, -2) .. 'p'
+    for _, id in ipairs(gone) do
+      redis.call('HDEL', i, id)
+      redis.call('HDEL', p, id)
+    end
   end
+end
+
+-- Record a hold's presence channel (see _presence.py) in hash p: id -> "channel|absent
+-- since (ms, 0: present)".
+local function present(h, id, c, ttl)
+  if c and c ~= '' then
+    local p = string.sub(h, 1, -2) .. 'p'
+    redis.call('HSET', p, id, c .. '|0')
+    keep(p, ttl)
+  end
+end
+
+-- Failover: holds whose process is gone (presence channel empty for `grace` ms, server
+-- clock) end now. Returns whether any ended, and the ms until the next one may.
+local function takeover(h, i, now, grace)
+  local p = string.sub(h, 1, -2) .. 'p'
+  local e = redis.call('HGETALL', p)
+  local freed, wake = false, -1
+  for k = 1, #e, 2 do
+    local id, v = e[k], e[k + 1]
+    local c, since = string.match(v, '^(.*)|(%d+)$')
+    since = tonumber(since)
+    if not redis.call('ZSCORE', h, id) then
+      redis.call('HDEL', p, id)
+    elseif redis.call('PUBSUB', 'NUMSUB', c)[2] > 0 then
+      if since > 0 then redis.call('HSET', p, id, c .. '|0') end
+    else
+      if since == 0 then
+        since = now
+        redis.call('HSET', p, id, c .. '|' .. fmt(now))
+      end
+      if now - since >= grace then
+        redis.call('ZREM', h, id)
+        redis.call('HDEL', i, id)
+        redis.call('HDEL', p, id)
+        freed = true
+      elseif wake < 0 or since + grace - now < wake then
+        wake = since + grace - now
+      end
+    end
+  end
+  return freed, wake
 end
 
 local function grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
@@ -342,9 +475,17 @@ local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
     local id, key = string.sub(item, 1, c - 1), string.sub(item, c + 1)
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
+    local c, ms = live_channel(string.sub(h, 1, -2) .. 'n', id)
     if dl and dl > now then
-      grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
-      wake(id)
+      if c then
+        -- Present: a full lease (its own), carried in the wake-up (see the per-key
+        -- promote).
+        present(h, id, c, ms)
+        wake(id, fmt(grant(h, i, fk, id, key, now + ms, now, now_us, s_us, fttl)))
+      else
+        grant(h, i, fk, id, key, dl, now, now_us, s_us, fttl)
+        wake(id)
+      end
     end
   end
 end
@@ -374,6 +515,8 @@ COUNTING_ACQUIRE = (
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, live, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local fttl, cap, key = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+-- ARGV[8]: the caller's presence channel ('' for none); ARGV[9]: grace_ms.
+local chan = ARGV[8]
 -- Withdrawn already (see the per-key acquire): never granted.
 if redis.call('EXISTS', string.sub(h, 1, -2) .. 'x:' .. me) == 1 then return {0, 0} end
 cap = lane_cap(h, cap, fttl)
@@ -385,11 +528,13 @@ if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
   keep(h, lease)
   keep(i, lease)
+  present(h, me, chan, lease)
   return fence_of(i, me)
 end
 -- promote stops only when the line is empty or the lane is full, so a free permit here
 -- means nobody alive waits: taking it overtakes no one.
 if redis.call('ZCARD', h) < cap then
+  present(h, me, chan, lease)
   return grant(h, i, fk, me, key, now + lease, now, now_us, s_us, fttl)
 end
 if mode == '0' then return {0, -1} end
@@ -397,11 +542,31 @@ if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me .. ':' .. key)
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
 keep(w, live)
+if chan ~= '' then
+  local n = string.sub(h, 1, -2) .. 'n'
+  redis.call('HSET', n, me, chan .. '|' .. fmt(lease))
+  keep(n, live)
+end
 -- The head of the line learns when the first lease runs out (see the per-key acquire).
 local head = redis.call('LINDEX', q, 0)
 if head and string.sub(head, 1, #me + 1) == me .. ':' then
+  -- Failover: the head ends the holds of dead processes (see takeover), then takes a
+  -- freed permit through the line.
+  local freed, soon = takeover(h, i, now, tonumber(ARGV[9]))
+  if freed then
+    promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
+    if redis.call('ZSCORE', h, me) then
+      redis.call('ZADD', h, fmt(now + lease), me)
+      keep(h, lease)
+      keep(i, lease)
+      present(h, me, chan, lease)
+      return fence_of(i, me)
+    end
+  end
   local first = redis.call('ZRANGE', h, 0, 0, 'WITHSCORES')
-  if first[2] then return {0, tonumber(first[2]) - now} end
+  local wake = first[2] and tonumber(first[2]) - now or -1
+  if soon >= 0 and (wake < 0 or soon < wake) then wake = soon end
+  return {0, wake}
 end
 return {0, -1}
 """
@@ -421,6 +586,7 @@ local ok = 0
 -- release finds nothing and cannot return a permit that is no longer its own.
 if redis.call('ZREM', h, me) == 1 then
   redis.call('HDEL', i, me)
+  redis.call('HDEL', string.sub(h, 1, -2) .. 'p', me)
   ok = 1
 end
 promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
@@ -431,7 +597,8 @@ return ok
 COUNTING_RENEW = (
     _COUNTING_PRELUDE
     + r"""
--- KEYS: h i q w f. ARGV: owner, lease_ms, fence_ttl_ms, max_concurrent.
+-- KEYS: h i q w f. ARGV: owner, lease_ms, fence_ttl_ms, max_concurrent, [presence
+-- channel: replaces the hold's presence record, '' removes it; see the per-key renew].
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 cap = lane_cap(h, cap, fttl)
@@ -442,6 +609,13 @@ if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
   keep(h, lease)
   keep(i, lease)
+  local p = string.sub(h, 1, -2) .. 'p'
+  if ARGV[5] == '' then
+    redis.call('HDEL', p, me)
+  elseif ARGV[5] then
+    present(h, me, ARGV[5], lease)
+  end
+  keep(p, lease)
   ok = 1
 end
 -- Permits freed by the purge go to the line now, not at the waiters' next poll.
@@ -463,6 +637,7 @@ cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
+redis.call('HDEL', string.sub(h, 1, -2) .. 'n', me)
 purge(h, i, now)
 if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)

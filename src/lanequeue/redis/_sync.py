@@ -158,12 +158,13 @@ class _SyncFace(RedisOps[RedisHold]):
     def _forget(self, owner: str) -> None:
         self._wk().forget(owner)
 
-    def _wait_wake(self, owner: str, block: float) -> None:
-        self._wk().wait(owner, self._ops_block(owner, block))
-        self._ops_woke(owner)
+    def _wait_wake(self, owner: str, block: float) -> int:
+        token = self._wk().wait(owner, self._ops_block(owner, block))
+        self._ops_woke(owner)  # raises when clear/drain ended this wait
+        return token
 
     def _ops_wake(self, owner: str) -> None:
-        self._wk()._woken(owner)
+        self._wk()._woken(owner, 0)  # no grant: clear/drain ended the wait
 
     def _local_waiters(self) -> int:
         return self._wk().count

@@ -69,11 +69,19 @@ def _calls(client: Any) -> int:
     return MAX_CALLS
 
 
-def _keep_early(early: dict[str, None], owner: str) -> None:
+def _keep_early(early: dict[str, int], owner: str, token: int) -> None:
     """Keep a wake-up whose waiter has not registered yet (the latest 4096)."""
-    early[owner] = None
+    early[owner] = token
     if len(early) > 4096:
         del early[next(iter(early))]
+
+
+def parse(message: str) -> tuple[str, int]:
+    """A wake-up message: ``owner`` (handed a claim: confirm it with an acquire) or
+    ``owner:token`` (handed a full lease with that fencing token: held at once, no
+    confirm round trip). Returns (owner, token or 0)."""
+    owner, _, token = message.partition(":")
+    return owner, int(token) if token.isdigit() else 0
 
 
 def _text(v: Any) -> str:
@@ -87,7 +95,8 @@ class SyncWaker:
         self.pid = os.getpid()
         self.slots = threading.BoundedSemaphore(_calls(client))
         self._events: dict[str, threading.Event] = {}
-        self._early: dict[str, None] = {}  # wake-ups that came before their waiter
+        self._early: dict[str, int] = {}  # wake-ups that came before their waiter
+        self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
         self._sibling = sibling_sync(client)
         self._ready = threading.Event()
         self._started = False
@@ -97,14 +106,19 @@ class SyncWaker:
         ev = threading.Event()
         with self._lock:
             self._events[owner] = ev
-            if self._early.pop(owner, 0) is None:
+            token = self._early.pop(owner, None)
+            if token is not None:
+                if token:
+                    self._tokens[owner] = token
                 ev.set()
 
-    def _woken(self, owner: str) -> None:
+    def _woken(self, owner: str, token: int) -> None:
         with self._lock:
             ev = self._events.get(owner)
             if ev is None:
-                _keep_early(self._early, owner)
+                _keep_early(self._early, owner, token)
+            elif token:
+                self._tokens[owner] = token
         if ev is not None:
             ev.set()
 
@@ -115,17 +129,21 @@ class SyncWaker:
 
     def forget(self, owner: str) -> None:
         self._events.pop(owner, None)
+        self._tokens.pop(owner, None)
 
-    def wait(self, owner: str, block: float) -> None:
-        """Block until ``owner`` is woken or ``block`` seconds have passed."""
+    def wait(self, owner: str, block: float) -> int:
+        """Block until ``owner`` is woken or ``block`` seconds have passed; the fencing
+        token of a grant the wake-up carried (a full lease: see :func:`parse`), else 0."""
         if not self._started:
             self._start()
         ev = self._events.get(owner)
         if ev is None or self._sibling is None:
             time.sleep(block)
-            return
+            return 0
         ev.wait(block)
         ev.clear()
+        with self._lock:
+            return self._tokens.pop(owner, 0)
 
     def _start(self) -> None:
         with self._lock:
@@ -156,7 +174,7 @@ class SyncWaker:
                 while ref() is not None:
                     msg = ps.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
-                        woken(_text(msg["data"]))
+                        woken(*parse(_text(msg["data"])))
             except Exception as exc:
                 ready.set()
                 log.debug("wake-up listener: %s; reconnecting", exc)
@@ -175,14 +193,18 @@ class AsyncWaker:
     def __init__(self, client: Any) -> None:
         self.slots = asyncio.Semaphore(_calls(client))
         self._events: dict[str, asyncio.Event] = {}
-        self._early: dict[str, None] = {}  # wake-ups that came before their waiter
+        self._early: dict[str, int] = {}  # wake-ups that came before their waiter
+        self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
         self._sibling = sibling_async(client)
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
 
     def expect(self, owner: str) -> None:
         ev = self._events[owner] = asyncio.Event()
-        if self._early.pop(owner, 0) is None:
+        token = self._early.pop(owner, None)
+        if token is not None:
+            if token:
+                self._tokens[owner] = token
             ev.set()
 
     @property
@@ -192,9 +214,11 @@ class AsyncWaker:
 
     def forget(self, owner: str) -> None:
         self._events.pop(owner, None)
+        self._tokens.pop(owner, None)
 
-    async def wait(self, owner: str, block: float) -> None:
-        """Wait until ``owner`` is woken or ``block`` seconds have passed."""
+    async def wait(self, owner: str, block: float) -> int:
+        """Wait until ``owner`` is woken or ``block`` seconds have passed; the token of
+        a grant the wake-up carried, else 0 (see :meth:`SyncWaker.wait`)."""
         if self._task is None or self._task.done():
             self._start()
         ready = self._ready
@@ -206,12 +230,13 @@ class AsyncWaker:
         ev = self._events.get(owner)
         if ev is None or self._sibling is None:
             await asyncio.sleep(block)
-            return
+            return 0
         try:
             await asyncio.wait_for(ev.wait(), block)
         except (asyncio.TimeoutError, TimeoutError):
             pass
         ev.clear()
+        return self._tokens.pop(owner, 0)
 
     def _start(self) -> None:
         if self._sibling is None:
@@ -235,12 +260,14 @@ class AsyncWaker:
                 while True:
                     msg = await ps.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
-                        owner = _text(msg["data"])
+                        owner, token = parse(_text(msg["data"]))
                         ev = events.get(owner)
                         if ev is not None:
+                            if token:
+                                self._tokens[owner] = token
                             ev.set()
                         else:
-                            _keep_early(early, owner)
+                            _keep_early(early, owner, token)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

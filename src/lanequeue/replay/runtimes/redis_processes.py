@@ -85,9 +85,13 @@ would count the reordering); a release that fails on a backend error leaves a ho
 lapses with its lease while the request already counts as finished (the request is
 reported as an error).
 
-Connections: every thread waiting in a Redis lane holds a pooled connection (BLPOP on
-its signal), so each worker's pool is sized to its share of the requests (redis-py's
-default pool of 100 would fail requests with MaxConnectionsError under a backlog).
+Connections: a thread waiting in a Redis lane holds no connection (wake-ups come over
+one subscription per process); each worker's pool is still sized to its share of the
+requests, for the arrival gate's reads.
+
+Lifetime: the workers end with the parent, however it ends (:func:`die_with_parent`);
+SIGTERM or Ctrl-C of the parent stops the run cleanly, and a run in which nothing
+finishes for ``stall_s`` stops with an error instead of hanging.
 
 Registry figures and cleanup
 ============================
@@ -106,7 +110,11 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import signal
+import sys
+import threading
 import time
 import traceback
 import uuid
@@ -303,17 +311,51 @@ class _WorkerSpec:
     counter_ttl_s: float
     tick_s: float
     start_timeout_s: float
+    parent_pid: int = 0
+    pdeathsig: bool = False
+
+
+#: Linux prctl option: a signal the kernel sends this process when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int, *, pdeathsig: bool = True, every_s: float = 0.25) -> None:
+    """Make this (worker) process end when process ``parent_pid`` dies, however it dies
+    (SIGKILL included): on Linux the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``, set
+    only when ``pdeathsig``: the kernel ties it to the parent THREAD that started us, so
+    the parent asks for it only from its main thread); everywhere, a daemon thread checks
+    every ``every_s`` seconds that the parent is still its parent and ends the process
+    (``os._exit(1)``) once it is not. A parent already gone ends it at once."""
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the thread does it
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="lanequeue-replay-parent-watch", daemon=True).start()
 
 
 def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
     """The body of worker process ``spec.wid`` (see the module docstring)."""
     wid = spec.wid
+    # The parent alone handles Ctrl-C (it goes to the whole process group) and stops us.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(spec.parent_pid, pdeathsig=spec.pdeathsig)
     try:
         plan = spec.plan
         rids = range(wid, len(plan.keys), spec.workers)
-        # Every waiting thread holds a connection (it blocks in BLPOP on its signal), and
-        # up to all of this worker's requests may wait at once: a pool that could run dry
-        # would fail requests (redis-py's default pool holds 100).
+        # Up to all of this worker's requests may be in the gate or the lanes at once: a
+        # pool that could run dry would fail requests (redis-py's default pool holds 100).
         client = connect(spec.url, max_connections=len(rids) + 16)
         queue = build_redis_queue(client, plan, prefix=spec.prefix, lease_s=spec.lease_s)
         counter = RedisCompletionCounter(client, spec.prefix, ttl_s=spec.counter_ttl_s)
@@ -443,6 +485,14 @@ class RedisProcessRuntime:
         lead_s: seconds between releasing the workers and the first arrival.
         tick_s: seconds between two progress reports of a worker.
         start_timeout_s: seconds the workers may take to start and connect.
+        stall_s: the run stops with BackendError when no request finished for this many
+            seconds while some are left (None: 60 s plus twice the longest work time
+            plus twice the lease).
+
+    Worker processes end with their parent, however it ends (``PR_SET_PDEATHSIG`` on
+    Linux and a parent watch in each worker: :func:`die_with_parent`); SIGTERM and Ctrl-C
+    of the parent stop the run (workers terminated, the run's keys deleted) and raise
+    KeyboardInterrupt.
     """
 
     name = "threads"
@@ -458,6 +508,7 @@ class RedisProcessRuntime:
         lead_s: float = 0.1,
         tick_s: float = 0.25,
         start_timeout_s: float = 60.0,
+        stall_s: float | None = None,
     ) -> None:
         check_workers(workers)
         self.url = url
@@ -468,6 +519,8 @@ class RedisProcessRuntime:
         self._lead_s = lead_s
         self._tick_s = tick_s
         self._start_timeout_s = start_timeout_s
+        self._stall_s_arg = stall_s
+        self._stall_s = 0.0
 
     def run(self, plan: ReplayPlan, progress: ProgressFn | None = None) -> RunRecord:
         """Replay ``plan`` across the worker processes in real time; merge what they saw.
@@ -480,14 +533,24 @@ class RedisProcessRuntime:
             from lanequeue.redis import DEFAULT_LEASE_S
 
             self._lease_s = DEFAULT_LEASE_S
+        # SIGTERM stops the run like Ctrl-C: workers terminated, the run's keys deleted,
+        # KeyboardInterrupt raised to the caller (the command prints "interrupted").
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGTERM, _interrupt)
         try:
             return self._run(client, plan, progress)
         finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
             client.close()
 
     def _run(self, client: Any, plan: ReplayPlan, progress: ProgressFn | None) -> RunRecord:
         assert self._lease_s is not None  # set by run()
         n = len(plan.keys)
+        self._stall_s = self._stall_s_arg if self._stall_s_arg is not None else (
+            60.0 + 2.0 * max(plan.work_s, default=0.0) + 2.0 * self._lease_s
+        )
         w = self.workers
         prefix = f"{PREFIX_BASE}:{uuid.uuid4().hex}"
         # Long enough that no counter can expire while a successor may still look at it:
@@ -507,6 +570,8 @@ class RedisProcessRuntime:
                     lease_s=self._lease_s, poll_s=self._poll_s,
                     gate_max_wait_s=self._gate_max_wait_s, counter_ttl_s=counter_ttl_s,
                     tick_s=self._tick_s, start_timeout_s=self._start_timeout_s + 30.0,
+                    parent_pid=os.getpid(),
+                    pdeathsig=threading.current_thread() is threading.main_thread(),
                 )
                 proc = ctx.Process(
                     target=_worker_main, args=(spec, go, epoch, out),
@@ -575,8 +640,21 @@ class RedisProcessRuntime:
             if progress is not None:
                 progress(sum(done), n)
 
+        # Never hang: a run in which no request finishes for ``stall_s`` seconds (while
+        # some are left) stops with an error naming what is left.
+        last, moved = -1, time.monotonic()
         while len(payloads) < len(procs):
             _pump(out, procs, payloads, handle)
+            now, total = time.monotonic(), sum(done)
+            if total != last:
+                last, moved = total, now
+            elif now - moved > self._stall_s:
+                raise BackendError(
+                    f"no request finished for {self._stall_s:g} s ({total} of {n} done; "
+                    f"workers still running: "
+                    f"{[wid for wid in range(len(procs)) if wid not in payloads]}): "
+                    f"stopping the run"
+                )
         return payloads
 
     def _finish(
@@ -619,6 +697,10 @@ class RedisProcessRuntime:
         info["redis_keys_without_ttl"] = no_ttl
         info["redis_keys_deleted"] = _delete_keys(client, names)
         return info
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _pump(
