@@ -46,8 +46,6 @@ DEFAULT_GLOBAL_CONCURRENCY = 8
 DEFAULT_MAX_SESSIONS = 256
 #: Seconds an idle per-key entry is kept.
 DEFAULT_IDLE_TIMEOUT_S = 3600.0
-#: How often ``wait_idle`` looks whether the lane is idle, in seconds.
-IDLE_POLL_S = 0.01
 
 
 class _Default:

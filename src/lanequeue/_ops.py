@@ -16,7 +16,9 @@ process's holders and waiters (:mod:`lanequeue.redis._ops`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -162,3 +164,32 @@ class LaneOps:
         is idle. Never waits. On an asyncio lane, RuntimeError when not called from the
         lane's event loop. On a Redis lane: this lane object's waiters (this process)."""
         self._start_drain(True)
+
+
+#: Seconds between two looks of ``wait_idle`` (the release path carries no idle signal).
+IDLE_POLL_S = 0.01
+
+
+def poll_idle(idle: Callable[[], bool], timeout_s: float | None) -> bool:
+    """Block until ``idle()`` is True, looking every :data:`IDLE_POLL_S` seconds, for at
+    most ``timeout_s`` seconds (None: no limit; already checked). True if idle on return,
+    False when the time ran out first. What every face's thread ``wait_idle`` does."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while not idle():
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        time.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
+    return True
+
+
+async def poll_idle_async(idle: Callable[[], bool], timeout_s: float | None) -> bool:
+    """:func:`poll_idle` for asyncio, on the running loop's clock."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while not idle():
+        left = None if deadline is None else deadline - loop.time()
+        if left is not None and left <= 0:
+            return False
+        await asyncio.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
+    return True

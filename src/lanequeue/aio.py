@@ -46,13 +46,13 @@ from ._core import Core, CountingCore, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
-    IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
     SessionKind,
     drop_hold,
 )
+from ._ops import poll_idle_async
 from ._validate import check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _end_view, _send
@@ -520,17 +520,8 @@ class _AsyncFace:
         passed first. A coroutine; looks every 10 ms (``asyncio.sleep``). Raises
         TypeError/ValueError for a bad timeout; RuntimeError from a foreign loop."""
         timeout = check_timeout(timeout_s)
-        loop = self._bind_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not self._idle():
-            if deadline is None:
-                await asyncio.sleep(IDLE_POLL_S)
-                continue
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            await asyncio.sleep(min(IDLE_POLL_S, left))
-        return True
+        self._bind_loop()
+        return await poll_idle_async(self._idle, timeout)
 
 
 class AsyncLane(_AsyncFace, CountingKind):
@@ -798,14 +789,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         lane has a holder or a waiter; False when the timeout passed first.
         A coroutine; looks every 10 ms."""
         timeout = check_timeout(timeout_s)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not self._idle():
-            left = None if deadline is None else deadline - loop.time()
-            if left is not None and left <= 0:
-                return False
-            await asyncio.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
-        return True
+        return await poll_idle_async(self._idle, timeout)
 
 
 def build_default_async_lanes() -> AsyncLaneQueue:

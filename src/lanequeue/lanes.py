@@ -11,20 +11,19 @@ shared state machine of :mod:`lanequeue._core`.
 from __future__ import annotations
 
 import threading
-import time
 from types import TracebackType
 from typing import Any, Literal
 
 from ._core import Core, CountingCore, SessionHoldSteps, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._kinds import (
-    IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
     SessionKind,
     drop_hold,
 )
+from ._ops import poll_idle
 from ._validate import check_key, check_timeout
 
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
@@ -335,16 +334,7 @@ class _ThreadFace:
         TypeError/ValueError for a bad timeout. Thread-safe.
         """
         timeout = check_timeout(timeout_s)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._idle():
-            if deadline is None:
-                time.sleep(IDLE_POLL_S)
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            time.sleep(min(IDLE_POLL_S, left))
-        return True
+        return poll_idle(self._idle, timeout)
 
 
 class Lane(_ThreadFace, CountingKind):

@@ -32,7 +32,6 @@ from ._kinds import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
     DEFAULT_WARN_AFTER_S,
-    IDLE_POLL_S,
     LANE_DEFAULT,
     CountingKind,
     Hold,
@@ -41,7 +40,7 @@ from ._kinds import (
     drop_hold,
 )
 from ._obs import StuckHold
-from ._ops import LaneOps
+from ._ops import LaneOps, poll_idle
 from ._validate import check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
@@ -814,13 +813,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
         the queue has a holder or a waiter; False when the timeout passed first. Looks
         every 10 ms. Raises TypeError/ValueError for a bad timeout."""
         timeout = check_timeout(timeout_s)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._idle():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            time.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
-        return True
+        return poll_idle(self._idle, timeout)
 
 
 def build_default_lanes() -> LaneQueue:

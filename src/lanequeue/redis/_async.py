@@ -30,7 +30,8 @@ from typing import Any, Literal
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
-from .._kinds import IDLE_POLL_S, LANE_DEFAULT
+from .._kinds import LANE_DEFAULT
+from .._ops import poll_idle_async
 from .._validate import check_timeout
 from ..contract import must_await
 from ._link import AsyncLink
@@ -306,17 +307,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         object has no holder and no waiter; True then, False when the timeout passed
         first. Looks every 10 ms. Raises TypeError/ValueError for a bad timeout."""
         timeout = check_timeout(timeout_s)
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while not self._idle():
-            if deadline is None:
-                await asyncio.sleep(IDLE_POLL_S)
-                continue
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            await asyncio.sleep(min(IDLE_POLL_S, left))
-        return True
+        return await poll_idle_async(self._idle, timeout)
 
     async def _raw_acquire(self, key: str) -> bool:
         """The source design's internal acquire: wait the lane's ``timeout_s``."""

@@ -24,8 +24,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from .._errors import LaneBackendError, NotOwnerError
-from .._kinds import IDLE_POLL_S, LANE_DEFAULT
+from .._kinds import LANE_DEFAULT
 from .._obs import LaneMetrics
+from .._ops import poll_idle
 from .._validate import check_timeout
 from ..contract import not_held_error
 from ._link import SyncLink
@@ -273,13 +274,7 @@ class _SyncFace(RedisOps[RedisHold]):
         no holder and no waiter; True then, False when the timeout passed first. Looks
         every 10 ms. Raises TypeError/ValueError for a bad timeout."""
         timeout = check_timeout(timeout_s)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._idle():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                return False
-            time.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
-        return True
+        return poll_idle(self._idle, timeout)
 
 
 class RedisSessionLane(_SyncFace, SessionLaneBase[RedisHold]):
