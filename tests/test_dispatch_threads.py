@@ -302,6 +302,127 @@ def test_each_policy_on_threads(policy: str) -> None:
         d.close()
 
 
+def _end_the_only_ticket(d: ThreadDispatcher, t: Any, how: str,
+                         clock: FakeClock | None = None) -> None:
+    """End ``t`` (pending, its job launched) the way ``how`` names: every way ends the
+    job's only ticket before the job starts, so the machine abandons the job. "cancel"
+    and "start timeout" also take the ticket out of the job (``Machine._detach``): the
+    job is left with no ticket at all."""
+    if how == "cancel":
+        assert d.cancel(t)
+    elif how == "clear":
+        assert d.clear("k") == 1
+    elif how == "start timeout":
+        assert clock is not None
+        clock.advance(2.0)  # past the ticket's 1 s start deadline: the timer ends it
+        assert isinstance(t.exception(WAIT), TurnTimedOutError)
+    else:  # a newer turn interrupts it: the job is dropped, a new job is formed
+        d.submit("k", lambda: "newer", busy=how)
+    assert t.done() and not t.running()
+
+
+def _assert_settled(d: ThreadDispatcher, q: LaneQueue) -> None:
+    assert d.drain(WAIT), "a launched runner never reported"
+    s = d.stats
+    assert s.pending == 0 and s.running == 0
+    assert s.submitted == (s.done + s.failed + s.cancelled + s.dropped + s.rejected
+                           + s.timed_out)
+    assert d.snapshot()["admitted"] == 0
+    for name in ("session", "global"):
+        st = q[name].stats
+        assert st.holders == 0 and st.waiters == 0
+
+
+@pytest.mark.parametrize("how", ["cancel", "start timeout", "clear", "interrupt"])
+def test_ticket_ended_while_its_runner_reads_the_lane_priority(
+        how: str, fake_clock: FakeClock) -> None:
+    """The job's only ticket ends after its runner was launched and before the runner
+    reads the job's lane priority (the job is abandoned). The runner must still report.
+    Cancel and start timeout leave the job with no ticket at all: ``max()`` of no
+    priorities used to raise in the pool worker, which a pool swallows, and the machine
+    counted the runner for ever (``drain`` never returned True; about 1 run in 60 of the
+    random test below, under load)."""
+    q = lanes(global_cap=3)
+    d = ThreadDispatcher(q, clock=fake_clock)
+    machine = d._machine
+    inside, go = threading.Event(), threading.Event()
+    original = machine.lane_priority
+    first = [True]
+
+    def hooked(job: Any) -> int:
+        if first[0]:  # the first runner only (a superseding turn launches another)
+            first[0] = False
+            inside.set()
+            assert go.wait(WAIT)
+        return original(job)
+
+    machine.lane_priority = hooked  # type: ignore[method-assign]
+    try:
+        t = d.submit("k", lambda: "ran", timeout_s=1.0)
+        assert inside.wait(WAIT), "the runner never came"
+        _end_the_only_ticket(d, t, how, fake_clock)
+        go.set()
+        _assert_settled(d, q)
+        assert t.state == {"interrupt": "dropped", "start timeout": "timed_out"}.get(
+            how, "cancelled")
+    finally:
+        go.set()
+        d.close()
+
+
+@pytest.mark.parametrize("how", ["cancel", "clear", "interrupt"])
+def test_ticket_ended_before_its_runner_begins_takes_no_lane(how: str) -> None:
+    """The job's only ticket ends between the job's launch and the runner's first step:
+    the runner finds the job abandoned, reports, and never goes to the lanes (no take,
+    so no refusal or grant is counted there)."""
+    q = lanes(global_cap=3)
+    d = ThreadDispatcher(q, max_workers=3)
+    launched, go = threading.Event(), threading.Event()
+    original = d.launch
+    first = [True]
+
+    def hooked(job: Any) -> None:
+        if first[0]:
+            first[0] = False
+            launched.set()
+            assert go.wait(WAIT)
+        original(job)
+
+    d.launch = hooked  # type: ignore[method-assign]
+    box: dict[str, Any] = {}
+    submitter = threading.Thread(target=lambda: box.setdefault("t", d.submit("k", work)))
+
+    def work() -> str:
+        return "ran"
+
+    try:
+        submitter.start()
+        assert launched.wait(WAIT), "the job was never launched"
+        # The submit's effects run after the machine's lock is let go: the ticket is
+        # pending in a job that is admitted but whose runner does not exist yet.
+        (t,) = [t for t in _pending_tickets(d)]
+        _end_the_only_ticket(d, t, how)
+        go.set()
+        submitter.join(WAIT)
+        assert box["t"] is t
+        _assert_settled(d, q)
+        acquired = q["session"].stats.acquired
+        # Only the superseding turn (interrupt) ran, and took the lanes once.
+        assert acquired == (1 if how == "interrupt" else 0)
+        assert q["global"].stats.acquired == acquired
+        assert q["global"].stats.rejected == 0 and q["session"].stats.rejected == 0
+    finally:
+        go.set()
+        d.close()
+
+
+def _pending_tickets(d: ThreadDispatcher) -> list[Any]:
+    machine = d._machine
+    with machine._lock:
+        return [t for k in machine._keys.values() if k.job is not None
+                for t in k.job.tickets]
+
+
 def test_random_concurrent_operations_on_threads() -> None:
     """Four threads submit with every policy, cancel, clear and steer at random over six
     keys: every ticket ends exactly once, the books balance, no key runs two turns at

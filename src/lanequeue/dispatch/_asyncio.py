@@ -156,25 +156,28 @@ class Dispatcher(DispatcherBase):
     async def _run(self, job: Job) -> None:
         """One turn: hold the lanes, call ``fn``, release; report to the machine."""
         machine = self._machine
-        budget = machine.budget(job)
-        priority = machine.lane_priority(job)
-        # Passed only when set: a queue of another kind may not take it.
-        extra = {"priority": priority} if priority else {}
         ok, value = False, None
         try:
-            async with self._queue.acquire_all(
-                job.key, self._lanes, timeout_s=math.inf if budget is None else budget,
-                **extra,
-            ):
-                if machine.start(job):
-                    token = _CURRENT.set(job.turn)
-                    try:
-                        value = job.fn(*job.args)
-                        if inspect.isawaitable(value):
-                            value = await value
-                        ok = True
-                    finally:
-                        _CURRENT.reset(token)
+            # All inside the try, as on threads (see ThreadDispatcher._run): whatever
+            # raises is reported by finish below, and an abandoned job takes no lane.
+            if not job.abandoned:
+                budget = machine.budget(job)
+                priority = machine.lane_priority(job)
+                # Passed only when set: a queue of another kind may not take it.
+                extra = {"priority": priority} if priority else {}
+                async with self._queue.acquire_all(
+                    job.key, self._lanes, timeout_s=math.inf if budget is None else budget,
+                    **extra,
+                ):
+                    if machine.start(job):
+                        token = _CURRENT.set(job.turn)
+                        try:
+                            value = job.fn(*job.args)
+                            if inspect.isawaitable(value):
+                                value = await value
+                            ok = True
+                        finally:
+                            _CURRENT.reset(token)
         except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
             ok, value = False, exc
         machine.finish(job, ok, value)

@@ -816,7 +816,8 @@ class Machine:
     def budget(self, job: Job) -> float | None:
         """Seconds the job's runner may wait for the lanes: up to the latest deadline of
         its tickets (None: a ticket has no limit). Tickets whose own deadline passes
-        earlier end by their own timers."""
+        earlier end by their own timers. 0 for a job abandoned meanwhile (no ticket left:
+        its runner may still be on its way to the lanes, see :meth:`start`)."""
         with self._lock:
             now = self.face.now()
             latest = 0.0
@@ -830,9 +831,12 @@ class Machine:
         """The priority the job's runner waits with in the counting lanes' lines: the
         largest priority of its tickets, plus one level per whole ``ageing_s`` since the
         job was formed (none without ageing), within the lanes' bounds. In a lane's line
-        it then ages by that lane's own ``ageing_s``."""
+        it then ages by that lane's own ``ageing_s``. A job abandoned meanwhile (its
+        tickets all ended after its runner was launched: any instant before
+        :meth:`start`) has no ticket left and gets 0: its runner goes on to ``start``,
+        which refuses it, and reports."""
         with self._lock:
-            prio = max(t.priority for t in job.tickets)
+            prio = max((t.priority for t in job.tickets), default=0)
             if self.ageing_s is not None:
                 prio += int((self.face.now() - job.formed_at) // self.ageing_s)
         return min(max(prio, PRIORITY_MIN), PRIORITY_MAX)

@@ -205,24 +205,31 @@ class ThreadDispatcher(DispatcherBase):
             self._pool.shutdown(wait=False)
 
     def _run(self, job: Job) -> None:
-        """One turn in a worker: hold the lanes, call ``fn``, release; report."""
+        """One turn in a worker: hold the lanes, call ``fn``, release; report.
+
+        Everything between the launch and the report is inside the ``try``: whatever
+        raises, the runner reports (``finish``), or the machine would count it running
+        for ever (a pool swallows a worker's exception). Its tickets may all end between
+        the launch and any instant here (the job is abandoned): an abandoned job does not
+        go to the lanes, and one abandoned later is refused by ``start``."""
         machine = self._machine
-        budget = machine.budget(job)
-        priority = machine.lane_priority(job)
-        # Passed only when set: a queue of another kind may not take it.
-        extra = {"priority": priority} if priority else {}
         ok, value = False, None
         try:
-            with self._queue.acquire_all(job.key, self._lanes,
-                                         timeout_s=float("inf") if budget is None else budget,
-                                         **extra):
-                if machine.start(job):
-                    token = _CURRENT.set(job.turn)
-                    try:
-                        value = job.fn(*job.args)
-                        ok = True
-                    finally:
-                        _CURRENT.reset(token)
+            if not job.abandoned:
+                budget = machine.budget(job)
+                priority = machine.lane_priority(job)
+                # Passed only when set: a queue of another kind may not take it.
+                extra = {"priority": priority} if priority else {}
+                with self._queue.acquire_all(
+                        job.key, self._lanes,
+                        timeout_s=float("inf") if budget is None else budget, **extra):
+                    if machine.start(job):
+                        token = _CURRENT.set(job.turn)
+                        try:
+                            value = job.fn(*job.args)
+                            ok = True
+                        finally:
+                            _CURRENT.reset(token)
         except BaseException as exc:  # fn's error, or a lane timeout
             ok, value = False, exc
         machine.finish(job, ok, value)
