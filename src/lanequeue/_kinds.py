@@ -17,7 +17,14 @@ from typing import Any, Generic, TypeVar
 from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore
 from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics
 from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
-from ._validate import check_count, check_key, check_priority, check_timeout, own_signatures
+from ._validate import (
+    check_ageing,
+    check_count,
+    check_key,
+    check_priority,
+    check_timeout,
+    own_signatures,
+)
 from .contract import not_held_error
 
 __all__ = [
@@ -265,10 +272,7 @@ class CountingKind(LaneKind[CountingCore]):
     ) -> None:
         super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
         where = f"{type(self).__name__}() argument"
-        ageing = check_timeout(ageing_s, f"{where} 'ageing_s'")
-        if not ageing:
-            raise ValueError(f"{where} 'ageing_s' must be a finite number of seconds > 0, "
-                             f"got {ageing_s!r}")
+        ageing = check_ageing(ageing_s, f"{where} 'ageing_s'")
         self._core = CountingCore(
             self.name, check_count(max_concurrent, f"{where} 'max_concurrent'"), clock,
             ageing,

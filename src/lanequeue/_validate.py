@@ -9,7 +9,8 @@ from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
-    "bad_key", "check_count", "check_key", "check_priority", "check_timeout", "own_signatures",
+    "bad_key", "check_ageing", "check_count", "check_key", "check_priority", "check_seconds",
+    "check_timeout", "own_signatures",
 ]
 
 
@@ -47,6 +48,38 @@ def check_timeout(value: object, name: str = "timeout_s") -> float | None:
     if math.isnan(v):
         raise ValueError(f"{name} must not be NaN")
     return v
+
+
+def check_seconds(value: object, name: str, *, positive: bool = False,
+                  limit: float = math.inf) -> float:
+    """Validate a duration that has no "no limit" meaning: a finite number of seconds
+    ``>= 0`` (``> 0`` with ``positive``) and below ``limit``. ``inf``, NaN, negative
+    numbers and values of ``limit`` or more (``10**400`` too) raise ValueError naming
+    ``name``; non-numbers (and ``bool``) raise TypeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    try:
+        v = float(value)
+    except OverflowError:  # an int too large for a float
+        v = math.inf
+    if not (v > 0 if positive else v >= 0) or not v < limit:  # (NaN fails both)
+        bound = "> 0" if positive else ">= 0"
+        if limit != math.inf:
+            bound += f" and < {limit:.0f}"
+        shown = f"an integer of {len(str(abs(value)))} digits" if (
+            isinstance(value, int) and v == math.inf) else repr(value)
+        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {shown}")
+    return v
+
+
+def check_ageing(value: object, name: str = "ageing_s") -> float:
+    """Validate ``ageing_s`` (a lane's, a dispatcher's): the seconds of waiting that raise
+    a waiter by one priority level, a finite number ``> 0``. The one check and message
+    for every face (a dispatcher's ``None``, no ageing, is handled by the caller; here
+    ``None`` is a value out of range, ValueError, like ``0`` and ``inf``)."""
+    if value is None:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got None")
+    return check_seconds(value, name, positive=True)
 
 
 def check_count(value: object, name: str) -> int:

@@ -56,7 +56,17 @@ class Dispatcher(DispatcherBase):
             process gets a ticket already ended as ``deduped``.
         dedupe_prefix: the Redis key prefix (default the Redis lanes' ``"lanequeue"``).
 
-    Raises TypeError/ValueError for a bad argument, KeyError for an unknown lane.
+    ``fn`` (``submit``) may be a coroutine function, awaited in the turn's task, or a plain
+    function, called on the loop (it must not block); an awaitable it returns is awaited.
+    An async generator function is refused (TypeError), on both dispatchers.
+
+    Durations: ``debounce_s`` is a finite number of seconds >= 0 (``inf``, NaN, negative:
+    ValueError); ``max_wait_s`` and ``dedupe_ttl_s`` take None or ``math.inf`` for no
+    bound (negative, NaN: ValueError); ``ageing_s`` is a finite number > 0, or None.
+
+    Raises TypeError/ValueError for a bad argument (naming it); for ``lanes``, the
+    queue's own check of lane names (``acquire_all``'s): KeyError for an unknown lane,
+    ValueError for a lane named twice or none, TypeError for a name not a ``str``.
 
     Use it from one event loop (the first that calls ``submit``); every method is a plain
     call except :meth:`drain` and :meth:`wait_idle`.
@@ -72,6 +82,8 @@ class Dispatcher(DispatcherBase):
         ticket = dispatcher.submit(conversation_key, reply, "hello")
         answer = await ticket
     """
+
+    _awaits = True
 
     def __init__(
         self,

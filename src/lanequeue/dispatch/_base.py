@@ -3,15 +3,57 @@ state machine (:mod:`lanequeue.dispatch._machine`). The faces add how a turn is 
 
 from __future__ import annotations
 
+import inspect
+import math
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from threading import TIMEOUT_MAX
 from typing import Any
 
 from .._kinds import LANE_DEFAULT
-from .._validate import check_timeout
-from ._machine import DispatchStats, Job, Machine, Ticket, Timer, counting_lanes
+from .._validate import check_ageing, check_key, check_priority, check_seconds, check_timeout
+from ._machine import (
+    BUSY_POLICIES,
+    OVERFLOW_POLICIES,
+    DispatchStats,
+    Job,
+    Machine,
+    Ticket,
+    Timer,
+    counting_lanes,
+)
 
-__all__ = ["DispatcherBase"]
+__all__ = ["DispatcherBase", "check_busy", "check_fn", "check_int"]
+
+
+def check_busy(value: object, name: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
+    if value not in BUSY_POLICIES:
+        raise ValueError(f"{name} must be one of {BUSY_POLICIES}, got {value!r}")
+    return value
+
+
+def check_int(value: object, name: str, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, got {value}")
+    return value
+
+
+def check_fn(fn: object, awaits: bool) -> None:
+    """``fn`` must be callable; a dispatcher that does not await (``awaits`` False, the
+    thread face) refuses a coroutine function (calling it would only make a coroutine
+    that never runs), and neither face takes an async generator function."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, not {fn!r}")
+    call = getattr(fn, "__call__", None)  # noqa: B004 (an object with an async __call__)
+    if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(call):
+        raise TypeError(f"fn must not be an async generator function: {fn!r}")
+    if not awaits and (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)):
+        raise TypeError(f"fn must be a plain function on ThreadDispatcher, not the coroutine "
+                        f"function {fn!r} (use Dispatcher on asyncio to await it)")
 
 
 class DispatcherBase:
@@ -19,6 +61,8 @@ class DispatcherBase:
     :class:`~lanequeue.ThreadDispatcher` (see their docstrings)."""
 
     _machine: Machine
+    #: Whether a turn's awaitable result is awaited (asyncio) or refused (threads).
+    _awaits: bool = False
 
     def __init__(
         self,
@@ -40,15 +84,33 @@ class DispatcherBase:
     ) -> None:
         if not callable(getattr(queue, "acquire_all", None)):
             raise TypeError(f"queue must be a lane queue with acquire_all(), not {queue!r}")
-        if isinstance(lanes, str):
-            raise TypeError("lanes must be a sequence of lane names, not a str")
+        if isinstance(lanes, (str, bytes)) or not isinstance(lanes, Sequence):
+            raise TypeError(f"lanes must be a sequence of lane names, not {lanes!r}")
         names = tuple(lanes)
-        if not names:
-            raise ValueError("lanes must name at least one lane")
-        for name in names:
-            if name not in queue:
-                raise KeyError(f"lane {name!r} not found in the queue")
+        try:  # the queue's own check of lane names (acquire_all's): what it would refuse
+            queue._plan(names)
+        except KeyError as exc:
+            raise KeyError(f"lanes: {exc.args[0]}") from None
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"lanes: {exc}") from None
         objs = [queue[n] for n in names]
+        # Every argument of the dispatcher is checked here, once, for both faces.
+        busy = check_busy(busy, "busy")
+        max_pending = check_int(max_pending, "max_pending", 0)
+        if not isinstance(overflow, str):
+            raise TypeError(f"overflow must be a str, not {type(overflow).__name__}")
+        if overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+        if on_drop is not None and not callable(on_drop):
+            raise TypeError(f"on_drop must be callable or None, not {on_drop!r}")
+        # None, inf (or TIMEOUT_MAX and more): ids are remembered until dedupe_max pushes
+        # them out.
+        ttl_s = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
+        dedupe_max = check_int(dedupe_max, "dedupe_max", 0)
+        # A window must close: finite, and short enough for a timer.
+        debounce = check_seconds(debounce_s, "debounce_s", limit=TIMEOUT_MAX)
+        max_wait = check_timeout(max_wait_s, "max_wait_s")  # None, inf: no bound
+        ageing = None if ageing_s is None else check_ageing(ageing_s, "ageing_s")
         self._queue = queue
         self._lanes = names
         self._lane_objs = objs
@@ -62,10 +124,9 @@ class DispatcherBase:
         if dedupe_redis is not None:
             from ._redis import RedisDedupeWindow
 
-            ttl = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
-            if not ttl:
+            if not ttl_s:
                 raise ValueError("a shared dedupe window needs a finite dedupe_ttl_s > 0")
-            window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl)
+            window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl_s)
         self._machine = Machine(
             self,
             slots=slots,
@@ -75,11 +136,11 @@ class DispatcherBase:
             max_pending=max_pending,
             overflow=overflow,
             on_drop=on_drop,
-            dedupe_ttl_s=dedupe_ttl_s,
+            dedupe_ttl_s=math.inf if ttl_s is None else ttl_s,
             dedupe_max=dedupe_max,
-            debounce_s=debounce_s,
-            max_wait_s=max_wait_s,
-            ageing_s=ageing_s,
+            debounce_s=debounce,
+            max_wait_s=max_wait,
+            ageing_s=ageing,
             window=window,
         )
 
@@ -154,9 +215,19 @@ class DispatcherBase:
                 was submitted.
             RuntimeError: (asyncio) outside the dispatcher's event loop.
         """
+        key = check_key(key)
+        check_fn(fn, self._awaits)
+        if busy is not None:
+            busy = check_busy(busy, "busy")
+        if dedupe_id is not None and (not isinstance(dedupe_id, str) or not dedupe_id):
+            raise TypeError(f"dedupe_id must be a non-empty str or None, not {dedupe_id!r}")
+        priority = check_priority(priority)
+        if timeout_s is not LANE_DEFAULT:
+            timeout_s = check_timeout(timeout_s)
+        run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
         self._check_caller()
         return self._machine.submit(key, fn, args, busy, dedupe_id, priority, timeout_s,
-                                    run_timeout_s, LANE_DEFAULT)
+                                    run_timeout, LANE_DEFAULT)
 
     def cancel(self, ticket: Ticket) -> bool:
         """End ``ticket`` as ``cancelled``: at once if it has not started; if it runs, its

@@ -281,7 +281,12 @@ class Ticket:
 
     def add_done_callback(self, fn: Callable[[Ticket], Any]) -> None:
         """Call ``fn(ticket)`` once the ticket ends (at once if it has), from the thread
-        that ends it. Exceptions from ``fn`` are logged and ignored."""
+        that ends it. Exceptions from ``fn`` are logged and ignored.
+
+        Raises:
+            TypeError: ``fn`` is not callable (checked here, not when the ticket ends)."""
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {fn!r}")
         with self._machine._lock:
             if self._callbacks is not None:
                 self._callbacks.append(fn)
@@ -298,10 +303,19 @@ class Ticket:
         raise _ERRORS[state](state, self.key, self.reason or state, self.id)
 
     def result(self, timeout: float | None = None) -> Any:
-        """Wait up to ``timeout`` seconds (None: no limit) for the end; return ``fn``'s
-        value. Raises ``fn``'s exception (``failed``), the state's TurnError subclass
+        """Wait up to ``timeout`` seconds for the end; return ``fn``'s value.
+
+        ``timeout``: seconds; None, ``math.inf`` or ``threading.TIMEOUT_MAX`` and more
+        (``10**400`` too): no limit; 0: do not wait. Checked at every call, ended ticket
+        or not: negative, NaN -> ValueError; a non-number -> TypeError (both naming
+        ``timeout``).
+
+        Raises ``fn``'s exception (``failed``), the state's TurnError subclass
         (``cancelled``, ``dropped``, ``rejected``, ``timed_out``, ``deduped``), or
         ``concurrent.futures.TimeoutError`` when ``timeout`` passes first."""
+        return self._result(check_timeout(timeout, "timeout"))
+
+    def _result(self, timeout: float | None) -> Any:
         if not self._wait_event().wait(timeout):
             import concurrent.futures
 
@@ -319,9 +333,11 @@ class Ticket:
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Like :meth:`result`, but returns the exception instead of raising it (None for
-        ``done``)."""
+        ``done``). ``timeout`` as for :meth:`result` (checked first: a bad value raises,
+        it is never returned as the ticket's exception)."""
+        wait = check_timeout(timeout, "timeout")
         try:
-            self.result(timeout)
+            self._result(wait)
         except TurnError as exc:
             return exc
         except BaseException as exc:
@@ -561,23 +577,15 @@ class Machine:
         self.slots = slots
         self.gate_lane = gate_lane
         self.default_timeout_s = default_timeout_s
-        self.busy = check_busy(busy, "busy")
-        self.max_pending = check_int(max_pending, "max_pending", 0)
-        if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+        # Every argument was checked by the caller (DispatcherBase, the one place).
+        self.busy = busy
+        self.max_pending = max_pending
         self.overflow = overflow
-        if on_drop is not None and not callable(on_drop):
-            raise TypeError(f"on_drop must be callable or None, not {on_drop!r}")
         self.on_drop = on_drop
-        ttl = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
-        self.dedupe_ttl_s = math.inf if ttl is None else ttl
-        self.dedupe_max = check_int(dedupe_max, "dedupe_max", 0)
-        self.debounce_s = check_timeout(debounce_s, "debounce_s") or 0.0
-        self.max_wait_s = check_timeout(max_wait_s, "max_wait_s")
-        if ageing_s is not None:
-            ageing_s = check_timeout(ageing_s, "ageing_s")
-            if ageing_s == 0:
-                raise ValueError("ageing_s must be > 0 seconds (None: no ageing)")
+        self.dedupe_ttl_s = dedupe_ttl_s
+        self.dedupe_max = dedupe_max
+        self.debounce_s = debounce_s
+        self.max_wait_s = max_wait_s
         self.ageing_s = ageing_s
         self._lock = threading.Lock()
         self._keys: dict[str, _Key] = {}
@@ -604,17 +612,10 @@ class Machine:
     def submit(self, key: str, fn: Any, args: tuple[Any, ...], busy: str | None,
                dedupe_id: str | None, priority: int, timeout_s: Any,
                run_timeout_s: float | None, lane_default: Any) -> Ticket:
-        key = check_key(key)
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, not {fn!r}")
-        policy = self.busy if busy is None else check_busy(busy, "busy")
-        if dedupe_id is not None and (not isinstance(dedupe_id, str) or not dedupe_id):
-            raise TypeError(f"dedupe_id must be a non-empty str or None, not {dedupe_id!r}")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise TypeError(f"priority must be an int, not {type(priority).__name__}")
-        timeout = self.default_timeout_s if timeout_s is lane_default else check_timeout(
-            timeout_s)
-        run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
+        # Every argument was checked by the caller (DispatcherBase.submit).
+        policy = self.busy if busy is None else busy
+        timeout = self.default_timeout_s if timeout_s is lane_default else timeout_s
+        run_timeout = run_timeout_s
         fx = _Effects()
         shared = self.window is not None and dedupe_id is not None
         ours = True
@@ -1267,22 +1268,6 @@ def _is_cancel(exc: Any) -> bool:
     import asyncio
 
     return isinstance(exc, asyncio.CancelledError)
-
-
-def check_busy(value: object, name: str) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, not {type(value).__name__}")
-    if value not in BUSY_POLICIES:
-        raise ValueError(f"{name} must be one of {BUSY_POLICIES}, got {value!r}")
-    return value
-
-
-def check_int(value: object, name: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < least:
-        raise ValueError(f"{name} must be >= {least}, got {value}")
-    return value
 
 
 def counting_lanes(lanes: Iterable[Any]) -> list[tuple[str, int]]:

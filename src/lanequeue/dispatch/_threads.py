@@ -9,6 +9,7 @@ per-key exclusion and the caps are never broken. Timers run on one timer thread.
 from __future__ import annotations
 
 import heapq
+import inspect
 import itertools
 import threading
 import time
@@ -17,13 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._validate import check_timeout
-from ._base import DispatcherBase
-from ._machine import _CURRENT, Job, Ticket, check_int
+from ._base import DispatcherBase, check_int
+from ._machine import _CURRENT, Job, Ticket
 
 __all__ = ["ThreadDispatcher"]
 
 #: Workers of the pool when no counting lane bounds the turns.
 DEFAULT_WORKERS = 32
+
+
+def _discard(value: Any) -> None:
+    close = getattr(value, "close", None)  # a coroutine: no "never awaited" warning
+    if callable(close):
+        close()
 
 
 class _Handle:
@@ -116,6 +123,11 @@ class ThreadDispatcher(DispatcherBase):
     """Runs the turns of busy conversations in a pool of threads, under a LaneQueue.
 
     Same arguments, policies, states and errors as :class:`~lanequeue.Dispatcher`, plus:
+
+    ``fn`` must be a plain function: ``submit`` raises TypeError for a coroutine function
+    (an ``async def``, or an object whose ``__call__`` is one), since a thread cannot
+    await it; a plain ``fn`` that returns an awaitable anyway ends ``failed`` with
+    TypeError (the awaitable is closed, never run).
 
     Args:
         queue: the :class:`~lanequeue.LaneQueue` whose lanes every turn takes.
@@ -227,6 +239,13 @@ class ThreadDispatcher(DispatcherBase):
                         token = _CURRENT.set(job.turn)
                         try:
                             value = job.fn(*job.args)
+                            if inspect.isawaitable(value):
+                                # A plain function that returned a coroutine (a lambda
+                                # around an async def): nothing here can run it.
+                                _discard(value)
+                                raise TypeError(
+                                    f"fn returned an awaitable ({type(value).__name__}) on "
+                                    "ThreadDispatcher, which never awaits: use Dispatcher")
                             ok = True
                         finally:
                             _CURRENT.reset(token)

@@ -1,0 +1,240 @@
+"""Argument checks of both dispatchers (one place: ``DispatcherBase``) and of ``Ticket``:
+every bad value raises at the call, naming the argument, and nothing is submitted."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from typing import Any
+
+import pytest
+from dispatch_helpers import Stepped
+
+from lanequeue import AsyncLaneQueue, Dispatcher, Lane, LaneQueue, ThreadDispatcher
+
+
+def thread_queue() -> LaneQueue:
+    q = LaneQueue()
+    q.add_session_lane("session", timeout_s=5.0)
+    q.add_lane("global", max_concurrent=2, timeout_s=5.0)
+    return q
+
+
+def async_queue() -> AsyncLaneQueue:
+    q = AsyncLaneQueue()
+    q.add_session_lane("session", timeout_s=5.0)
+    q.add_lane("global", max_concurrent=2, timeout_s=5.0)
+    return q
+
+
+FACES = [
+    pytest.param(lambda kw: ThreadDispatcher(thread_queue(), **kw), id="threads"),
+    pytest.param(lambda kw: Dispatcher(async_queue(), **kw), id="asyncio"),
+]
+
+BAD_CONSTRUCTOR = [
+    # (arguments, error, what the message must name)
+    ({"debounce_s": math.inf}, ValueError, "debounce_s"),
+    ({"debounce_s": math.nan}, ValueError, "debounce_s"),
+    ({"debounce_s": -0.5}, ValueError, "debounce_s"),
+    ({"debounce_s": 10**400}, ValueError, "debounce_s"),
+    ({"debounce_s": 1e300}, ValueError, "debounce_s"),  # beyond any timer
+    ({"debounce_s": None}, TypeError, "debounce_s"),
+    ({"max_wait_s": -1}, ValueError, "max_wait_s"),
+    ({"max_wait_s": math.nan}, ValueError, "max_wait_s"),
+    ({"max_wait_s": "1"}, TypeError, "max_wait_s"),
+    ({"dedupe_ttl_s": math.nan}, ValueError, "dedupe_ttl_s"),
+    ({"dedupe_ttl_s": -1}, ValueError, "dedupe_ttl_s"),
+    ({"ageing_s": math.inf}, ValueError, "ageing_s"),
+    ({"ageing_s": math.nan}, ValueError, "ageing_s"),
+    ({"ageing_s": 0}, ValueError, "ageing_s"),
+    ({"ageing_s": -1}, ValueError, "ageing_s"),
+    ({"ageing_s": "30"}, TypeError, "ageing_s"),
+    ({"max_pending": math.inf}, TypeError, "max_pending"),
+    ({"max_pending": -1}, ValueError, "max_pending"),
+    ({"dedupe_max": 1.5}, TypeError, "dedupe_max"),
+    ({"dedupe_max": -1}, ValueError, "dedupe_max"),
+    ({"overflow": 3}, TypeError, "overflow"),
+    ({"lanes": ["session", "session"]}, ValueError, "lanes"),
+    ({"lanes": [3]}, TypeError, "lanes"),
+    ({"lanes": ["session", None]}, TypeError, "lanes"),
+    ({"lanes": ["session", ""]}, ValueError, "lanes"),
+    ({"lanes": []}, ValueError, "lanes"),
+    ({"lanes": ["nope"]}, KeyError, "lanes"),
+    ({"lanes": "session"}, TypeError, "lanes"),
+]
+
+
+@pytest.mark.parametrize("make", FACES)
+@pytest.mark.parametrize(("kw", "error", "names"), BAD_CONSTRUCTOR)
+def test_bad_constructor_argument_raises_naming_it(
+        make: Any, kw: dict[str, Any], error: type[Exception], names: str) -> None:
+    with pytest.raises(error, match=names):
+        make(kw)
+
+
+def test_ageing_s_has_one_message_on_the_dispatcher_and_on_lane() -> None:
+    """-1 and 0 used to say ">= 0" and "> 0": one check, one message, everywhere."""
+    messages = set()
+    for bad in (-1, 0, math.inf):
+        for make in (lambda v: ThreadDispatcher(thread_queue(), ageing_s=v),
+                     lambda v: Lane("g", ageing_s=v)):
+            with pytest.raises(ValueError) as info:
+                make(bad)
+            messages.add(str(info.value).split("ageing_s")[1].rsplit("got", 1)[0])
+    assert messages == {"' must be a finite number of seconds > 0, ",
+                        " must be a finite number of seconds > 0, "}
+
+
+@pytest.mark.parametrize("make", FACES)
+def test_documented_no_limit_values_are_taken(make: Any) -> None:
+    d = make({"max_wait_s": math.inf, "dedupe_ttl_s": math.inf, "ageing_s": None,
+              "debounce_s": 0})
+    assert d._machine.max_wait_s is None
+    assert d._machine.dedupe_ttl_s == math.inf
+    assert d._machine.ageing_s is None
+
+
+def test_a_finite_debounce_merges_on_the_asyncio_dispatcher() -> None:
+    """The window a finite debounce_s opens (inf used to behave like 0: no window)."""
+    h = Stepped(busy="collect", debounce_s=2.0)
+    try:
+        seen: list[list[int]] = []
+        a = h.submit("k", seen.append, 1)
+        h.advance(1.0)
+        b = h.submit("k", seen.append, 2)
+        h.advance(1.5)
+        assert seen == []  # the window was reopened by the second submit
+        h.advance(1.0)
+        assert seen == [[1, 2]]
+        assert a.state == b.state == "done"
+    finally:
+        h.close()
+
+
+async def coro_fn(x: int) -> int:
+    return x
+
+
+class AsyncCallable:
+    async def __call__(self, x: int) -> int:
+        return x
+
+
+async def agen_fn(x: int) -> Any:
+    yield x
+
+
+def test_thread_dispatcher_refuses_a_coroutine_function_at_submit() -> None:
+    d = ThreadDispatcher(thread_queue())
+    try:
+        for fn in (coro_fn, AsyncCallable(), agen_fn, 3, None):
+            with pytest.raises(TypeError, match="fn"):
+                d.submit("k", fn, 1)
+        assert d.stats.submitted == 0
+        # A plain function that returns a coroutine anyway: the turn fails with
+        # TypeError and the coroutine is closed, never run (no "never awaited").
+        t = d.submit("k", lambda: coro_fn(1))
+        exc = t.exception(timeout=5)
+        assert isinstance(exc, TypeError) and "awaitable" in str(exc)
+        assert t.state == "failed"
+        assert d.submit("k", lambda x: x * 2, 21).result(timeout=5) == 42
+    finally:
+        d.close()
+
+
+def test_asyncio_dispatcher_awaits_a_coroutine_function_and_runs_a_plain_one() -> None:
+    h = Stepped()
+    try:
+        a = h.submit("k", coro_fn, 7)
+        b = h.submit("j", AsyncCallable(), 8)
+        c = h.submit("i", lambda x: x + 1, 9)
+        h.settle()
+        assert (a.result(0), b.result(0), c.result(0)) == (7, 8, 10)
+        for fn in (agen_fn, 3):
+            with pytest.raises(TypeError, match="fn"):
+                h.submit("k", fn, 1)
+        assert h.d.stats.submitted == 3
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("bad", [2**62, -(2**31) - 1, 2**31])
+def test_submit_priority_has_the_lanes_range(bad: int) -> None:
+    d = ThreadDispatcher(thread_queue())
+    h = Stepped()
+    try:
+        with pytest.raises(ValueError, match="priority"):
+            d.submit("k", print, priority=bad)
+        with pytest.raises(ValueError, match="priority"):
+            h.submit("k", print, priority=bad)
+        with pytest.raises(ValueError, match="priority"):
+            thread_queue().acquire_all("k", ["global"], priority=bad)
+        assert d.stats.submitted == h.d.stats.submitted == 0
+        assert d.submit("k", lambda: 1, priority=2**31 - 1).result(timeout=5) == 1
+    finally:
+        d.close()
+        h.close()
+
+
+@pytest.mark.parametrize("ended", [False, True])
+def test_ticket_wait_checks_its_timeout_at_every_call(ended: bool) -> None:
+    d = ThreadDispatcher(thread_queue())
+    gate = threading.Event()
+    try:
+        t = d.submit("k", lambda: 5 if ended else gate.wait(5))
+        if ended:
+            assert t.result(timeout=5) == 5
+        for wait in (t.result, t.exception):
+            with pytest.raises(TypeError, match="timeout"):
+                wait("x")
+            with pytest.raises(TypeError, match="timeout"):
+                wait(True)
+            for bad in (-1, math.nan):
+                with pytest.raises(ValueError, match="timeout"):
+                    wait(bad)
+        gate.set()
+        # inf, 10**400 and None mean no limit (the library's own check_timeout).
+        assert t.result(math.inf) == t.result(10**400) == t.result(None) == (5 if ended
+                                                                            else True)
+        assert t.exception(math.inf) is None and t.exception(10**400) is None
+    finally:
+        gate.set()
+        d.close()
+
+
+def test_a_failed_ticket_never_returns_a_bad_timeout_as_its_exception() -> None:
+    d = ThreadDispatcher(thread_queue())
+    try:
+        t = d.submit("k", lambda: 1 / 0)
+        assert isinstance(t.exception(5), ZeroDivisionError)
+        with pytest.raises(TypeError, match="timeout"):
+            t.exception("x")
+    finally:
+        d.close()
+
+
+def test_add_done_callback_refuses_a_non_callable_at_the_call() -> None:
+    d = ThreadDispatcher(thread_queue())
+    try:
+        t = d.submit("k", lambda: 1)
+        with pytest.raises(TypeError, match="fn"):
+            t.add_done_callback(3)  # type: ignore[arg-type]
+        assert t.result(5) == 1
+        with pytest.raises(TypeError, match="fn"):
+            t.add_done_callback(None)  # type: ignore[arg-type]
+        seen: list[Any] = []
+        t.add_done_callback(seen.append)
+        assert seen == [t]
+    finally:
+        d.close()
+
+
+def test_asyncio_dispatcher_argument_errors_need_no_loop() -> None:
+    """Bad arguments are refused before the loop check (same order on both faces)."""
+    d = Dispatcher(async_queue())
+    with pytest.raises(TypeError, match="fn"):
+        d.submit("k", coro_fn.__name__, 1)  # a str is not callable
+    assert d.stats.submitted == 0
+    assert asyncio.iscoroutinefunction(coro_fn)
