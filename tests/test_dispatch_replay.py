@@ -66,6 +66,52 @@ def test_replay_busy_rejects_a_bad_policy() -> None:
     assert "unknown busy policy" in err.getvalue()
 
 
+@pytest.mark.parametrize(("extra", "option", "names"), [
+    (["--policy", "global-serial"], "--policy", "policy 'global-serial'"),
+    (["--runtime", "threads"], "--runtime", "runtime 'threads'"),
+    (["--backend", "redis://127.0.0.1:1/0"], "--backend", "backend"),
+    (["--metrics-port", "0"], "--metrics-port", "--metrics-port"),
+])
+def test_replay_busy_refuses_what_it_would_ignore(
+        extra: list[str], option: str, names: str) -> None:
+    """--busy runs the dispatcher on asyncio, one process, session policy: an option it
+    cannot honour is refused (exit 2, naming it), never silently ignored."""
+    out, err = io.StringIO(), io.StringIO()
+    assert main_with(["replay", "--busy", "enqueue", "--limit", "5", *extra], out, err) == 2
+    assert option in err.getvalue() and names in err.getvalue()
+    assert "busy" in err.getvalue() and out.getvalue() == ""
+
+
+def test_busy_config_is_checked_in_replay_config() -> None:
+    from lanequeue.replay import ReplayConfig
+    from lanequeue.replay._checks import SettingError
+
+    assert ReplayConfig(busy="enqueue").runtime == "asyncio"
+    assert ReplayConfig().runtime == "threads"
+    assert ReplayConfig(busy="all").busy_policies == [
+        "enqueue", "reject", "steer", "interrupt", "replace", "collect"]
+    assert ReplayConfig(busy="steer,collect", runtime="asyncio",
+                        policy="session").busy_policies == ["steer", "collect"]
+    for kw, setting in [({"policy": "global-serial"}, "policy"),
+                        ({"runtime": "threads"}, "runtime"),
+                        ({"backend": "redis://127.0.0.1:1/0"}, "backend")]:
+        with pytest.raises(SettingError) as info:
+            ReplayConfig(busy="enqueue", **kw)  # type: ignore[arg-type]
+        assert info.value.setting == setting
+    with pytest.raises(SettingError, match="unknown busy policy 'nope'"):
+        ReplayConfig(busy="enqueue,nope")
+    with pytest.raises(ValueError, match="busy policy"):
+        run_busy(trace_of(BURST), "all")
+
+
+def test_busy_replay_honours_idle_timeout() -> None:
+    r = run_busy(trace_of(BURST), "enqueue", speed=1000.0, tpot_ms=1.0, global_cap=4,
+                 idle_timeout_s=0)
+    assert (r.calls, r.done, r.overlaps, r.order_violations) == (4, 4, 0, 0)
+    with pytest.raises(ValueError, match="idle_timeout_s"):
+        run_busy(trace_of(BURST), "enqueue", idle_timeout_s=-1)
+
+
 def main_with(argv: list[str], out: io.StringIO, err: io.StringIO) -> int:
     import sys
 

@@ -530,9 +530,13 @@ def test_cli_reports_the_first_skipped_lines_then_counts_the_rest_as_the_readme_
 def test_cli_defaults_are_the_configs() -> None:
     args = build_parser().parse_args(["replay"])
     config = ReplayConfig()
-    assert (args.policy, args.global_cap, args.speed, args.tpot_ms, args.runtime) == (
-        config.policy, config.global_cap, config.speed, config.tpot_ms, config.runtime
+    assert (args.policy, args.global_cap, args.speed, args.tpot_ms) == (
+        config.policy, config.global_cap, config.speed, config.tpot_ms
     )
+    # --runtime's default is the config's: None, resolved by the config (threads; asyncio
+    # with --busy).
+    assert args.runtime is None and ReplayConfig.__dataclass_fields__["runtime"].default is None
+    assert config.runtime == "threads"
     assert (args.max_sessions, args.idle_timeout_s, args.backend, args.workers, args.limit) == (
         config.max_sessions, config.idle_timeout_s, config.backend, config.workers, config.limit
     )

@@ -116,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--runtime",
-        default=defaults.runtime,
+        default=None,
         metavar="NAME",
-        help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default {defaults.runtime}): "
+        help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default {defaults.runtime}; "
+        "asyncio with --busy): "
         "threads block in LaneQueue, asyncio tasks await AsyncLaneQueue on one event loop",
     )
     rp.add_argument(
@@ -398,7 +399,6 @@ def _serve_metrics(port: int, queues: list[Any], err: TextIO) -> tuple[Any, Any]
 
 def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """``replay --busy``: the trace through a Dispatcher, one run per policy."""
-    from lanequeue.dispatch import BUSY_POLICIES
     from lanequeue.replay import TraceError, read_trace
     from lanequeue.replay.busy import busy_table, ideal_waits, run_busy
     from lanequeue.replay.trace import service_times_us
@@ -411,17 +411,12 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         config = _replay_config(args)
     except ValueError as exc:
         return fail(_refused(exc, args.options))
-    policies = list(BUSY_POLICIES) if args.busy == "all" else args.busy.split(",")
-    for p in policies:
-        if p not in BUSY_POLICIES:
-            return fail(f"argument --busy: unknown busy policy {p!r}; available: "
-                        f"{', '.join(BUSY_POLICIES)}, or all")
-    if args.backend is not None:
-        return fail("--busy runs one process on asyncio: it cannot be combined with "
-                    "--backend")
+    policies = config.busy_policies  # checked by ReplayConfig, with what busy excludes
     for path in (args.json_path, args.plot_path):
         if path is not None:
             return fail(f"--busy prints a table only: {path} would not be written")
+    if args.metrics_port is not None:
+        return fail("--busy cannot be combined with --metrics-port: it serves no metrics")
     try:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
@@ -437,7 +432,8 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     results = []
     for p in policies:
         results.append(run_busy(trace, p, speed=config.speed, tpot_ms=config.tpot_ms,
-                                global_cap=config.global_cap, max_sessions=config.max_sessions))
+                                global_cap=config.global_cap, max_sessions=config.max_sessions,
+                                idle_timeout_s=config.idle_timeout_s))
     ideal = None
     if "enqueue" in policies:
         ideal = ideal_waits(trace, speed=config.speed, tpot_ms=config.tpot_ms,
@@ -467,6 +463,7 @@ def _replay_config(args: argparse.Namespace) -> Any:
         backend=args.backend,
         workers=args.workers,
         limit=args.limit,
+        busy=getattr(args, "busy", None),
     )
 
 

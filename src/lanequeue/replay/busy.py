@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from lanequeue import AsyncLaneQueue, Dispatcher, current_turn
+from lanequeue import DEFAULT_IDLE_TIMEOUT_S, AsyncLaneQueue, Dispatcher, current_turn
 from lanequeue.dispatch import BUSY_POLICIES
 from lanequeue.replay.report import percentile
 from lanequeue.replay.runner import ReplayConfig, make_plan, simulate_trace
@@ -64,19 +64,24 @@ class BusyResult:
 
 
 def run_busy(trace: Trace, policy: str, *, speed: float = 60.0, tpot_ms: float | None = None,
-             global_cap: int = 64, max_sessions: int = 256) -> BusyResult:
+             global_cap: int = 64, max_sessions: int = 256,
+             idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S) -> BusyResult:
     """Replay ``trace`` through a Dispatcher with busy policy ``policy`` (real time, on a
-    new event loop). Raises ValueError for an unknown policy."""
-    if policy not in BUSY_POLICIES:
+    new event loop). ``idle_timeout_s``: seconds of trace time an idle session entry is
+    kept (divided by ``speed``), as in :class:`~lanequeue.replay.ReplayConfig`. Raises
+    ValueError for an unknown policy or a setting out of range (ReplayConfig's checks)."""
+    if policy not in BUSY_POLICIES:  # one policy here ("all" and lists are the CLI's)
         raise ValueError(f"busy policy must be one of {BUSY_POLICIES}, got {policy!r}")
     plan = make_plan(trace, ReplayConfig(speed=speed, tpot_ms=tpot_ms, global_cap=global_cap,
-                                         max_sessions=max_sessions))
+                                         max_sessions=max_sessions,
+                                         idle_timeout_s=idle_timeout_s, busy=policy))
     return asyncio.run(_run(plan, policy, global_cap, max_sessions))
 
 
 async def _run(plan: Any, policy: str, global_cap: int, max_sessions: int) -> BusyResult:
     queue = AsyncLaneQueue()
-    queue.add_session_lane("session", max_sessions=max_sessions, timeout_s=None)
+    queue.add_session_lane("session", max_sessions=max_sessions, timeout_s=None,
+                           idle_timeout_s=plan.idle_timeout_s)
     queue.add_lane("global", max_concurrent=global_cap, timeout_s=None)
     # A long line per key, so that only the policy under test drops or rejects.
     dispatcher = Dispatcher(queue, busy=policy, max_pending=10_000)

@@ -66,7 +66,9 @@ class ReplayConfig:
             for the requests that give tokens; None: 30 for a Mooncake trace, and a generic
             trace whose lines give ``output_tokens`` must name it (as ``lanequeue plan``;
             see :func:`lanequeue.replay.trace.service_times_us`).
-        runtime: name of the runtime (:data:`lanequeue.replay.runtimes.RUNTIMES`).
+        runtime: name of the runtime (:data:`lanequeue.replay.runtimes.RUNTIMES`); None
+            (the default): ``threads``, or ``asyncio`` with ``busy``. After construction
+            it is always the runtime's name.
         max_sessions: soft cap of the session lane's registry, entries.
         idle_timeout_s: seconds of *trace* time an idle session entry is kept (divided by
             ``speed`` like every other duration); None keeps entries for ever.
@@ -75,6 +77,12 @@ class ReplayConfig:
             (:mod:`lanequeue.replay.runtimes.redis_processes`).
         workers: worker processes sharing the backend's lanes (> 1 needs a backend).
         limit: replay only the first ``limit`` requests in arrival order (None: all).
+        busy: None: the requests take the lanes directly; else they are submitted to a
+            Dispatcher (``replay --busy``): a busy policy, a comma-separated list of them,
+            or ``"all"``. That replay runs one process on asyncio under the ``session``
+            policy's lanes, so ``busy`` refuses (SettingError naming the other setting)
+            a ``policy`` other than ``session``, a ``runtime`` other than ``asyncio``, a
+            ``backend`` and ``workers > 1``.
 
     Every setting is checked here, once (the command line passes its options straight
     through): ``speed`` from 1e-6 to 1e6; ``tpot_ms`` from 0 to 60,000; ``global_cap``,
@@ -86,21 +94,34 @@ class ReplayConfig:
         ValueError: a setting out of range (NaN and infinities included: a
             :class:`~lanequeue.replay._checks.SettingError` naming it), an unknown policy
             or runtime, ``workers > 1`` without a backend, or a backend with a runtime
-            other than ``threads``.
+            other than ``threads``, or a setting ``busy`` cannot honour (see ``busy``).
     """
 
     policy: str = DEFAULT_POLICY
     global_cap: int = DEFAULT_GLOBAL_CAP
     speed: float = DEFAULT_SPEED
     tpot_ms: float | None = None
-    runtime: str = DEFAULT_RUNTIME
+    runtime: str | None = None
     max_sessions: int = DEFAULT_MAX_SESSIONS
     idle_timeout_s: float | None = DEFAULT_IDLE_TIMEOUT_S
     backend: str | None = None
     workers: int = 1
     limit: int | None = None
+    busy: str | None = None
+
+    @property
+    def busy_policies(self) -> list[str]:
+        """The busy policies ``busy`` names, in order (empty without ``busy``)."""
+        from lanequeue.dispatch import BUSY_POLICIES
+
+        if self.busy is None:
+            return []
+        return list(BUSY_POLICIES) if self.busy == "all" else self.busy.split(",")
 
     def __post_init__(self) -> None:
+        if self.runtime is None:  # frozen: set once, here
+            object.__setattr__(self, "runtime", "asyncio" if self.busy is not None
+                               else DEFAULT_RUNTIME)
         check_speed(self.speed)
         check_tpot_ms(self.tpot_ms)
         check_count(self.global_cap, "global_cap")
@@ -111,13 +132,14 @@ class ReplayConfig:
             check_seconds(self.idle_timeout_s, "idle_timeout_s")
         check_workers(self.workers)
         try:
-            check_runtime(self.runtime)
+            check_runtime(str(self.runtime))
         except ValueError as exc:
             raise SettingError("runtime", str(exc)) from None
         if self.policy not in POLICIES:
             raise SettingError(
                 "policy", f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}"
             )
+        self._check_busy()
         if self.backend is None and self.workers != 1:
             raise ValueError(
                 "workers > 1 needs a shared backend: worker processes share lanes only "
@@ -128,6 +150,34 @@ class ReplayConfig:
                 f"runtime {self.runtime!r} cannot run on a backend: the Redis backend runs "
                 "the threads runtime in each worker process"
             )
+
+    def _check_busy(self) -> None:
+        """The settings a dispatcher replay (``busy``) cannot honour are refused, each
+        naming the setting: it runs one process on asyncio, under the session policy."""
+        from lanequeue.dispatch import BUSY_POLICIES
+
+        if self.busy is None:
+            return
+        if not isinstance(self.busy, str):
+            raise TypeError(f"busy must be a str or None, got {self.busy!r}")
+        for p in self.busy_policies:
+            if p not in BUSY_POLICIES:
+                raise SettingError("busy", f"unknown busy policy {p!r}; available: "
+                                           f"{', '.join(BUSY_POLICIES)}, or all")
+        refused = [
+            ("policy", self.policy != DEFAULT_POLICY,
+             f"policy {self.policy!r}: a busy replay takes the {DEFAULT_POLICY} policy's "
+             "lanes"),
+            ("runtime", self.runtime != "asyncio",
+             f"runtime {self.runtime!r}: a busy replay runs the dispatcher on asyncio"),
+            ("backend", self.backend is not None,
+             "a backend: a busy replay runs one process, on in-process lanes"),
+            ("workers", self.workers != 1,
+             "workers: a busy replay runs one process"),
+        ]
+        for setting, bad, why in refused:
+            if bad:
+                raise SettingError(setting, f"busy cannot be combined with {why}")
 
     @property
     def lanes(self) -> tuple[LaneSpec, ...]:
@@ -251,6 +301,7 @@ def run_replay(
 
         runtime = RedisProcessRuntime(config.backend, config.workers)
     else:
+        assert config.runtime is not None  # set by __post_init__
         runtime = get_runtime(config.runtime)
     plan = make_plan(trace, config)
     if on_queue is not None:
