@@ -189,6 +189,30 @@ def test_prometheus_registers_on_the_default_registry() -> None:
         collector.unregister()
 
 
+@pytest.mark.parametrize("auto_describe", [False, True])
+def test_prometheus_registry_refuses_a_second_collector(auto_describe: bool) -> None:
+    """Two collectors of lanes with the same names on one registry used to duplicate
+    every series silently: describe() names the families, so prometheus_client's own
+    registry refuses the second one, which turns nothing on."""
+    registry = CollectorRegistry(auto_describe=auto_describe)
+    first, second = LaneQueue(), LaneQueue()
+    for q in (first, second):
+        q.add_session_lane("session")
+        q.add_lane("global", max_concurrent=2)
+    PrometheusCollector(first, registry=registry)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        PrometheusCollector(second, registry=registry)
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        PrometheusCollector(Lane("other"), registry=registry)
+    assert all(m.hold is None for m in second["global"].metrics_snapshot())  # not turned on
+    with first.acquire_all("k", ["session", "global"]):
+        pass
+    text = generate_latest(registry).decode()
+    series = [ln for ln in text.splitlines()
+              if ln.startswith('lanequeue_acquired_total{kind="counting",lane="global"}')]
+    assert series == ['lanequeue_acquired_total{kind="counting",lane="global"} 1.0']
+
+
 def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:
     with pytest.raises(TypeError, match="target must be a lane or a queue"):
         PrometheusCollector(object(), registry=CollectorRegistry())

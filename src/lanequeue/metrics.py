@@ -135,13 +135,17 @@ class PrometheusCollector:
     Registers itself at construction and (``hold_times``) turns on hold-time observation
     of the lanes.
     Each scrape reads :meth:`metrics_snapshot` of every lane (under each lane's lock,
-    briefly). One collector per registry: two would report the same metric names (use a
-    queue for several lanes). :meth:`unregister` removes it.
+    briefly). One collector per registry: a second one (of any lanes) has the same metric
+    names, and the registry refuses it (``ValueError: Duplicated timeseries``, since
+    :meth:`describe` names them); use a queue for several lanes. :meth:`unregister`
+    removes it.
 
     Raises:
         ImportError: prometheus_client is not installed.
         TypeError: ``target`` is neither a lane nor a queue.
-        ValueError: from prometheus_client, if the registry already has these names.
+        ValueError: from prometheus_client (``Duplicated timeseries``), if the registry
+            already has these names (another PrometheusCollector on it, say); nothing is
+            registered then.
 
     Example:
 
@@ -162,25 +166,36 @@ class PrometheusCollector:
 
         self._target = target
         self._hold_times = hold_times
-        for lane in lane_sources(target):
+        lanes = lane_sources(target)  # (TypeError for a target of another kind)
+        self._registry = REGISTRY if registry is None else registry
+        self._registry.register(self)  # refused: nothing turned on
+        for lane in lanes:
             if hold_times:
                 lane.track_holds()
-        self._registry = REGISTRY if registry is None else registry
-        self._registry.register(self)
 
     def unregister(self) -> None:
         """Remove this collector from its registry."""
         self._registry.unregister(self)
 
+    def describe(self) -> Iterator[Any]:
+        """The metric families, without samples (called by prometheus_client when the
+        collector is registered): every registry, the default one or one made with
+        ``auto_describe=False``, then refuses a second collector of these names with its
+        own ``ValueError: Duplicated timeseries``, instead of reporting every series
+        twice. Reads no lane."""
+        return self._families([])
+
     def collect(self) -> Iterator[Any]:
         """The metric families now (called by prometheus_client at each scrape)."""
+        return self._families(_snapshots(self._target, self._hold_times))
+
+    def _families(self, snaps: list[LaneMetrics]) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,
             HistogramMetricFamily,
         )
 
-        snaps = _snapshots(self._target, self._hold_times)
         scoped = any(m.scope is not None for m in snaps)
         labels = ["lane", "kind", "scope"] if scoped else ["lane", "kind"]
 
