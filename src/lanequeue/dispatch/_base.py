@@ -111,6 +111,7 @@ class DispatcherBase:
         debounce = check_seconds(debounce_s, "debounce_s", limit=TIMEOUT_MAX)
         max_wait = check_timeout(max_wait_s, "max_wait_s")  # None, inf: no bound
         ageing = None if ageing_s is None else check_ageing(ageing_s, "ageing_s")
+        check_key(dedupe_prefix, "dedupe_prefix")  # (used with dedupe_redis)
         self._queue = queue
         self._lanes = names
         self._lane_objs = objs
