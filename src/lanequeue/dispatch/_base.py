@@ -189,13 +189,17 @@ class DispatcherBase:
         Args:
             key: the conversation's key (non-empty ``str``).
             fn: the turn's function; under ``collect`` it is called with the list of the
-                merged turns' payloads (one payload per submit), in submit order.
+                merged turns' payloads (one payload per submit), in submit order. On
+                ``ThreadDispatcher`` a plain function (a coroutine function is a
+                TypeError here); on ``Dispatcher`` a coroutine function (awaited) or a
+                plain function (run on the loop). An async generator function is refused.
             args: its arguments (the payload, for ``collect`` and ``steer``).
             busy: this submit's busy policy (default: the dispatcher's): ``"enqueue"``,
                 ``"reject"``, ``"steer"``, ``"interrupt"``, ``"replace"``, ``"collect"``.
             dedupe_id: an idempotency id: a repeat within ``dedupe_ttl_s`` returns the
                 same ``Ticket`` object and runs nothing.
-            priority: an ``int``; a larger value goes first among waiting turns of
+            priority: an ``int`` in ``[-2**31, 2**31 - 1]`` (``acquire_all``'s range and
+                check); a larger value goes first among waiting turns of
                 different keys: at the dispatcher's gate, and in the line of every
                 in-process counting lane the turn waits for (README, "Priority"); a
                 key's own turns stay FIFO.
