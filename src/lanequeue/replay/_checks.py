@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import re
 from fractions import Fraction
-from typing import Any, TypeVar
-
-_N = TypeVar("_N", int, float, Fraction)
 
 __all__ = [
     "MAX_COUNT",
@@ -32,7 +29,6 @@ __all__ = [
     "check_speed",
     "check_tpot_ms",
     "decimal_text",
-    "given",
 ]
 
 #: Largest cap, registry size or request count a setting may name.
@@ -81,42 +77,8 @@ class SettingError(ValueError):
         self.setting = setting
 
 
-class GivenInt(int):
-    """An ``int`` read from text (a command line option), that keeps the text."""
-
-    given_text: str
-
-
-class GivenFloat(float):
-    """A ``float`` read from text, that keeps the text (``1e400`` reads as ``inf``)."""
-
-    given_text: str
-
-
-class GivenFraction(Fraction):
-    """A ``Fraction`` read from text, that keeps the text."""
-
-    given_text: str
-
-
-_GIVEN: dict[type, type] = {int: GivenInt, float: GivenFloat, Fraction: GivenFraction}
-
-
-def given(kind: type[_N], text: str) -> _N:
-    """``kind(text)`` (``int``, ``float`` or ``Fraction``) as an instance of a subclass
-    that remembers ``text``, so that a refusal shows the value as given (``1e400``, not
-    ``inf`` or "an integer of about 401 digits"). Raises what ``kind(text)`` raises."""
-    value: Any = _GIVEN[kind](text)
-    value.given_text = text.strip()
-    return value  # type: ignore[no-any-return]
-
-
 def _shown(value: object) -> str:
-    """``value`` for a message: as given on the command line when read from text (see
-    :func:`given`), else a huge integer by its size, not its digits."""
-    text = getattr(value, "given_text", None)
-    if isinstance(text, str):
-        return text
+    """``value`` for a message: a huge integer by its size, not its digits."""
     if isinstance(value, Fraction):
         if value.denominator != 1:
             try:
