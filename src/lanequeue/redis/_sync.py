@@ -33,6 +33,7 @@ from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import SyncWaker, sync_waker
+from ._wire import run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -57,22 +58,35 @@ def drive(steps: Steps[T]) -> T:
 
 
 class _Turn:
-    """A one-shot event for the same-key sequencer, cheaper than threading.Event: a lock
-    held until ``set()``; one successor waits on it."""
+    """A one-shot event for the same-key sequencer, cheaper than threading.Event and safe
+    against an interrupt (KeyboardInterrupt) at any point: a lock held until ``set()``;
+    ``set()`` releases it at most once (a second call does nothing), and the one
+    successor that waits only ever takes the lock to look (never needed by anyone else),
+    so an interrupt leaves nothing that another thread waits for."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "_set")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
+        self._set = False
 
     def set(self) -> None:
-        if self._lock.locked():
+        if not self._set:
+            self._set = True
             self._lock.release()
 
-    def wait(self) -> None:
-        with self._lock:
-            pass
+    def wait(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit); True once set."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._set:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            if self._lock.acquire(timeout=left):
+                self._lock.release()
+                return True
+        return True
 
 
 class RedisHold(RedisHoldBase):
@@ -145,12 +159,20 @@ class _SyncFace(RedisOps[RedisHold]):
 
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
-        with self._wk().slots:  # the process's bound on calls in flight per client
-            return script(keys=keys, args=args)
+        slots = self._wk().slots  # the process's bound on calls in flight per client
+        slot = slots.take()
+        try:
+            return run_sync(self._client, script, keys, args, slot.conn)
+        finally:
+            slots.give(slot)
 
     def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self._wk().slots:
+        slots = self._wk().slots
+        slot = slots.take()
+        try:
             return fn(*args)
+        finally:
+            slots.give(slot)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
@@ -172,8 +194,8 @@ class _SyncFace(RedisOps[RedisHold]):
     def _new_event(self) -> _Turn:
         return _Turn()
 
-    def _wait_turn(self, prev: _Turn) -> None:
-        prev.wait()
+    def _wait_turn(self, prev: _Turn, timeout: float | None) -> bool:
+        return prev.wait(timeout)
 
     def _renew_io(self, call: Call, wait: float) -> Any:
         link = self._link
