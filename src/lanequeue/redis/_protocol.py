@@ -58,7 +58,7 @@ from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
 from ._presence import Epoch, presence_for
-from ._wire import wrap
+from ._wire import StaleReply, wrap
 
 __all__ = [
     "Call",
@@ -695,9 +695,13 @@ class RedisLaneBase(ABC, Generic[H]):
                 return self._granted(hold, value, t0, kept)
             self._count_outcome(timed_out=True)
             return False
-        except LaneBackendError:
+        except LaneBackendError as exc:
             # Redis is unreachable: a clean-up call would fail the same way. Our line
             # entry dies with its liveness; a grant whose reply was lost, with its lease.
+            # But a reply that was not ours (a protocol error) came from a reachable
+            # server, which may have queued or granted us: leave, pass a grant on.
+            if isinstance(exc.__cause__, StaleReply):
+                yield from self._abandon(hold, count=False)
             raise
         except GeneratorExit:
             raise  # closed without running to its end: no more I/O to be had
@@ -767,10 +771,12 @@ class RedisLaneBase(ABC, Generic[H]):
             if self._joins.get(key) is mine:
                 del self._joins[key]
 
-    def _abandon(self, hold: H) -> Steps[None]:
+    def _abandon(self, hold: H, count: bool = True) -> Steps[None]:
         """An interrupted wait: leave the line and pass on a grant that arrived
-        meanwhile. Best effort: if Redis fails, the line entry dies with its liveness."""
-        self._count_outcome(cancelled=True)
+        meanwhile (``count``: as a cancelled wait). Best effort: if Redis fails, the
+        line entry dies with its liveness."""
+        if count:
+            self._count_outcome(cancelled=True)
         try:
             call = self._withdraw_call(hold)
             granted, _ = grant_reply((yield from self._script("withdraw", hold.key, call)))
