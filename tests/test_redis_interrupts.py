@@ -197,3 +197,43 @@ def test_client_with_redis_py_path_still_checks_the_nonce(redis_server: Any) -> 
         assert run_sync(r, script, [], []) == 5
     finally:
         r.close()
+
+
+@pytest.fixture
+def own_server(tmp_path: Any) -> Any:
+    from redis_server import RedisServer
+
+    s = RedisServer(tmp_path)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_release_and_renew_work_under_oom(own_server: Any) -> None:
+    """Under OOM (noeviction, used memory over maxmemory) the scripts that free or keep
+    what is there (release, renewal) of both kinds still work; an acquire is refused
+    with LaneBackendError."""
+    r = redis.Redis(host=own_server.host, port=own_server.port)
+    try:
+        counting = RedisLane(r, "g", max_concurrent=2, lease_s=3.0)
+        per_key = RedisSessionLane(r, lease_s=3.0)
+        assert counting.try_acquire("a")
+        assert per_key.try_acquire("a")
+        for i in range(20):
+            r.set(f"fill:{i}", "x" * 100_000)
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", r.info("memory")["used_memory"] - 500_000)
+        with pytest.raises(LaneBackendError):
+            counting.try_acquire("b")  # a new hold grows memory: refused
+        for lane in (counting, per_key):
+            hold = lane._holds["a"][0]()
+            # A renewal now (the renewer's script, on its own connection).
+            ok = lane._renew_io(lane._renew_call(hold), 2.0)
+            assert ok == 1
+            assert lane.manual_release("a")
+            assert lane.leases_lost == 0
+        assert r.zcard(counting._k._keys[0]) == 0
+        assert not per_key.is_held("a")
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()

@@ -495,6 +495,14 @@ end
 -- no client admits more than the strictest one. Only a client whose cap is that smallest
 -- one refreshes it, so a raised cap takes effect one lease after the last client with the
 -- old cap went quiet.
+-- Under OOM (noeviction, memory over maxmemory), Redis refuses a script's commands that
+-- may grow memory (SET, ZADD, HSET) until the script has written something: release
+-- and renew must still work then (they free or keep what is there), so they first make
+-- a write that cannot grow memory (PERSIST of a key that never exists: 'o').
+local function writable(h)
+  redis.call('PERSIST', string.sub(h, 1, -2) .. 'o')
+end
+
 local function lane_cap(h, cap, ttl)
   local m = string.sub(h, 1, -2) .. 'm'
   local seen = tonumber(redis.call('GET', m))
@@ -578,6 +586,7 @@ COUNTING_RELEASE = (
 -- KEYS: h i q w f. ARGV: owner, fence_ttl_ms, max_concurrent.
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+writable(h)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
@@ -601,6 +610,7 @@ COUNTING_RENEW = (
 -- channel: replaces the hold's presence record, '' removes it; see the per-key renew].
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+writable(h)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
