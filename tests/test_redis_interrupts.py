@@ -237,3 +237,37 @@ def test_release_and_renew_work_under_oom(own_server: Any) -> None:
     finally:
         r.config_set("maxmemory", 0)
         r.close()
+
+
+def test_thread_face_runs_scripts_on_at_most_the_bound_of_own_connections(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """The thread face's scripts run on at most min(8, pool size) connections of its own,
+    whatever the number of threads, even on a pool that small."""
+    pool = redis.ConnectionPool(host=redis_server.host, port=redis_server.port,
+                                max_connections=3)
+    r = redis.Redis(connection_pool=pool)
+    try:
+        lane = RedisSessionLane(r, prefix=redis_prefix, lease_s=2.0)
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                for i in range(5):
+                    with lane.acquire(f"k{n}:{i}", timeout_s=5):
+                        pass
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert errors == []
+        slots = lane._wk().slots
+        assert slots.n == 3
+        conns = {id(ref().conn) for ref in slots._refs if ref() is not None}
+        assert len(conns) <= 3
+    finally:
+        r.close()

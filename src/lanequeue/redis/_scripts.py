@@ -20,6 +20,9 @@ Conventions shared by all scripts:
   else ``{0, wake}``: ``wake`` is the ms until the lease blocking the caller runs out
   when the caller heads the line, -1 otherwise. Withdraw answers the token or
   ``{0, 0}``. (A bare integer costs the script less than a table.)
+- On the wire each script is wrapped (:func:`._wire.wrap`): it takes a nonce as its last
+  argument and answers ``{nonce, reply}``, so a reply is only ever taken by the request
+  it answers (see :mod:`._wire`). The replies above are what the wrapper carries.
 - Needs Redis >= 6.2 (or Valkey): ``SET ... GET``.
 """
 
