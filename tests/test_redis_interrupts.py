@@ -271,3 +271,16 @@ def test_thread_face_runs_scripts_on_at_most_the_bound_of_own_connections(
         assert len(conns) <= 3
     finally:
         r.close()
+
+
+def test_signal_wake_ups_are_taken_once() -> None:
+    """A waiter's wake-up: taken once; a second set() before it is taken does nothing
+    (no 'release unlocked lock'); take honours its timeout."""
+    from lanequeue.redis._wake import Signal
+
+    sig = Signal()
+    assert not sig.take(0.01)
+    sig.set()
+    sig.set()
+    assert sig.take(0.01)
+    assert not sig.take(0.01)

@@ -32,7 +32,7 @@ from ._link import SyncLink
 from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
-from ._wake import SyncWaker, sync_waker
+from ._wake import Gate, SyncWaker, sync_waker
 from ._wire import run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
@@ -57,36 +57,8 @@ def drive(steps: Steps[T]) -> T:
             reply, send = exc, steps.throw
 
 
-class _Turn:
-    """A one-shot event for the same-key sequencer, cheaper than threading.Event and safe
-    against an interrupt (KeyboardInterrupt) at any point: a lock held until ``set()``;
-    ``set()`` releases it at most once (a second call does nothing), and the one
-    successor that waits only ever takes the lock to look (never needed by anyone else),
-    so an interrupt leaves nothing that another thread waits for."""
-
-    __slots__ = ("_lock", "_set")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self._set = False
-
-    def set(self) -> None:
-        if not self._set:
-            self._set = True
-            self._lock.release()
-
-    def wait(self, timeout: float | None) -> bool:
-        """Wait up to ``timeout`` seconds (None: no limit); True once set."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._set:
-            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-            if left <= 0:
-                return False
-            if self._lock.acquire(timeout=left):
-                self._lock.release()
-                return True
-        return True
+#: The same-key sequencer's one-shot event (see :class:`~._wake.Gate`).
+_Turn = Gate
 
 
 class RedisHold(RedisHoldBase):

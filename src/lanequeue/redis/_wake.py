@@ -36,7 +36,9 @@ from typing import Any
 
 from ._link import factory, sibling_async, sibling_sync
 
-__all__ = ["AsyncWaker", "Slots", "SyncWaker", "async_waker", "owner_id", "sync_waker"]
+__all__ = [
+    "AsyncWaker", "Gate", "Signal", "Slots", "SyncWaker", "async_waker", "owner_id", "sync_waker",
+]
 
 log = logging.getLogger("lanequeue.redis")
 
@@ -88,6 +90,65 @@ def parse(message: str) -> tuple[str, int]:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+class Gate:
+    """A one-shot event (set once, never cleared) safe against an interrupt
+    (KeyboardInterrupt) at any point in any of its users, unlike ``threading.Event``
+    (an interrupt inside its Condition's wait can leave the Condition's lock released
+    twice or held): a lock held until ``set()``, which releases it at most once, and a
+    flag. A waiter only takes the lock to look and gives it back; were it interrupted in
+    between, the others still see the flag within 50 ms."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit); True once set."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._set:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            if self._lock.acquire(timeout=left):
+                self._lock.release()
+                return True
+        return True
+
+
+class Signal:
+    """A waiter's wake-up, safe against an interrupt at any point: a lock that is held
+    while no wake-up is pending; ``set()`` releases it (a second ``set()`` before the
+    wake-up is taken does nothing), ``take(timeout)`` acquires it (takes the wake-up).
+    Both are single C calls: an interrupt can at worst lose one wake-up (one poll of
+    latency), never leave a lock that someone else needs."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # a wake-up is pending already
+
+    def take(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=max(0.0, timeout))
 
 
 class _Slot:
@@ -181,16 +242,16 @@ class SyncWaker:
     def __init__(self, client: Any) -> None:
         self.pid = os.getpid()
         self.slots = Slots(_calls(client), factory(client))
-        self._events: dict[str, threading.Event] = {}
+        self._events: dict[str, Signal] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
         self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
         self._sibling = sibling_sync(client)
-        self._ready = threading.Event()
+        self._ready = Gate()
         self._started = False
         self._lock = threading.Lock()
 
     def expect(self, owner: str) -> None:
-        ev = threading.Event()
+        ev = Signal()
         with self._lock:
             self._events[owner] = ev
             token = self._early.pop(owner, None)
@@ -227,8 +288,7 @@ class SyncWaker:
         if ev is None or self._sibling is None:
             time.sleep(block)
             return 0
-        ev.wait(block)
-        ev.clear()
+        ev.take(block)
         with self._lock:
             return self._tokens.pop(owner, 0)
 
