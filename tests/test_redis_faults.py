@@ -41,6 +41,7 @@ from lanequeue.redis import (
     RedisLane,
     RedisSessionLane,
 )
+from lanequeue.redis._wire import run_sync
 
 
 @pytest.fixture
@@ -648,7 +649,7 @@ def test_dead_waiter_handed_the_key_blocks_it_at_most_its_liveness_window(
     h = RedisHold(ghost, "k", 5.0)
     script, keys, args = ghost._acquire_call(h, True)
     refreshed = time.monotonic()
-    assert script(keys=keys, args=args)[0] == 0  # in line; never polls again
+    assert run_sync(r, script, keys, args)[0] == 0  # in line; never polls again
     box: dict[str, float] = {}
 
     def run() -> None:

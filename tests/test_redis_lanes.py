@@ -28,6 +28,7 @@ from lanequeue import (
     NotOwnerError,
 )
 from lanequeue.redis import RedisHold, RedisLane, RedisSessionLane
+from lanequeue.redis._wire import run_sync
 
 
 def wait_until(pred: Any, timeout: float = 5.0, step: float = 0.005) -> None:
@@ -239,7 +240,7 @@ def test_dead_waiter_is_skipped(redis_client: redis.Redis, redis_prefix: str) ->
     # The ghost joins the line once and never polls again (a crashed waiter).
     h = RedisHold(ghost, "k", 5.0)
     script, keys, args = ghost._acquire_call(h, True)
-    assert script(keys=keys, args=args)[0] == 0  # in line, not granted
+    assert run_sync(redis_client, script, keys, args)[0] == 0  # in line, not granted
     assert holder.waiting_for("k") == 1
     time.sleep(ghost._live_ms / 1000 + 0.05)  # its liveness ran out
     assert holder.waiting_for("k") == 0

@@ -27,6 +27,10 @@ Design
 ======
 Every operation is ONE Lua script, so it is atomic on the server and costs one round trip
 on the fast path. Time is the server's (``TIME`` inside the script), never a client clock.
+Every script answers with a random nonce its request carried, and a reply without it is
+refused (LaneBackendError): an interrupt (KeyboardInterrupt, a cancelled task) between a
+request and its reply can never hand that reply to another call; the connection of an
+interrupted call is dropped (see :mod:`._wire`).
 All keys one script touches share one hash tag, so the lanes work on Redis Cluster. Needs
 Redis >= 6.2 (``SET ... GET``) or Valkey, with ``maxmemory-policy noeviction`` (or no
 ``maxmemory``): an evicted holder key would let a second holder in, so a lane checks the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._errors import LaneBackendError
 from ._keys import plain_key
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "check_lease",
     "check_name",
     "check_prefix",
+    "flag_reply",
     "grant_reply",
     "next_block",
     "socket_timeout",
@@ -79,9 +81,21 @@ def grant_reply(reply: Any) -> tuple[bool, int]:
     """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted (the reply
     is the token), else ``(False, wake)`` (the reply is ``[0, wake]``; acquire: ms until
     the lease blocking a head-of-line caller runs out, or -1)."""
-    if isinstance(reply, list):
-        return False, int(reply[1])
-    return True, int(reply)
+    if isinstance(reply, int) and not isinstance(reply, bool) and reply > 0:
+        return True, reply
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0 \
+            and isinstance(reply[1], int):
+        return False, reply[1]
+    raise LaneBackendError(f"Redis answered an acquire with {reply!r:.80} (a protocol "
+                           f"error); nothing was granted")
+
+
+def flag_reply(reply: Any) -> int:
+    """Parse a release/renew reply: 0 or 1 (anything else is a protocol error)."""
+    if reply == 0 or reply == 1:
+        return int(reply)
+    raise LaneBackendError(f"Redis answered a release or renewal with {reply!r:.80} (a "
+                           f"protocol error)")
 
 
 def next_block(poll_s: float, wake_ms: int, deadline: float | None, now: float) -> float:

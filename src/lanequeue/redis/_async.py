@@ -40,6 +40,7 @@ from ._protocol import Call, RedisHoldBase, Step, Steps, T, renewal
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import AsyncWaker, async_waker
+from ._wire import run_async
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
@@ -78,9 +79,10 @@ async def drive(steps: Steps[T]) -> T:
             reply, send = exc, steps.throw
 
 
-async def _call(slots: asyncio.Semaphore, script: Any, keys: list[str], args: list[Any]) -> Any:
+async def _call(slots: asyncio.Semaphore, client: Any, script: Any, keys: list[str],
+                args: list[Any]) -> Any:
     async with slots:
-        return await script(keys=keys, args=args)
+        return await run_async(client, script, keys, args)
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
@@ -169,12 +171,13 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         if op == "release" or op == "withdraw":
             # Runs to its end even if the caller is cancelled while it waits (C25): a
             # release or withdraw cut short would leave a grant nobody owns.
-            task = asyncio.get_running_loop().create_task(_call(slots, script, keys, args))
+            task = asyncio.get_running_loop().create_task(
+                _call(slots, self._client, script, keys, args))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
             return await asyncio.shield(task)
         async with slots:
-            return await script(keys=keys, args=args)
+            return await run_async(self._client, script, keys, args)
 
     async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
         async with self._wk().slots:
@@ -209,8 +212,14 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     def _new_event(self) -> asyncio.Event:
         return asyncio.Event()
 
-    async def _wait_turn(self, prev: asyncio.Event) -> None:
-        await prev.wait()
+    async def _wait_turn(self, prev: asyncio.Event, timeout: float | None) -> bool:
+        if prev.is_set():
+            return True
+        try:
+            await asyncio.wait_for(prev.wait(), timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            return prev.is_set()
+        return True
 
     async def _renew_io(self, call: Call, wait: float) -> Any:
         link = self._link

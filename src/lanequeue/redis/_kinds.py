@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from . import _scripts as lua
 from ._keys import base as key_base
 from ._presence import GRACE_S
+from ._wire import wrap
 
 __all__ = ["Call", "CountingKind", "Kind", "SessionKind"]
 
@@ -36,7 +37,7 @@ class Kind(ABC):
         self.lease_ms, self.fence_ttl_ms, self.cap = lease_ms, fence_ttl_ms, cap
         reg = client.register_script
         self.s_acquire, self.s_release, self.s_renew, self.s_withdraw, self.s_info = (
-            reg(src) for src in self._sources
+            reg(wrap(src)) for src in self._sources
         )
 
     @abstractmethod

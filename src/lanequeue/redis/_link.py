@@ -19,10 +19,12 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from ._wire import new_nonce, unwrap
+
 __all__ = ["AsyncLink", "SyncLink"]
 
 
-def _factory(client: Any) -> Any:
+def factory(client: Any) -> Any:
     """A maker of bare connections like the client's, or None (a cluster client)."""
     pool = getattr(client, "connection_pool", None)
     cls = getattr(pool, "connection_class", None)
@@ -39,12 +41,13 @@ class SyncLink:
     """The thread renewer's connection (used by one renewer thread at a time)."""
 
     def __init__(self, client: Any) -> None:
-        self._make = _factory(client)
+        self._make = factory(client)
         self._conn: Any = None
 
     def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:
         if self._make is None:
-            return script(keys=keys, args=args)
+            nonce = new_nonce()
+            return unwrap(script(keys=keys, args=[*args, nonce]), nonce)
         conn = self._conn
         if conn is None:
             conn = self._conn = self._make()
@@ -53,12 +56,15 @@ class SyncLink:
             sock = getattr(conn, "_sock", None)
             if sock is not None:
                 sock.settimeout(wait)
+            nonce = new_nonce()
+            argv = [*args, nonce]
             try:
-                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-                return conn.read_response(timeout=wait)
+                conn.send_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+                reply = conn.read_response(timeout=wait)
             except NoScriptError:
-                conn.send_command("EVAL", script.script, len(keys), *keys, *args)
-                return conn.read_response(timeout=wait)
+                conn.send_command("EVAL", script.script, len(keys), *keys, *argv)
+                reply = conn.read_response(timeout=wait)
+            return unwrap(reply, nonce)
         except BaseException:
             self.close()
             raise
@@ -76,12 +82,14 @@ class AsyncLink:
     """The asyncio renewer's connection (one renewer task at a time)."""
 
     def __init__(self, client: Any) -> None:
-        self._make = _factory(client)
+        self._make = factory(client)
         self._conn: Any = None
 
     async def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:
         if self._make is None:
-            return await asyncio.wait_for(script(keys=keys, args=args), wait)
+            nonce = new_nonce()
+            reply = await asyncio.wait_for(script(keys=keys, args=[*args, nonce]), wait)
+            return unwrap(reply, nonce)
         conn = self._conn
         if conn is None:
             conn = self._conn = self._make()
@@ -94,12 +102,15 @@ class AsyncLink:
 
     @staticmethod
     async def _eval(conn: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
+        nonce = new_nonce()
+        argv = [*args, nonce]
         try:
-            await conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-            return await conn.read_response()
+            await conn.send_command("EVALSHA", script.sha, len(keys), *keys, *argv)
+            reply = await conn.read_response()
         except NoScriptError:
-            await conn.send_command("EVAL", script.script, len(keys), *keys, *args)
-            return await conn.read_response()
+            await conn.send_command("EVAL", script.script, len(keys), *keys, *argv)
+            reply = await conn.read_response()
+        return unwrap(reply, nonce)
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

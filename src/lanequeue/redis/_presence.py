@@ -46,6 +46,8 @@ import time
 import weakref
 from typing import Any
 
+from ._wake import Gate
+
 __all__ = ["GRACE_S", "PING_S", "PONG_TIMEOUT_S", "Epoch", "Presence", "presence_for"]
 
 log = logging.getLogger("lanequeue.redis")
@@ -143,7 +145,7 @@ class Presence:
         #: The server's id of the current presence connection (0: none), e.g. for
         #: ``CLIENT KILL ID`` in fault tests.
         self.client_id = 0
-        self.ready = threading.Event()
+        self.ready = Gate()
         self.pid = os.getpid()
         threading.Thread(target=self._run, name="lanequeue-presence", daemon=True).start()
 

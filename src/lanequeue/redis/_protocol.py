@@ -47,6 +47,7 @@ from ._args import (
     check_lease,
     check_name,
     check_prefix,
+    flag_reply,
     grant_reply,
     next_block,
     socket_timeout,
@@ -57,6 +58,7 @@ from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
 from ._presence import Epoch, presence_for
+from ._wire import StaleReply, wrap
 
 __all__ = [
     "Call",
@@ -183,7 +185,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self._version_due = 0.0  # monotonic time the version marker must be re-claimed
         self._watch_at = math.inf  # when the watchdog's pending entry for us fires
         self._version_key = version_key(self.prefix, self._kind_class.letter, self.name)
-        self._s_version = client.register_script(lua.VERSION_CLAIM)
+        self._s_version = client.register_script(wrap(lua.VERSION_CLAIM))
         # This process's presence connection to the server (failover: see _presence.py);
         # None on Redis Cluster, where holds fall back to lease_s.
         self._presence = presence_for(client)
@@ -290,8 +292,9 @@ class RedisLaneBase(ABC, Generic[H]):
         """An event of the face's kind (threading or asyncio): ``set()``."""
 
     @abstractmethod
-    def _wait_turn(self, prev: Any) -> Any:
-        """Step: wait until the predecessor's event ``prev`` is set."""
+    def _wait_turn(self, prev: Any, timeout: float | None) -> Any:
+        """Step: wait until the predecessor's event ``prev`` is set, at most ``timeout``
+        seconds (None: no limit); True if it was set."""
 
     @abstractmethod
     def _renew_io(self, call: Call, wait: float) -> Any:
@@ -631,7 +634,12 @@ class RedisLaneBase(ABC, Generic[H]):
             if time.monotonic() >= self._version_due:
                 yield from self._check_version()
             if prev is not None:
-                yield self._wait_turn, (prev,)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not (yield self._wait_turn, (prev, left)):
+                    # The predecessor's first script has not answered within our
+                    # timeout (a frozen server): we never joined the line.
+                    self._count_outcome(timed_out=True)
+                    return False
             poll, live_ms = self._poll_plan()
             call = self._acquire_call(hold, wait, live_ms)
             try:
@@ -687,9 +695,13 @@ class RedisLaneBase(ABC, Generic[H]):
                 return self._granted(hold, value, t0, kept)
             self._count_outcome(timed_out=True)
             return False
-        except LaneBackendError:
+        except LaneBackendError as exc:
             # Redis is unreachable: a clean-up call would fail the same way. Our line
             # entry dies with its liveness; a grant whose reply was lost, with its lease.
+            # But a reply that was not ours (a protocol error) came from a reachable
+            # server, which may have queued or granted us: leave, pass a grant on.
+            if isinstance(exc.__cause__, StaleReply):
+                yield from self._abandon(hold, count=False)
             raise
         except GeneratorExit:
             raise  # closed without running to its end: no more I/O to be had
@@ -726,7 +738,7 @@ class RedisLaneBase(ABC, Generic[H]):
         while time.monotonic() - t0 > self.lease_s / 2:
             t0 = time.monotonic()
             reply = yield from self._script("renew", hold.key, self._renew_call(hold))
-            if int(reply) != 1:
+            if flag_reply(reply) != 1:
                 return False, -1, t0
         # The presence connection the grant was asked under died before the grant was
         # answered (the server froze, a reconnect): the server would take the hold over
@@ -740,7 +752,7 @@ class RedisLaneBase(ABC, Generic[H]):
             call = self._k.renew(hold.owner, hold.key,
                                  epoch.channel if epoch is not None else "")
             reply = yield from self._script("renew", hold.key, call)
-            if int(reply) != 1:
+            if flag_reply(reply) != 1:
                 return False, -1, t0
         return True, token, t0
 
@@ -759,10 +771,12 @@ class RedisLaneBase(ABC, Generic[H]):
             if self._joins.get(key) is mine:
                 del self._joins[key]
 
-    def _abandon(self, hold: H) -> Steps[None]:
+    def _abandon(self, hold: H, count: bool = True) -> Steps[None]:
         """An interrupted wait: leave the line and pass on a grant that arrived
-        meanwhile. Best effort: if Redis fails, the line entry dies with its liveness."""
-        self._count_outcome(cancelled=True)
+        meanwhile (``count``: as a cancelled wait). Best effort: if Redis fails, the
+        line entry dies with its liveness."""
+        if count:
+            self._count_outcome(cancelled=True)
         try:
             call = self._withdraw_call(hold)
             granted, _ = grant_reply((yield from self._script("withdraw", hold.key, call)))
@@ -788,7 +802,7 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._notice_lost(hold)
                 return self._lost_release(hold)
             reply = yield from self._script("release", hold.key, self._release_call(hold))
-            return self._release_result(hold, int(reply) == 1)
+            return self._release_result(hold, flag_reply(reply) == 1)
         finally:
             with self._lock:
                 if hold._state == RELEASING:
@@ -949,7 +963,7 @@ class RedisLaneBase(ABC, Generic[H]):
             if wait < 0.005:
                 continue
             try:  # not through _ask: a failed renewal is not an error of any caller
-                ok = int((yield self._renew_io, (call, wait))) == 1
+                ok = flag_reply((yield self._renew_io, (call, wait))) == 1
             except (RedisError, OSError, TimeoutError) as exc:
                 self._renew_failed(hold, exc, time.monotonic())
                 continue

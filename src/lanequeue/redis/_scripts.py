@@ -20,6 +20,9 @@ Conventions shared by all scripts:
   else ``{0, wake}``: ``wake`` is the ms until the lease blocking the caller runs out
   when the caller heads the line, -1 otherwise. Withdraw answers the token or
   ``{0, 0}``. (A bare integer costs the script less than a table.)
+- On the wire each script is wrapped (:func:`._wire.wrap`): it takes a nonce as its last
+  argument and answers ``{nonce, reply}``, so a reply is only ever taken by the request
+  it answers (see :mod:`._wire`). The replies above are what the wrapper carries.
 - Needs Redis >= 6.2 (or Valkey): ``SET ... GET``.
 """
 
@@ -495,6 +498,14 @@ end
 -- no client admits more than the strictest one. Only a client whose cap is that smallest
 -- one refreshes it, so a raised cap takes effect one lease after the last client with the
 -- old cap went quiet.
+-- Under OOM (noeviction, memory over maxmemory), Redis refuses a script's commands that
+-- may grow memory (SET, ZADD, HSET) until the script has written something: release
+-- and renew must still work then (they free or keep what is there), so they first make
+-- a write that cannot grow memory (PERSIST of a key that never exists: 'o').
+local function writable(h)
+  redis.call('PERSIST', string.sub(h, 1, -2) .. 'o')
+end
+
 local function lane_cap(h, cap, ttl)
   local m = string.sub(h, 1, -2) .. 'm'
   local seen = tonumber(redis.call('GET', m))
@@ -578,6 +589,7 @@ COUNTING_RELEASE = (
 -- KEYS: h i q w f. ARGV: owner, fence_ttl_ms, max_concurrent.
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+writable(h)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)
@@ -601,6 +613,7 @@ COUNTING_RENEW = (
 -- channel: replaces the hold's presence record, '' removes it; see the per-key renew].
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl, cap = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+writable(h)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
 purge(h, i, now)

@@ -33,7 +33,8 @@ from ._link import SyncLink
 from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
-from ._wake import SyncWaker, sync_waker
+from ._wake import Gate, SyncWaker, sync_waker
+from ._wire import run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -57,23 +58,8 @@ def drive(steps: Steps[T]) -> T:
             reply, send = exc, steps.throw
 
 
-class _Turn:
-    """A one-shot event for the same-key sequencer, cheaper than threading.Event: a lock
-    held until ``set()``; one successor waits on it."""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-
-    def set(self) -> None:
-        if self._lock.locked():
-            self._lock.release()
-
-    def wait(self) -> None:
-        with self._lock:
-            pass
+#: The same-key sequencer's one-shot event (see :class:`~._wake.Gate`).
+_Turn = Gate
 
 
 class RedisHold(RedisHoldBase):
@@ -146,12 +132,20 @@ class _SyncFace(RedisOps[RedisHold]):
 
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
-        with self._wk().slots:  # the process's bound on calls in flight per client
-            return script(keys=keys, args=args)
+        slots = self._wk().slots  # the process's bound on calls in flight per client
+        slot = slots.take()
+        try:
+            return run_sync(self._client, script, keys, args, slot.conn)
+        finally:
+            slots.give(slot)
 
     def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        with self._wk().slots:
+        slots = self._wk().slots
+        slot = slots.take()
+        try:
             return fn(*args)
+        finally:
+            slots.give(slot)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
@@ -173,8 +167,8 @@ class _SyncFace(RedisOps[RedisHold]):
     def _new_event(self) -> _Turn:
         return _Turn()
 
-    def _wait_turn(self, prev: _Turn) -> None:
-        prev.wait()
+    def _wait_turn(self, prev: _Turn, timeout: float | None) -> bool:
+        return prev.wait(timeout)
 
     def _renew_io(self, call: Call, wait: float) -> Any:
         link = self._link

@@ -25,16 +25,20 @@ pool of 100.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
 from typing import Any
 
-from ._link import sibling_async, sibling_sync
+from ._link import factory, sibling_async, sibling_sync
 
-__all__ = ["AsyncWaker", "SyncWaker", "async_waker", "owner_id", "sync_waker"]
+__all__ = [
+    "AsyncWaker", "Gate", "Signal", "Slots", "SyncWaker", "async_waker", "owner_id", "sync_waker",
+]
 
 log = logging.getLogger("lanequeue.redis")
 
@@ -88,22 +92,166 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+class Gate:
+    """A one-shot event (set once, never cleared) safe against an interrupt
+    (KeyboardInterrupt) at any point in any of its users, unlike ``threading.Event``
+    (an interrupt inside its Condition's wait can leave the Condition's lock released
+    twice or held): a lock held until ``set()``, which releases it at most once, and a
+    flag. A waiter only takes the lock to look and gives it back; were it interrupted in
+    between, the others still see the flag within 50 ms."""
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit); True once set."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._set:
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            if self._lock.acquire(timeout=left):
+                self._lock.release()
+                return True
+        return True
+
+
+class Signal:
+    """A waiter's wake-up, safe against an interrupt at any point: a lock that is held
+    while no wake-up is pending; ``set()`` releases it (a second ``set()`` before the
+    wake-up is taken does nothing), ``take(timeout)`` acquires it (takes the wake-up).
+    Both are single C calls: an interrupt can at worst lose one wake-up (one poll of
+    latency), never leave a lock that someone else needs."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        try:
+            self._lock.release()
+        except RuntimeError:
+            pass  # a wake-up is pending already
+
+    def take(self, timeout: float) -> bool:
+        return self._lock.acquire(timeout=max(0.0, timeout))
+
+
+class _Slot:
+    """One permit of :class:`Slots` (an object, so a lost one can be seen to be gone),
+    with the bare connection its holder runs scripts on (None: use the client's path)."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+
+class Slots:
+    """The thread face's bound on script calls in flight per client, safe against an
+    interrupt (KeyboardInterrupt) at any point, unlike ``threading.Semaphore`` (whose
+    Python-level acquire/release can leave its lock held or leak a permit).
+
+    The ``n`` permits are objects passed through a C-level queue (``queue.SimpleQueue``:
+    its ``get`` and ``put`` are atomic). A permit that an interrupt drops on the floor
+    (between ``take`` and ``give``) is freed by the garbage collector; a caller that has
+    waited ``HEAL_S`` for a permit (and, at most once a second, has run the cyclic
+    garbage collector) counts the live ones (weak references) and mints
+    replacements for the lost ones, so a lost permit costs a short wait, never a hang.
+    Use::
+
+        slot = slots.take()
+        try:
+            ...
+        finally:
+            slots.give(slot)
+    """
+
+    HEAL_S = 0.25
+
+    def __init__(self, n: int, make: Any = None) -> None:
+        self.n = n
+        self._make = make  # maker of a permit's connection (made on its first use)
+        self._free: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
+        self._refs: list[weakref.ref[_Slot]] = []
+        self._heal_lock = threading.Lock()
+        self._gc_due = 0.0
+        for _ in range(n):
+            self._mint()
+
+    def _mint(self) -> None:
+        slot = _Slot(None)
+        self._refs.append(weakref.ref(slot))
+        self._free.put(slot)
+
+    def take(self) -> _Slot:
+        """A permit; waits as long as all ``n`` are in use."""
+        while True:
+            try:
+                slot = self._free.get(timeout=self.HEAL_S)
+            except queue.Empty:
+                self._heal()
+                continue
+            if slot.conn is None and self._make is not None:
+                slot.conn = self._make()
+            return slot
+
+    def give(self, slot: _Slot) -> None:
+        self._free.put(slot)
+
+    @property
+    def free(self) -> int:
+        """Permits not in use now."""
+        return self._free.qsize()
+
+    def _heal(self) -> None:
+        """Replace the permits that were lost (freed without being given back)."""
+        if not self._heal_lock.acquire(blocking=False):
+            return
+        try:
+            now = time.monotonic()
+            if now >= self._gc_due:
+                # A dropped permit may sit in a reference cycle (an interrupt's traceback
+                # holds the frame that held it): collect it (at most once a second).
+                self._gc_due = now + 1.0
+                gc.collect()
+            self._refs = [r for r in self._refs if r() is not None]
+            for _ in range(self.n - len(self._refs)):
+                self._mint()
+        finally:
+            self._heal_lock.release()
+
+
 class SyncWaker:
     """The thread face's listener for one client (see the module docstring)."""
 
     def __init__(self, client: Any) -> None:
         self.pid = os.getpid()
-        self.slots = threading.BoundedSemaphore(_calls(client))
-        self._events: dict[str, threading.Event] = {}
+        self.slots = Slots(_calls(client), factory(client))
+        self._events: dict[str, Signal] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
         self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
         self._sibling = sibling_sync(client)
-        self._ready = threading.Event()
+        self._ready = Gate()
         self._started = False
         self._lock = threading.Lock()
 
     def expect(self, owner: str) -> None:
-        ev = threading.Event()
+        ev = Signal()
         with self._lock:
             self._events[owner] = ev
             token = self._early.pop(owner, None)
@@ -140,8 +288,7 @@ class SyncWaker:
         if ev is None or self._sibling is None:
             time.sleep(block)
             return 0
-        ev.wait(block)
-        ev.clear()
+        ev.take(block)
         with self._lock:
             return self._tokens.pop(owner, 0)
 

@@ -1,0 +1,286 @@
+"""Interrupts (KeyboardInterrupt, async exceptions) and stale replies against a real
+redis-server: an interrupted call never hands another call its reply, never leaks a
+permit of the process's bound on calls in flight, and never leaves a lock held that
+another thread waits for. Each interrupt is injected at a chosen point by a hook."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from redis.connection import Connection
+
+from lanequeue import LaneBackendError
+from lanequeue.redis import RedisLane, RedisSessionLane, _wire
+from lanequeue.redis._sync import _Turn
+from lanequeue.redis._wake import Slots
+from lanequeue.redis._wire import StaleReply, run_sync, unwrap, wrap
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_a_reply_without_the_requests_nonce_is_refused(redis_client: Any) -> None:
+    """A reply is this request's only if it carries this request's nonce: a bare integer
+    (a release's 1) or another call's reply is a protocol error, never a grant."""
+    script = redis_client.register_script(wrap("return tonumber(ARGV[1]) + 1"))
+    assert run_sync(redis_client, script, [], [41]) == 42
+    reply = script(keys=[], args=[1, "nonce-of-another-call"])
+    with pytest.raises(StaleReply):
+        unwrap(reply, "nonce-of-this-call")
+    for stale in (1, 7, [0, -1], b"OK", None, [b"x", 1, 2]):
+        with pytest.raises(StaleReply):
+            unwrap(stale, "n")
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_a_pending_stale_reply_is_a_backend_error_and_grants_nothing(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any
+) -> None:
+    """An acquire that reads the unread reply of an earlier request on its connection (the
+    crosstalk an interrupt between send and read leaves) raises LaneBackendError, holds
+    nothing, and drops that connection; the next call works."""
+    lane = kind(redis_client, "stale", prefix=redis_prefix, lease_s=2.0)
+    assert lane.try_acquire("warm")
+    assert lane.manual_release("warm")
+    slots = lane._wk().slots
+    conns = []
+    for _ in range(slots.n):
+        slot = slots.take()
+        conns.append((slot, slot.conn))
+    poisoned = conns[0][1]
+    poisoned.send_command("INCR", f"{redis_prefix}:stray")  # reply ":1", never read
+    while not poisoned.can_read(timeout=1.0):
+        pass
+    for slot, _ in conns:  # the poisoned connection is the next one used
+        slots.give(slot)
+    # Without the health check before a send, the stale reply is read by the next call.
+    monkeypatch.setattr(_wire, "_ready", lambda conn: None)
+    with pytest.raises(LaneBackendError, match="not this request"):
+        lane.try_acquire("k")
+    assert lane.active_count == 0
+    assert poisoned._sock is None  # the connection was dropped
+    # The grant the server made was passed on.
+    assert (lane.holds_of("k") if kind is RedisLane else int(lane.is_held("k"))) == 0
+    monkeypatch.undo()
+    assert lane.try_acquire("k")  # the next call works
+    assert lane.manual_release("k")
+
+
+def test_interrupt_between_send_and_read_drops_the_connection(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt after the acquire was sent and before its reply was read: the
+    KeyboardInterrupt propagates, the connection is disconnected (its reply is never read
+    by another call), the grant the server may have made is passed on, and another
+    thread's release then reads its own reply (True), not the acquire's."""
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=2.0)
+    other = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=2.0)
+    assert other.try_acquire("held")
+    assert lane.try_acquire("warm")  # first use checks the server: done before the hook
+    assert lane.manual_release("warm")
+    real = Connection.read_response
+    armed = {"on": True}
+    seen: list[Any] = []
+
+    def read_response(self: Any, *a: Any, **kw: Any) -> Any:
+        if armed["on"]:
+            armed["on"] = False
+            seen.append(self)
+            raise KeyboardInterrupt  # the reply is on its way, unread
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Connection, "read_response", read_response)
+    with pytest.raises(KeyboardInterrupt):
+        lane.try_acquire("k")
+    assert seen and seen[0]._sock is None  # dropped, not reused
+    box: dict[str, Any] = {}
+    t = threading.Thread(target=lambda: box.update(ok=other.manual_release("held")))
+    t.start()
+    t.join(10)
+    assert box == {"ok": True}
+    assert not lane.is_held("k")  # the interrupted acquire left no holder behind
+    assert lane.try_acquire("k")
+    token = lane._holds["k"][0]().token
+    assert token > 10**15  # a real fencing token (server µs), not a stray reply
+    assert lane.manual_release("k")
+
+
+def test_slots_heal_a_permit_lost_to_an_interrupt() -> None:
+    """A permit dropped between take and give (an interrupt) is replaced once a caller has
+    waited for one: also when a reference cycle (a traceback) keeps it alive."""
+    slots = Slots(2)
+    a = slots.take()
+    b = slots.take()
+    slots.give(a)
+    del b  # lost: never given back
+    got = [slots.take()]
+    t0 = time.monotonic()
+    got.append(slots.take())  # waits, then heals
+    assert time.monotonic() - t0 < 5
+    assert slots.free == 0
+    for s in got:
+        slots.give(s)
+    assert slots.free == 2
+    # Lost inside a cycle.
+    slots = Slots(2)
+    c = slots.take()
+    d = slots.take()
+    cycle: list[Any] = [d]
+    cycle.append(cycle)
+    del d, cycle
+    slots.give(c)
+    gc.disable()
+    try:
+        x = slots.take()
+        y = slots.take()  # the heal runs the collector
+    finally:
+        gc.enable()
+    slots.give(x)
+    slots.give(y)
+    assert slots.free == 2
+
+
+def test_slots_bound_calls_in_flight() -> None:
+    slots = Slots(1)
+    s = slots.take()
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(slots.take()))
+    t.start()
+    t.join(0.6)
+    assert not box  # waits while the one permit is in use (and is not healed away)
+    slots.give(s)
+    t.join(5)
+    assert len(box) == 1
+
+
+def test_turn_set_twice_and_set_cut_short() -> None:
+    """The same-key sequencer's event: a second set() does nothing (no 'release unlocked
+    lock'), a set cut short after its flag still lets the successor on, and a wait
+    honours its timeout."""
+    t = _Turn()
+    assert not t.wait(0.05)
+    t.set()
+    t.set()
+    assert t.wait(0.05)
+    assert t.wait(None)
+    cut = _Turn()
+    cut._set = True  # an interrupt between the flag and the lock's release
+    assert cut.wait(1.0)
+
+
+def test_sequencer_wait_honours_the_timeout(redis_client: Any, redis_prefix: str) -> None:
+    """A same-key request whose predecessor's first script never answers (a frozen
+    server) gives up at its own deadline, counted as a timeout, and joins no line."""
+    lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=2.0)
+    assert lane.try_acquire("warm")
+    assert lane.manual_release("warm")
+    _, stuck = lane._join_turn("k")  # a predecessor that never answers
+    t0 = time.monotonic()
+    assert lane.acquire_timeout("k", 0.3) is False
+    assert time.monotonic() - t0 < 3
+    assert lane.stats.timeouts == 1
+    assert lane.waiting_for("k") == 0
+    lane._turn_done("k", stuck)
+    assert lane.acquire_timeout("k", 1.0)
+    assert lane.manual_release("k")
+
+
+def test_client_with_redis_py_path_still_checks_the_nonce(redis_server: Any) -> None:
+    """A single-connection client (no pool path of ours) still refuses a stale reply."""
+    r = redis.Redis(host=redis_server.host, port=redis_server.port, single_connection_client=True)
+    try:
+        script = r.register_script(wrap("return 5"))
+        assert run_sync(r, script, [], []) == 5
+    finally:
+        r.close()
+
+
+@pytest.fixture
+def own_server(tmp_path: Any) -> Any:
+    from redis_server import RedisServer
+
+    s = RedisServer(tmp_path)
+    s.start()
+    yield s
+    s.stop()
+
+
+def test_release_and_renew_work_under_oom(own_server: Any) -> None:
+    """Under OOM (noeviction, used memory over maxmemory) the scripts that free or keep
+    what is there (release, renewal) of both kinds still work; an acquire is refused
+    with LaneBackendError."""
+    r = redis.Redis(host=own_server.host, port=own_server.port)
+    try:
+        counting = RedisLane(r, "g", max_concurrent=2, lease_s=3.0)
+        per_key = RedisSessionLane(r, lease_s=3.0)
+        assert counting.try_acquire("a")
+        assert per_key.try_acquire("a")
+        for i in range(20):
+            r.set(f"fill:{i}", "x" * 100_000)
+        r.config_set("maxmemory-policy", "noeviction")
+        r.config_set("maxmemory", r.info("memory")["used_memory"] - 500_000)
+        with pytest.raises(LaneBackendError):
+            counting.try_acquire("b")  # a new hold grows memory: refused
+        for lane in (counting, per_key):
+            hold = lane._holds["a"][0]()
+            # A renewal now (the renewer's script, on its own connection).
+            ok = lane._renew_io(lane._renew_call(hold), 2.0)
+            assert ok == 1
+            assert lane.manual_release("a")
+            assert lane.leases_lost == 0
+        assert r.zcard(counting._k._keys[0]) == 0
+        assert not per_key.is_held("a")
+    finally:
+        r.config_set("maxmemory", 0)
+        r.close()
+
+
+def test_thread_face_runs_scripts_on_at_most_the_bound_of_own_connections(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """The thread face's scripts run on at most min(8, pool size) connections of its own,
+    whatever the number of threads, even on a pool that small."""
+    pool = redis.ConnectionPool(host=redis_server.host, port=redis_server.port,
+                                max_connections=3)
+    r = redis.Redis(connection_pool=pool)
+    try:
+        lane = RedisSessionLane(r, prefix=redis_prefix, lease_s=2.0)
+        errors: list[BaseException] = []
+
+        def work(n: int) -> None:
+            try:
+                for i in range(5):
+                    with lane.acquire(f"k{n}:{i}", timeout_s=5):
+                        pass
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        assert errors == []
+        slots = lane._wk().slots
+        assert slots.n == 3
+        conns = {id(ref().conn) for ref in slots._refs if ref() is not None}
+        assert len(conns) <= 3
+    finally:
+        r.close()
+
+
+def test_signal_wake_ups_are_taken_once() -> None:
+    """A waiter's wake-up: taken once; a second set() before it is taken does nothing
+    (no 'release unlocked lock'); take honours its timeout."""
+    from lanequeue.redis._wake import Signal
+
+    sig = Signal()
+    assert not sig.take(0.01)
+    sig.set()
+    sig.set()
+    assert sig.take(0.01)
+    assert not sig.take(0.01)
