@@ -202,7 +202,11 @@ class Proxy:
                 down, _ = self.listener.accept()
             except OSError:
                 return
-            up = socket.create_connection(("127.0.0.1", self.target))
+            try:
+                up = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:  # the server is gone (the test is ending): refuse this one
+                down.close()
+                continue
             self.socks += [down, up]
             threading.Thread(target=self._pump, args=(down, up), daemon=True).start()
             threading.Thread(target=self._pump, args=(up, down), daemon=True).start()
