@@ -114,9 +114,9 @@ line that nobody will withdraw. A token is recorded in the hold right after the 
 returns it, and a hold is marked released right before the core releases it; an
 interrupt between the two leaves that one hold held in the core, and nothing else.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
-operations (C18). The per-key thread hold runs two steps of :class:`SessionCore` itself
-(:class:`SessionHoldSteps`, in this module and under its rules): there the token is
-stored in the hold in the same commit as the grant.
+operations (C18). The thread holds run the two commonest steps of their core themselves
+(:class:`SessionHoldSteps`, :class:`CountingHoldSteps`, in this module and under its
+rules): there the token is stored in the hold in the same commit as the grant.
 
 Dropped holds
 =============
@@ -175,6 +175,7 @@ __all__ = [
     "DRAINED",
     "Core",
     "CountingCore",
+    "CountingHoldSteps",
     "LaneStats",
     "SessionCore",
     "SessionHoldSteps",
@@ -916,6 +917,73 @@ class SessionHoldSteps:
                             core._order.move_to_end(key)
                         except KeyError:  # the eviction scan dropped it while held
                             core._order[key] = entry
+                        return
+                finally:
+                    try:
+                        lock.release()
+                    except RuntimeError:  # acquire was interrupted before it took it
+                        pass
+            core.release(key, token)
+
+
+class CountingHoldSteps:
+    """The two commonest steps of :class:`CountingCore`, run by a thread hold's own
+    ``__enter__`` / ``__exit__`` (a mixin of the counting lane's thread hold), as
+    :class:`SessionHoldSteps` does for the per-key lane: taking a free permit (a free
+    permit means nobody waits, so taking it overtakes no one, whatever the priority),
+    and releasing a hold with nobody in line (neither in the FIFO ``_line`` nor among
+    the prioritised ``_ranked``). Everything else (a full lane, a drain, dropped holds to
+    end first, hold times on, a waiter to hand the permit to) goes to the hold's general
+    path (``_enter_slow``) or to :meth:`CountingCore.release`. Same rules ("Interrupts"
+    in the module docstring); the hold's token is stored in the same commit as the grant.
+    """
+
+    __slots__ = ()
+
+    lane: Any
+    key: str
+    _token: int
+    _enter_slow: ClassVar[Callable[[Any], Any]]
+
+    def __enter__(self) -> Any:
+        core = self.lane._core
+        if not self._token and not core.draining and not core._dropped:
+            lock = core._lock
+            try:
+                lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+                holds = core._holds
+                if len(holds) < core.capacity:  # a free permit: nobody is in line
+                    now = core._clock()
+                    # -- commit: plain stores only --
+                    core._token = token = core._token + 1
+                    holds[token] = (self.key, now)
+                    self._token = token  # type: ignore[misc]
+                    return self
+            finally:
+                try:
+                    lock.release()
+                except RuntimeError:  # acquire was interrupted before it took the lock
+                    pass
+        return self._enter_slow()
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        token = self._token
+        if token > 0:  # not released early inside the block
+            core = self.lane._core
+            key = self.key
+            self._token = -token  # type: ignore[misc]  # marked released, then released
+            if not core._dropped and core.hold_hist is None:
+                lock = core._lock
+                try:
+                    lock.acquire()  # inside the try: see "Interrupts"
+                    holds = core._holds
+                    hold = holds.get(token)
+                    if (
+                        hold is not None and hold[0] == key
+                        and not core._line and not core._ranked
+                    ):
+                        # -- commit: plain stores only --
+                        del holds[token]
                         return
                 finally:
                     try:

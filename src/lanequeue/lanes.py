@@ -14,7 +14,14 @@ import threading
 from types import TracebackType
 from typing import Any, Literal
 
-from ._core import Core, CountingCore, SessionHoldSteps, Waiter, ended_error
+from ._core import (
+    Core,
+    CountingCore,
+    CountingHoldSteps,
+    SessionHoldSteps,
+    Waiter,
+    ended_error,
+)
 from ._errors import LaneTimeoutError
 from ._kinds import (
     LANE_DEFAULT,
@@ -108,6 +115,15 @@ class ThreadHold(Hold):
 class _SessionThreadHold(SessionHoldSteps, ThreadHold):
     """A :class:`ThreadHold` of a :class:`SessionLane`: entering and leaving run the
     core's common steps themselves (:class:`lanequeue._core.SessionHoldSteps`)."""
+
+    __slots__ = ()
+
+    _enter_slow = ThreadHold.__enter__
+
+
+class _CountingThreadHold(CountingHoldSteps, ThreadHold):
+    """A :class:`ThreadHold` of a :class:`Lane`: entering and leaving run the core's
+    common steps themselves (:class:`lanequeue._core.CountingHoldSteps`)."""
 
     __slots__ = ()
 
@@ -376,6 +392,8 @@ class Lane(_ThreadFace, CountingKind):
         ...     llm.available
         7
     """
+
+    _hold_class = _CountingThreadHold
 
     def holds_of(self, key: str) -> int:
         """Permits held now by ``key``."""
