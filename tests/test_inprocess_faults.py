@@ -413,19 +413,22 @@ def _queue() -> LaneQueue:
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
-@pytest.mark.parametrize("case", ["free", "wait", "timeout"])
+@pytest.mark.parametrize("case", ["free", "idle", "wait", "timeout"])
 def test_c18_interrupt_at_every_point_acquire_all(
     case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """C18: KeyboardInterrupt at every injection point of ``acquire_all`` (enter and
-    exit): both lanes free; the second lane held by another key and handed over while
+    exit): both lanes free (the key new to the per-key lane, or IDLE there: held and
+    released before); the second lane held by another key and handed over while
     parked; the second lane held until the deadline."""
 
     def run_once(inj: Injector) -> None:
         queue = _queue()
         session, glob = queue["session"], queue["global"]
+        if case == "idle":
+            assert session._core.release(KEY, session._core.take(KEY, True))
         other = 0
-        if case != "free":
+        if case in ("wait", "timeout"):
             other = glob._core.take("other", True)
         if case == "wait":
             def release() -> None:
