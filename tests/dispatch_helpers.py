@@ -26,19 +26,7 @@ class Stepped:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """Run ``fn(*args, **kw)`` on the loop (from a task), settle, return its result."""
-        box: dict[str, Any] = {}
-
-        async def go() -> None:
-            try:
-                box["r"] = fn(*args, **kw)
-            except BaseException as exc:
-                box["e"] = exc
-
-        self.loop.create_task(go())
-        self.loop.settle()
-        if "e" in box:
-            raise box["e"]
-        return box["r"]
+        return run_on_loop(self.loop, fn, *args, **kw)
 
     def submit(self, key: str, fn: Any, *args: Any, **kw: Any) -> Ticket:
         t: Ticket = self.call(self.d.submit, key, fn, *args, **kw)
@@ -123,3 +111,21 @@ class Turns:
 
     def started(self) -> list[Any]:
         return [label for ev, label in self.log if ev == "start"]
+
+
+def run_on_loop(loop: FakeClockLoop, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """Run ``fn(*args, **kw)`` on ``loop`` from a task, settle the loop, and return what it
+    returned (or raise what it raised)."""
+    box: dict[str, Any] = {}
+
+    async def go() -> None:
+        try:
+            box["r"] = fn(*args, **kw)
+        except BaseException as exc:
+            box["e"] = exc
+
+    loop.create_task(go())
+    loop.settle()
+    if "e" in box:
+        raise box["e"]
+    return box["r"]

@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from conftest import FakeClockLoop
+from dispatch_helpers import run_on_loop
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -53,19 +54,7 @@ class DispatcherModel(RuleBasedStateMachine):
         self.draining = False
 
     def on_loop(self, fn: Any, *args: Any, **kw: Any) -> Any:
-        box: dict[str, Any] = {}
-
-        async def go() -> None:
-            try:
-                box["r"] = fn(*args, **kw)
-            except BaseException as exc:
-                box["e"] = exc
-
-        self.loop.create_task(go())
-        self.loop.settle()
-        if "e" in box:
-            raise box["e"]
-        return box["r"]
+        return run_on_loop(self.loop, fn, *args, **kw)
 
     async def work(self, payload: Any) -> list[int]:
         labels = list(payload) if isinstance(payload, list) else [payload]
