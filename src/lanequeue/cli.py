@@ -322,7 +322,15 @@ def _add_plan_parser(sub: Any) -> None:
 
 
 def _output_refused(args: argparse.Namespace) -> str | None:
-    """Why ``--json`` or ``--plot`` cannot be written (checked before any work), or None."""
+    """Why ``--json`` or ``--plot`` cannot be written (checked before any work: matplotlib
+    importable for ``--plot``, writable file names), or None."""
+    if args.plot_path is not None:
+        from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib
+
+        try:
+            require_matplotlib()
+        except PlotUnavailableError as exc:
+            return str(exc)
     for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
         if path is None:
             continue
@@ -471,7 +479,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if getattr(args, "busy", None) is not None:
         return _replay_busy(args, out, err)
     from lanequeue.replay import TraceError, read_trace, run_replay
-    from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib, write_plot
+    from lanequeue.replay.plot import write_plot
     from lanequeue.replay.runtimes.redis_processes import BackendError, check_backend
     from lanequeue.replay.trace import service_times_us
 
@@ -484,11 +492,6 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         config = _replay_config(args)
     except ValueError as exc:
         return fail(_refused(exc, args.options))
-    if args.plot_path is not None:
-        try:
-            require_matplotlib()
-        except PlotUnavailableError as exc:
-            return fail(str(exc))
     refused = _output_refused(args)
     if refused:
         return fail(refused)
@@ -577,7 +580,6 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         verify_plan,
         write_plan_plot,
     )
-    from lanequeue.replay.plot import PlotUnavailableError, require_matplotlib
     from lanequeue.replay.trace import TraceError, read_trace
 
     def fail(message: str) -> int:
@@ -597,11 +599,6 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ValueError as exc:
         return fail(_refused(exc, args.options))
 
-    if args.plot_path is not None:
-        try:
-            require_matplotlib()
-        except PlotUnavailableError as exc:
-            return fail(str(exc))
     refused = _output_refused(args)
     if refused:
         return fail(refused)
