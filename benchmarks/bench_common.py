@@ -68,7 +68,7 @@ class Row:
     value: float | int | None
     unit: str
     note: str = ""
-    goal: str | None = None  # e.g. "<= 0.333"
+    goal: str | None = None  # e.g. "<= 0.300"
     status: str | None = None  # "PASS" / "MISS" / "ERROR" / None (no goal)
     data: dict[str, Any] = field(default_factory=dict)  # raw rounds and the like (JSON only)
 

@@ -29,7 +29,7 @@ from lanequeue import build_gateway_session_key
 
 __all__ = ["section_handoff", "section_memory", "section_uncontended"]
 
-RATIO_GOAL = 1 / 3  # ours / seed, ns per uncontended acquire+release
+RATIO_GOAL = 0.30  # ours / seed, ns per uncontended acquire+release
 BYTES_GOAL = 250  # bytes per idle SessionLane entry
 
 # A realistic session key (what a gateway would pass), the same for every candidate.

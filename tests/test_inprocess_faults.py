@@ -326,6 +326,15 @@ def _run_thread_case(lane_factory: Callable[[], Any], case: str,
             def op() -> None:
                 with lane.acquire(KEY):
                     pass
+        elif case == "hot_metrics":
+            # The holds' own fast steps with hold times on: the key IDLE on a per-key
+            # lane (held and released before), a free permit on a counting lane.
+            lane.track_holds()
+            assert core.release(KEY, core.take(KEY, True))
+
+            def op() -> None:
+                with lane.acquire(KEY):
+                    pass
         elif case in ("enter_handoff", "enter_timeout", "refuse"):
             holder = core.take(KEY, True)
             known.append(holder)
@@ -392,13 +401,15 @@ def _run_thread_case(lane_factory: Callable[[], Any], case: str,
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 @pytest.mark.parametrize("kind", list(THREAD_LANES))
 @pytest.mark.parametrize(
-    "case", ["enter_free", "enter_handoff", "enter_timeout", "refuse", "exit_handoff", "drain"]
+    "case", ["enter_free", "hot_metrics", "enter_handoff", "enter_timeout", "refuse",
+             "exit_handoff", "drain"]
 )
 def test_c18_interrupt_at_every_point_thread_lanes(
     kind: str, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """C18: KeyboardInterrupt at every injection point of take, release, hold enter and
-    hold exit (free, hand-off, timeout, refusal, drain of a dropped hold)."""
+    hold exit (free, the holds' fast steps with hold times on, hand-off, timeout,
+    refusal, drain of a dropped hold)."""
     points = _run_thread_case(THREAD_LANES[kind], case, monkeypatch)
     assert points >= 10
 

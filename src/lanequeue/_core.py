@@ -146,7 +146,10 @@ for idle ages, hold ages and, on a counting lane, the instant a waiter joins the
 
 Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
 ``take`` checks one flag (``draining``) and refuses while it is set; a release observes
-the hold's length only once an exporter turned hold times on (``hold_hist``). Waits are
+the hold's length only once an exporter turned hold times on (``hold_hist``: one
+append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
+releases and at read time; on a per-key lane the release reads the clock anyway, for
+the idle age, so hold times add no clock read there). Waits are
 observed by the faces' slow path (:meth:`_CoreBase.observe_wait`); immediate grants are
 counted at read time. ``clear``/``drain`` end waits through the same grant machinery as a
 hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
@@ -856,9 +859,10 @@ class SessionHoldSteps:
     """The two commonest steps of :class:`SessionCore`, run by a thread hold's own
     ``__enter__`` / ``__exit__`` (a mixin of the per-key thread hold) to save a call each
     way on the hot path: taking an IDLE entry (nobody holds the key, so nobody waits for
-    it), and releasing a HELD entry with nobody in line. Everything else (a new key, a
-    busy key, a line to hand over to, a drain, dropped holds to end first, hold times on)
-    goes to the hold's general path (``_enter_slow``) or to :meth:`SessionCore.release`.
+    it), and releasing a HELD entry with nobody in line (observing its hold time when
+    hold times are on, as :meth:`SessionCore.release` does). Everything else (a new key,
+    a busy key, a line to hand over to, a drain, dropped holds to end first) goes to the
+    hold's general path (``_enter_slow``) or to :meth:`SessionCore.release`.
 
     They live here, next to :meth:`SessionCore.take` and :meth:`SessionCore.release`,
     because they are those methods' steps and follow the same rules ("Interrupts" in the
@@ -902,13 +906,18 @@ class SessionHoldSteps:
             core = self.lane._core
             key = self.key
             self._token = -token  # type: ignore[misc]  # marked released, then released
-            if not core._dropped and core.hold_hist is None:
+            if not core._dropped:
                 lock = core._lock
                 try:
                     lock.acquire()  # inside the try: see "Interrupts"
                     entry = core._entries.get(key)
                     if entry is not None and entry.token == token and entry.line is None:
                         now = core._clock()
+                        held = core.hold_hist
+                        if held is not None:  # hold times: as SessionCore.release
+                            held.append(now - entry.since)
+                            if len(held) >= HELD_BATCH:
+                                held.fold()
                         # -- commit: plain stores only, then one last builtin call --
                         entry.token = 0
                         entry.since = now
@@ -932,9 +941,10 @@ class CountingHoldSteps:
     :class:`SessionHoldSteps` does for the per-key lane: taking a free permit (a free
     permit means nobody waits, so taking it overtakes no one, whatever the priority),
     and releasing a hold with nobody in line (neither in the FIFO ``_line`` nor among
-    the prioritised ``_ranked``). Everything else (a full lane, a drain, dropped holds to
-    end first, hold times on, a waiter to hand the permit to) goes to the hold's general
-    path (``_enter_slow``) or to :meth:`CountingCore.release`. Same rules ("Interrupts"
+    the prioritised ``_ranked``; observing its hold time when hold times are on, as
+    :meth:`CountingCore.release` does). Everything else (a full lane, a drain, dropped
+    holds to end first, a waiter to hand the permit to) goes to the hold's general path
+    (``_enter_slow``) or to :meth:`CountingCore.release`. Same rules ("Interrupts"
     in the module docstring); the hold's token is stored in the same commit as the grant.
     """
 
@@ -972,7 +982,7 @@ class CountingHoldSteps:
             core = self.lane._core
             key = self.key
             self._token = -token  # type: ignore[misc]  # marked released, then released
-            if not core._dropped and core.hold_hist is None:
+            if not core._dropped:
                 lock = core._lock
                 try:
                     lock.acquire()  # inside the try: see "Interrupts"
@@ -982,6 +992,11 @@ class CountingHoldSteps:
                         hold is not None and hold[0] == key
                         and not core._line and not core._ranked
                     ):
+                        held = core.hold_hist
+                        if held is not None:  # hold times: as CountingCore.release
+                            held.append(core._clock() - hold[1])
+                            if len(held) >= HELD_BATCH:
+                                held.fold()
                         # -- commit: plain stores only --
                         del holds[token]
                         return

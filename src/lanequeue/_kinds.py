@@ -142,7 +142,8 @@ class LaneKind(LaneOps, Generic[C]):
     def track_holds(self) -> None:
         """Start observing hold times for ``lanequeue_hold_seconds`` (idempotent).
 
-        Off until an exporter calls it, since it costs a clock read per release.
+        Off until an exporter calls it, since it costs an append per release, and on a
+        counting lane a clock read per release too.
         """
         core = self._core
         with core._lock:
