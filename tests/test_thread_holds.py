@@ -82,3 +82,76 @@ def test_multi_hold_early_release_then_exit_changes_nothing(
     assert not s.is_held("k")
     assert g.stats.unmatched_releases == 0
     assert [r.getMessage() for r in caplog.records if r.name == "lanequeue"] == []
+
+
+
+LANES = [lambda: Lane("l", max_concurrent=2), lambda: SessionLane()]
+
+
+@pytest.mark.parametrize("make", LANES)
+def test_spare_hold_reused_only_when_nobody_refers_to_it(make: object) -> None:
+    """A hold left by a ``with`` statement that nobody else refers to is reused by the
+    lane's next ``acquire`` (no new object), as a fresh hold; a hold that anything still
+    refers to (a name bound by ``as``, a list, an ``ExitStack`` caller's variable) is
+    never reused, and keeps its key, its token and its released state."""
+    import contextlib
+
+    lane = make()  # type: ignore[operator]
+    with lane.acquire("k"):
+        pass
+    spare = lane._core.spare
+    assert len(spare) == 1
+    reused = spare[0]
+    hold = lane.acquire("k2")
+    assert hold is reused and not spare
+    assert hold.key == "k2" and hold.token == 0 and not hold.held
+    with hold:
+        assert hold.held and list(lane.get_active()) == ["k2"]
+        assert lane.stats.holders == 1
+    assert not hold.held and not spare  # ``hold`` still names it: not spare
+    del hold, reused
+    kept: list[object] = []
+    with lane.acquire("k3") as named:
+        kept.append(named)
+    token = named.token
+    del named
+    assert not spare  # the list still refers to it
+    with contextlib.ExitStack() as stack:
+        entered = stack.enter_context(lane.acquire("k4"))
+    assert not spare
+    for _ in range(3):
+        with lane.acquire("k5") as fresh:
+            assert fresh is not kept[0] and fresh is not entered
+    assert kept[0].token == token and not kept[0].held  # type: ignore[attr-defined]
+    assert kept[0].key == "k3"  # type: ignore[attr-defined]
+    assert entered.key == "k4" and not entered.held
+    st = lane.stats
+    assert (st.acquired, st.released, st.holders) == (7, 7, 0)
+
+
+def test_spare_multi_hold_reused_only_when_nobody_refers_to_it() -> None:
+    """``acquire_all`` does the same with its multi-holds (spares kept per list of lane
+    names): one left unreferenced is reused; one bound by ``as`` is not, and its holds
+    keep their tokens."""
+    queue = LaneQueue()
+    session = queue.add_session_lane("session")
+    glob = queue.add_lane("global", max_concurrent=2)
+    with queue.acquire_all("k", ["session", "global"]):
+        pass
+    [spare] = queue._plan(("session", "global")).spare
+    again = queue.acquire_all("a", ["session", "global"])
+    assert again is spare and again.key == "a" and len(again) == 0
+    with again:
+        assert session.is_held("a") and glob.active_count == 1
+    with queue.acquire_all("k", ["session", "global"]) as kept:
+        views = (kept["session"], kept["global"])
+        tokens = tuple(v.token for v in views)
+    for key in ("b", "c"):
+        multi = queue.acquire_all(key, ["session", "global"])
+        assert multi is not kept
+        with multi:
+            assert session.is_held(key) and glob.active_count == 1
+    assert kept.key == "k" and tuple(v.token for v in views) == tokens
+    assert not any(v.held for v in views)
+    assert session.stats.holders == glob.stats.holders == 0
+    assert session.stats.acquired == glob.stats.acquired == 5

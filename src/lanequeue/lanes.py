@@ -250,7 +250,13 @@ class _ThreadFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
+        spare = self._core.spare
+        try:
+            # A released hold nobody can reach any more, already this lane's (see "Spare
+            # holds" in lanequeue._core.SessionHoldSteps); else a new one.
+            hold = spare.pop() if spare else _new_hold(self._hold_class)
+        except IndexError:  # another thread took the last one (free-threaded builds)
+            hold = _new_hold(self._hold_class)
         hold.lane = self
         hold.key = key
         hold._token = 0

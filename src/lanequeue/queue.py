@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import Clock, Core, CountingCore
+from ._core import Clock, Core, CountingCore, MultiHoldSteps
 from ._errors import LaneTimeoutError
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -68,13 +68,17 @@ class Plan:
     default budget (the smallest lane timeout, None: no limit), and, when every lane is
     an in-process lane of the queue's face, their cores (the fast path)."""
 
-    __slots__ = ("steps", "budget_s", "cores")
+    __slots__ = ("steps", "budget_s", "cores", "spare")
 
     def __init__(self, steps: list[Step], budget_s: float | None) -> None:
         self.steps = steps
         self.budget_s = budget_s
         cores = tuple(core for _, core in steps if core is not None)
         self.cores: tuple[Core, ...] | None = cores if len(cores) == len(steps) else None
+        # Thread multi-holds of this plan that nobody can reach any more, all released,
+        # for the next acquire_all to reuse (see "Spare holds" in
+        # lanequeue._core.SessionHoldSteps).
+        self.spare: deque[Any] = deque()
 
 
 _new = object.__new__
@@ -296,30 +300,12 @@ def _no_prepare(lane: object) -> None:
     """Threads need no check before taking a lane."""
 
 
-class _MultiAcquire(MultiHold):
-    """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order."""
+class _MultiAcquire(MultiHoldSteps, MultiHold):
+    """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order;
+    leaving releases them, last first. With in-process lanes only, entering and leaving
+    run the cores' common steps themselves (:class:`lanequeue._core.MultiHoldSteps`)."""
 
     __slots__ = ()
-
-    def __enter__(self) -> MultiHold:
-        if self._taken:
-            raise RuntimeError("acquire_all(...) context entered twice")
-        cores = self._plan.cores
-        if cores is not None and self._budget_s != 0:
-            # Fast path: in-process lanes only; take each core in turn until one makes us
-            # wait, then hand over to the general loop with that waiter already in line.
-            key, taken = self._key, self._taken
-            try:
-                for core in cores:
-                    got = core.take(key, True)
-                    if not got:
-                        return self._take_rest(got)
-                    taken.append(got)
-            except BaseException:  # an interrupt between two takes: give back what we took
-                self.release()
-                raise
-            return self
-        return self._take_rest(None)
 
     def _take_rest(self, pending: Any) -> MultiHold:
         """The general loop (:meth:`MultiHold._acquiring`), waiting by blocking."""
@@ -341,24 +327,6 @@ class _MultiAcquire(MultiHold):
         if core is not None:
             return cast(_ThreadFace, lane)._park(self._key, remaining, self._rank_for(core))
         return _hold(cast(SyncLane, lane), self._key, remaining)
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        cores, taken = self._plan.cores, self._taken
-        if cores is None:
-            self._release_all(exc)
-            return
-        key = self._key
-        while taken:  # last taken first
-            token = taken.pop()
-            if type(token) is int:
-                cores[len(taken)].release(key, token)
-            else:  # viewed as a Hold
-                _end_view(token, cores[len(taken)], key)
 
     def release(self) -> None:
         """Release every hold not released yet, last taken first. Safe to call twice.
@@ -705,10 +673,18 @@ class QueueBase(Generic[L, CL, SL]):
         plan = self._plans.get(names)
         if plan is None:
             plan = self._plan(names)
-        multi = _new(cls)
+        spare = plan.spare
+        multi: M | None = None
+        if spare:  # only a LaneQueue's plans have spares (see _MultiAcquire.__exit__)
+            try:
+                multi = spare.pop()  # of this plan and class, released: ``_taken`` empty
+            except IndexError:  # another thread took the last one (free-threaded builds)
+                pass
+        if multi is None:
+            multi = _new(cls)
+            multi._plan = plan
+            multi._taken = []
         multi._key = key
-        multi._plan = plan
-        multi._taken = []
         multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         multi._priority = priority if priority is _ZERO else check_priority(priority)
         return multi
