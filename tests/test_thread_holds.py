@@ -155,3 +155,23 @@ def test_spare_multi_hold_reused_only_when_nobody_refers_to_it() -> None:
     assert not any(v.held for v in views)
     assert session.stats.holders == glob.stats.holders == 0
     assert session.stats.acquired == glob.stats.acquired == 5
+
+
+def test_spare_holds_are_bounded() -> None:
+    """At most SPARE_MAX released holds are kept for reuse, however many were left at
+    once (here 40 holds of distinct keys left together by one ExitStack)."""
+    import contextlib
+
+    from lanequeue._core import SPARE_MAX
+
+    lane = SessionLane()
+    with contextlib.ExitStack() as stack:
+        for i in range(SPARE_MAX + 8):
+            stack.enter_context(lane.acquire(f"k{i}"))
+        assert lane.stats.holders == SPARE_MAX + 8
+    assert len(lane._core.spare) == SPARE_MAX
+    assert lane.stats.holders == 0
+    for i in range(SPARE_MAX + 8):  # reused first, then new ones: every one works
+        with lane.acquire(f"k{i}"):
+            assert lane.is_held(f"k{i}")
+    assert lane.stats.acquired == lane.stats.released == 2 * (SPARE_MAX + 8)

@@ -196,6 +196,10 @@ Clock = Callable[[], float]
 CLEARED = -1
 DRAINED = -2
 
+#: Spare holds kept per lane (and multi-holds per ``acquire_all`` plan) for reuse: about
+#: one per thread that acquires at once; more are simply dropped.
+SPARE_MAX = 32
+
 #: Seconds of waiting that raise a counting lane's waiter by one priority level.
 DEFAULT_AGEING_S = 30.0
 
@@ -315,6 +319,7 @@ class _CoreBase:
         "waited",
         "hold_hist",
         "spare",
+        "per_key",
         "__weakref__",
     )
 
@@ -349,8 +354,11 @@ class _CoreBase:
         # Thread holds of this lane that nobody can reach any more, for its next
         # ``acquire`` to reuse (see "Spare holds" in SessionHoldSteps).
         # (A deque: going from one item to none and back allocates nothing, where a list
-        # would shrink and grow its array every time.)
-        self.spare: deque[Any] = deque()
+        # would shrink and grow its array every time; bounded, it drops its oldest.)
+        self.spare: deque[Any] = deque(maxlen=SPARE_MAX)
+        # True on a SessionCore: a slot, so that the hot paths that serve both kinds
+        # (MultiHoldSteps) tell them apart with one cheap read.
+        self.per_key = False
         _LIVE.add(self)
 
     # Per core: end a hold; with ``dropped`` (the front item of ``_dropped``), end that
@@ -543,7 +551,7 @@ class _CoreBase:
         self._lock = threading.RLock()
         self._waiting = 0
         self._dropped = []
-        self.spare = deque()
+        self.spare = deque(maxlen=SPARE_MAX)
         self._clear()
 
     @property
@@ -603,6 +611,7 @@ class SessionCore(_CoreBase):
         clock: Clock = time.monotonic,
     ) -> None:
         super().__init__(name, clock)
+        self.per_key = True
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
         # Every live entry, HELD (token != 0) or IDLE (token == 0).
@@ -1107,7 +1116,7 @@ class MultiHoldSteps:
         if taken:
             raise RuntimeError("acquire_all(...) context entered twice")
         cores = self._plan.cores
-        if cores is None or self._budget_s == 0:
+        if cores is None or self._budget_s == 0.0:  # (a float or None: a float compare)
             return self._take_rest(None)
         key = self._key
         try:
@@ -1116,7 +1125,7 @@ class MultiHoldSteps:
                     lock = core._lock
                     try:
                         lock.acquire()  # inside the try: see "Interrupts"
-                        if core.__class__ is SessionCore:
+                        if core.per_key:  # a SessionCore
                             entry = core._entries.get(key)
                             if entry is not None and not entry.token:  # IDLE
                                 now = core._clock()
@@ -1160,7 +1169,7 @@ class MultiHoldSteps:
         while taken:  # last taken first
             token = taken.pop()
             core = cores[len(taken)]
-            if type(token) is not int:  # viewed as a hold: ended here unless released
+            if token.__class__ is not int:  # viewed as a hold: ended here unless released
                 view, token = token, token._token  # through it (silent, as a hold is)
                 if token <= 0:
                     continue
@@ -1169,7 +1178,7 @@ class MultiHoldSteps:
                 lock = core._lock
                 try:
                     lock.acquire()  # inside the try: see "Interrupts"
-                    if core.__class__ is SessionCore:
+                    if core.per_key:  # a SessionCore
                         entry = core._entries.get(key)
                         if entry is not None and entry.token == token and entry.line is None:
                             now = core._clock()

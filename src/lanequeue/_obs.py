@@ -73,8 +73,10 @@ class Histogram(list[float]):
         if not held:
             return
         bounds = self.bounds
-        lo = bisect_left(bounds, min(held))
-        if lo == bisect_left(bounds, max(held)):  # all in one bucket (the usual batch)
+        lo = bisect_left(bounds, max(held))
+        # All in one bucket (the usual batch): the first bucket takes everything up to
+        # its bound (no pass for the minimum), else the minimum's bucket is the maximum's.
+        if lo == 0 or lo == bisect_left(bounds, min(held)):
             self.counts[lo] += len(held)
             self.sum += sum(held)
             held.clear()

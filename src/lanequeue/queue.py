@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import Clock, Core, CountingCore, MultiHoldSteps
+from ._core import SPARE_MAX, Clock, Core, CountingCore, MultiHoldSteps
 from ._errors import LaneTimeoutError
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -78,7 +78,7 @@ class Plan:
         # Thread multi-holds of this plan that nobody can reach any more, all released,
         # for the next acquire_all to reuse (see "Spare holds" in
         # lanequeue._core.SessionHoldSteps).
-        self.spare: deque[Any] = deque()
+        self.spare: deque[Any] = deque(maxlen=SPARE_MAX)
 
 
 _new = object.__new__
