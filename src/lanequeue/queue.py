@@ -675,7 +675,7 @@ class QueueBase(Generic[L, CL, SL]):
             plan = self._plan(names)
         spare = plan.spare
         multi: M | None = None
-        if spare:  # only a LaneQueue's plans have spares (see _MultiAcquire.__exit__)
+        if spare:  # only a LaneQueue's plans have spares (see MultiHoldSteps.__exit__)
             try:
                 multi = spare.pop()  # of this plan and class, released: ``_taken`` empty
             except IndexError:  # another thread took the last one (free-threaded builds)
