@@ -175,3 +175,43 @@ def test_spare_holds_are_bounded() -> None:
         with lane.acquire(f"k{i}"):
             assert lane.is_held(f"k{i}")
     assert lane.stats.acquired == lane.stats.released == 2 * (SPARE_MAX + 8)
+
+
+@pytest.mark.parametrize("make", [lambda: Lane("l", max_concurrent=2),
+                                  lambda: SessionLane(idle_timeout_s=0)])
+def test_leaving_a_block_whose_hold_someone_else_ended(
+    make: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``manual_release(key)`` ends the block's hold from outside (and on a per-key lane
+    the idle entry is then evicted by a new key): leaving the block ends nothing more,
+    counts one unmatched release and logs nothing; the lane goes on working."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = make()  # type: ignore[operator]
+    with lane.acquire("k") as hold:
+        assert lane.manual_release("k")
+        assert not hold.held
+        with lane.acquire("other"):  # a new key: the idle "k" entry is evicted
+            if isinstance(lane, SessionLane):
+                assert lane.session_count == 1
+    st = lane.stats
+    assert (st.unmatched_releases, st.holders, st.acquired, st.released) == (1, 0, 2, 2)
+    assert [r for r in caplog.records if r.name == "lanequeue"] == []
+    with lane.acquire("k"):
+        assert lane.stats.holders == 1
+
+
+def test_leaving_acquire_all_whose_holds_someone_else_ended() -> None:
+    """The same for ``acquire_all``: both holds ended from outside (the per-key entry
+    evicted meanwhile); leaving the block counts one unmatched release per lane."""
+    queue = LaneQueue()
+    session = queue.add_session_lane("session", idle_timeout_s=0)
+    glob = queue.add_lane("global", max_concurrent=2)
+    with queue.acquire_all("k", ["session", "global"]):
+        assert session.manual_release("k") and glob.manual_release("k")
+        with session.acquire("other"):
+            assert session.session_count == 1
+    for lane in (session, glob):
+        st = lane.stats
+        assert (st.unmatched_releases, st.holders) == (1, 0)
+    with queue.acquire_all("k", ["session", "global"]):
+        assert session.is_held("k") and glob.active_count == 1

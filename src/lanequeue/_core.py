@@ -983,8 +983,8 @@ class SessionHoldSteps:
                 lock = core._lock
                 try:
                     lock.acquire()  # inside the try: see "Interrupts"
-                    entry = core._entries.get(key)
-                    if entry is not None and entry.token == token and entry.line is None:
+                    entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
+                    if entry.token == token and entry.line is None:
                         now = core._clock()
                         held = core.hold_hist
                         if held is not None:  # hold times: as SessionCore.release
@@ -1000,6 +1000,8 @@ class SessionHoldSteps:
                         except KeyError:  # the eviction scan dropped it while held
                             core._order[key] = entry
                         token = 0  # released here
+                except KeyError:  # no entry: the general release counts it unmatched
+                    pass
                 finally:
                     try:
                         lock.release()
@@ -1064,11 +1066,8 @@ class CountingHoldSteps:
                 try:
                     lock.acquire()  # inside the try: see "Interrupts"
                     holds = core._holds
-                    hold = holds.get(token)
-                    if (
-                        hold is not None and hold[0] == key
-                        and not core._line and not core._ranked
-                    ):
+                    hold = holds[token]  # (a KeyError: ended by someone else)
+                    if hold[0] == key and not core._line and not core._ranked:
                         held = core.hold_hist
                         if held is not None:  # hold times: as CountingCore.release
                             held.append(core._clock() - hold[1])
@@ -1077,6 +1076,8 @@ class CountingHoldSteps:
                         # -- commit: plain stores only --
                         del holds[token]
                         token = 0  # released here
+                except KeyError:  # no such hold: the general release counts it unmatched
+                    pass
                 finally:
                     try:
                         lock.release()
@@ -1182,8 +1183,8 @@ class MultiHoldSteps:
                 try:
                     lock.acquire()  # inside the try: see "Interrupts"
                     if core.per_key:  # a SessionCore
-                        entry = core._entries.get(key)
-                        if entry is not None and entry.token == token and entry.line is None:
+                        entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
+                        if entry.token == token and entry.line is None:
                             now = core._clock()
                             held = core.hold_hist
                             if held is not None:  # hold times: as SessionCore.release
@@ -1201,11 +1202,8 @@ class MultiHoldSteps:
                             continue
                     else:  # a CountingCore
                         holds = core._holds
-                        hold = holds.get(token)
-                        if (
-                            hold is not None and hold[0] == key
-                            and not core._line and not core._ranked
-                        ):
+                        hold = holds[token]  # (a KeyError: ended by someone else)
+                        if hold[0] == key and not core._line and not core._ranked:
                             held = core.hold_hist
                             if held is not None:  # hold times: as CountingCore.release
                                 held.append(core._clock() - hold[1])
@@ -1214,6 +1212,8 @@ class MultiHoldSteps:
                             # -- commit: plain stores only --
                             del holds[token]
                             continue
+                except KeyError:  # no such hold: the general release counts it unmatched
+                    pass
                 finally:
                     try:
                         lock.release()
