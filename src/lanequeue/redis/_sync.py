@@ -177,6 +177,12 @@ class _SyncFace(RedisOps[RedisHold]):
         script, keys, args = call
         return link.call(script, keys, args, wait)
 
+    def _renew_many_io(self, calls: list[Call], wait: float) -> list[Any]:
+        link = self._link
+        if link is None:
+            link = self._link = SyncLink(self._client)
+        return link.call_many(calls, wait)
+
     def _forked(self) -> None:
         self._link = None
         self._waker = None

@@ -1,0 +1,200 @@
+"""The Redis lanes under load, against a real redis-server: a renewer that is slow per
+round trip (network latency, or a process whose threads wait long for the CPU) must still
+renew every hold before its deadline.
+
+The replay at ``--speed 600 --workers 4`` lost 5-36 leases (up to hundreds) per run: its
+renewer sent one round trip per hold, one after another, so the holds at the end of a batch
+were renewed after their deadline (a renewal of one hold was measured at 20 s of wall time
+while its wait was bounded at 7.5 s: the thread waited that long for the interpreter).
+Here the renewer's connection goes through a proxy that adds a fixed latency to every
+request, the same lateness made exact: a batch of 16 holds renewed one round trip at a
+time needs 16 x 0.3 s, past their deadline; in one round trip, 0.3 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from redis_server import RedisServer
+
+from lanequeue.redis import AsyncRedisSessionLane, RedisLane, RedisSessionLane
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path)
+    s.start()
+    yield s
+    if s.proc is not None:
+        s.proc.send_signal(signal.SIGCONT)
+    s.stop()
+
+
+class LatencyProxy:
+    """A TCP proxy on 127.0.0.1 to the server that delivers every chunk a client sends
+    ``delay_s`` seconds after it arrived (a latency, not a bandwidth limit: chunks sent
+    together stay together, chunks sent apart each wait ``delay_s``). Replies pass at
+    once. ``delay_s`` may be changed at any time; it applies to chunks arriving after."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.delay_s = 0.0
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.closed = threading.Event()
+        self.socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed.is_set():
+            try:
+                down, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                up = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                down.close()
+                continue
+            self.socks += [down, up]
+            line: list[tuple[float, int, bytes]] = []
+            cond = threading.Condition()
+            threading.Thread(target=self._late, args=(down, up, line, cond), daemon=True).start()
+            threading.Thread(target=self._send, args=(up, line, cond), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, down), daemon=True).start()
+
+    def _late(self, src: socket.socket, dst: socket.socket,
+              line: list[tuple[float, int, bytes]], cond: threading.Condition) -> None:
+        seq = 0
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            with cond:
+                seq += 1
+                heapq.heappush(line, (time.monotonic() + self.delay_s, seq, data))
+                cond.notify()
+            if not data:
+                return
+
+    def _send(self, dst: socket.socket, line: list[tuple[float, int, bytes]],
+              cond: threading.Condition) -> None:
+        while True:
+            with cond:
+                while not line or line[0][0] > time.monotonic():
+                    cond.wait(None if not line else line[0][0] - time.monotonic())
+                _, _, data = heapq.heappop(line)
+            if not data:
+                try:
+                    dst.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+                if not data:
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.closed.set()
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+@pytest.fixture
+def proxy(server: RedisServer) -> Iterator[LatencyProxy]:
+    p = LatencyProxy(server.port)
+    yield p
+    p.close()
+
+
+HOLDS = 16
+DELAY_S = 0.3
+# Renewed every 1 s; a deadline is 2.85 s after the renewal before; 16 renewals one
+# after another would take 4.8 s.
+LEASE_S = 3.0
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_slow_renewer_round_trips_renew_every_hold_in_time(
+    server: RedisServer, proxy: LatencyProxy, kind: str
+) -> None:
+    """16 holds of one lane object fall due together; from their second renewal on every
+    request to Redis takes 0.3 s: all of them are renewed before their deadline (0 leases
+    lost, every hold still held in Redis past the deadlines the first renewal set)."""
+    client = redis.Redis(host="127.0.0.1", port=proxy.port)
+    lane: Any = (RedisSessionLane(client, lease_s=LEASE_S) if kind == "session"
+                 else RedisLane(client, "g", max_concurrent=HOLDS, lease_s=LEASE_S))
+    keys = [f"k{i}" for i in range(HOLDS)]
+    for key in keys:
+        assert lane.try_acquire(key)
+    time.sleep(LEASE_S / 3 + 0.2)  # the first round connected the renewer and renewed
+    proxy.delay_s = DELAY_S
+    time.sleep(LEASE_S)  # past the deadlines set by the first round: two more rounds ran
+    assert lane.leases_lost == 0
+    assert lane.active_count == HOLDS
+    direct = redis.Redis(host=server.host, port=server.port)
+    if kind == "session":
+        check: Any = RedisSessionLane(direct)
+        assert all(check.is_held(key) for key in keys)
+    else:
+        check = RedisLane(direct, "g", max_concurrent=HOLDS)
+        assert check.lane_status()["active"] == HOLDS
+    proxy.delay_s = 0.0
+    for key in keys:
+        assert lane.manual_release(key)
+
+
+@pytest.mark.timeout(30)
+def test_slow_renewer_round_trips_async(server: RedisServer, proxy: LatencyProxy) -> None:
+    """The asyncio renewer, same input: 0 leases lost."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
+        lane = AsyncRedisSessionLane(client, lease_s=LEASE_S)
+        keys = [f"k{i}" for i in range(HOLDS)]
+        for key in keys:
+            assert await lane.try_acquire(key)
+        await asyncio.sleep(LEASE_S / 3 + 0.2)
+        proxy.delay_s = DELAY_S
+        await asyncio.sleep(LEASE_S)
+        assert lane.leases_lost == 0
+        assert lane.active_count == HOLDS
+        check = RedisSessionLane(redis.Redis(host=server.host, port=server.port))
+        assert all(check.is_held(key) for key in keys)
+        proxy.delay_s = 0.0
+        for key in keys:
+            assert await lane.manual_release(key)
+        await client.aclose()
+
+    asyncio.run(main())
