@@ -198,3 +198,82 @@ def test_slow_renewer_round_trips_async(server: RedisServer, proxy: LatencyProxy
         await client.aclose()
 
     asyncio.run(main())
+
+
+# -- the bound on script calls in flight (thread face) -----------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_release_never_waits_behind_acquires_for_a_script_connection(
+    server: RedisServer, kind: str
+) -> None:
+    """Every script connection that acquires and polls use is taken (as by hundreds of
+    waiting threads' polls): a release still runs at once, on the connections kept for
+    releases and withdrawals, and the waiter it hands the key to is granted. (In the
+    replay at --speed 600 a release waited up to 82 s for a connection, holding the key
+    or permit it was freeing.) Then the key is free in Redis."""
+    client = redis.Redis(host=server.host, port=server.port)
+    lane: Any = (RedisSessionLane(client, lease_s=5.0) if kind == "session"
+                 else RedisLane(client, "g", max_concurrent=1, lease_s=5.0))
+    assert lane.try_acquire("k")
+    slots = lane._wk().slots
+    taken = [slots.take() for _ in range(slots.n)]  # the general bound is exhausted
+    try:
+        done = threading.Event()
+        result: list[bool] = []
+
+        def release() -> None:
+            result.append(lane.manual_release("k"))
+            done.set()
+
+        threading.Thread(target=release, daemon=True).start()
+        assert done.wait(5.0), "the release waited for a connection held by acquires"
+        assert result == [True]
+    finally:
+        for slot in taken:
+            slots.give(slot)
+    other = RedisSessionLane(client) if kind == "session" else RedisLane(
+        client, "g", max_concurrent=1)
+    assert not (other.is_held("k") if kind == "session" else other.holds_of("k"))
+
+
+@pytest.mark.timeout(30)
+def test_callers_waiting_for_a_permit_do_not_wake_while_they_wait() -> None:
+    """50 threads wait for the one permit of a bound for 1 s: only the one at the door
+    wakes (every HEAL_S, to heal lost permits); the others sleep until it is their turn.
+    (Each waiter waking every HEAL_S made 900 waiting threads of one replay worker wake
+    3,600 times a second.) Then each gets the permit in turn."""
+    from lanequeue.redis._wake import Slots
+
+    slots = Slots(1)
+    held = slots.take()
+    heals = [0]
+    heal = slots._heal
+
+    def counting_heal() -> None:
+        heals[0] += 1
+        heal()
+
+    slots._heal = counting_heal  # type: ignore[method-assign]
+    got: list[int] = []
+    lock = threading.Lock()
+
+    def taker(i: int) -> None:
+        s = slots.take()
+        with lock:
+            got.append(i)
+        slots.give(s)
+
+    threads = [threading.Thread(target=taker, args=(i,), daemon=True) for i in range(50)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    waking = heals[0]
+    slots.give(held)
+    for t in threads:
+        t.join(10)
+    assert sorted(got) == list(range(50))
+    assert slots.free == 1
+    # One waiter at a time wakes: about 1.0 / HEAL_S = 4 wake-ups, not 50 x 4.
+    assert waking <= 2 * (1.0 / Slots.HEAL_S) + 2, waking
