@@ -277,3 +277,38 @@ def test_callers_waiting_for_a_permit_do_not_wake_while_they_wait() -> None:
     assert slots.free == 1
     # One waiter at a time wakes: about 1.0 / HEAL_S = 4 wake-ups, not 50 x 4.
     assert waking <= 2 * (1.0 / Slots.HEAL_S) + 2, waking
+
+
+@pytest.mark.timeout(30)
+def test_presence_ping_answered_during_a_late_wake_up_keeps_the_connection(
+    server: RedisServer,
+) -> None:
+    """The presence thread's wait for a PONG times out, but the thread only runs again
+    after the PONG arrived (it waited for the interpreter in a busy process): the PONG is
+    read, the connection is not declared dead (declaring it so would end every hold
+    granted under it: 40-51 holds at once in the replay at --speed 600). A connection that
+    really stays silent is still declared dead."""
+    from lanequeue.redis import _presence
+
+    conn = redis.Connection(host=server.host, port=server.port)
+    conn.connect()
+    real = conn.can_read
+
+    def late(timeout: float = 0) -> bool:
+        if timeout > 0:  # the wait "times out"; the PONG arrives meanwhile
+            time.sleep(timeout + 0.05)
+            return False
+        return bool(real(timeout=0))
+
+    conn.can_read = late  # type: ignore[method-assign]
+    _presence.Presence._ping(conn)  # no TimeoutError
+    conn.can_read = real  # type: ignore[method-assign]
+    assert conn.send_command("PING") is None and conn.read_response() in (b"PONG", "PONG")
+    # A server that does not answer (frozen): declared dead after PONG_TIMEOUT_S.
+    server.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+    try:
+        with pytest.raises(TimeoutError):
+            _presence.Presence._ping(conn)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    conn.disconnect()
