@@ -312,3 +312,42 @@ def test_presence_ping_answered_during_a_late_wake_up_keeps_the_connection(
     finally:
         server.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
     conn.disconnect()
+
+
+# -- wire format and protocol version -------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_previous_wire_format_and_current_one_share_a_lane_safely(
+    server: RedisServer, kind: str
+) -> None:
+    """The per-call reply envelope (a nonce in, ``{nonce, reply}`` out) changed the wire
+    format, not the state kept in Redis: a client of the previous format runs the same
+    script bodies, unwrapped, on the same keys. Meeting the current client on one lane,
+    it never gets a key (or the last permit) the current one holds, and the reverse: no
+    double grant, so the layout version (``lq2``) did not need a bump."""
+    from lanequeue.redis._args import flag_reply, grant_reply
+    from lanequeue.redis._wire import wrap
+
+    client = redis.Redis(host=server.host, port=server.port)
+    lane: Any = (RedisSessionLane(client, lease_s=5.0) if kind == "session"
+                 else RedisLane(client, "g", max_concurrent=1, lease_s=5.0))
+    k = lane._k
+    bodies = {wrap(src): src for src in k._sources}
+
+    def previous(call: Any) -> Any:  # the previous client: the body itself, no nonce
+        script, keys, args = call
+        return client.register_script(bodies[script.script])(keys=keys, args=args)
+
+    assert lane.try_acquire("k")  # the current client holds
+    old = "0123456789" + "ab" * 5  # an owner id of the previous client
+    granted, _ = grant_reply(previous(k.acquire(old, "k", False, 4000, "")))
+    assert not granted
+    assert lane.manual_release("k")
+    granted, token = grant_reply(previous(k.acquire(old, "k", False, 4000, "")))
+    assert granted and token > 0  # the previous client holds now
+    assert not lane.try_acquire("k")  # the current one is refused
+    assert flag_reply(previous(k.release(old, token, "k"))) == 1
+    assert lane.try_acquire("k")
+    assert lane.manual_release("k")
