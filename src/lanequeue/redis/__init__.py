@@ -111,7 +111,9 @@ holds in a zset instead of one holder)::
   moves a key whose holder lapsed. The waiter at the head of the line is told (in the
   acquire reply) when the lease blocking it runs out, and polls right then. The lanes'
   calls in flight are bounded per process and client (8, or the pool's size if
-  smaller), so any number of waiters fits the client's pool.
+  smaller; in the thread face releases and withdrawals have 4 connections of their own,
+  so they never wait behind acquires and polls), so any number of waiters fits the
+  client's pool.
 - Hand-off. Release deletes the holder and, in the same script, pops waiters from the
   head (skipped when the holder carries no ``:w`` mark: a waiter marks the holder it
   joins the line behind, and a hand-off's holder is marked from the start, so an
@@ -135,7 +137,8 @@ holds in a zset instead of one holder)::
 - Leases. Every grant is a lease (a PEXPIRE on the holder key; a deadline score in the
   counting lane's zset). A background renewer (one daemon thread per sync lane object,
   one task per async lane object) renews each hold every ``lease_s/3`` with one script
-  that extends the lease only if the owner id still matches. It uses a connection of its
+  that extends the lease only if the owner id still matches; the holds due at once are
+  renewed in one pipelined round trip. It uses a connection of its
   own (never waiting behind the callers of the client's pool), no retries, and waits at
   most ``lease_s/4`` and never past the holder's deadline. A hold whose release is on
   its way (waiting for a pool connection) is still renewed. A holder whose process dies

@@ -228,6 +228,12 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         script, keys, args = call
         return await link.call(script, keys, args, wait)
 
+    async def _renew_many_io(self, calls: list[Call], wait: float) -> list[Any]:
+        link = self._link
+        if link is None:
+            link = self._link = AsyncLink(self._client)
+        return await link.call_many(calls, wait)
+
     def _call_lost(self, hold: AsyncRedisHold) -> None:
         """``on_lease_lost`` runs on the loop of the lane's renewer when the loss is
         found off that loop (by the deadline watchdog thread)."""

@@ -15,11 +15,10 @@ from typing import Any, ClassVar
 from . import _scripts as lua
 from ._keys import base as key_base
 from ._presence import GRACE_S
-from ._wire import wrap
+from ._wire import Call, wrap
 
 __all__ = ["Call", "CountingKind", "Kind", "SessionKind"]
 
-Call = tuple[Any, list[str], list[Any]]  # (script, KEYS, ARGV)
 
 #: The presence grace period in ms (see :mod:`._presence`), sent with every acquire.
 GRACE_MS = round(GRACE_S * 1000)

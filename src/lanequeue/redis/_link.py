@@ -17,9 +17,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from ._wire import new_nonce, unwrap
+from ._wire import Call, new_nonce, unwrap
 
 __all__ = ["AsyncLink", "SyncLink"]
 
@@ -69,6 +69,51 @@ class SyncLink:
             self.close()
             raise
 
+    def call_many(self, calls: list[Call], wait: float) -> list[Any]:
+        """Every call of ``calls`` (script, keys, args) in ONE round trip, pipelined on
+        this link's connection (one by one on a cluster client); the replies in order,
+        an exception object in place of the reply of a call that failed alone (a server
+        error reply: the connection stays clean). Waits at most ``wait`` seconds per
+        read; a failure of the connection raises (and drops it)."""
+        if self._make is None:
+            return [_one(lambda c=c: self._cluster_call(c)) for c in calls]
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._make()
+        conn.socket_timeout = conn.socket_connect_timeout = wait
+        try:
+            sock = getattr(conn, "_sock", None)
+            if sock is not None:
+                sock.settimeout(wait)
+            nonces = [new_nonce() for _ in calls]
+            replies: list[Any] = [None] * len(calls)
+            todo = list(range(len(calls)))
+            for command in ("EVALSHA", "EVAL"):  # EVAL: scripts the server did not know
+                if not todo:
+                    break
+                conn.send_packed_command(conn.pack_commands(
+                    [_command(command, calls[i], nonces[i]) for i in todo]))
+                missing = []
+                for i in todo:
+                    try:
+                        replies[i] = unwrap(conn.read_response(timeout=wait), nonces[i])
+                    except NoScriptError as exc:
+                        missing.append(i)
+                        replies[i] = exc
+                    except ResponseError as exc:  # read in full: the connection is clean
+                        replies[i] = exc
+                todo = missing
+            return replies
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _cluster_call(call: Call) -> Any:
+        script, keys, args = call
+        nonce = new_nonce()
+        return unwrap(script(keys=keys, args=[*args, nonce]), nonce)
+
     def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
@@ -76,6 +121,20 @@ class SyncLink:
                 conn.disconnect()
             except Exception:  # pragma: no cover - closing a broken socket
                 pass
+
+
+def _command(command: str, call: Call, nonce: str) -> tuple[Any, ...]:
+    script, keys, args = call
+    body = script.sha if command == "EVALSHA" else script.script
+    return (command, body, len(keys), *keys, *args, nonce)
+
+
+def _one(fn: Any) -> Any:
+    """``fn()``, or the RedisError it raised (one call of a batch failing alone)."""
+    try:
+        return fn()
+    except RedisError as exc:
+        return exc
 
 
 class AsyncLink:
@@ -111,6 +170,51 @@ class AsyncLink:
             await conn.send_command("EVAL", script.script, len(keys), *keys, *argv)
             reply = await conn.read_response()
         return unwrap(reply, nonce)
+
+    async def call_many(self, calls: list[Call], wait: float) -> list[Any]:
+        """:meth:`SyncLink.call_many` for the asyncio renewer (``wait`` bounds the whole
+        round trip)."""
+        if self._make is None:
+            out = []
+            for script, keys, args in calls:
+                nonce = new_nonce()
+                try:
+                    reply = await asyncio.wait_for(script(keys=keys, args=[*args, nonce]), wait)
+                    out.append(unwrap(reply, nonce))
+                except RedisError as exc:
+                    out.append(exc)
+            return out
+        conn = self._conn
+        if conn is None:
+            conn = self._conn = self._make()
+        conn.socket_timeout = conn.socket_connect_timeout = wait
+        try:
+            return await asyncio.wait_for(self._eval_many(conn, calls), wait)
+        except BaseException:
+            await self.close()
+            raise
+
+    @staticmethod
+    async def _eval_many(conn: Any, calls: list[Call]) -> list[Any]:
+        nonces = [new_nonce() for _ in calls]
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for command in ("EVALSHA", "EVAL"):
+            if not todo:
+                break
+            await conn.send_packed_command(conn.pack_commands(
+                [_command(command, calls[i], nonces[i]) for i in todo]))
+            missing = []
+            for i in todo:
+                try:
+                    replies[i] = unwrap(await conn.read_response(), nonces[i])
+                except NoScriptError as exc:
+                    missing.append(i)
+                    replies[i] = exc
+                except ResponseError as exc:
+                    replies[i] = exc
+            todo = missing
+        return replies
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None

@@ -213,7 +213,10 @@ class Presence:
                 if str(first).lower() == "pong":
                     return
                 continue
-            if time.monotonic() >= deadline:
+            # A thread that waited long for the interpreter (a busy process) may come
+            # back from a wait that timed out after the answer arrived: look once more,
+            # without waiting, before declaring the connection dead.
+            if time.monotonic() >= deadline and not conn.can_read(timeout=0):
                 raise TimeoutError(f"presence ping unanswered for {PONG_TIMEOUT_S} s")
 
 

@@ -302,6 +302,14 @@ class RedisLaneBase(ABC, Generic[H]):
         waiting at most ``wait`` seconds (a RedisError or TimeoutError past that)."""
 
     @abstractmethod
+    def _renew_many_io(self, calls: list[Call], wait: float) -> Any:
+        """The face's batch of renewal calls in ONE round trip (pipelined on the
+        renewer's own connection; one by one on a cluster client): the list of replies,
+        an exception object in place of a reply whose call failed alone (a server error
+        reply). A failure of the connection itself (timeout after ``wait`` seconds,
+        reset) raises."""
+
+    @abstractmethod
     def _start_renewer(self, needed: bool) -> None:
         """After a grant: the face starts its renewer (a thread or a task) if ``needed``
         (see :meth:`_register`), or if its own renewer cannot serve this grant."""
@@ -928,22 +936,26 @@ class RedisLaneBase(ABC, Generic[H]):
         if late and HELD <= hold._state <= RELEASING:
             self._notice_lost(hold)
 
-    def _renew_failed(self, hold: H, exc: BaseException, now: float) -> None:
+    def _renew_failed(self, holds: list[H], exc: BaseException, now: float) -> None:
+        keys = ", ".join(repr(h.key) for h in holds[:5]) + (" ..." if len(holds) > 5 else "")
         log.warning(
-            "lane %r: renewing the lease of key %r failed: %s: %s",
-            self.name, hold.key, type(exc).__name__, exc,
+            "lane %r: renewing the lease of %d hold(s) (keys %s) failed: %s: %s",
+            self.name, len(holds), keys, type(exc).__name__, exc,
         )
         with self._lock:
-            hold._renew_at = now + min(self._renew_s, 0.25)
+            for hold in holds:
+                hold._renew_at = now + min(self._renew_s, 0.25)
 
     def _renew_round(self) -> Steps[float | None]:
         """One round of the renewer: renew the holds due now; return how long to sleep,
         or None when the renewer should exit (see :meth:`_renewal_due`).
 
-        Each renewal goes over the renewer's own connection (never waiting for a pool
-        shared with waiters) and waits at most ``min(lease_s/4, time left before the
-        holder's deadline)``; a hold too close to its deadline is not renewed (the
-        watchdog ends it). The holder's deadline never depends on this I/O."""
+        The renewals due go over the renewer's own connection (never waiting for a pool
+        shared with waiters), all in one round trip, which waits at most
+        ``min(lease_s/4, time left before the latest of their deadlines)``; a hold too
+        close to its deadline is not renewed (the watchdog ends it), and a renewal
+        answered after its hold's deadline does not revive it. The holder's deadline
+        never depends on this I/O."""
         plan = self._renewal_due(time.monotonic())
         if plan is None:
             return None
@@ -956,19 +968,30 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._version_claimed(reply, t0)
             except Exception as exc:
                 log.warning("lane %r: version marker: %s", self.name, exc)
-        for hold in due:
-            call = self._renew_call(hold)
-            t0 = time.monotonic()
-            wait = min(self._renew_timeout_s, hold._expires - t0)
-            if wait < 0.005:
-                continue
-            try:  # not through _ask: a failed renewal is not an error of any caller
-                ok = flag_reply((yield self._renew_io, (call, wait))) == 1
-            except (RedisError, OSError, TimeoutError) as exc:
-                self._renew_failed(hold, exc, time.monotonic())
-                continue
-            except Exception:  # never let the renewer die
-                log.exception("lane %r: renewer error", self.name)
+        # Every hold due is renewed in ONE round trip (pipelined): a renewer that sent
+        # its renewals one after another needed a round trip, and the interpreter twice,
+        # per hold, so under load (many threads, a busy CPU) the last holds of a long
+        # batch were renewed after their deadline and lost (replay at --speed 600).
+        t0 = time.monotonic()
+        todo = [h for h in due if h._expires - t0 >= 0.005]  # else the watchdog ends it
+        if not todo:
+            return sleep
+        wait = min(self._renew_timeout_s, max(h._expires for h in todo) - t0)
+        try:  # not through _ask: a failed renewal is not an error of any caller
+            replies = yield self._renew_many_io, ([self._renew_call(h) for h in todo], wait)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._renew_failed(todo, exc, time.monotonic())
+            return sleep
+        except Exception:  # never let the renewer die
+            log.exception("lane %r: renewer error", self.name)
+            return sleep
+        for hold, reply in zip(todo, replies, strict=True):
+            try:
+                if isinstance(reply, BaseException):
+                    raise reply
+                ok = flag_reply(reply) == 1
+            except (RedisError, LaneBackendError) as exc:
+                self._renew_failed([hold], exc, time.monotonic())
                 continue
             self._renewed(hold, ok, t0)
         return sleep

@@ -132,7 +132,10 @@ class _SyncFace(RedisOps[RedisHold]):
 
     def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
-        slots = self._wk().slots  # the process's bound on calls in flight per client
+        wk = self._wk()
+        # The process's bound on calls in flight per client; releases and withdrawals
+        # have their own, so they never queue behind acquires and polls (see _wake).
+        slots = wk.freeing if op == "release" or op == "withdraw" else wk.slots
         slot = slots.take()
         try:
             return run_sync(self._client, script, keys, args, slot.conn)
@@ -176,6 +179,12 @@ class _SyncFace(RedisOps[RedisHold]):
             link = self._link = SyncLink(self._client)
         script, keys, args = call
         return link.call(script, keys, args, wait)
+
+    def _renew_many_io(self, calls: list[Call], wait: float) -> list[Any]:
+        link = self._link
+        if link is None:
+            link = self._link = SyncLink(self._client)
+        return link.call_many(calls, wait)
 
     def _forked(self) -> None:
         self._link = None

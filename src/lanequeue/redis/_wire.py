@@ -24,7 +24,11 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-__all__ = ["StaleReply", "new_nonce", "run_async", "run_sync", "unwrap", "wrap"]
+__all__ = ["Call", "StaleReply", "new_nonce", "run_async", "run_sync", "unwrap", "wrap"]
+
+
+#: One script call: (script, KEYS, ARGV).
+Call = tuple[Any, list[str], list[Any]]
 
 
 class StaleReply(RedisError):

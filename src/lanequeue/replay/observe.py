@@ -225,7 +225,12 @@ class ArrivalGate:
         inside: ``inside(slot)`` returns how many requests of ``slot`` are inside the lane
             now (holding or waiting). It must read holders *before* waiters, which is what
             makes the check below safe (see :meth:`wait_turn`).
-        poll_s: seconds between two checks while a predecessor is not yet inside.
+        poll_s: seconds between the first two checks while a predecessor is not yet
+            inside.
+        max_poll_s: the interval doubles after each check up to this (default
+            ``poll_s``: a fixed interval). For an ``inside`` that costs round trips
+            (Redis), so that a backlog of held requests does not crowd out the lanes'
+            own calls.
         counter: where finished requests are counted (default: in this process only);
             share one across processes that drive requests of the same slots.
         max_wait_s: give up (TimeoutError) after waiting this long for predecessors to
@@ -244,6 +249,7 @@ class ArrivalGate:
         inside: Callable[[Hashable], int],
         *,
         poll_s: float = 0.0002,
+        max_poll_s: float | None = None,
         counter: CompletionCounter | None = None,
         max_wait_s: float | None = None,
         one_poller: bool = False,
@@ -251,6 +257,7 @@ class ArrivalGate:
         self._slots = slots
         self._inside = inside
         self._poll_s = poll_s
+        self._max_poll_s = poll_s if max_poll_s is None else max(poll_s, max_poll_s)
         self._counter: CompletionCounter = (
             LocalCompletionCounter() if counter is None else counter
         )
@@ -324,6 +331,7 @@ class ArrivalGate:
         waited = False
         deadline: float | None = None
         lowest = True
+        pause = self._poll_s
         while True:
             if turn is not None:
                 line, wake = turn
@@ -349,7 +357,8 @@ class ArrivalGate:
             if turn is not None and not lowest:
                 turn[1].wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             else:
-                time.sleep(self._poll_s)
+                time.sleep(pause)
+                pause = min(2 * pause, self._max_poll_s)
 
     def finished(self, rid: int) -> None:
         """Request ``rid`` has left the lanes (call after the release). The last request

@@ -51,7 +51,8 @@ they went to) enters the lanes only once::
     is_held(key) + waiting_for(key) >= r - done(key)
 
 read in this order (counter, then holder, then waiters: three round trips), polling every
-``poll_s`` (2 ms) while it is false. Why this is exact across processes:
+``poll_s`` (2 ms, doubling up to 50 ms) while it is false. Why this is exact across
+processes:
 
 1. Every request of the conversation passes the gate, so none of rank > r can enter the
    session lane (hence finish) before the request of rank r has entered: ``done(key)``
@@ -149,6 +150,10 @@ __all__ = [
 _SCHEMES = ("redis", "rediss", "unix")
 #: The run's key prefix starts with this.
 PREFIX_BASE = "lanequeue-replay"
+#: The arrival gate's poll interval doubles from ``poll_s`` up to this (seconds): each
+#: poll costs three round trips, and a backlog of held requests polling every 2 ms took
+#: the script connections the lanes' own calls needed.
+GATE_MAX_POLL_S = 0.05
 
 
 class BackendError(Exception):
@@ -361,6 +366,7 @@ def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
         counter = RedisCompletionCounter(client, spec.prefix, ttl_s=spec.counter_ttl_s)
         gate = arrival_gate(
             queue, plan.lanes[0], plan.keys, counter=counter, poll_s=spec.poll_s,
+            max_poll_s=GATE_MAX_POLL_S,
             max_wait_s=spec.gate_max_wait_s, one_poller=True,
         )
     except BaseException as exc:
