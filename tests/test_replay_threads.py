@@ -1,14 +1,24 @@
-"""The thread runtime's pool of worker threads: arrivals are never held back by a thread
-that is still starting (on a busy machine a start takes milliseconds, and a burst with no
-idle thread used to fall seconds behind the trace)."""
+"""How the in-process replay runtimes keep time: the thread runtime's pool never holds an
+arrival back for a thread that is still starting (on a busy machine a start takes
+milliseconds, and a burst with no idle thread used to fall seconds behind the trace); a
+request's work ends at its start plus its work time; the asyncio runtime's loop fires its
+timers on time."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
+from typing import Any
 
 import pytest
 
-from lanequeue.replay.runtimes.threads import _ThreadPool
+from lanequeue.replay.observe import Observer
+from lanequeue.replay.policy import policy_lanes
+from lanequeue.replay.runtimes import aio as aio_mod
+from lanequeue.replay.runtimes.aio import AsyncioRuntime
+from lanequeue.replay.runtimes.base import ReplayPlan, arrival_gate
+from lanequeue.replay.runtimes.threads import _ThreadPool, build_thread_queue, drive_threads
 
 
 class HeldStarts:
@@ -97,3 +107,125 @@ def test_close_lets_parked_threads_exit() -> None:
         if t.name.startswith("lanequeue-replay-"):
             t.join(5)
             assert not t.is_alive()
+
+
+# --------------------------------------------------------------------------------------
+# A request's work ends at its start + its work time: the bookkeeping after the start (the
+# observer samples the registry, which can be slow) is part of the work, not added to it.
+
+WORK_S = 0.4
+PROBE_S = 0.3  # a registry probe this slow after the start used to make the work 0.7 s
+
+
+def one_request_plan() -> ReplayPlan:
+    return ReplayPlan(arrival_s=[0.0], work_s=[WORK_S], keys=["k"],
+                      lanes=policy_lanes("session", 1))
+
+
+def slow_probe() -> int:
+    time.sleep(PROBE_S)
+    return 1
+
+
+@pytest.mark.timeout(20)
+def test_thread_work_ends_at_its_start_plus_its_work_time() -> None:
+    plan = one_request_plan()
+    queue = build_thread_queue(plan)
+    gate = arrival_gate(queue, plan.lanes[0], plan.keys)
+    epoch = time.monotonic() + 0.01
+    observer = Observer(plan.keys, epoch_s=epoch, registry_size=slow_probe)
+    drive = drive_threads(plan, queue, gate, observer, epoch=epoch)
+    assert drive.errors == []
+    worked = observer.end_work_s[0] - observer.start_s[0]
+    assert WORK_S <= worked < WORK_S + PROBE_S - 0.1
+
+
+@pytest.mark.timeout(20)
+def test_asyncio_work_ends_at_its_start_plus_its_work_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[Observer] = []
+
+    class Recording(Observer):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            seen.append(self)
+
+    monkeypatch.setattr(aio_mod, "Observer", Recording)
+    monkeypatch.setattr(aio_mod, "registry_probe", lambda queue, lanes: slow_probe)
+    record = AsyncioRuntime().run(one_request_plan())
+    assert record.errors == []
+    worked = seen[0].end_work_s[0] - seen[0].start_s[0]
+    assert WORK_S <= worked < WORK_S + PROBE_S - 0.1
+
+
+# --------------------------------------------------------------------------------------
+# The asyncio runtime's selector: the loop's timers fire on time, not up to 1 ms late.
+
+
+class RecordingSelector:
+    def __init__(self) -> None:
+        self.timeouts: list[float | None] = []
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        self.timeouts.append(timeout)
+        return []
+
+
+@pytest.mark.parametrize(
+    ("timeout", "slept", "polled"),
+    [
+        (None, None, None),  # no timer: wait for I/O without limit
+        (0, None, 0),  # something ready: only look
+        (0.0017, None, 0.001),  # whole milliseconds, rounded down: the loop asks again
+        (0.25, None, 0.25),
+        (0.0003, 0.0003, 0),  # under a millisecond: a precise sleep, then only look
+    ],
+)
+def test_fine_timer_selector_never_waits_past_the_timer(
+    monkeypatch: pytest.MonkeyPatch, timeout: float | None, slept: float | None,
+    polled: float | None,
+) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr(aio_mod.time, "sleep", sleeps.append)
+    selector = aio_mod._FineTimerSelector()
+    inner = RecordingSelector()
+    real_inner, selector._inner = selector._inner, inner  # type: ignore[assignment]
+    try:
+        assert selector.select(timeout) == []
+    finally:
+        real_inner.close()
+    assert sleeps == ([] if slept is None else [slept])
+    assert inner.timeouts == [pytest.approx(polled) if polled else polled]
+
+
+@pytest.mark.timeout(20)
+def test_the_replay_loop_serves_io_and_timers() -> None:
+    async def main() -> bytes:
+        reader, writer = await asyncio.open_connection(*server_address)
+        writer.write(b"ping")
+        await asyncio.sleep(0.0004)  # a sub-millisecond timer
+        data = await reader.readexactly(4)
+        writer.close()
+        await writer.wait_closed()
+        return data
+
+    import socket
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    server_address = srv.getsockname()[:2]
+
+    def echo() -> None:
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(conn.recv(4))
+
+    t = threading.Thread(target=echo)
+    t.start()
+    loop = aio_mod._replay_loop()
+    try:
+        assert loop.run_until_complete(main()) == b"ping"
+    finally:
+        loop.close()
+        t.join(5)
+        srv.close()

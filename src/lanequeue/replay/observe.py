@@ -145,8 +145,10 @@ class Observer:
                 self.registry_peak = size
         return size
 
-    def work_started(self, rid: int) -> None:
-        """Request ``rid`` holds every lane and starts working now."""
+    def work_started(self, rid: int) -> float:
+        """Request ``rid`` holds every lane and starts working now; returns that instant,
+        seconds since the epoch (``start_s[rid]``): its work ends at this plus its work
+        time, however long the bookkeeping after it takes."""
         key = self._keys[rid]
         with self._lock:
             t = self._clock() - self._epoch
@@ -160,6 +162,7 @@ class Observer:
             self.start_s[rid] = t
             self.start_order.append(rid)
         self.sample_registry()
+        return t
 
     def work_ended(self, rid: int) -> None:
         """Request ``rid`` stops working now and is about to release its lanes."""

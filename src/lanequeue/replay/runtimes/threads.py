@@ -250,9 +250,12 @@ def drive_threads(
             try:
                 gate.wait_turn(rid)
                 with queue.acquire_all(keys[rid], lane_names):
-                    observer.work_started(rid)
+                    # The work ends at its start + its work time: the observer's
+                    # bookkeeping since the start is part of it, not added to it.
+                    left = observer.work_started(rid) + work_s[rid] - observer.now()
                     try:
-                        time.sleep(work_s[rid])
+                        if left > 0:
+                            time.sleep(left)
                     finally:
                         observer.work_ended(rid)
                 observer.completed(rid)
