@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lanequeue.replay.observe import Observer
+from lanequeue.replay.observe import ArrivalGate, Observer
 from lanequeue.replay.policy import policy_lanes
 from lanequeue.replay.runtimes import aio as aio_mod
 from lanequeue.replay.runtimes.aio import AsyncioRuntime
@@ -229,3 +229,68 @@ def test_the_replay_loop_serves_io_and_timers() -> None:
         loop.close()
         t.join(5)
         srv.close()
+
+
+# --------------------------------------------------------------------------------------
+# The in-process arrival gate: a request whose predecessor has not passed the gate yet
+# waits for it without polling (pollers used to take the CPU that predecessor needed).
+
+
+def wait_until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.001)
+
+
+@pytest.mark.timeout(10)
+def test_gate_does_not_poll_while_the_predecessor_has_not_passed() -> None:
+    checks: list[object] = []
+    entered: list[int] = []
+
+    def inside(slot: object) -> int:
+        checks.append(slot)
+        return len(entered)
+
+    gate = ArrivalGate(["a", "a"], inside, poll_s=0.0005)
+
+    def second() -> None:
+        gate.wait_turn(1)
+        entered.append(1)
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    wait_until(lambda: gate.held_back == 1)  # request 1 is held back...
+    assert checks == []  # ...and has not looked at the lane: it waits for request 0
+    gate.wait_turn(0)  # request 0 passes (rank 0: nothing to wait for) and enters
+    entered.append(0)
+    t.join(5)
+    assert entered == [0, 1]
+    assert checks  # request 1 checked that request 0 is inside before going in
+    assert gate.held_back == 1  # counted once, though it may have polled after the wait
+
+
+@pytest.mark.timeout(10)
+def test_gate_lets_the_successor_of_a_request_that_failed_at_the_gate_go() -> None:
+    gate = ArrivalGate(["a", "a"], lambda slot: 0)
+    passed = threading.Event()
+
+    def second() -> None:
+        gate.wait_turn(1)
+        passed.set()
+
+    t = threading.Thread(target=second, daemon=True)
+    t.start()
+    wait_until(lambda: gate.held_back == 1)
+    assert not passed.is_set()
+    gate.finished(0)  # request 0 failed before entering: its successor must not hang
+    assert passed.wait(5)
+    t.join(5)
+
+
+@pytest.mark.timeout(10)
+def test_gate_wait_for_the_predecessor_gives_up_after_max_wait() -> None:
+    gate = ArrivalGate(["a", "a"], lambda slot: 0, max_wait_s=0.05)
+    with pytest.raises(TimeoutError, match=r"request 1 waited over 0\.05 s"):
+        gate.wait_turn(1)
+    gate.finished(0)  # a late pass wakes nobody and raises nothing
