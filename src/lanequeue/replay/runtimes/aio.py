@@ -187,7 +187,9 @@ class AsyncioRuntime(InProcessRuntime):
         errors: list[tuple[int, str]] = []
         done = 0
         entered = 0  # requests that have reached acquire_all (see the module docstring)
-        in_flight: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        # The loop keeps only weak references to tasks: each is kept here until its
+        # worker ends (its own last step drops it: no done-callback to schedule).
+        in_flight: dict[int, asyncio.Task[None]] = {}
         all_done = asyncio.Event()
         if n == 0:
             all_done.set()
@@ -212,6 +214,7 @@ class AsyncioRuntime(InProcessRuntime):
             except Exception as exc:  # reported, never silently lost
                 errors.append((rid, f"{type(exc).__name__}: {exc}"))
             finally:  # also on cancellation (an interrupted run), which propagates
+                in_flight.pop(rid, None)
                 done += 1
                 if done == n:
                     all_done.set()
@@ -223,8 +226,8 @@ class AsyncioRuntime(InProcessRuntime):
                     await asyncio.sleep(delay)
                 dispatch_s[rid] = clock() - epoch
                 task = loop.create_task(worker(rid))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+                if not task.done():  # (an eager task may have run to its end already)
+                    in_flight[rid] = task
 
         async def ticker(report: ProgressFn) -> None:
             while True:
