@@ -16,7 +16,7 @@ done) takes the oldest pending request. The dispatcher never waits for a thread 
 milliseconds on a busy machine (the new thread waits for a CPU, then for the GIL), and on
 the dispatcher's path each start held back every later arrival, so a burst with no idle
 thread fell seconds behind the trace. A request counts as released (``dispatch_s``) when a
-thread takes it up. Threads alive = the most requests in flight at once (waiting or
+thread takes it up. Threads alive <= the most requests in flight at once (waiting or
 working): about 100 for the default trace and cap; with ``global-serial`` the backlog, and
 so the thread count, grows with the trace, so use ``--limit`` there.
 
@@ -120,7 +120,8 @@ class _ThreadPool:
         self._starting = 0  # threads started for pending requests, not yet running
         self._closed = False
         self._wanted = threading.Event()  # set: pending requests may need new threads
-        #: threads started so far (= most requests in flight at once)
+        #: threads started so far (<= the most requests in flight at once: a thread is
+        #: started only for a request no thread is free for)
         self.started = 0
         self._starter = threading.Thread(
             target=self._start_loop, name="lanequeue-replay-starter", daemon=True
