@@ -5,6 +5,7 @@
     python benchmarks/run.py --only redis     # ours vs redis-py's Lock (own redis-server)
     python benchmarks/run.py --only handoff   # one section (repeat --only for more)
     python benchmarks/run.py --only contended --only scaling   # issue 12's rows
+    python benchmarks/run.py --only replay    # replay speed per runtime, library CPU
     python benchmarks/run.py --json out.json  # also write the figures as JSON
 
 Every figure of a run is measured in the same process, interleaved with its baselines, so
@@ -39,6 +40,7 @@ from bench_async import section_asyncio  # noqa: E402
 from bench_common import Config, Row, format_row, format_table_header, machine_info  # noqa: E402
 from bench_plan import section_plan  # noqa: E402
 from bench_redis import redis_sizes, section_redis  # noqa: E402
+from bench_replay import section_replay  # noqa: E402
 from bench_scale import section_contended, section_scaling  # noqa: E402
 from bench_threads import (  # noqa: E402
     section_handoff,
@@ -63,6 +65,8 @@ SECTIONS: dict[str, tuple[str, Callable[[Config], list[Row]]]] = {
               "processes on one key (private redis-server)", section_redis),
     "plan": ("plan: lanequeue plan on the bundled trace and a synthetic one "
              "(LANEQUEUE_BENCH_PLAN_REQUESTS=1000000 for the 1M figure)", section_plan),
+    "replay": ("replay: highest --speed keeping makespan_ratio <= 1.05 (2 of 2 runs) per "
+               "runtime, and the library's CPU per replayed request", section_replay),
 }
 
 

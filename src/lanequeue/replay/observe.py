@@ -96,7 +96,10 @@ def count_order_violations(conversations: Sequence[Hashable], start_order: Seque
 class Observer:
     """The workers' own record of a replay: occupancy per key and overall, start order.
 
-    All times are seconds of ``clock`` minus ``epoch_s`` (the start of the replay). Call
+    All times are seconds of ``clock`` minus ``epoch_s`` (the start of the replay). The
+    registry is sampled as each request starts work (an entry is made by the request that
+    takes a new key, which then starts work; a release adds none), and once more at the
+    end by the runtime (``registry_final``). Call
     :meth:`work_started` right after the lanes are held, :meth:`work_ended` right before
     they are released (so a successor's start can never be counted while this worker still
     counts itself) and :meth:`completed` after the release. Thread-safe.
@@ -145,8 +148,10 @@ class Observer:
                 self.registry_peak = size
         return size
 
-    def work_started(self, rid: int) -> None:
-        """Request ``rid`` holds every lane and starts working now."""
+    def work_started(self, rid: int) -> float:
+        """Request ``rid`` holds every lane and starts working now; returns that instant,
+        seconds since the epoch (``start_s[rid]``): its work ends at this plus its work
+        time, however long the bookkeeping after it takes."""
         key = self._keys[rid]
         with self._lock:
             t = self._clock() - self._epoch
@@ -160,6 +165,7 @@ class Observer:
             self.start_s[rid] = t
             self.start_order.append(rid)
         self.sample_registry()
+        return t
 
     def work_ended(self, rid: int) -> None:
         """Request ``rid`` stops working now and is about to release its lanes."""
@@ -178,7 +184,6 @@ class Observer:
         with self._lock:
             self.complete_s[rid] = self._clock() - self._epoch
             self.completed_count += 1
-        self.sample_registry()
 
 
 class CompletionCounter(Protocol):
@@ -241,6 +246,15 @@ class ArrivalGate:
             which they would have to anyway (their condition includes it being inside).
             For an ``inside`` that costs round trips (Redis): a burst of one slot then
             makes one poller per process, not one per request.
+
+    With the default in-process counter, every request of every slot goes through this
+    gate, so a request first waits, without polling, until its predecessor in the slot has
+    passed the gate (or finished); only then does it check ``inside``, by which time the
+    predecessor is in the lane or about to be (it passed the gate just before taking its
+    first lane), so it polls at most for that instant. Polling from the start, as before,
+    a request whose predecessor had no thread to run on yet (a burst on a busy machine)
+    polled every ``poll_s`` until it had one, and many such pollers took the CPU that
+    predecessor needed: a backlog that fed itself.
     """
 
     def __init__(
@@ -264,6 +278,11 @@ class ArrivalGate:
         self._max_wait_s = max_wait_s
         self._one_poller = one_poller
         self._lock = threading.Lock()
+        # In process (default counter): per slot, the highest rank that has passed the
+        # gate or finished, and the wake-up event of the next rank if it waits for it.
+        self._in_process = counter is None
+        self._passed: dict[Hashable, int] = {}
+        self._next_up: dict[tuple[Hashable, int], threading.Event] = {}
         # one_poller: per slot, a heap of (rank, wake-up event) of the requests waiting
         # here; the lowest rank polls, and is woken when it becomes the lowest.
         self._lines: dict[Hashable, list[tuple[int, threading.Event]]] = {}
@@ -300,16 +319,19 @@ class ArrivalGate:
         slot = self._slots[rid]
         rank = self._rank[rid]
         if rank == 0:
+            self._pass(slot, 0)
             return
+        waited = self._in_process and self._wait_predecessor(rid, slot, rank)
         if not self._one_poller:
-            self._poll(rid, slot, rank)
+            self._poll(rid, slot, rank, waited=waited)
+            self._pass(slot, rank)
             return
         wake = threading.Event()
         with self._lock:
             line = self._lines.setdefault(slot, [])
             heapq.heappush(line, (rank, wake))
         try:
-            self._poll(rid, slot, rank, (line, wake))
+            self._poll(rid, slot, rank, (line, wake), waited=waited)
         finally:
             with self._lock:
                 line.remove((rank, wake))
@@ -318,6 +340,42 @@ class ArrivalGate:
                     line[0][1].set()
                 else:
                     del self._lines[slot]
+        self._pass(slot, rank)
+
+    def _pass(self, slot: Hashable, rank: int) -> None:
+        """In process: request ``rank`` of ``slot`` has passed the gate (or finished);
+        wake its successor if it waits for that."""
+        if not self._in_process:
+            return
+        with self._lock:
+            if self._passed.get(slot, -1) < rank:
+                self._passed[slot] = rank
+            wake = self._next_up.pop((slot, rank + 1), None)
+        if wake is not None:
+            wake.set()
+
+    def _wait_predecessor(self, rid: int, slot: Hashable, rank: int) -> bool:
+        """In process: block, without polling, until request ``rank - 1`` of ``slot`` has
+        passed the gate or finished; return whether it had to wait. (Only an economy:
+        :meth:`_poll` still checks that every predecessor is inside.)
+
+        Raises:
+            TimeoutError: still waiting after ``max_wait_s``.
+        """
+        with self._lock:
+            if self._passed.get(slot, -1) >= rank - 1:
+                return False
+            wake = threading.Event()
+            self._next_up[(slot, rank)] = wake
+            self.held_back += 1
+        if not wake.wait(self._max_wait_s):
+            with self._lock:
+                self._next_up.pop((slot, rank), None)
+            raise TimeoutError(
+                f"arrival gate: request {rid} waited over {self._max_wait_s:g} s for "
+                "the earlier requests of its slot to enter the lane"
+            )
+        return True
 
     def _poll(
         self,
@@ -325,11 +383,15 @@ class ArrivalGate:
         slot: Hashable,
         rank: int,
         turn: tuple[list[tuple[int, threading.Event]], threading.Event] | None = None,
+        *,
+        waited: bool = False,
     ) -> None:
         """The wait of :meth:`wait_turn`; ``turn``: (this slot's line, this request's
-        wake-up event) when only the lowest-ranked waiter polls."""
-        waited = False
+        wake-up event) when only the lowest-ranked waiter polls; ``waited``: it has
+        already waited (and been counted in ``held_back``)."""
         deadline: float | None = None
+        if waited and self._max_wait_s is not None:
+            deadline = time.monotonic() + self._max_wait_s
         lowest = True
         pause = self._poll_s
         while True:
@@ -361,7 +423,10 @@ class ArrivalGate:
                 pause = min(2 * pause, self._max_poll_s)
 
     def finished(self, rid: int) -> None:
-        """Request ``rid`` has left the lanes (call after the release). The last request
-        of its slot is not counted: no later request waits for it."""
+        """Request ``rid`` has left the lanes (call after the release; also when it failed,
+        even at the gate). The last request of its slot is not counted: no later request
+        waits for it."""
         if not self._last[rid]:
-            self._counter.finish(self._slots[rid])
+            slot = self._slots[rid]
+            self._counter.finish(slot)
+            self._pass(slot, self._rank[rid])

@@ -81,8 +81,8 @@ class ReplayReport:
         ideal_wait_*: the wait percentiles of the simulation, seconds.
         dispatch_lag_max_s: most a request was released after its arrival time, seconds.
         gate_held_back: requests that waited at the arrival gate for a predecessor.
-        worker_threads: threads the runtime started (the most requests in flight at once;
-            summed over the worker processes).
+        worker_threads: threads the runtime started (at most the most requests in flight
+            at once; summed over the worker processes).
         workers: worker processes that drove the requests (1 in process).
         backend: where the lanes lived: None in process, else the backend URL without
             its password.

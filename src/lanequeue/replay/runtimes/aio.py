@@ -42,16 +42,24 @@ through ``await lane._hold(...)`` (a Redis lane, say) may suspend on I/O before 
 request is in line; such a backend needs an awaitable arrival gate in front of
 ``acquire_all`` (the check above would report the problem if it were forgotten).
 
-Timing: the loop's timers wake up with the selector's resolution (1 ms with epoll), so
-arrivals are dispatched up to about a millisecond late (``dispatch_lag_max_s``), and
-waits, which run from the arrival time, include that lag, as they include the
-scheduling delay of a thread for the thread runtime.
+Timing: the loop's timers fire within the OS's sleep precision (tens of microseconds):
+epoll counts in whole milliseconds and rounds up, so on Python 3.11+ the loop runs on
+:class:`_FineTimerSelector`, which never waits past the next timer (on 3.10, the default
+loop: up to a millisecond late). Arrivals are dispatched that much late at most
+(``dispatch_lag_max_s``, plus the loop's own backlog), and waits, which run from the
+arrival time, include that lag, as they include the scheduling delay of a thread for the
+thread runtime. A request's work ends at its start plus its work time (the observer's
+bookkeeping in between is part of it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import selectors
+import sys
+import time
+from typing import Any
 
 from lanequeue import AsyncLaneQueue
 from lanequeue.replay.observe import Observer
@@ -67,6 +75,62 @@ from lanequeue.replay.runtimes.base import (
 )
 
 __all__ = ["AsyncioRuntime", "build_async_queue"]
+
+#: The resolution of the OS poll behind the loop's selector (epoll: milliseconds).
+_POLL_TICK_S = 0.001
+
+
+class _FineTimerSelector(selectors.BaseSelector):
+    """The default selector, made to wake at the loop's timers to within the OS's sleep
+    precision (tens of microseconds) instead of up to a millisecond late.
+
+    The loop waits for its next timer with ``select(timeout)``, and epoll counts in whole
+    milliseconds, rounding up: every ``asyncio.sleep`` of a request's work ended up to 1 ms
+    late (0.6 ms at the median, measured), while the request held its permits, so at
+    high speeds (works of a millisecond or two) the global lane served a quarter fewer
+    requests than the simulation and a backlog grew. Here a wait is cut to whole
+    milliseconds (rounded down, so the loop comes back early and asks again for the
+    rest), and a wait shorter than a millisecond is a plain ``time.sleep`` followed by a
+    poll that does not wait: I/O is seen at most that much later, which the replay's loop
+    (no I/O of its own) does not mind.
+    """
+
+    def __init__(self) -> None:
+        self._inner = selectors.DefaultSelector()
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._inner.modify(fileobj, events, data)
+
+    def select(
+        self, timeout: float | None = None
+    ) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout > 0:
+            if timeout < _POLL_TICK_S:
+                time.sleep(timeout)
+                timeout = 0
+            else:
+                timeout = math.floor(timeout / _POLL_TICK_S) * _POLL_TICK_S
+        return self._inner.select(timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._inner.get_key(fileobj)
+
+    def get_map(self) -> Any:
+        return self._inner.get_map()
+
+
+def _replay_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop whose timers fire on time (:class:`_FineTimerSelector`)."""
+    return asyncio.SelectorEventLoop(_FineTimerSelector())
 
 
 def build_async_queue(plan: ReplayPlan) -> AsyncLaneQueue:
@@ -102,7 +166,10 @@ class AsyncioRuntime(InProcessRuntime):
                 "the asyncio replay runtime runs its own event loop; call it from a thread "
                 "without a running loop (e.g. through asyncio.to_thread)"
             )
-        return asyncio.run(self._replay(plan, progress))
+        if sys.version_info >= (3, 11):  # asyncio.run's handling, on a loop of our own
+            with asyncio.Runner(loop_factory=_replay_loop) as runner:
+                return runner.run(self._replay(plan, progress))
+        return asyncio.run(self._replay(plan, progress))  # 3.10: the default loop
 
     async def _replay(self, plan: ReplayPlan, progress: ProgressFn | None) -> RunRecord:
         n = len(plan.keys)
@@ -120,7 +187,9 @@ class AsyncioRuntime(InProcessRuntime):
         errors: list[tuple[int, str]] = []
         done = 0
         entered = 0  # requests that have reached acquire_all (see the module docstring)
-        in_flight: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+        # The loop keeps only weak references to tasks: each is kept here until its
+        # worker ends (its own last step drops it: no done-callback to schedule).
+        in_flight: dict[int, asyncio.Task[None]] = {}
         all_done = asyncio.Event()
         if n == 0:
             all_done.set()
@@ -133,15 +202,19 @@ class AsyncioRuntime(InProcessRuntime):
                 entered += 1
                 # No await before this line: the first lane is joined in this very step.
                 async with queue.acquire_all(keys[rid], lane_names):
-                    observer.work_started(rid)
+                    # The work ends at its start + its work time: the observer's
+                    # bookkeeping since the start is part of it, not added to it.
+                    left = observer.work_started(rid) + work_s[rid] - observer.now()
                     try:
-                        await asyncio.sleep(work_s[rid])
+                        if left > 0:
+                            await asyncio.sleep(left)
                     finally:
                         observer.work_ended(rid)
                 observer.completed(rid)
             except Exception as exc:  # reported, never silently lost
                 errors.append((rid, f"{type(exc).__name__}: {exc}"))
             finally:  # also on cancellation (an interrupted run), which propagates
+                in_flight.pop(rid, None)
                 done += 1
                 if done == n:
                     all_done.set()
@@ -153,8 +226,8 @@ class AsyncioRuntime(InProcessRuntime):
                     await asyncio.sleep(delay)
                 dispatch_s[rid] = clock() - epoch
                 task = loop.create_task(worker(rid))
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
+                if not task.done():  # (an eager task may have run to its end already)
+                    in_flight[rid] = task
 
         async def ticker(report: ProgressFn) -> None:
             while True:

@@ -8,10 +8,15 @@ own FIFO hand-off is what orders them: nothing in the harness queues requests on
 behalf.
 
 Threads are reused: a thread whose request is done parks in an idle pool, and the
-dispatcher hands the next arrival to an idle thread, starting a new one only when none is
-idle. Starting a thread costs about 0.7 ms on a small VM, which would delay the arrivals of
-a burst (the trace's arrivals come in batches of ten or so); handing over to a parked thread
-costs a lock release. Threads alive = the most requests in flight at once (waiting or
+dispatcher hands the next arrival to an idle thread (a lock release). When none is idle,
+the arrival joins the pool's pending requests and a starter thread of the pool starts a
+new thread for it; whichever thread is free first (the new one, or one whose request is
+done) takes the oldest pending request. The dispatcher never waits for a thread to start:
+``Thread.start`` returns only once the new thread runs, about 0.7 ms on a small VM but
+milliseconds on a busy machine (the new thread waits for a CPU, then for the GIL), and on
+the dispatcher's path each start held back every later arrival, so a burst with no idle
+thread fell seconds behind the trace. A request counts as released (``dispatch_s``) when a
+thread takes it up. Threads alive <= the most requests in flight at once (waiting or
 working): about 100 for the default trace and cap; with ``global-serial`` the backlog, and
 so the thread count, grows with the trace, so use ``--limit`` there.
 
@@ -25,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -83,47 +89,107 @@ class _PooledThread:
 
 
 class _ThreadPool:
-    """Runs ``job(rid)`` on an idle parked thread, or on a new one if none is idle."""
+    """Runs ``job(rid)`` on pooled threads; :meth:`submit` never waits for a thread to
+    start.
 
-    def __init__(self, job: Callable[[int], None]) -> None:
+    A request submitted while a thread is idle goes to that thread at once. Otherwise it
+    joins ``pending`` (arrival order), and the pool's own starter thread starts a new
+    thread for it; the first thread free (a new one, or one whose request is done) takes
+    the oldest pending request. ``Thread.start`` blocks until the new thread runs, which on
+    a busy machine takes milliseconds (the new thread waits for a CPU, then for the GIL):
+    on the submitter's path, each start would hold back every later arrival, and a burst
+    with no idle thread would fall seconds behind the trace.
+
+    Args:
+        job: run with each submitted request, on a pooled thread.
+        start_thread: starts a thread (``threading.Thread.start``); called by the starter
+            thread only.
+    """
+
+    def __init__(
+        self,
+        job: Callable[[int], None],
+        *,
+        start_thread: Callable[[threading.Thread], None] = threading.Thread.start,
+    ) -> None:
         self._job = job
+        self._start_thread = start_thread
         self._lock = threading.Lock()
         self._idle: list[_PooledThread] = []
+        self._pending: deque[int] = deque()
+        self._starting = 0  # threads started for pending requests, not yet running
         self._closed = False
-        #: threads started so far (= most requests in flight at once)
+        self._wanted = threading.Event()  # set: pending requests may need new threads
+        #: threads started so far (<= the most requests in flight at once: a thread is
+        #: started only for a request no thread is free for)
         self.started = 0
+        self._starter = threading.Thread(
+            target=self._start_loop, name="lanequeue-replay-starter", daemon=True
+        )
+        self._starter.start()
 
     def submit(self, rid: int) -> None:
-        """Run ``job(rid)`` on a thread of its own, now."""
+        """Run ``job(rid)`` now on an idle thread, else as soon as a thread is free (a
+        new one is started for it). Returns without waiting for any thread."""
         with self._lock:
-            parked = self._idle.pop() if self._idle else None
+            if self._idle:
+                parked = self._idle.pop()
+            else:
+                self._pending.append(rid)
+                parked = None
         if parked is not None:
             parked.assign(rid)
-            return
-        self.started += 1  # only the dispatcher submits
-        threading.Thread(
-            target=self._loop,
-            args=(_PooledThread(), rid),
-            name=f"lanequeue-replay-{self.started}",
-            daemon=True,
-        ).start()
+        else:
+            self._wanted.set()
 
-    def _loop(self, me: _PooledThread, rid: int | None) -> None:
-        while rid is not None:
-            self._job(rid)
+    def _start_loop(self) -> None:
+        """The starter thread: a new thread for each pending request no thread is
+        already starting for."""
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()  # before looking: a later submit sets it again
+            while True:
+                with self._lock:
+                    if self._closed:
+                        return
+                    if len(self._pending) <= self._starting:
+                        break
+                    self._starting += 1
+                    self.started += 1
+                    name = f"lanequeue-replay-{self.started}"
+                self._start_thread(
+                    threading.Thread(target=self._loop, args=(_PooledThread(),), name=name,
+                                     daemon=True)
+                )
+
+    def _loop(self, me: _PooledThread) -> None:
+        with self._lock:
+            self._starting -= 1
+        while True:
             with self._lock:
                 if self._closed:
                     return
-                self._idle.append(me)
-            rid = me.park()
+                if self._pending:
+                    rid: int | None = self._pending.popleft()
+                else:
+                    self._idle.append(me)
+                    rid = None
+            if rid is None:
+                rid = me.park()
+                if rid is None:
+                    return
+            self._job(rid)
 
     def close(self) -> None:
-        """Let every parked thread exit; threads still busy exit when done."""
+        """Let every parked thread and the starter exit; threads still busy exit when
+        done; pending requests are dropped."""
         with self._lock:
             self._closed = True
+            self._pending.clear()
             idle, self._idle = self._idle, []
         for parked in idle:
             parked.assign(None)
+        self._wanted.set()
 
 
 @dataclass
@@ -131,8 +197,8 @@ class ThreadDrive:
     """What :func:`drive_threads` returns besides the observer's record.
 
     Attributes:
-        dispatch_s: when each request was released, seconds after the epoch (NaN for the
-            requests this driver did not drive).
+        dispatch_s: when a thread took each request up, seconds after the epoch (NaN
+            for the requests this driver did not drive).
         errors: (request index, error text) for requests that failed.
         threads: worker threads started.
         wall_s: seconds from the epoch to the last completion of the driven requests.
@@ -180,13 +246,17 @@ def drive_threads(
         all_done.set()
 
     def worker(rid: int) -> None:
+        dispatch_s[rid] = clock() - epoch  # taken up by a thread: released
         try:
             try:
                 gate.wait_turn(rid)
                 with queue.acquire_all(keys[rid], lane_names):
-                    observer.work_started(rid)
+                    # The work ends at its start + its work time: the observer's
+                    # bookkeeping since the start is part of it, not added to it.
+                    left = observer.work_started(rid) + work_s[rid] - observer.now()
                     try:
-                        time.sleep(work_s[rid])
+                        if left > 0:
+                            time.sleep(left)
                     finally:
                         observer.work_ended(rid)
                 observer.completed(rid)
@@ -208,7 +278,6 @@ def drive_threads(
                 return
             if stop.is_set():
                 return
-            dispatch_s[rid] = clock() - epoch
             pool.submit(rid)
 
     pool = _ThreadPool(worker)
