@@ -96,7 +96,7 @@ section below:
   interrupted code, possibly inside a critical section of that lane.
 - Inside the lock, a step first does everything that may run Python code or check the
   breaker (reading the clock, building an entry or a line, asking a waiter if it
-  is ``ready()``, looking things up with calls), and only then changes state, with plain
+  is ``gone()``, looking things up with calls), and only then changes state, with plain
   stores only. An interrupt before the first store changes nothing; after the stores
   there is nothing left to interrupt. The one call allowed after the stores is the
   step's last action, a builtin: the waiter's ``wake()`` (``Lock.release`` for a thread;
@@ -206,11 +206,12 @@ class Waiter:
     """One caller in line for a permit. Faces subclass it to say how a waiter is woken.
 
     ``token`` is 0 while the waiter waits and becomes the granted token when a releaser
-    hands it the permit. A grant asks :meth:`ready` first (a call, before any change),
+    hands it the permit. A grant asks ``gone()`` first (a call, before any change),
     then records the grant with plain stores (``token`` included), and calls ``wake``
     last. Both run with the core's lock held: they must not block and must not call back
     into the core. ``wake`` should be a builtin (such as a lock's ``release``): a call of
-    a Python function could be interrupted before it woke anyone.
+    a Python function could be interrupted before it woke anyone. ``gone`` is best a
+    builtin too (it runs on every hand-off).
     """
 
     __slots__ = ("token", "left", "wake", "since", "rank")
@@ -226,10 +227,11 @@ class Waiter:
         self.token = 0
         self.left = False  # set once it has withdrawn: a second withdraw is a no-op
 
-    def ready(self) -> bool:
-        """False if this waiter can no longer take a permit (its task was cancelled);
-        the releaser then drops it from the line and tries the next one."""
-        return True
+    #: ``gone()``: True once this waiter can no longer take a permit (its task was
+    #: cancelled); the releaser then drops it from the line and tries the next one. A
+    #: face whose waiters can go sets it per waiter (a task's: its future's ``done``);
+    #: this default is a builtin that always answers False.
+    gone: Callable[[], bool] = False.__bool__
 
 
 class Core(Protocol):
@@ -370,7 +372,7 @@ class _CoreBase:
         """
         while line:
             waiter = next(iter(line))
-            if waiter.ready():
+            if not waiter.gone():
                 return waiter
             del line[waiter]
             self._waiting -= 1
@@ -445,11 +447,23 @@ class _CoreBase:
 
     def observe_wait(self, seconds: float, granted: bool) -> None:
         """Count a wait that parked and ended after ``seconds``; ``granted`` if it ended
-        holding the permit."""
-        with self._lock:
-            self.wait_hist.observe(seconds)
+        holding the permit. One list append (bucketed in batches, as hold times are):
+        this runs once per wait, on the hot path of a contended lane."""
+        hist = self.wait_hist
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if len(hist) >= HELD_BATCH:
+                hist.fold()
+            # -- commit: plain stores, then one last builtin --
             if granted:
                 self.waited += 1
+            hist.append(seconds)
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
 
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
@@ -474,7 +488,7 @@ class _CoreBase:
         n = 0
         with self._lock:
             for waiter in self._pop_line(key):
-                ready = waiter.ready()
+                ready = not waiter.gone()
                 # -- commit: plain stores only, then the wake-up --
                 self._waiting -= 1
                 if ready:
@@ -699,7 +713,11 @@ class SessionCore(_CoreBase):
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
                 line = entry.line
-                waiter = None if line is None else self._next_waiter(line)
+                waiter = None
+                if line:  # its head, unless gone (then _next_waiter drops the gone ones)
+                    waiter = next(iter(line))
+                    if waiter.gone():
+                        waiter = self._next_waiter(line)
                 now = self._clock()
                 held = self.hold_hist
                 if held is not None:  # hold times: one append, bucketed in batches
@@ -1155,7 +1173,7 @@ class CountingCore(_CoreBase):
             if front is not None and front.rank < top[:2]:
                 return front
             waiter = top[2]
-            if waiter.ready():
+            if not waiter.gone():
                 return waiter
             # -- commit: plain stores only (its entry is now dead) --
             del ranked[waiter]
@@ -1192,7 +1210,11 @@ class CountingCore(_CoreBase):
                 if self._ranked and self._release_ranked(token, dropped):
                     return True
                 line = self._line
-                waiter = self._next_waiter(line) if line else None
+                waiter = None
+                if line:  # its head, unless gone (then _next_waiter drops the gone ones)
+                    waiter = next(iter(line))
+                    if waiter.gone():
+                        waiter = self._next_waiter(line)
                 # A fresh table once the last waiter leaves: drop the table a long line
                 # grew (made here, before the stores).
                 fresh: OrderedDict[Waiter, str] | None = None

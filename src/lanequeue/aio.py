@@ -8,7 +8,7 @@ so the permit is the task's before it even resumes.
 Cancellation, at every point:
 
 - cancelled while in line (``task.cancel()``, ``asyncio.timeout()``, ``wait_for``): the
-  cancelled future refuses any later grant (:meth:`_TaskWaiter.ready` returns False, the
+  cancelled future refuses any later grant (:class:`_TaskWaiter` is ``gone()``, the
   releaser moves on to the next waiter), and the task withdraws from the line as
   ``CancelledError`` unwinds. Nothing held, no ghost in line.
 - cancelled after the permit was handed to it but before it resumed (the future already
@@ -36,7 +36,8 @@ import asyncio
 import heapq
 import math
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from functools import partial
 from threading import get_ident
 from types import TracebackType
@@ -67,25 +68,38 @@ __all__ = [
 
 
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
-_new_hold = object.__new__
+_new_hold = object.__new__  # an instance without its __init__ frame (hot paths)
 
 
 class _TaskWaiter(Waiter):
     """A task in line: parks on a future of the lane's loop."""
 
-    __slots__ = ("fut",)
+    __slots__ = ("fut", "gone")
+
+    fut: asyncio.Future[None]
+    gone: Callable[[], bool]
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
-        self.token = 0
-        self.left = False
-        self.fut = fut
-        # The grant sets the token first, then resolves the future (builtins only).
-        self.wake = partial(fut.set_result, None)
+        _init_task_waiter(self, fut)
 
-    def ready(self) -> bool:
-        # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
-        # hands the permit to the next waiter instead of to a task that will not use it.
-        return not self.fut.done()
+
+def _task_waiter(fut: asyncio.Future[None]) -> _TaskWaiter:
+    """A new waiter parking on ``fut`` (``_TaskWaiter(fut)``, without the type call's
+    generic ``__init__`` dispatch: this runs once per wait)."""
+    waiter: _TaskWaiter = _new_hold(_TaskWaiter)
+    _init_task_waiter(waiter, fut)
+    return waiter
+
+
+def _init_task_waiter(waiter: _TaskWaiter, fut: asyncio.Future[None]) -> None:
+    waiter.token = 0
+    waiter.left = False
+    waiter.fut = fut
+    # The grant sets the token first, then resolves the future (builtins only).
+    waiter.wake = partial(fut.set_result, None)
+    # A cancelled (or timed-out) waiter's future is done: it is gone, so the releaser
+    # hands the permit to the next waiter instead of to a task that will not use it.
+    waiter.gone = fut.done
 
 
 # What a deadline of the heap does when it comes: log the slow wait (then push the wait's
@@ -236,6 +250,7 @@ class _AsyncFace:
     _loop_pid = 0  # the process that bound _loop (a forked child may bind its own)
     _deadlines: _Deadlines | None = None  # the deadlines of the waits, on the bound loop
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
+    _loop_clock: Any = None  # the bound loop's ``time`` (see _bind_loop)
 
     def _bind(self) -> None:
         """Check that the caller runs on the lane's event loop (binding it on first use).
@@ -262,6 +277,10 @@ class _AsyncFace:
         if loop is not self._loop:
             self._rebind(loop)
             self._fast_loop = loop if hasattr(loop, "_thread_id") else None
+            # The loop's clock without a Python frame when it is the stock one (the
+            # loop's own ``time``, as the timers use, when a loop class replaces it).
+            stock = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+            self._loop_clock = time.monotonic if stock else loop.time
         return loop
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -279,9 +298,6 @@ class _AsyncFace:
             )
         self._loop = loop
         self._loop_pid = pid
-
-    def _new_waiter(self) -> _TaskWaiter:
-        return _TaskWaiter(self._bind_loop().create_future())
 
     async def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
@@ -308,9 +324,11 @@ class _AsyncFace:
         or a drain ended the wait.
         """
         core: Core = self._core
-        waiter = self._new_waiter()
-        loop = waiter.fut.get_loop()
-        waiter.since = start = loop.time()
+        # The caller checked the loop (``_bind``): ``_loop`` is the running loop.
+        loop: Any = self._loop
+        clock = self._loop_clock
+        waiter = _task_waiter(loop.create_future())
+        waiter.since = start = clock()
         warn = self.warn_after_s
         ahead = -1
         observed = False
@@ -337,7 +355,7 @@ class _AsyncFace:
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
             token = waiter.token or core.withdraw(key, waiter, timed_out=True)
-            waited = loop.time() - start
+            waited = clock() - start
             self._core.observe_wait(waited, token > 0)
             observed = True
             if timeout is None and ahead >= 0 and warn is not None and waited >= warn:
@@ -352,7 +370,7 @@ class _AsyncFace:
             if token > 0:
                 core.release(key, token)
             if not observed:
-                self._core.observe_wait(loop.time() - start, False)
+                self._core.observe_wait(clock() - start, False)
             raise
 
     def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
@@ -609,11 +627,6 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
         return self._waiting_for(key)
 
 
-def _bind_lane(lane: _AsyncFace) -> None:
-    """Before taking an asyncio lane: check the loop (binding the lane on first use)."""
-    lane._bind()
-
-
 async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | None:
     """Take ``lane`` for ``key`` through its public surface (a lane the queue does not
     drive through its core): the entered hold, or None when none came in time."""
@@ -637,35 +650,50 @@ class _AsyncMultiAcquire(MultiHold):
     def _check_loops(self) -> None:
         """Check that the caller runs on the loop of every in-process lane of the plan
         (binding them on first use), before anything is taken or released: a refusal
-        (RuntimeError) changes nothing."""
+        (RuntimeError) changes nothing. (Each lane's ``_bind``, without its frames.)"""
+        ident = get_ident()
         for lane, core in self._plan.steps:
             if core is not None:
-                _bind_lane(cast(_AsyncFace, lane))
+                fast = cast(_AsyncFace, lane)._fast_loop
+                if fast is None or fast._thread_id != ident:
+                    cast(_AsyncFace, lane)._bind_loop()
 
     async def __aenter__(self) -> MultiHold:
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
         self._check_loops()
-        cores = self._plan.cores
-        pending: int | None = None
-        if cores is not None and self._budget_s != 0:
-            # Fast path: in-process lanes only; take each core in turn until one makes us
-            # wait, then hand over to the general loop with what that take returned.
+        plan = self._plan
+        cores = plan.cores
+        budget = self._budget_s
+        if cores is not None and budget != 0:
+            # Fast path: in-process lanes only (all bound to this loop, checked above).
+            # Take each core in turn and park on the lane where a take must wait, as the
+            # general loop (``MultiHold._acquiring``) does, without its generator: the
+            # ONE budget runs from the first wait, on the loop's clock.
             key, taken = self._key, self._taken
+            deadline: float | None = None
             try:
                 for core in cores:
                     got = core.take(key, True)
                     if not got:
-                        pending = got
-                        break
+                        lane = cast(_AsyncFace, plan.steps[len(taken)][0])
+                        remaining = None
+                        if budget is not None:
+                            now = lane._loop_clock()
+                            if deadline is None:
+                                deadline = now + budget
+                            remaining = max(0.0, deadline - now)
+                        got = await lane._park(key, remaining, self._rank_for(core))
+                        if not got:
+                            raise LaneTimeoutError(lane.name, key, budget,
+                                                   type(lane).__name__)
                     taken.append(got)
-                else:
-                    return self
-            except BaseException:  # an interrupt between two takes: give back what we took
+                return self
+            except BaseException:  # timed out, cancelled or interrupted: give back all
                 await self._release_all_async(None)
                 raise
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, pending)
+        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, None)
         try:
             wait = next(steps, None)
             while wait is not None:
