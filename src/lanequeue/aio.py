@@ -652,11 +652,12 @@ class _AsyncMultiAcquire(MultiHold):
         (binding them on first use), before anything is taken or released: a refusal
         (RuntimeError) changes nothing. (Each lane's ``_bind``, without its frames.)"""
         ident = get_ident()
+        lane: Any  # an _AsyncFace wherever core is not None (no cast: it is a call)
         for lane, core in self._plan.steps:
             if core is not None:
-                fast = cast(_AsyncFace, lane)._fast_loop
+                fast = lane._fast_loop
                 if fast is None or fast._thread_id != ident:
-                    cast(_AsyncFace, lane)._bind_loop()
+                    lane._bind_loop()
 
     async def __aenter__(self) -> MultiHold:
         if self._taken:
@@ -676,14 +677,16 @@ class _AsyncMultiAcquire(MultiHold):
                 for core in cores:
                     got = core.take(key, True)
                     if not got:
-                        lane = cast(_AsyncFace, plan.steps[len(taken)][0])
+                        lane: Any = plan.steps[len(taken)][0]  # an _AsyncFace
                         remaining = None
                         if budget is not None:
                             now = lane._loop_clock()
                             if deadline is None:
                                 deadline = now + budget
                             remaining = max(0.0, deadline - now)
-                        got = await lane._park(key, remaining, self._rank_for(core))
+                        rank = self._priority  # (0: no call to _rank_for)
+                        got = await lane._park(key, remaining,
+                                               rank and self._rank_for(core))
                         if not got:
                             raise LaneTimeoutError(lane.name, key, budget,
                                                    type(lane).__name__)
