@@ -483,7 +483,7 @@ class _CoreBase:
         or :data:`DRAINED` instead of a token, and its face raises the matching error.
         Returns how many waiters took it (they count as ``cancelled``; a cancelled task
         refuses it and counts itself when it withdraws). Holders are untouched. Each
-        waiter is one step: asked if it is ``ready()``, then plain stores, then woken."""
+        waiter is one step: asked if it is ``gone()``, then plain stores, then woken."""
         outcome = CLEARED if cleared else DRAINED
         n = 0
         with self._lock:

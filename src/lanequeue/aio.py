@@ -131,7 +131,7 @@ class _Deadlines:
     def add(self, when: float, waiter: _TaskWaiter, key: str, what: int, timeout: float,
             ahead: int) -> None:
         heap = self.heap
-        if len(heap) > 64 and len(heap) > 2 * self.lane._core.waiting:
+        if len(heap) > 64 and len(heap) > 2 * self.lane._core._waiting:
             live = [e for e in heap if not e[2].fut.done()]
             heapq.heapify(live)
             self.heap = heap = live
@@ -343,14 +343,16 @@ class _AsyncFace:
                 token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
                 return token
+            what = _EXPIRE
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
-                if timeout is not None:
-                    self._deadlines_of(loop).add(start + warn, waiter, key, _WARN, timeout,
-                                                 ahead)
-            elif timeout is not None:
-                self._deadlines_of(loop).add(start + timeout, waiter, key, _EXPIRE, timeout,
-                                             ahead)
+                what = _WARN
+            if timeout is not None:
+                dl = self._deadlines  # _deadlines_of(loop), without its frame
+                if dl is None or dl.loop is not loop:
+                    dl = self._deadlines_of(loop)
+                dl.add(start + (warn if what == _WARN else timeout), waiter, key, what,
+                       timeout, ahead)
             await waiter.fut
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
