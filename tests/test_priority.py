@@ -46,8 +46,8 @@ class Rec(Waiter):
     def _woke(self) -> None:
         self.woken = True
 
-    def gone(self) -> bool:  # type: ignore[override]
-        return self.refuse
+    def ready(self) -> bool:
+        return not self.refuse
 
 
 def full_core(clock: FakeClock, ageing_s: float = 10.0) -> tuple[CountingCore, int]:

@@ -96,7 +96,7 @@ section below:
   interrupted code, possibly inside a critical section of that lane.
 - Inside the lock, a step first does everything that may run Python code or check the
   breaker (reading the clock, building an entry or a line, asking a waiter if it
-  is ``gone()``, looking things up with calls), and only then changes state, with plain
+  is ``ready()``, looking things up with calls), and only then changes state, with plain
   stores only. An interrupt before the first store changes nothing; after the stores
   there is nothing left to interrupt. The one call allowed after the stores is the
   step's last action, a builtin: the waiter's ``wake()`` (``Lock.release`` for a thread;
@@ -206,12 +206,11 @@ class Waiter:
     """One caller in line for a permit. Faces subclass it to say how a waiter is woken.
 
     ``token`` is 0 while the waiter waits and becomes the granted token when a releaser
-    hands it the permit. A grant asks ``gone()`` first (a call, before any change),
+    hands it the permit. A grant asks :meth:`ready` first (a call, before any change),
     then records the grant with plain stores (``token`` included), and calls ``wake``
     last. Both run with the core's lock held: they must not block and must not call back
     into the core. ``wake`` should be a builtin (such as a lock's ``release``): a call of
-    a Python function could be interrupted before it woke anyone. ``gone`` is best a
-    builtin too (it runs on every hand-off).
+    a Python function could be interrupted before it woke anyone.
     """
 
     __slots__ = ("token", "left", "wake", "since", "rank")
@@ -227,11 +226,10 @@ class Waiter:
         self.token = 0
         self.left = False  # set once it has withdrawn: a second withdraw is a no-op
 
-    #: ``gone()``: True once this waiter can no longer take a permit (its task was
-    #: cancelled); the releaser then drops it from the line and tries the next one. A
-    #: face whose waiters can go sets it per waiter (a task's: its future's ``done``);
-    #: this default is a builtin that always answers False.
-    gone: Callable[[], bool] = False.__bool__
+    def ready(self) -> bool:
+        """False if this waiter can no longer take a permit (its task was cancelled);
+        the releaser then drops it from the line and tries the next one."""
+        return True
 
 
 class Core(Protocol):
@@ -372,7 +370,7 @@ class _CoreBase:
         """
         while line:
             waiter = next(iter(line))
-            if not waiter.gone():
+            if waiter.ready():
                 return waiter
             del line[waiter]
             self._waiting -= 1
@@ -483,12 +481,12 @@ class _CoreBase:
         or :data:`DRAINED` instead of a token, and its face raises the matching error.
         Returns how many waiters took it (they count as ``cancelled``; a cancelled task
         refuses it and counts itself when it withdraws). Holders are untouched. Each
-        waiter is one step: asked if it is ``gone()``, then plain stores, then woken."""
+        waiter is one step: asked if it is ``ready()``, then plain stores, then woken."""
         outcome = CLEARED if cleared else DRAINED
         n = 0
         with self._lock:
             for waiter in self._pop_line(key):
-                ready = not waiter.gone()
+                ready = waiter.ready()
                 # -- commit: plain stores only, then the wake-up --
                 self._waiting -= 1
                 if ready:
@@ -714,9 +712,9 @@ class SessionCore(_CoreBase):
             if entry is not None and (entry.token == token if token else entry.token):
                 line = entry.line
                 waiter = None
-                if line:  # its head, unless gone (then _next_waiter drops the gone ones)
+                if line:  # its head, unless it refuses (_next_waiter then drops those)
                     waiter = next(iter(line))
-                    if waiter.gone():
+                    if not waiter.ready():
                         waiter = self._next_waiter(line)
                 now = self._clock()
                 held = self.hold_hist
@@ -1173,7 +1171,7 @@ class CountingCore(_CoreBase):
             if front is not None and front.rank < top[:2]:
                 return front
             waiter = top[2]
-            if not waiter.gone():
+            if waiter.ready():
                 return waiter
             # -- commit: plain stores only (its entry is now dead) --
             del ranked[waiter]
@@ -1211,9 +1209,9 @@ class CountingCore(_CoreBase):
                     return True
                 line = self._line
                 waiter = None
-                if line:  # its head, unless gone (then _next_waiter drops the gone ones)
+                if line:  # its head, unless it refuses (_next_waiter then drops those)
                     waiter = next(iter(line))
-                    if waiter.gone():
+                    if not waiter.ready():
                         waiter = self._next_waiter(line)
                 # A fresh table once the last waiter leaves: drop the table a long line
                 # grew (made here, before the stores).

@@ -8,7 +8,7 @@ so the permit is the task's before it even resumes.
 Cancellation, at every point:
 
 - cancelled while in line (``task.cancel()``, ``asyncio.timeout()``, ``wait_for``): the
-  cancelled future refuses any later grant (:class:`_TaskWaiter` is ``gone()``, the
+  cancelled future refuses any later grant (:meth:`_TaskWaiter.ready` returns False, the
   releaser moves on to the next waiter), and the task withdraws from the line as
   ``CancelledError`` unwinds. Nothing held, no ghost in line.
 - cancelled after the permit was handed to it but before it resumed (the future already
@@ -37,7 +37,7 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from threading import get_ident
 from types import TracebackType
@@ -74,13 +74,17 @@ _new_hold = object.__new__  # an instance without its __init__ frame (hot paths)
 class _TaskWaiter(Waiter):
     """A task in line: parks on a future of the lane's loop."""
 
-    __slots__ = ("fut", "gone")
+    __slots__ = ("fut",)
 
     fut: asyncio.Future[None]
-    gone: Callable[[], bool]
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
         _init_task_waiter(self, fut)
+
+    def ready(self) -> bool:
+        # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
+        # hands the permit to the next waiter instead of to a task that will not use it.
+        return not self.fut.done()
 
 
 def _task_waiter(fut: asyncio.Future[None]) -> _TaskWaiter:
@@ -97,9 +101,6 @@ def _init_task_waiter(waiter: _TaskWaiter, fut: asyncio.Future[None]) -> None:
     waiter.fut = fut
     # The grant sets the token first, then resolves the future (builtins only).
     waiter.wake = partial(fut.set_result, None)
-    # A cancelled (or timed-out) waiter's future is done: it is gone, so the releaser
-    # hands the permit to the next waiter instead of to a task that will not use it.
-    waiter.gone = fut.done
 
 
 # What a deadline of the heap does when it comes: log the slow wait (then push the wait's
