@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 import pytest
+from conftest import FakeClockLoop
 
 from lanequeue import AsyncLaneQueue, LaneTimeoutError
 
@@ -231,3 +232,46 @@ def test_acquire_all_own_timeout_names_lane_and_key() -> None:
         quiet(glob)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(10)
+def test_acquire_all_one_deadline_across_waits() -> None:
+    """One budget for the whole call, on the loop's clock, running from the first wait:
+    the second lane's wait gets what the first left (the in-process path parks on each
+    lane itself). Driven by a loop whose clock moves only when told to."""
+    loop = FakeClockLoop()
+    try:
+        q = make_queue()
+        session, glob = q["session"], q["global"]
+        out: list[Any] = []
+
+        async def block() -> None:
+            assert session.try_acquire_nowait("conv")
+            assert glob.try_acquire_nowait("other")
+
+        async def caller() -> None:
+            try:
+                async with q.acquire_all("conv", ["session", "global"], timeout_s=1.0):
+                    out.append("entered")
+            except LaneTimeoutError as exc:
+                out.append((exc.lane, exc.timeout_s))
+
+        loop.run_until_complete(block())
+        loop.create_task(caller())
+        loop.settle()
+        assert session.waiting == 1  # in line on the first lane
+        loop.advance(0.6)
+        loop.call_soon(session.manual_release_nowait, "conv")  # the session comes at 0.6 s
+        loop.settle()
+        assert glob.waiting == 1 and out == []  # now in line on the second lane
+        loop.advance(0.39)
+        assert out == []  # 0.99 s into the budget: still waiting
+        loop.advance(0.01)  # 1.0 s after the first wait began: the one budget is spent
+        assert out == [("global", 1.0)]
+        quiet(session)  # the session lane was given back
+        assert glob.waiting == 0 and glob.stats.timeouts == 1
+        loop.call_soon(glob.manual_release_nowait, "other")
+        loop.settle()
+        quiet(glob)
+    finally:
+        loop.shutdown()

@@ -464,11 +464,23 @@ class _CoreBase:
 
     def observe_wait(self, seconds: float, granted: bool) -> None:
         """Count a wait that parked and ended after ``seconds``; ``granted`` if it ended
-        holding the permit."""
-        with self._lock:
-            self.wait_hist.observe(seconds)
+        holding the permit. One list append (bucketed in batches, as hold times are):
+        this runs once per wait, on the hot path of a contended lane."""
+        hist = self.wait_hist
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if len(hist) >= HELD_BATCH:
+                hist.fold()
+            # -- commit: plain stores, then one last builtin --
             if granted:
                 self.waited += 1
+            hist.append(seconds)
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took the lock
+                pass
 
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
@@ -720,7 +732,11 @@ class SessionCore(_CoreBase):
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
                 line = entry.line
-                waiter = None if line is None else self._next_waiter(line)
+                waiter = None
+                if line:  # its head, unless it refuses (_next_waiter then drops those)
+                    waiter = next(iter(line))
+                    if not waiter.ready():
+                        waiter = self._next_waiter(line)
                 now = self._clock()
                 held = self.hold_hist
                 if held is not None:  # hold times: one append, bucketed in batches
@@ -1423,7 +1439,11 @@ class CountingCore(_CoreBase):
                 if self._ranked and self._release_ranked(token, dropped):
                     return True
                 line = self._line
-                waiter = self._next_waiter(line) if line else None
+                waiter = None
+                if line:  # its head, unless it refuses (_next_waiter then drops those)
+                    waiter = next(iter(line))
+                    if not waiter.ready():
+                        waiter = self._next_waiter(line)
                 # A fresh table once the last waiter leaves: drop the table a long line
                 # grew (made here, before the stores).
                 fresh: OrderedDict[Waiter, str] | None = None

@@ -36,6 +36,7 @@ import asyncio
 import heapq
 import math
 import os
+import time
 from collections.abc import Sequence
 from functools import partial
 from threading import get_ident
@@ -67,7 +68,7 @@ __all__ = [
 
 
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
-_new_hold = object.__new__
+_new_hold = object.__new__  # an instance without its __init__ frame (hot paths)
 
 
 class _TaskWaiter(Waiter):
@@ -75,17 +76,31 @@ class _TaskWaiter(Waiter):
 
     __slots__ = ("fut",)
 
+    fut: asyncio.Future[None]
+
     def __init__(self, fut: asyncio.Future[None]) -> None:
-        self.token = 0
-        self.left = False
-        self.fut = fut
-        # The grant sets the token first, then resolves the future (builtins only).
-        self.wake = partial(fut.set_result, None)
+        _init_task_waiter(self, fut)
 
     def ready(self) -> bool:
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
         # hands the permit to the next waiter instead of to a task that will not use it.
         return not self.fut.done()
+
+
+def _task_waiter(fut: asyncio.Future[None]) -> _TaskWaiter:
+    """A new waiter parking on ``fut`` (``_TaskWaiter(fut)``, without the type call's
+    generic ``__init__`` dispatch: this runs once per wait)."""
+    waiter: _TaskWaiter = _new_hold(_TaskWaiter)
+    _init_task_waiter(waiter, fut)
+    return waiter
+
+
+def _init_task_waiter(waiter: _TaskWaiter, fut: asyncio.Future[None]) -> None:
+    waiter.token = 0
+    waiter.left = False
+    waiter.fut = fut
+    # The grant sets the token first, then resolves the future (builtins only).
+    waiter.wake = partial(fut.set_result, None)
 
 
 # What a deadline of the heap does when it comes: log the slow wait (then push the wait's
@@ -117,7 +132,7 @@ class _Deadlines:
     def add(self, when: float, waiter: _TaskWaiter, key: str, what: int, timeout: float,
             ahead: int) -> None:
         heap = self.heap
-        if len(heap) > 64 and len(heap) > 2 * self.lane._core.waiting:
+        if len(heap) > 64 and len(heap) > 2 * self.lane._core._waiting:
             live = [e for e in heap if not e[2].fut.done()]
             heapq.heapify(live)
             self.heap = heap = live
@@ -236,6 +251,7 @@ class _AsyncFace:
     _loop_pid = 0  # the process that bound _loop (a forked child may bind its own)
     _deadlines: _Deadlines | None = None  # the deadlines of the waits, on the bound loop
     _fast_loop: Any = None  # the bound loop, when it records its thread (see _bind)
+    _loop_clock: Any = None  # the bound loop's ``time`` (see _bind_loop)
 
     def _bind(self) -> None:
         """Check that the caller runs on the lane's event loop (binding it on first use).
@@ -262,6 +278,10 @@ class _AsyncFace:
         if loop is not self._loop:
             self._rebind(loop)
             self._fast_loop = loop if hasattr(loop, "_thread_id") else None
+            # The loop's clock without a Python frame when it is the stock one (the
+            # loop's own ``time``, as the timers use, when a loop class replaces it).
+            stock = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+            self._loop_clock = time.monotonic if stock else loop.time
         return loop
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -279,9 +299,6 @@ class _AsyncFace:
             )
         self._loop = loop
         self._loop_pid = pid
-
-    def _new_waiter(self) -> _TaskWaiter:
-        return _TaskWaiter(self._bind_loop().create_future())
 
     async def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
@@ -308,9 +325,11 @@ class _AsyncFace:
         or a drain ended the wait.
         """
         core: Core = self._core
-        waiter = self._new_waiter()
-        loop = waiter.fut.get_loop()
-        waiter.since = start = loop.time()
+        # The caller checked the loop (``_bind``): ``_loop`` is the running loop.
+        loop: Any = self._loop
+        clock = self._loop_clock
+        waiter = _task_waiter(loop.create_future())
+        waiter.since = start = clock()
         warn = self.warn_after_s
         ahead = -1
         observed = False
@@ -325,19 +344,21 @@ class _AsyncFace:
                 token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
                 return token
+            what = _EXPIRE
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
-                if timeout is not None:
-                    self._deadlines_of(loop).add(start + warn, waiter, key, _WARN, timeout,
-                                                 ahead)
-            elif timeout is not None:
-                self._deadlines_of(loop).add(start + timeout, waiter, key, _EXPIRE, timeout,
-                                             ahead)
+                what = _WARN
+            if timeout is not None:
+                dl = self._deadlines  # _deadlines_of(loop), without its frame
+                if dl is None or dl.loop is not loop:
+                    dl = self._deadlines_of(loop)
+                dl.add(start + (warn if what == _WARN else timeout), waiter, key, what,
+                       timeout, ahead)
             await waiter.fut
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
             token = waiter.token or core.withdraw(key, waiter, timed_out=True)
-            waited = loop.time() - start
+            waited = clock() - start
             self._core.observe_wait(waited, token > 0)
             observed = True
             if timeout is None and ahead >= 0 and warn is not None and waited >= warn:
@@ -352,7 +373,7 @@ class _AsyncFace:
             if token > 0:
                 core.release(key, token)
             if not observed:
-                self._core.observe_wait(loop.time() - start, False)
+                self._core.observe_wait(clock() - start, False)
             raise
 
     def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
@@ -609,11 +630,6 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
         return self._waiting_for(key)
 
 
-def _bind_lane(lane: _AsyncFace) -> None:
-    """Before taking an asyncio lane: check the loop (binding the lane on first use)."""
-    lane._bind()
-
-
 async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | None:
     """Take ``lane`` for ``key`` through its public surface (a lane the queue does not
     drive through its core): the entered hold, or None when none came in time."""
@@ -637,35 +653,53 @@ class _AsyncMultiAcquire(MultiHold):
     def _check_loops(self) -> None:
         """Check that the caller runs on the loop of every in-process lane of the plan
         (binding them on first use), before anything is taken or released: a refusal
-        (RuntimeError) changes nothing."""
+        (RuntimeError) changes nothing. (Each lane's ``_bind``, without its frames.)"""
+        ident = get_ident()
+        lane: Any  # an _AsyncFace wherever core is not None (no cast: it is a call)
         for lane, core in self._plan.steps:
             if core is not None:
-                _bind_lane(cast(_AsyncFace, lane))
+                fast = lane._fast_loop
+                if fast is None or fast._thread_id != ident:
+                    lane._bind_loop()
 
     async def __aenter__(self) -> MultiHold:
         if self._taken:
             raise RuntimeError("acquire_all(...) context entered twice")
         self._check_loops()
-        cores = self._plan.cores
-        pending: int | None = None
-        if cores is not None and self._budget_s != 0:
-            # Fast path: in-process lanes only; take each core in turn until one makes us
-            # wait, then hand over to the general loop with what that take returned.
+        plan = self._plan
+        cores = plan.cores
+        budget = self._budget_s
+        if cores is not None and budget != 0:
+            # Fast path: in-process lanes only (all bound to this loop, checked above).
+            # Take each core in turn and park on the lane where a take must wait, as the
+            # general loop (``MultiHold._acquiring``) does, without its generator: the
+            # ONE budget runs from the first wait, on the loop's clock.
             key, taken = self._key, self._taken
+            deadline: float | None = None
             try:
                 for core in cores:
                     got = core.take(key, True)
                     if not got:
-                        pending = got
-                        break
+                        lane: Any = plan.steps[len(taken)][0]  # an _AsyncFace
+                        remaining = None
+                        if budget is not None:
+                            now = lane._loop_clock()
+                            if deadline is None:
+                                deadline = now + budget
+                            remaining = max(0.0, deadline - now)
+                        rank = self._priority  # (0: no call to _rank_for)
+                        got = await lane._park(key, remaining,
+                                               rank and self._rank_for(core))
+                        if not got:
+                            raise LaneTimeoutError(lane.name, key, budget,
+                                                   type(lane).__name__)
                     taken.append(got)
-                else:
-                    return self
-            except BaseException:  # an interrupt between two takes: give back what we took
+                return self
+            except BaseException:  # timed out, cancelled or interrupted: give back all
                 await self._release_all_async(None)
                 raise
         # The loop's clock, like the timers that end the waits.
-        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, pending)
+        steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, None)
         try:
             wait = next(steps, None)
             while wait is not None:
