@@ -413,6 +413,7 @@ async def test_views(f: Face) -> None:
         wide = await f.q(lane.lane_status())
         assert (wide["active"], wide["waiting"], wide["available"]) == (2, 0, 0)
         assert set(wide["keys"]) == {"a", "b"} and wide["max_concurrent"] == 2
+        assert wide["oldest_wait_s"] == 0.0  # nobody waits
         key = "c"
     else:
         assert lane.session_count == 2

@@ -50,12 +50,13 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bx:<id>  a withdrawn acquisition (lives one lease)
                                     Bp   presence: "owner|channel|absent since ms"
                                     Bn   waiter id -> "channel|lease_ms" (its last poll)
+                                    Bj   waiter id -> server time it joined the line (ms)
     counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
                                     Bi   hold id -> "fence:since:key"
                                     Bq   line: list of "id:key", FIFO
                                     Bw, Bf, Bx:<id>  as above
                                     Bp   presence: hold id -> "channel|absent since"
-                                    Bn   as above
+                                    Bn, Bj   as above
 
 Protocol versions. Clients of two protocol versions never share a lane: each lane has a
 version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
