@@ -92,6 +92,14 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _wake_reply(reply: Any) -> tuple[str, int] | None:
+    """A reply read off the subscribed connection: the wake-up it carries (see
+    :func:`parse`), or None for anything else (a subscribe confirmation, a pong)."""
+    if isinstance(reply, list) and len(reply) == 3 and _text(reply[0]) == "message":
+        return parse(_text(reply[2]))
+    return None
+
+
 class Gate:
     """A one-shot event (set once, never cleared) safe against an interrupt
     (KeyboardInterrupt) at any point in any of its users, unlike ``threading.Event``
@@ -318,10 +326,18 @@ class SyncWaker:
                 while ps.get_message(timeout=0.5) is None and not ps.subscribed:
                     pass
                 ready.set()
+                conn = ps.connection
                 while ref() is not None:
-                    msg = ps.get_message(timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        woken(*parse(_text(msg["data"])))
+                    # The subscribed connection read directly (RESP2 or RESP3): PubSub's
+                    # get_message adds a health check, a retry wrapper and a message
+                    # dict per wake-up, a third of the listener's CPU per hand-off. An
+                    # error (a dropped connection) ends this subscription: resubscribe.
+                    if not conn.can_read(timeout=1.0):
+                        continue
+                    got = _wake_reply(conn.read_response(
+                        disconnect_on_error=False, push_request=True))
+                    if got is not None:
+                        woken(*got)
             except Exception as exc:
                 ready.set()
                 log.debug("wake-up listener: %s; reconnecting", exc)
