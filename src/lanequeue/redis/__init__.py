@@ -104,7 +104,9 @@ holds in a zset instead of one holder)::
   granted waiter's id on its process's channel ``lq:wake:<process token>``; each
   process subscribes once per client (one listener thread, or one listener task per
   event loop, on a connection of its own) and wakes the waiting thread or task
-  (:mod:`._wake`). Only the granted waiter is woken (no herd). A waiter re-runs acquire
+  (:mod:`._wake`); a waiting call makes sure that subscription is in place before its
+  first acquire script can put it in line, so no hand-off to it is published unheard.
+  Only the granted waiter is woken (no herd). A waiter re-runs acquire
   at least every poll, ``min(remaining, 1 s, lease_s/3)`` (longer when one process
   has many waiters on one client: together they poll about 500 times a second at
   most, each with a liveness window of 3 of its polls + 1 s); a lost wake-up costs one
