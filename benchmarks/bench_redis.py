@@ -17,6 +17,11 @@ against redis-py's own ``redis.lock.Lock``, on a private redis-server started fo
    shared deadline; a grant counts if it came before the deadline. Figures: total grants,
    grants/s, min and max grants per process, min/max (goal for ours >= 0.5).
 
+3. Hot key: 16 processes on one key for 3 s (ours, redis-py's Lock, python-redis-lock's
+   Lock): grants/s, fairness, the share of grants to the previous holder's process,
+   round trips per grant, CPU per grant (clients + server), hand-off latency p50/p99;
+   then the same at 2, 4 and 8 processes (ours and redis-py's Lock, 1.5 s each).
+
 The server is our own: ``redis-server`` on 127.0.0.1, a free port, no persistence
 (``--save '' --appendonly no``), in a temporary directory, stopped at the end (also on
 error). Without ``redis-server`` (override with the environment variable
@@ -280,9 +285,12 @@ HOT_LABELS = {"ours": "ours  RedisSessionLane", "redispy": "redis-py  Lock",
 
 
 def _hot_worker(idx: int, host: str, port: int, window_s: float, ready: list[Any],
-                go: list[Any], start: Any, out_dir: str, errors: Any) -> None:
+                go: list[Any], start: Any, out_dir: str, errors: Any,
+                phases: tuple[str, ...] = HOT_PHASES) -> None:
     """One process on the hot key: for each phase, loop acquire/release until the shared
-    deadline, stamping each grant (time granted, time its release began)."""
+    deadline, stamping each grant (time granted, time its release began), and measuring
+    the CPU time this process used over the window (every thread of it: the caller, the
+    wake-up listener, the renewer)."""
     import json
 
     import redis
@@ -299,13 +307,20 @@ def _hot_worker(idx: int, host: str, port: int, window_s: float, ready: list[Any
     try:
         lane = RedisSessionLane(client, "hot", prefix=PREFIX, lease_s=30, timeout_s=30)
         client.ping()
-        for p, phase in enumerate(HOT_PHASES):
+        # Warm up on a key of our own (untimed): connections, scripts, the lane's
+        # first-use checks, its presence and wake-up connections; redis-py's Lock too.
+        with lane.acquire(f"{KEY}:warm:{idx}"):
+            pass
+        with client.lock(f"{LOCK_KEY}:warm:{idx}", timeout=30, blocking_timeout=10):
+            pass
+        for p, phase in enumerate(phases):
             with ready[p].get_lock():
                 ready[p].value += 1
             if not go[p].wait(timeout=120) or start[p] <= 0:
                 return
             deadline = start[p] + window_s
             time.sleep(max(0.0, start[p] - time.monotonic()))
+            cpu0 = time.process_time()
             stamps: list[tuple[float, float]] = []
             while True:
                 left = deadline - time.monotonic()
@@ -331,7 +346,9 @@ def _hot_worker(idx: int, host: str, port: int, window_s: float, ready: list[Any
                     continue
                 if t_g <= deadline:
                     stamps.append((t_g, t_r))
-            Path(out_dir, f"{phase}-{idx}.json").write_text(json.dumps(stamps))
+            cpu = time.process_time() - cpu0
+            Path(out_dir, f"{phase}-{idx}.json").write_text(
+                json.dumps({"stamps": stamps, "cpu_s": cpu}))
     except BaseException:
         with errors.get_lock():
             errors.value += 1
@@ -347,26 +364,35 @@ _SENT = {"ours": ("evalsha", "eval"), "redispy": ("set", "evalsha", "eval"),
          "prl": ("set", "blpop", "evalsha", "eval")}
 
 
-def _hot_key(host: str, port: int, nprocs: int, window_s: float) -> dict[str, Any]:
-    """Run the three hot-key phases on one pool of workers; per phase: grants per
-    process, hand-off latencies (a release begun -> the next grant, any process), and
-    the commands the server ran per grant (INFO commandstats delta over the window)."""
+def _server_cpu(admin: Any) -> float:
+    """CPU seconds the server has used so far (user + system, all its threads)."""
+    cpu = admin.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def _hot_key(host: str, port: int, nprocs: int, window_s: float,
+             phases: tuple[str, ...] = HOT_PHASES) -> dict[str, Any]:
+    """Run the hot-key ``phases`` on one pool of workers; per phase: grants per
+    process, hand-off latencies (a release begun -> the next grant, any process), the
+    commands the server ran per grant (INFO commandstats delta over the window), and the
+    CPU time of the clients (the workers' own measure) and of the server (INFO cpu) over
+    the window."""
     import json
 
     import redis
 
     methods = mp.get_all_start_methods()
     ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    ready = [ctx.Value("i", 0) for _ in HOT_PHASES]
-    go = [ctx.Event() for _ in HOT_PHASES]
-    start = ctx.Array("d", len(HOT_PHASES), lock=False)
+    ready = [ctx.Value("i", 0) for _ in phases]
+    go = [ctx.Event() for _ in phases]
+    start = ctx.Array("d", len(phases), lock=False)
     errors = ctx.Value("i", 0)
     admin = redis.Redis(host=host, port=port)
     out: dict[str, Any] = {"phases": {}}
     with tempfile.TemporaryDirectory(prefix="lanequeue-bench-hot-") as out_dir:
         procs = [ctx.Process(target=_hot_worker, name=f"lanequeue-bench-hot-{i}",
                              args=(i, host, port, window_s, ready, go, start, out_dir,
-                                   errors), daemon=True) for i in range(nprocs)]
+                                   errors, phases), daemon=True) for i in range(nprocs)]
         try:
             for p in procs:
                 p.start()
@@ -377,18 +403,21 @@ def _hot_key(host: str, port: int, nprocs: int, window_s: float) -> dict[str, An
                 admin.ping()
                 rtts.append(time.perf_counter() - t)
             out["ping_rtt_s"] = median(rtts)
-            for i, phase in enumerate(HOT_PHASES):
+            for i, phase in enumerate(phases):
                 if not _all_ready(ready[i], nprocs, procs, 60 if i == 0 else window_s + 30):
                     out["aborted_before"] = phase
                     break
                 admin.config_resetstat()
                 start[i] = time.monotonic() + 0.2
                 go[i].set()
-                time.sleep(0.2 + window_s)
+                time.sleep(max(0.0, start[i] - time.monotonic()))
+                cpu0 = _server_cpu(admin)
+                time.sleep(window_s)
+                server_cpu = _server_cpu(admin) - cpu0
                 stats = admin.info("commandstats")
                 out["phases"][phase] = {"commands": {
                     k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()
-                }}
+                }, "server_cpu_s": server_cpu}
             for p in procs:
                 p.join(timeout=20)
         finally:
@@ -403,15 +432,24 @@ def _hot_key(host: str, port: int, nprocs: int, window_s: float) -> dict[str, An
         for phase, got in out["phases"].items():
             per: list[int] = []
             stamps: list[tuple[float, float]] = []
+            client_cpu = 0.0
             for i in range(nprocs):
                 f = Path(out_dir, f"{phase}-{i}.json")
                 mine = json.loads(f.read_text()) if f.exists() else None
-                per.append(-1 if mine is None else len(mine))
-                stamps.extend(mine or [])
+                per.append(-1 if mine is None else len(mine["stamps"]))
+                if mine is not None:
+                    stamps.extend((g, r, i) for g, r in mine["stamps"])
+                    client_cpu += mine["cpu_s"]
             stamps.sort()
             got["per_process"] = per
+            got["client_cpu_s"] = client_cpu
             got["handoff_s"] = [b[0] - a[1] for a, b in itertools.pairwise(stamps)
                                 if b[0] >= a[1]]
+            # Grants that went to the process that held just before (barging: the
+            # releaser taking it straight back), as a share of all hand-offs.
+            pairs = list(itertools.pairwise(stamps))
+            got["same_process"] = (sum(a[2] == b[2] for a, b in pairs) / len(pairs)
+                                   if pairs else float("nan"))
     out["errors"] = errors.value
     return out
 
@@ -452,17 +490,67 @@ def _hot_rows(hot: dict[str, Any], nprocs: int, window_s: float) -> list[Row]:
         p50, p99 = _pct(ho, 0.5), _pct(ho, 0.99)
         rows.append(Row(SEC, f"{HOT_LABELS[phase]}  grants/s", total / window_s, "grants/s",
                         f"min/max per process {lo}/{hi} = {lo / hi if hi else 0:.2f}; "
+                        f"{got['same_process'] * 100:.0f}% of grants to the previous "
+                        f"holder's process; "
                         f"{per_grant:.2f} round trips per grant ({top}), {inner:.1f} "
                         f"calls in scripts (INFO commandstats over the window)",
                         data={"per_process": got["per_process"], "commands": got["commands"]}))
+        if total:
+            c_us, s_us = (got["client_cpu_s"] / total * 1e6, got["server_cpu_s"] / total * 1e6)
+            rows.append(Row(SEC, f"{HOT_LABELS[phase]}  CPU per grant", c_us + s_us, "us",
+                            f"clients {c_us:.0f} us (every thread of the {nprocs} processes) "
+                            f"+ server {s_us:.0f} us (INFO cpu); at 100% of "
+                            f"{os.cpu_count()} cores that is at most "
+                            f"{(os.cpu_count() or 1) / (c_us + s_us) * 1e6:,.0f} grants/s"))
         rows.append(Row(SEC, f"{HOT_LABELS[phase]}  hand-off p50/p99", p50 * 1e6, "us",
                         f"p99 {p99 * 1e6:.0f} us; p50 = {p50 / rtt:.1f} PING round trips "
                         f"(release begun -> next grant, any process)"))
     if "ours" in rates and "redispy" in rates and rates["redispy"]:
         r = rates["ours"] / rates["redispy"]
         rows.append(Row(SEC, "hot key ratio ours/redis-py Lock  grants/s", r, "x",
-                        "one run, same workers and server", goal=">= 1",
+                        "one run, same workers and server; ours is FIFO (every grant "
+                        "wakes another process), redis-py's Lock barges (see the share "
+                        "of grants to the previous holder's process)", goal=">= 1",
                         status="PASS" if r >= 1 else "MISS"))
+    return rows
+
+
+#: Process counts of the hot-key scaling rows, and their window (seconds).
+HOT_SCALING = (2, 4, 8)
+HOT_SCALING_S = 1.5
+
+
+def _hot_scaling_rows(host: str, port: int) -> list[Row]:
+    """The hot key at 2, 4 and 8 processes (ours and redis-py's Lock, short windows):
+    grants/s, their ratio, fairness and CPU per grant of each, to show where the gap
+    of the 16-process row comes from (a machine with few cores runs out of CPU)."""
+    rows: list[Row] = []
+    for n in HOT_SCALING:
+        hot = _hot_key(host, port, n, HOT_SCALING_S, phases=("ours", "redispy"))
+        figs: dict[str, tuple[float, float, float, float]] = {}
+        for phase in ("ours", "redispy"):
+            got = hot["phases"].get(phase)
+            if got is None:
+                continue
+            per = [c for c in got["per_process"] if c >= 0]
+            total = sum(per)
+            if not total:
+                continue
+            fair = min(per) / max(per)
+            cpu = (got["client_cpu_s"] + got["server_cpu_s"]) / total * 1e6
+            figs[phase] = (total / HOT_SCALING_S, fair, cpu, got["same_process"])
+        if len(figs) < 2:
+            rows.append(Row(SEC, f"hot key, {n} processes: not measured", None, "",
+                            f"{hot['errors']} worker errors", status="ERROR"))
+            continue
+        (o_r, o_f, o_c, o_s), (p_r, p_f, p_c, p_s) = figs["ours"], figs["redispy"]
+        rows.append(Row(
+            SEC, f"hot key, {n} processes: ours/redis-py grants/s", o_r / p_r, "x",
+            f"ours {o_r:,.0f}/s min/max {o_f:.2f}, CPU {o_c:.0f} us/grant, {o_s * 100:.0f}% "
+            f"to the same process; redis-py {p_r:,.0f}/s min/max {p_f:.2f}, CPU "
+            f"{p_c:.0f} us/grant, {p_s * 100:.0f}% to the same process; "
+            f"{HOT_SCALING_S:g} s each",
+            data={"ours": figs["ours"], "redispy": figs["redispy"]}))
     return rows
 
 
@@ -521,6 +609,13 @@ def _server_cost(counting: Any, admin: Any, run: Callable[[int], None], n: int
     run(n)
     sent = dict(counting.sent)
     stats = admin.info("commandstats")
+    # Our lanes send their scripts on connections of their own (not through the
+    # client's execute_command): count those from the server. A script is always a
+    # command sent by a client (Lua cannot run EVAL).
+    for name in ("evalsha", "eval"):
+        calls = int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+        if calls > sent.get(name, 0):
+            sent[name] = calls
     top_usec = 0
     inner = 0
     for k, v in stats.items():
@@ -580,6 +675,7 @@ def section_redis(cfg: Config) -> list[Row]:
         # 3. hot key, also before this process makes a lane (workers fork from it)
         hot_n, hot_s = (16, 3.0)
         hot = _hot_key(server.host, server.port, hot_n, hot_s)
+        scaling = _hot_scaling_rows(server.host, server.port)
 
         # 1. uncontended
         client = redis.Redis(host=server.host, port=server.port)
@@ -635,6 +731,7 @@ def section_redis(cfg: Config) -> list[Row]:
     ))
 
     rows.extend(_hot_rows(hot, hot_n, hot_s))
+    rows.extend(scaling)
 
     # -- fairness rows --
     setup = fair.get("setup_s")

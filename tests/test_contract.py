@@ -413,6 +413,7 @@ async def test_views(f: Face) -> None:
         wide = await f.q(lane.lane_status())
         assert (wide["active"], wide["waiting"], wide["available"]) == (2, 0, 0)
         assert set(wide["keys"]) == {"a", "b"} and wide["max_concurrent"] == 2
+        assert wide["oldest_wait_s"] == 0.0  # nobody waits
         key = "c"
     else:
         assert lane.session_count == 2
@@ -423,7 +424,8 @@ async def test_views(f: Face) -> None:
     await f.until(lambda: lane.waiting == 1)
     assert lane.stats.waiters == 1 and lane.status()["waiting"] == 1
     if f.counting:
-        assert (await f.q(lane.lane_status()))["waiting"] == 1
+        wide = await f.q(lane.lane_status())
+        assert wide["waiting"] == 1 and 0.0 <= wide["oldest_wait_s"] < BOUND
     else:
         assert await f.q(lane.waiting_for("a")) == 1
         assert await f.q(lane.waiting_for("b")) == 0

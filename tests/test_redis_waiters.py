@@ -169,3 +169,67 @@ def test_wake_ups_work_on_redis_cluster(tmp_path: Path) -> None:
         client.close()
     finally:
         srv.stop()
+
+
+def test_a_waiter_listens_for_its_wake_up_before_it_joins_the_line(
+    server: RedisServer,
+) -> None:
+    """A hand-off published before the waiter's process subscribed to its wake-up channel
+    would be lost (one poll of delay). So the first waiting acquire on a client whose
+    listener has not started yet starts it, and waits until it is subscribed, BEFORE its
+    acquire script can put it in line: thread and asyncio faces; a call that does not
+    wait (try_acquire) starts nothing."""
+    seen: list[bool] = []
+
+    class Probe(RedisSessionLane):
+        def _run(self, op: str, key: str | None, call: Any) -> Any:
+            if op == "acquire":
+                seen.append(self._wk().listening)
+            return super()._run(op, key, call)
+
+    admin = redis.Redis(host=server.host, port=server.port)
+    holder = RedisSessionLane(admin)
+    assert holder.try_acquire("k")
+    fresh = redis.Redis(host=server.host, port=server.port)  # no listener yet
+    lane = Probe(fresh)
+    assert lane.try_acquire("k") is False
+    assert seen == [False]  # a call that does not wait needs no listener
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(lane.acquire_timeout("k", 10)))
+    t.start()
+    deadline = time.monotonic() + 8
+    while lane.waiting_for("k") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert holder.manual_release("k")
+    t.join(10)
+    assert got == [True] and seen[1] is True
+    assert lane.manual_release("k")
+
+    async_seen: list[bool] = []
+
+    class AsyncProbe(AsyncRedisSessionLane):
+        async def _run(self, op: str, key: str | None, call: Any) -> Any:
+            if op == "acquire":
+                async_seen.append(self._wk().listening)
+            return await super()._run(op, key, call)
+
+    async def main() -> bool:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        try:
+            a = AsyncProbe(r)
+            assert holder.try_acquire("k")
+            waiter = asyncio.get_running_loop().create_task(a.acquire_timeout("k", 10))
+            while not async_seen:
+                await asyncio.sleep(0.005)
+            assert holder.manual_release("k")
+            ok = await asyncio.wait_for(waiter, 10)
+            assert await a.manual_release("k")
+            return ok
+        finally:
+            await r.aclose()
+
+    assert asyncio.run(main()) is True
+    assert async_seen[0] is True
+    fresh.close()
+    admin.close()

@@ -162,13 +162,24 @@ def test_watch_refreshes_until_interrupted(
 def test_oldest_wait_grows_while_the_waiter_stays(
     redis_client: Any, redis_prefix: str, busy_lanes: dict[str, int]
 ) -> None:
-    """The layout keeps no join time: the reader counts from when it first saw a waiter
-    (0 at the first look), and the figure grows while that waiter stays in line."""
+    """The oldest wait counts from the server time the waiter joined (already above 0
+    at the first look), and grows while that waiter stays in line. A waiter without a
+    join record (its record deleted here, as for a client that kept none) counts from
+    when the reader first saw it: 0 at the first look."""
+    time.sleep(0.1)  # the waiters joined before the reader starts
     reader = StatusReader(redis_client, redis_prefix)
     first = {lane["name"]: lane["oldest_wait_s"] for lane in reader.read()["lanes"]}
-    assert first == {"llm": 0.0, "session": 0.0}
+    assert 0.09 <= first["llm"] < 10 and 0.09 <= first["session"] < 10
     time.sleep(0.2)
     later = {lane["name"]: lane["oldest_wait_s"] for lane in reader.read()["lanes"]}
+    assert later["llm"] >= first["llm"] + 0.15 and later["session"] >= first["session"] + 0.15
+    for name, kind, key in (("session", "s", "k1"), ("llm", "c", None)):
+        assert redis_client.delete(base(redis_prefix, kind, name, key) + "j") == 1
+    fresh = StatusReader(redis_client, redis_prefix)
+    first = {lane["name"]: lane["oldest_wait_s"] for lane in fresh.read()["lanes"]}
+    assert first == {"llm": 0.0, "session": 0.0}
+    time.sleep(0.2)
+    later = {lane["name"]: lane["oldest_wait_s"] for lane in fresh.read()["lanes"]}
     assert later["llm"] >= 0.15 and later["session"] >= 0.15
 
 

@@ -123,7 +123,7 @@ class LaneKind(LaneOps, Generic[C]):
         Also logs the holds past ``warn_hold_s`` not logged yet. Thread-safe."""
         core = self._core
         stats, wait, hold = core.metrics_read()
-        oldest = core.oldest_wait_since()
+        oldest = self._oldest_wait_s()
         if self.warn_hold_s is not None:
             self._check_holds(core.hold_list())
         return [LaneMetrics(
@@ -133,8 +133,13 @@ class LaneKind(LaneOps, Generic[C]):
             wait=wait,
             hold=hold,
             sessions=self._sessions(),
-            oldest_wait_s=0.0 if oldest is None else max(0.0, self._wait_clock() - oldest),
+            oldest_wait_s=oldest,
         )]
+
+    def _oldest_wait_s(self) -> float:
+        """Seconds the longest current waiter has waited (0.0: nobody waits)."""
+        oldest = self._core.oldest_wait_since()
+        return 0.0 if oldest is None else max(0.0, self._wait_clock() - oldest)
 
     def _sessions(self) -> int | None:
         return None
@@ -305,12 +310,14 @@ class CountingKind(LaneKind[CountingCore]):
     def _lane_status(self) -> dict[str, Any]:
         """The lane-wide figures (the face publishes them as ``lane_status``): ``active``,
         ``waiting``, ``available``, ``keys`` (key -> seconds its oldest hold has lasted),
+        ``oldest_wait_s`` (seconds the longest current waiter has waited; 0.0: none),
         ``max_concurrent``. In-process the lane object is the whole lane."""
         return {
             "active": self._core.holders(),
             "waiting": self._core.waiting,
             "available": self.available,
             "keys": self._core.held_since(),
+            "oldest_wait_s": self._oldest_wait_s(),
             "max_concurrent": self._core.capacity,
         }
 

@@ -50,12 +50,13 @@ whatever ``:``, ``{`` or ``}`` they contain)::
                                     Bx:<id>  a withdrawn acquisition (lives one lease)
                                     Bp   presence: "owner|channel|absent since ms"
                                     Bn   waiter id -> "channel|lease_ms" (its last poll)
+                                    Bj   waiter id -> server time it joined the line (ms)
     counting lane, one tag per lane: Bh  holds: zset hold id -> lease deadline (ms)
                                     Bi   hold id -> "fence:since:key"
                                     Bq   line: list of "id:key", FIFO
                                     Bw, Bf, Bx:<id>  as above
                                     Bp   presence: hold id -> "channel|absent since"
-                                    Bn   as above
+                                    Bn, Bj   as above
 
 Protocol versions. Clients of two protocol versions never share a lane: each lane has a
 version marker ``{lq:len(P):P:<kind>:len(N):N}:v`` (a name no version changes) holding the
@@ -103,7 +104,9 @@ holds in a zset instead of one holder)::
   granted waiter's id on its process's channel ``lq:wake:<process token>``; each
   process subscribes once per client (one listener thread, or one listener task per
   event loop, on a connection of its own) and wakes the waiting thread or task
-  (:mod:`._wake`). Only the granted waiter is woken (no herd). A waiter re-runs acquire
+  (:mod:`._wake`); a waiting call makes sure that subscription is in place before its
+  first acquire script can put it in line, so no hand-off to it is published unheard.
+  Only the granted waiter is woken (no herd). A waiter re-runs acquire
   at least every poll, ``min(remaining, 1 s, lease_s/3)`` (longer when one process
   has many waiters on one client: together they poll about 500 times a second at
   most, each with a liveness window of 3 of its polls + 1 s); a lost wake-up costs one

@@ -30,13 +30,15 @@ from typing import Any, Literal
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 
+from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
 from .._ops import poll_idle_async
 from .._validate import check_timeout
 from ..contract import must_await
-from ._link import AsyncLink
+from ._link import AsyncLink, SyncLink, blocking_factory
 from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, Step, Steps, T, renewal
+from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import AsyncWaker, async_waker
@@ -47,6 +49,10 @@ __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
 #: Clean-ups running after a cancellation (strong references until they end).
 _CLEANUPS: set[asyncio.Task[Any]] = set()
+#: Serialises the lane-wide reads made off the event loop (scrapes: rare and short).
+_READ_LOCK = threading.Lock()
+#: Longest wait of one such read, in seconds.
+READ_WAIT_S = 2.0
 
 
 async def drive(steps: Steps[T]) -> T:
@@ -161,6 +167,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     _client_hint = "a redis.asyncio.Redis (or redis.asyncio.cluster.RedisCluster) client"
     _renew_task: asyncio.Task[None] | None = None
     _link: AsyncLink | None = None
+    _reader: SyncLink | None = None
 
     def _wk(self) -> AsyncWaker:
         return async_waker(self._client)
@@ -253,6 +260,27 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     def _forked(self) -> None:
         self._link = None
         self._renew_task = None
+        self._reader = None
+
+    def _read_blocking(self, proc: Callable[..., Steps[T]]) -> T:
+        """A read from any thread, off the event loop (a scrape): the script over a
+        blocking connection of this lane object's own, made like the client's (one
+        round trip, at most ``READ_WAIT_S``; reads are serialised per process)."""
+        with _READ_LOCK:
+            link = self._reader
+            if link is None:
+                make = blocking_factory(self._client)
+                if make is None:
+                    raise LaneBackendError(
+                        f"lane {self.name!r}: a lane-wide read off the event loop needs a "
+                        f"redis.asyncio.Redis client (not a cluster client)")
+                link = self._reader = SyncLink(self._client, make)
+
+            def run(op: str, key: str | None, call: Call) -> Any:
+                script, keys, args = call
+                return link.call(script, keys, args, READ_WAIT_S)
+
+            return drive_blocking(proc(run))
 
     def _start_renewer(self, needed: bool) -> None:
         # Also when the renewer task ended, or runs on another loop than this grant's.
@@ -362,8 +390,13 @@ class AsyncRedisLane(_AsyncFace, CountingLaneBase[AsyncRedisHold]):
     ``redis.asyncio.Redis`` client.
 
     Lane-wide views are coroutines: ``await lane.lane_status()`` (holders, waiters,
-    available, keys), ``await lane.holds_of(key)``; ``active_count``, ``available``,
-    ``waiting``, ``get_active()`` describe THIS lane object (plain, no round trip).
+    available, keys, oldest wait), ``await lane.holds_of(key)``; ``active_count``,
+    ``available``, ``waiting``, ``get_active()`` describe THIS lane object (plain, no
+    round trip). ``metrics_snapshot()`` (plain, for a scrape thread) adds the
+    ``scope="lane"`` entry as on :class:`~lanequeue.redis.RedisLane`, read over a
+    blocking connection of the lane object's own (made like the client's; not on a
+    cluster client), so it does not need the event loop; calling it ON the loop blocks
+    the loop for that round trip.
 
     Example::
 
@@ -381,7 +414,9 @@ class AsyncRedisLane(_AsyncFace, CountingLaneBase[AsyncRedisHold]):
     @must_await
     async def lane_status(self) -> dict[str, Any]:
         """Lane-wide: ``active`` holds, live ``waiting`` callers, ``available`` permits,
-        ``keys`` (key -> seconds its oldest hold has lasted), in one round trip."""
+        ``keys`` (key -> seconds its oldest hold has lasted), ``oldest_wait_s`` (from
+        the server time the longest live waiter joined), in one round trip; as
+        :meth:`lanequeue.redis.RedisLane.lane_status`."""
         return {**(await drive(self._lane_wide())), **self._limits()}
 
     @must_await

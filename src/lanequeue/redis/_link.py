@@ -21,7 +21,7 @@ from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from ._wire import Call, new_nonce, unwrap
 
-__all__ = ["AsyncLink", "SyncLink"]
+__all__ = ["AsyncLink", "SyncLink", "blocking_factory"]
 
 
 def factory(client: Any) -> Any:
@@ -37,11 +37,30 @@ def factory(client: Any) -> Any:
     return lambda: cls(**kwargs)
 
 
-class SyncLink:
-    """The thread renewer's connection (used by one renewer thread at a time)."""
+def blocking_factory(client: Any) -> Any:
+    """A maker of BLOCKING bare connections like ``client``'s, for a plain or an asyncio
+    client (its connection class's blocking twin of the same name in
+    ``redis.connection``), or None (a cluster client, or no such twin)."""
+    import redis.connection
 
-    def __init__(self, client: Any) -> None:
-        self._make = factory(client)
+    make = _own_pool_kwargs(client)
+    if make is None:
+        return None
+    cls, kwargs = make
+    if cls.__module__.startswith("redis.asyncio"):
+        cls = getattr(redis.connection, cls.__name__, None)
+        if cls is None:
+            return None
+    kwargs.pop("retry", None)
+    return lambda: cls(**kwargs)
+
+
+class SyncLink:
+    """The thread renewer's connection (used by one renewer thread at a time); ``make``:
+    its maker (default: like ``client``'s, see :func:`factory`)."""
+
+    def __init__(self, client: Any, make: Any = None) -> None:
+        self._make = factory(client) if make is None else make
         self._conn: Any = None
 
     def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:

@@ -245,10 +245,11 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
     def metrics_snapshot(self) -> list[LaneMetrics]:
         """This lane's metrics now for an exporter (:mod:`lanequeue.metrics`): one
         :class:`lanequeue.LaneMetrics` with ``scope="process"`` (this lane object:
-        counters, wait and hold times, holders, waiters, leases lost), plus, on the
-        thread counting lane, one with ``scope="lane"`` (lane-wide holders and live
-        waiters from :meth:`lane_status`, one round trip; skipped with a log line if
-        Redis fails). Also logs the holds past ``warn_hold_s`` not logged yet.
+        counters, wait and hold times, holders, waiters, leases lost), plus, on a
+        counting lane (thread or asyncio), one with ``scope="lane"`` (lane-wide holders and live
+        waiters and the oldest wait from the server time each waiter joined, as in
+        :meth:`lane_status`, one round trip; skipped with a log line if Redis fails).
+        Also logs the holds past ``warn_hold_s`` not logged yet.
         Thread-safe."""
         holds = self._hold_list()
         if self.warn_hold_s is not None:
@@ -275,7 +276,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         return out
 
     def _lane_metrics(self) -> LaneMetrics | None:
-        """The lane-wide entry, where it is cheap (the thread counting lane)."""
+        """The lane-wide entry, where it is cheap (the counting lanes)."""
         return None
 
     def _lane_entry(self, wide: dict[str, Any]) -> LaneMetrics:
@@ -288,7 +289,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             wait=_EMPTY_WAIT.snapshot(),
             hold=None,
             sessions=None,
-            oldest_wait_s=0.0,
+            oldest_wait_s=float(wide["oldest_wait_s"]),
             scope="lane",
         )
 

@@ -284,6 +284,11 @@ class RedisLaneBase(ABC, Generic[H]):
         flight per client (see :mod:`._wake`)."""
 
     @abstractmethod
+    def _wk(self) -> Any:
+        """This process's wake-up listener for the client (:mod:`._wake`): ``listening``
+        and ``listen`` (a step: called or awaited)."""
+
+    @abstractmethod
     def _local_waiters(self) -> int:
         """Waiters of this process registered with this client's wake-up listener."""
 
@@ -641,6 +646,12 @@ class RedisLaneBase(ABC, Generic[H]):
                 yield from self._check_server()
             if time.monotonic() >= self._version_due:
                 yield from self._check_version()
+            if wait:
+                waker = self._wk()
+                if not waker.listening:
+                    # Subscribed before our first script can put us in line: a
+                    # hand-off published earlier would be lost (a whole poll).
+                    yield waker.listen, ()
             if prev is not None:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not (yield self._wait_turn, (prev, left)):

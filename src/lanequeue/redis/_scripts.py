@@ -150,7 +150,7 @@ _SESSION_REST = (
     _KEEP
     + _WAKE
     + r"""
-local q, w, fk, n = base .. 'q', base .. 'w', base .. 'f', base .. 'n'
+local q, w, fk, n, j = base .. 'q', base .. 'w', base .. 'f', base .. 'n', base .. 'j'
 
 -- Record the holder's presence channel (see _presence.py): "owner|channel|absent since
 -- (ms, 0: present)". A record naming another owner is stale and ignored.
@@ -173,6 +173,7 @@ local function promote(fttl, now, now_us, s_us)
     if not now then now, now_us, s_us = clock() end
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
+    redis.call('HDEL', j, id)
     local c, ms = live_channel(n, id)
     if dl and dl > now then
       local f, fs = fence(fk, now_us, s_us, fttl)
@@ -249,10 +250,15 @@ if live == 0 then return {0, -1} end
 -- holder is marked first, so its release looks at the line (APPEND keeps its TTL).
 if not now then now = clock() end
 if not marked then redis.call('APPEND', h, ':w') end
-if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me) end
+if not redis.call('ZSCORE', w, me) then
+  -- Joining: the server time of the join (hash j), for the views' oldest wait.
+  redis.call('RPUSH', q, me)
+  redis.call('HSET', j, me, fmt(now))
+end
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
 keep(w, live)
+keep(j, live)
 if chan ~= '' then
   redis.call('HSET', n, me, chan .. '|' .. lease)
   keep(n, live)
@@ -373,6 +379,7 @@ redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
 redis.call('LREM', q, 1, me)
 redis.call('ZREM', w, me)
 redis.call('HDEL', n, me)
+redis.call('HDEL', j, me)
 local o, f = holder(h)
 if o == me then
   redis.call('PEXPIRE', h, lease)
@@ -478,6 +485,7 @@ local function promote(h, i, q, w, fk, cap, now, now_us, s_us, fttl)
     local id, key = string.sub(item, 1, c - 1), string.sub(item, c + 1)
     local dl = tonumber(redis.call('ZSCORE', w, id))
     redis.call('ZREM', w, id)
+    redis.call('HDEL', string.sub(h, 1, -2) .. 'j', id)
     local c, ms = live_channel(string.sub(h, 1, -2) .. 'n', id)
     if dl and dl > now then
       if c then
@@ -549,10 +557,16 @@ if redis.call('ZCARD', h) < cap then
   return grant(h, i, fk, me, key, now + lease, now, now_us, s_us, fttl)
 end
 if mode == '0' then return {0, -1} end
-if not redis.call('ZSCORE', w, me) then redis.call('RPUSH', q, me .. ':' .. key) end
+local j = string.sub(h, 1, -2) .. 'j'
+if not redis.call('ZSCORE', w, me) then
+  -- Joining: the server time of the join (hash j), for the views' oldest wait.
+  redis.call('RPUSH', q, me .. ':' .. key)
+  redis.call('HSET', j, me, fmt(now))
+end
 redis.call('ZADD', w, fmt(now + live), me)
 keep(q, live)
 keep(w, live)
+keep(j, live)
 if chan ~= '' then
   local n = string.sub(h, 1, -2) .. 'n'
   redis.call('HSET', n, me, chan .. '|' .. fmt(lease))
@@ -651,6 +665,7 @@ local now, now_us, s_us = clock()
 redis.call('LREM', q, 1, me .. ':' .. key)
 redis.call('ZREM', w, me)
 redis.call('HDEL', string.sub(h, 1, -2) .. 'n', me)
+redis.call('HDEL', string.sub(h, 1, -2) .. 'j', me)
 purge(h, i, now)
 if redis.call('ZSCORE', h, me) then
   redis.call('ZADD', h, fmt(now + lease), me)
@@ -666,11 +681,29 @@ return {0, 0}
 COUNTING_INFO = (
     _COUNTING_PRELUDE
     + r"""
--- KEYS: h i w. Returns {now_ms, holds, live waiters, info strings of the live holds...}.
+-- KEYS: h i w. Returns {now_ms, holds, live waiters, join time (ms) of the longest live
+-- waiter (0: none), info strings of the live holds...}. The line is in join order, so
+-- the first live waiter in it with a join time is the longest waiter.
 local h, i, w = KEYS[1], KEYS[2], KEYS[3]
+local q, j = string.sub(h, 1, -2) .. 'q', string.sub(h, 1, -2) .. 'j'
 local now = clock()
 purge(h, i, now)
-local out = {now, redis.call('ZCARD', h), redis.call('ZCOUNT', w, '(' .. fmt(now), '+inf')}
+local joined = 0
+local k = 0
+while true do
+  local item = redis.call('LINDEX', q, k)
+  if not item then break end
+  local id = string.sub(item, 1, string.find(item, ':', 1, true) - 1)
+  local dl = tonumber(redis.call('ZSCORE', w, id))
+  local t = dl and dl > now and tonumber(redis.call('HGET', j, id))
+  if t then
+    joined = t
+    break
+  end
+  k = k + 1
+end
+local out = {now, redis.call('ZCARD', h), redis.call('ZCOUNT', w, '(' .. fmt(now), '+inf'),
+             joined}
 for _, v in ipairs(redis.call('HVALS', i)) do out[#out + 1] = v end
 return out
 """

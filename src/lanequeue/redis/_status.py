@@ -7,10 +7,11 @@ key (live waiters) and its oldest wait. Keys follow the layout of :mod:`._keys`
 (``{lq2:len(P):P:<kind>:len(N):N[:K]}:<suffix>``, kind ``s`` per-key or ``c`` counting)
 and the lanes' version markers ``{lq:len(P):P:<kind>:len(N):N}:v``.
 
-The layout keeps no time at which a waiter joined the line, so the oldest wait is what
-this reader has seen: :class:`StatusReader` remembers when it first saw each waiter, and
-``oldest_wait_s`` is the time since then for the longest waiter still in line (a lower
-bound; 0 at the first look). ``--watch`` makes it grow with the wait.
+The oldest wait is measured from the server time each waiter joined the line, which the
+acquire script records when it joins (hash ``Bj``, see :mod:`lanequeue.redis`): a waiter
+that joined before the reader started shows its true wait at the first look. A waiter
+without a join record (it joined under a client that did not record one) counts from
+when this reader first saw it (a lower bound; 0 at the first look).
 """
 
 from __future__ import annotations
@@ -94,6 +95,16 @@ def _text(v: Any) -> str:
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)
 
 
+def _joins(raw: dict[Any, Any]) -> dict[str, int]:
+    """A join hash (``Bj``: waiter id -> server time in ms) as {id: ms}."""
+    out: dict[str, int] = {}
+    for k, v in raw.items():
+        t = _text(v)
+        if t.isdigit():
+            out[_text(k)] = int(t)
+    return out
+
+
 @dataclass
 class _Lane:
     prefix: str
@@ -108,7 +119,8 @@ class StatusReader:
 
     ``prefix``: only the lanes of that prefix (None: every prefix). :meth:`read` returns
     one JSON-ready document per call; the reader remembers when it first saw each waiter
-    (for ``oldest_wait_s``). Not thread-safe. Raises redis-py's errors as they come.
+    without a join record (for ``oldest_wait_s``). Not thread-safe. Raises redis-py's
+    errors as they come.
 
     Example::
 
@@ -186,6 +198,7 @@ class StatusReader:
         holders: list[dict[str, Any]] = []
         lines: dict[str, int] = {}
         waiters: list[tuple[str, str]] = []  # (waiter id, key) of live waiters in line
+        joined: dict[str, int] = {}  # waiter id -> server time it joined (ms)
         doc: dict[str, Any] = {
             "prefix": lane.prefix,
             "name": lane.name,
@@ -200,7 +213,8 @@ class StatusReader:
                 pipe.pttl(b + "h")
                 pipe.lrange(b + "q", 0, -1)
                 pipe.zrange(b + "w", 0, -1, withscores=True)
-                holder, pttl, line, live = pipe.execute()
+                pipe.hgetall(b + "j")
+                holder, pttl, line, live, joins = pipe.execute()
                 if holder is not None:
                     parts = _text(holder).split(":")
                     token = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
@@ -210,6 +224,7 @@ class StatusReader:
                         "lease_left_s": max(0, int(pttl)) / 1000.0,
                     })
                 deadlines = {_text(m): s for m, s in live}
+                joined.update(_joins(joins))
                 for wid in map(_text, line):
                     if deadlines.get(wid, 0) > now_ms:
                         waiters.append((wid, key))
@@ -221,7 +236,9 @@ class StatusReader:
             pipe.lrange(b + "q", 0, -1)
             pipe.zrange(b + "w", 0, -1, withscores=True)
             pipe.get(b + "m")
-            holds, info, line, live, cap = pipe.execute()
+            pipe.hgetall(b + "j")
+            holds, info, line, live, cap, joins = pipe.execute()
+            joined.update(_joins(joins))
             infos = {_text(k): _text(v) for k, v in info.items()}
             for hid, deadline in holds:
                 hid = _text(hid)
@@ -246,7 +263,9 @@ class StatusReader:
             lines[key] = lines.get(key, 0) + 1
             ident = (lane.prefix, lane.kind, lane.name, wid)
             alive.add(ident)
-            first = self._first_seen.setdefault(ident, now_ms)
+            first = joined.get(wid)
+            if first is None:
+                first = self._first_seen.setdefault(ident, now_ms)
             oldest = min(oldest, first)
         doc.update(
             holders=holders,
@@ -273,7 +292,7 @@ def render(doc: dict[str, Any]) -> Any:
         title = (f"{lane['prefix']}/{lane['name']} ({lane['kind']}"
                  + (f", max {cap}" if cap is not None else "")
                  + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
-                 f"oldest wait >= {lane['oldest_wait_s']:.1f} s")
+                 f"oldest wait {lane['oldest_wait_s']:.1f} s")
         table = Table(title=title, title_justify="left")
         table.add_column("key")
         table.add_column("fencing token", justify="right")

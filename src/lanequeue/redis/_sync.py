@@ -23,9 +23,8 @@ from typing import Any, Literal
 import redis
 from redis.cluster import RedisCluster
 
-from .._errors import LaneBackendError, NotOwnerError
+from .._errors import NotOwnerError
 from .._kinds import LANE_DEFAULT
-from .._obs import LaneMetrics
 from .._ops import poll_idle
 from .._validate import check_timeout
 from ..contract import not_held_error
@@ -189,6 +188,9 @@ class _SyncFace(RedisOps[RedisHold]):
     def _forked(self) -> None:
         self._link = None
         self._waker = None
+
+    def _read_blocking(self, proc: Callable[..., Steps[T]]) -> T:
+        return drive(proc())
 
     def _start_renewer(self, needed: bool) -> None:
         if needed:
@@ -361,16 +363,11 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
     def lane_status(self) -> dict[str, Any]:
         """Lane-wide, every process (one round trip): ``active`` holds, live ``waiting``
         callers, ``available`` permits, ``keys`` (key -> seconds its oldest hold has
-        lasted, server time), ``max_concurrent``."""
+        lasted, server time), ``oldest_wait_s`` (seconds the longest live waiter has
+        been in line, from the server time it joined; 0.0 when nobody waits),
+        ``max_concurrent``. Raises LaneBackendError if Redis failed."""
         return {**drive(self._lane_wide()), **self._limits()}
 
     def holds_of(self, key: str) -> int:
         """Permits held now by ``key``, lane-wide (asks Redis)."""
         return drive(self._holds_of(key))
-
-    def _lane_metrics(self) -> LaneMetrics | None:
-        try:
-            return self._lane_entry(drive(self._lane_wide()))
-        except LaneBackendError as exc:
-            self._lane_failed(exc)
-            return None

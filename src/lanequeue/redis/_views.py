@@ -10,12 +10,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .._errors import LaneBackendError
 from .._kinds import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_TIMEOUT_S,
 )
+from .._obs import LaneMetrics
 from .._ops import DEFAULT_WARN_AFTER_S, OnWait
 from .._validate import check_count, check_timeout
 from ._args import text
@@ -117,20 +119,27 @@ class CountingLaneBase(RedisOps[H]):
         """The lane's number of permits."""
         return self._cap
 
-    def _info(self) -> Steps[tuple[int, int, int, list[tuple[int, str]]]]:
-        """(now_ms, holds, live waiters, [(since_ms, key), ...]), lane-wide, from Redis."""
-        reply = yield from self._script("read", None, self._info_call(None))
+    def _info(self, run: Any = None
+              ) -> Steps[tuple[int, int, int, int, list[tuple[int, str]]]]:
+        """(now_ms, holds, live waiters, join time in ms of the longest live waiter or 0,
+        [(since_ms, key), ...]), lane-wide, from Redis (server time). ``run``: the script
+        call to use instead of the face's ``_run`` (see :meth:`_lane_metrics`)."""
+        reply = yield from self._ask("read", None, run or self._run, "read", None,
+                                     self._info_call(None))
         now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
+        joined = int(reply[3])
         active: list[tuple[int, str]] = []
-        for v in reply[3:]:
+        for v in reply[4:]:
             _fence, since, key = text(v).split(":", 2)
             active.append((int(since), key))
-        return now, holds, waiters, active
+        return now, holds, waiters, joined, active
 
-    def _lane_wide(self) -> Steps[dict[str, Any]]:
-        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits and
-        ``keys`` (key -> seconds its oldest hold has lasted, server time): one round trip."""
-        now, holds, waiters, active = yield from self._info()
+    def _lane_wide(self, run: Any = None) -> Steps[dict[str, Any]]:
+        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits,
+        ``keys`` (key -> seconds its oldest hold has lasted, server time) and
+        ``oldest_wait_s`` (seconds the longest live waiter has been in line, from the
+        server time it joined; 0.0 when nobody waits): one round trip."""
+        now, holds, waiters, joined, active = yield from self._info(run)
         keys: dict[str, float] = {}
         for since, key in active:
             age = max(0.0, (now - since) / 1000.0)
@@ -141,13 +150,30 @@ class CountingLaneBase(RedisOps[H]):
             "waiting": waiters,
             "available": max(0, self._cap - holds),
             "keys": keys,
+            "oldest_wait_s": max(0.0, (now - joined) / 1000.0) if joined else 0.0,
         }
 
     def _holds_of(self, key: str) -> Steps[int]:
         """Permits held now by ``key``, lane-wide, from Redis."""
         key = plain_key(key)
         info = yield from self._info()
-        return sum(1 for _, k in info[3] if k == key)
+        return sum(1 for _, k in info[4] if k == key)
+
+    def _lane_metrics(self) -> LaneMetrics | None:
+        """The ``scope="lane"`` entry of :meth:`metrics_snapshot`: lane-wide holders,
+        live waiters and oldest wait (:meth:`_lane_wide`, one blocking round trip through
+        the face's :meth:`_read_blocking`); None, with a log line, if Redis failed or the
+        face cannot read without its event loop."""
+        try:
+            return self._lane_entry(self._read_blocking(self._lane_wide))
+        except LaneBackendError as exc:
+            self._lane_failed(exc)
+            return None
+
+    def _read_blocking(self, proc: Any) -> Any:
+        """Run the read procedure ``proc(run)`` to its end with blocking I/O from any
+        thread (the face's)."""
+        raise LaneBackendError(f"lane {self.name!r}: no blocking read on this face")
 
     def _limits(self) -> dict[str, Any]:
         return {"max_concurrent": self._cap}

@@ -7,7 +7,10 @@ The hand-off script publishes the granted waiter's owner id on its process's cha
 ``lq:wake:<process token>`` (an owner id starts with the 10-character token of the process
 that drew it: :func:`owner_id`). Each process subscribes to its channel ONCE per client
 (thread face: one listener thread; asyncio face: one listener task per event loop), on a
-connection of its own, and sets the local event of the waiter named in the message. A
+connection of its own, and sets the local event of the waiter named in the message. The
+listener is started (and subscribed) by the first call that may wait, before its acquire
+script is sent (:meth:`SyncWaker.listen`): a hand-off published to a channel nobody
+listens to yet would be lost. A
 waiter registers its event once its first acquire script has put it in line; a wake-up
 that arrives before that (the key was handed to it at once) is kept for it (the last
 4096 such ids). A message lost (the listener reconnecting) costs one poll of
@@ -95,6 +98,14 @@ def parse(message: str) -> tuple[str, int]:
 
 def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _wake_reply(reply: Any) -> tuple[str, int] | None:
+    """A reply read off the subscribed connection: the wake-up it carries (see
+    :func:`parse`), or None for anything else (a subscribe confirmation, a pong)."""
+    if isinstance(reply, list) and len(reply) == 3 and _text(reply[0]) == "message":
+        return parse(_text(reply[2]))
+    return None
 
 
 class Gate:
@@ -320,6 +331,18 @@ class SyncWaker:
         self._events.pop(owner, None)
         self._tokens.pop(owner, None)
 
+    @property
+    def listening(self) -> bool:
+        """True once the listener was started (see :meth:`listen`)."""
+        return self._started
+
+    def listen(self) -> None:
+        """Start the listener and wait (at most 2 s) until it is subscribed. A waiter
+        calls it BEFORE its first acquire script: a hand-off published before the
+        subscription would be lost and cost the waiter a whole poll."""
+        if not self._started:
+            self._start()
+
     def wait(self, owner: str, block: float) -> int:
         """Block until ``owner`` is woken or ``block`` seconds have passed; the fencing
         token of a grant the wake-up carried (a full lease: see :func:`parse`), else 0."""
@@ -359,10 +382,18 @@ class SyncWaker:
                 while ps.get_message(timeout=0.5) is None and not ps.subscribed:
                     pass
                 ready.set()
+                conn = ps.connection
                 while ref() is not None:
-                    msg = ps.get_message(timeout=1.0)
-                    if msg is not None and msg.get("type") == "message":
-                        woken(*parse(_text(msg["data"])))
+                    # The subscribed connection read directly (RESP2 or RESP3): PubSub's
+                    # get_message adds a health check, a retry wrapper and a message
+                    # dict per wake-up, a third of the listener's CPU per hand-off. An
+                    # error (a dropped connection) ends this subscription: resubscribe.
+                    if not conn.can_read(timeout=1.0):
+                        continue
+                    got = _wake_reply(conn.read_response(
+                        disconnect_on_error=False, push_request=True))
+                    if got is not None:
+                        woken(*got)
             except Exception as exc:
                 ready.set()
                 log.debug("wake-up listener: %s; reconnecting", exc)
@@ -404,9 +435,16 @@ class AsyncWaker:
         self._events.pop(owner, None)
         self._tokens.pop(owner, None)
 
-    async def wait(self, owner: str, block: float) -> int:
-        """Wait until ``owner`` is woken or ``block`` seconds have passed; the token of
-        a grant the wake-up carried, else 0 (see :meth:`SyncWaker.wait`)."""
+    @property
+    def listening(self) -> bool:
+        """True while the listener task runs and is subscribed (or gave up for now)."""
+        task, ready = self._task, self._ready
+        return (self._sibling is None or (task is not None and not task.done()
+                and ready is not None and ready.is_set()))
+
+    async def listen(self) -> None:
+        """Start the listener task if it is not running and wait (at most 2 s) until it
+        is subscribed (see :meth:`SyncWaker.listen`)."""
         if self._task is None or self._task.done():
             self._start()
         ready = self._ready
@@ -415,6 +453,11 @@ class AsyncWaker:
                 await asyncio.wait_for(ready.wait(), 2.0)
             except (asyncio.TimeoutError, TimeoutError):
                 pass
+
+    async def wait(self, owner: str, block: float) -> int:
+        """Wait until ``owner`` is woken or ``block`` seconds have passed; the token of
+        a grant the wake-up carried, else 0 (see :meth:`SyncWaker.wait`)."""
+        await self.listen()
         ev = self._events.get(owner)
         if ev is None or self._sibling is None:
             await asyncio.sleep(block)
