@@ -233,3 +233,67 @@ def test_a_waiter_listens_for_its_wake_up_before_it_joins_the_line(
     assert async_seen[0] is True
     fresh.close()
     admin.close()
+
+
+def _alive(ref: Any, names: str, most: int, deadline_s: float = 5.0) -> tuple[bool, int]:
+    """Collect garbage until ``ref()`` dies and at most ``most`` threads named ``names``
+    are left, or ``deadline_s`` passes; (client collected, such threads running)."""
+    import gc
+
+    end = time.monotonic() + deadline_s
+    while True:
+        gc.collect()
+        left = sum(t.name == names for t in threading.enumerate())
+        if (ref() is None and left <= most) or time.monotonic() > end:
+            return ref() is None, left
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(30)
+def test_wake_up_listener_ends_with_its_client(server: RedisServer) -> None:
+    """A client dropped by the application takes its wake-up listener thread and that
+    thread's connection with it (a daemon that makes clients over weeks must not keep a
+    thread and a connection per client it ever used)."""
+    import weakref
+
+    before = sum(t.name == "lanequeue-wake" for t in threading.enumerate())
+    r = redis.Redis(host=server.host, port=server.port)
+    lane = RedisSessionLane(r, lease_s=5.0)
+    assert lane.try_acquire("k")
+    assert not lane.acquire_timeout("k", 0.2)  # a wait: the listener starts
+    assert sum(t.name == "lanequeue-wake" for t in threading.enumerate()) == before + 1
+    assert lane.manual_release("k")
+    ref = weakref.ref(r)
+    r.close()
+    del lane, r
+    collected, left = _alive(ref, "lanequeue-wake", before)
+    assert collected and left <= before, (collected, left, before)
+
+
+@pytest.mark.timeout(30)
+def test_async_wake_up_listener_ends_with_its_client(server: RedisServer) -> None:
+    """The asyncio twin: the listener task of a dropped client ends on its loop."""
+    import gc
+    import weakref
+
+    async def main() -> tuple[bool, int]:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = AsyncRedisSessionLane(r, lease_s=5.0)
+        assert await lane.try_acquire("k")
+        assert not await lane.acquire_timeout("k", 0.2)
+        assert [t for t in asyncio.all_tasks() if t.get_name() == "lanequeue-wake"]
+        assert await lane.manual_release("k")
+        ref = weakref.ref(r)
+        await r.aclose()
+        del lane, r
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:
+            gc.collect()
+            left = [t for t in asyncio.all_tasks() if t.get_name() == "lanequeue-wake"]
+            if ref() is None and not left:
+                break
+            await asyncio.sleep(0.05)
+        return ref() is None, len(left)
+
+    collected, left = asyncio.run(main())
+    assert collected and left == 0, (collected, left)

@@ -372,7 +372,11 @@ class SyncWaker:
         me = ref()
         if me is None:
             return
-        sibling, woken, ready = me._sibling, me._woken, me._ready
+        # Only ``ref`` reaches the waker (no bound method of it is kept here): when its
+        # client is dropped, the waker goes and this thread ends within a read timeout,
+        # closing its connection. (A cluster client is its own sibling, which this
+        # thread holds: such a client and its listener last as long as the process.)
+        sibling, ready = me._sibling, me._ready
         del me
         while ref() is not None:
             ps = None
@@ -393,7 +397,11 @@ class SyncWaker:
                     got = _wake_reply(conn.read_response(
                         disconnect_on_error=False, push_request=True))
                     if got is not None:
-                        woken(*got)
+                        me = ref()
+                        if me is None:
+                            break
+                        me._woken(*got)
+                        del me
             except Exception as exc:
                 ready.set()
                 log.debug("wake-up listener: %s; reconnecting", exc)
@@ -474,13 +482,22 @@ class AsyncWaker:
             return
         self._ready = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(
-            self._listen(), name="lanequeue-wake"
+            AsyncWaker._listen(weakref.ref(self)), name="lanequeue-wake"
         )
 
-    async def _listen(self) -> None:
-        sibling, events, early, ready = self._sibling, self._events, self._early, self._ready
+    @staticmethod
+    async def _listen(ref: weakref.ref[AsyncWaker]) -> None:
+        # As SyncWaker._listen: the task keeps no reference to the waker, so a dropped
+        # client's waker goes and this task ends within a read timeout.
+        me = ref()
+        if me is None:
+            return
+        sibling, events, early, tokens, ready = (
+            me._sibling, me._events, me._early, me._tokens, me._ready
+        )
+        del me
         assert ready is not None
-        while True:
+        while ref() is not None:
             ps = None
             try:
                 ps = sibling.pubsub(ignore_subscribe_messages=True)
@@ -488,14 +505,14 @@ class AsyncWaker:
                 while await ps.get_message(timeout=0.5) is None and not ps.subscribed:
                     pass
                 ready.set()
-                while True:
+                while ref() is not None:
                     msg = await ps.get_message(timeout=1.0)
                     if msg is not None and msg.get("type") == "message":
                         owner, token = parse(_text(msg["data"]))
                         ev = events.get(owner)
                         if ev is not None:
                             if token:
-                                self._tokens[owner] = token
+                                tokens[owner] = token
                             ev.set()
                         else:
                             _keep_early(early, owner, token)
