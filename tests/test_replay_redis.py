@@ -64,11 +64,14 @@ def split_conversations(keys: Sequence[str], worker_of: Sequence[int]) -> int:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("runtime", [None, "threads"])
 def test_trace_across_three_worker_processes(
-    redis_server: RedisServer, redis_client: redis.Redis
+    redis_server: RedisServer, redis_client: redis.Redis, runtime: str | None
 ) -> None:
+    """Each worker drives its share on asyncio (the default with a backend) or threads."""
     trace = read_trace().head(300)
-    config = ReplayConfig(global_cap=8, speed=600, backend=redis_server.url, workers=3)
+    config = ReplayConfig(global_cap=8, speed=600, backend=redis_server.url, workers=3,
+                          runtime=runtime)
     result = run_replay(trace, config)
     rep, rec = result.report, result.record
 
@@ -78,7 +81,11 @@ def test_trace_across_three_worker_processes(
     assert 1 <= rep.peak_global <= 8
     assert rep.failed_checks() == []
     assert rep.workers == 3 and rep.backend == redis_server.url
-    assert rep.runtime == "threads"
+    assert rep.runtime == (runtime or "asyncio")
+    assert rep.worker_threads == (0 if runtime is None else rec.threads) and (
+        runtime is None or rec.threads > 0)
+    assert rep.backend_info["driver"] == rep.runtime
+    assert rep.backend_info["worker_cpu_ms_per_request"] > 0
     # Round-robin by request: some conversations really ran in several processes.
     assert rec.worker_of is not None
     assert sorted(set(rec.worker_of)) == [0, 1, 2]
@@ -190,12 +197,21 @@ def test_cli_backend_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "hunter2" not in err
 
 
-def test_cli_asyncio_runtime_with_a_backend_is_a_clear_error(
-    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+def test_a_runtime_that_is_no_worker_driver_with_a_backend_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code = main(["replay", "--backend", redis_server.url, "--runtime", "asyncio"])
-    assert code == 2
-    assert "runtime 'asyncio' cannot run on a backend" in capsys.readouterr().err
+    """A runtime the worker processes cannot run (any beyond asyncio and threads) is
+    refused with a backend, naming the ones they can; it is accepted in process."""
+    from lanequeue.replay import runtimes
+
+    monkeypatch.setitem(runtimes.RUNTIMES, "other", runtimes.RUNTIMES["threads"])
+    assert ReplayConfig(runtime="other").runtime == "other"
+    with pytest.raises(ValueError, match="runtime 'other' cannot run on a backend: each "
+                       "worker process of the Redis backend runs asyncio or threads"):
+        ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="other")
+    assert ReplayConfig(backend="redis://127.0.0.1:6379/0").runtime == "asyncio"
+    assert ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="threads").runtime == (
+        "threads")
 
 
 def test_config_and_runtime_validation() -> None:
@@ -203,10 +219,10 @@ def test_config_and_runtime_validation() -> None:
         ReplayConfig(workers=2)
     with pytest.raises(ValueError, match="workers must be an integer from 1 to 1,024"):
         ReplayConfig(backend="redis://127.0.0.1:6379/0", workers=0)
-    with pytest.raises(ValueError, match="cannot run on a backend"):
-        ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="asyncio")
     with pytest.raises(ValueError, match="workers must be an integer from 1 to 1,024"):
         RedisProcessRuntime("redis://127.0.0.1:6379/0", 0)
+    with pytest.raises(ValueError, match="driver must be one of asyncio, threads, got 'trio'"):
+        RedisProcessRuntime("redis://127.0.0.1:6379/0", 1, driver="trio")
     with pytest.raises(BackendError, match="cannot reach Redis"):
         check_backend(f"redis://127.0.0.1:{free_port()}/0")
 

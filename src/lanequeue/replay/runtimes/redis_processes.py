@@ -109,6 +109,7 @@ the completion counters after ``counter_ttl_s``.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import multiprocessing as mp
 import os
@@ -124,22 +125,27 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from lanequeue import LaneQueue
+from lanequeue import AsyncLaneQueue, LaneQueue
 from lanequeue.replay.observe import Observer, peak_concurrency
+from lanequeue.replay.runtimes.aio import drive_tasks
 from lanequeue.replay.runtimes.base import (
     ProgressFn,
     ReplayPlan,
     RunRecord,
     arrival_gate,
+    async_arrival_gate,
     check_workers,
     lane_stats,
 )
 from lanequeue.replay.runtimes.threads import drive_threads
 
 __all__ = [
+    "DRIVERS",
+    "AsyncRedisCompletionCounter",
     "BackendError",
     "RedisCompletionCounter",
     "RedisProcessRuntime",
+    "build_async_redis_queue",
     "build_redis_queue",
     "check_backend",
     "connect",
@@ -154,6 +160,8 @@ PREFIX_BASE = "lanequeue-replay"
 #: poll costs three round trips, and a backlog of held requests polling every 2 ms took
 #: the script connections the lanes' own calls needed.
 GATE_MAX_POLL_S = 0.05
+#: How a worker process drives its share: ``asyncio`` (the default) or ``threads``.
+DRIVERS = ("asyncio", "threads")
 
 
 class BackendError(Exception):
@@ -227,6 +235,27 @@ def connect(url: str, *, timeout_s: float = 3.0, max_connections: int | None = N
     return client
 
 
+async def connect_async(url: str, *, timeout_s: float = 3.0) -> Any:
+    """A ``redis.asyncio.Redis`` client for ``url`` (checked by :func:`connect` first,
+    then with a PING of its own).
+
+    Raises:
+        BackendError: as :func:`connect`.
+    """
+    connect(url, timeout_s=timeout_s, max_connections=1).close()  # the URL and the server
+    import redis.asyncio
+
+    client = redis.asyncio.Redis.from_url(
+        url, socket_connect_timeout=timeout_s, health_check_interval=0
+    )
+    try:
+        await client.ping()
+    except redis.exceptions.RedisError as exc:
+        await client.aclose()
+        raise BackendError(f"cannot reach Redis at {redact_url(url)}: {exc}") from None
+    return client
+
+
 def check_backend(url: str) -> str:
     """Check that ``url`` names a Redis server that answers; return it without password.
 
@@ -237,12 +266,8 @@ def check_backend(url: str) -> str:
     return redact_url(url)
 
 
-class RedisCompletionCounter:
-    """A :class:`~lanequeue.replay.observe.CompletionCounter` in Redis, shared by every
-    process of a run: ``<prefix>:done:<slot>`` (``*`` for the shared slot None).
-
-    ``finish`` INCRs and sets the TTL in one MULTI, so the key never exists without one.
-    """
+class _CounterKeys:
+    """Where the completion counters of a run live (either face's client)."""
 
     def __init__(self, client: Any, prefix: str, *, ttl_s: float) -> None:
         self._client = client
@@ -252,6 +277,15 @@ class RedisCompletionCounter:
     def key(self, slot: Hashable) -> str:
         """The Redis key of ``slot``'s counter."""
         return f"{self._prefix}:done:{'*' if slot is None else slot}"
+
+
+class RedisCompletionCounter(_CounterKeys):
+    """A :class:`~lanequeue.replay.observe.CompletionCounter` in Redis, shared by every
+    process of a run: ``<prefix>:done:<slot>`` (``*`` for the shared slot None), on a
+    ``redis.Redis`` client.
+
+    ``finish`` INCRs and sets the TTL in one MULTI, so the key never exists without one.
+    """
 
     def done(self, slot: Hashable) -> int:
         value = self._client.get(self.key(slot))
@@ -267,6 +301,56 @@ class RedisCompletionCounter:
         pipe.incr(key)
         pipe.pexpire(key, self._ttl_ms)
         pipe.execute()
+
+
+class AsyncRedisCompletionCounter(_CounterKeys):
+    """:class:`RedisCompletionCounter` for a ``redis.asyncio.Redis`` client (the same
+    keys, so both faces share the counts): an
+    :class:`~lanequeue.replay.observe.AsyncCompletionCounter`."""
+
+    async def done(self, slot: Hashable) -> int:
+        value = await self._client.get(self.key(slot))
+        return 0 if value is None else int(value)
+
+    async def finish(self, slot: Hashable) -> None:
+        # Not retried, for the reason given in RedisCompletionCounter.finish.
+        key = self.key(slot)
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.incr(key)
+            pipe.pexpire(key, self._ttl_ms)
+            await pipe.execute()
+
+
+def build_async_redis_queue(
+    client: Any, plan: ReplayPlan, *, prefix: str, lease_s: float
+) -> AsyncLaneQueue:
+    """:func:`build_redis_queue` for asyncio: an AsyncLaneQueue of
+    ``AsyncRedisSessionLane``/``AsyncRedisLane`` on a ``redis.asyncio.Redis`` client.
+
+    Raises:
+        ValueError: a per-key spec whose capacity is not 1.
+    """
+    from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane
+
+    queue = AsyncLaneQueue(warn_after_s=None)
+    for spec in plan.lanes:
+        if spec.per_key:
+            if spec.capacity != 1:
+                raise ValueError(f"lane {spec.name!r}: a per-key lane has capacity 1")
+            queue.add(
+                AsyncRedisSessionLane(
+                    client, spec.name, max_sessions=plan.max_sessions, timeout_s=None,
+                    lease_s=lease_s, prefix=prefix,
+                )
+            )
+        else:
+            queue.add(
+                AsyncRedisLane(
+                    client, spec.name, max_concurrent=spec.capacity, timeout_s=None,
+                    lease_s=lease_s, prefix=prefix,
+                )
+            )
+    return queue
 
 
 def build_redis_queue(client: Any, plan: ReplayPlan, *, prefix: str, lease_s: float) -> LaneQueue:
@@ -318,6 +402,7 @@ class _WorkerSpec:
     start_timeout_s: float
     parent_pid: int = 0
     pdeathsig: bool = False
+    driver: str = "asyncio"
 
 
 #: Linux prctl option: a signal the kernel sends this process when its parent dies.
@@ -352,10 +437,90 @@ def die_with_parent(parent_pid: int, *, pdeathsig: bool = True, every_s: float =
 
 def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
     """The body of worker process ``spec.wid`` (see the module docstring)."""
-    wid = spec.wid
     # The parent alone handles Ctrl-C (it goes to the whole process group) and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(spec.parent_pid, pdeathsig=spec.pdeathsig)
+    if spec.driver == "threads":
+        _thread_worker(spec, go, epoch, out)
+    else:
+        asyncio.run(_async_worker(spec, go, epoch, out))
+
+
+def _payload(
+    rids: Sequence[int], drive: Any, observer: Observer, *, held_back: int, threads: int,
+    lanes: dict[str, dict[str, int]], cpu_s: float,
+) -> dict[str, Any]:
+    """What a worker sends back: its observations per request and its own figures."""
+    return {
+        "rids": list(rids),
+        "dispatch_s": [drive.dispatch_s[r] for r in rids],
+        "start_s": [observer.start_s[r] for r in rids],
+        "end_s": [observer.end_work_s[r] for r in rids],
+        "complete_s": [observer.complete_s[r] for r in rids],
+        "errors": drive.errors,
+        "held_back": held_back,
+        "threads": threads,
+        "wall_s": drive.wall_s,
+        "lane_stats": lanes,
+        "cpu_s": cpu_s,
+    }
+
+
+async def _async_worker(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
+    """A worker that drives its share as tasks of one event loop on the asyncio Redis
+    lanes (:func:`~lanequeue.replay.runtimes.aio.drive_tasks`), behind the
+    :class:`~lanequeue.replay.observe.AsyncArrivalGate`."""
+    wid = spec.wid
+    client: Any = None
+    try:
+        plan = spec.plan
+        rids = range(wid, len(plan.keys), spec.workers)
+        client = await connect_async(spec.url)
+        queue = build_async_redis_queue(client, plan, prefix=spec.prefix, lease_s=spec.lease_s)
+        counter = AsyncRedisCompletionCounter(client, spec.prefix, ttl_s=spec.counter_ttl_s)
+        gate = async_arrival_gate(
+            queue, plan.lanes[0], plan.keys, counter=counter, poll_s=spec.poll_s,
+            max_poll_s=GATE_MAX_POLL_S, max_wait_s=spec.gate_max_wait_s,
+        )
+    except BaseException as exc:
+        out.put(("error", wid, f"worker {wid} failed to start: {type(exc).__name__}: {exc}"))
+        if client is not None:
+            await client.aclose()
+        return
+    try:
+        out.put(("ready", wid, None))
+        # Nothing else runs on this loop yet: waiting for the go in place blocks nobody.
+        if not go.wait(spec.start_timeout_s):  # the parent gave up (or died)
+            return
+        t0 = float(epoch.value)
+        cpu0 = time.process_time()
+        try:
+            observer = Observer(plan.keys, epoch_s=t0)
+
+            def progress(done: int, total: int) -> None:
+                out.put(("progress", wid, done))
+
+            # The loop's clock is time.monotonic, the clock of t0.
+            drive = await drive_tasks(
+                plan, queue, observer, epoch=t0, clock=time.monotonic, rids=rids,
+                gate=gate, progress=progress, tick_s=spec.tick_s,
+            )
+            out.put(("done", wid, _payload(
+                rids, drive, observer, held_back=gate.held_back, threads=0,
+                lanes=lane_stats(queue, plan.lanes), cpu_s=time.process_time() - cpu0,
+            )))
+        except BaseException as exc:
+            out.put(("error", wid, f"worker {wid}: {type(exc).__name__}: {exc}\n"
+                     + traceback.format_exc()))
+    finally:
+        await client.aclose()
+
+
+def _thread_worker(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
+    """A worker that drives its share on threads on the thread-face Redis lanes
+    (:func:`~lanequeue.replay.runtimes.threads.drive_threads`), behind the
+    :class:`~lanequeue.replay.observe.ArrivalGate`."""
+    wid = spec.wid
     try:
         plan = spec.plan
         rids = range(wid, len(plan.keys), spec.workers)
@@ -377,6 +542,7 @@ def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
         client.close()
         return
     t0 = float(epoch.value)
+    cpu0 = time.process_time()
     try:
         observer = Observer(plan.keys, epoch_s=t0)
 
@@ -387,19 +553,10 @@ def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
             plan, queue, gate, observer,
             epoch=t0, rids=rids, progress=progress, tick_s=spec.tick_s,
         )
-        payload = {
-            "rids": list(rids),
-            "dispatch_s": [drive.dispatch_s[r] for r in rids],
-            "start_s": [observer.start_s[r] for r in rids],
-            "end_s": [observer.end_work_s[r] for r in rids],
-            "complete_s": [observer.complete_s[r] for r in rids],
-            "errors": drive.errors,
-            "held_back": gate.held_back,
-            "threads": drive.threads,
-            "wall_s": drive.wall_s,
-            "lane_stats": lane_stats(queue, plan.lanes),
-        }
-        out.put(("done", wid, payload))
+        out.put(("done", wid, _payload(
+            rids, drive, observer, held_back=gate.held_back, threads=drive.threads,
+            lanes=lane_stats(queue, plan.lanes), cpu_s=time.process_time() - cpu0,
+        )))
     except BaseException as exc:
         out.put(("error", wid, f"worker {wid}: {type(exc).__name__}: {exc}\n"
                  + traceback.format_exc()))
@@ -494,6 +651,14 @@ class RedisProcessRuntime:
         stall_s: the run stops with BackendError when no request finished for this many
             seconds while some are left (None: 60 s plus twice the longest work time
             plus twice the lease).
+        driver: how each worker process drives its share (:data:`DRIVERS`): ``"asyncio"``
+            (the default: tasks of one event loop on the asyncio Redis lanes) or
+            ``"threads"`` (a thread per request in flight on the thread-face Redis
+            lanes). It is the runtime's ``name``.
+
+    Raises:
+        ValueError: ``driver`` is not one of :data:`DRIVERS`.
+        TypeError, ValueError: ``workers`` is not an integer from 1 to 1024.
 
     Worker processes end with their parent, however it ends (``PR_SET_PDEATHSIG`` on
     Linux and a parent watch in each worker: :func:`die_with_parent`); SIGTERM and Ctrl-C
@@ -501,7 +666,7 @@ class RedisProcessRuntime:
     KeyboardInterrupt.
     """
 
-    name = "threads"
+    name = "asyncio"
 
     def __init__(
         self,
@@ -515,8 +680,12 @@ class RedisProcessRuntime:
         tick_s: float = 0.25,
         start_timeout_s: float = 60.0,
         stall_s: float | None = None,
+        driver: str = "asyncio",
     ) -> None:
         check_workers(workers)
+        if driver not in DRIVERS:
+            raise ValueError(f"driver must be one of {', '.join(DRIVERS)}, got {driver!r}")
+        self.name = driver
         self.url = url
         self.workers = workers
         self._lease_s = lease_s
@@ -578,6 +747,7 @@ class RedisProcessRuntime:
                     tick_s=self._tick_s, start_timeout_s=self._start_timeout_s + 30.0,
                     parent_pid=os.getpid(),
                     pdeathsig=threading.current_thread() is threading.main_thread(),
+                    driver=self.name,
                 )
                 proc = ctx.Process(
                     target=_worker_main, args=(spec, go, epoch, out),
@@ -605,6 +775,12 @@ class RedisProcessRuntime:
         record = merge_observations(plan, [payloads[wid] for wid in range(w)], w)
         record.backend = redact_url(self.url)
         record.backend_info = self._finish(client, plan, prefix, record)
+        cpu_s = math.fsum(float(payloads[wid].get("cpu_s", 0.0)) for wid in range(w))
+        record.backend_info["driver"] = self.name
+        record.backend_info["worker_cpu_s"] = round(cpu_s, 3)
+        record.backend_info["worker_cpu_ms_per_request"] = (
+            round(1000.0 * cpu_s / n, 4) if n else None
+        )
         if plan.lanes[0].per_key:
             record.registry_final = record.backend_info["keys_held_or_waited_at_end"]
         if progress is not None:
