@@ -5,6 +5,7 @@ observations. Uses the session's real redis-server (``redis_server`` fixture), n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import threading
@@ -26,7 +27,7 @@ from lanequeue.replay import (
     read_trace,
     run_replay,
 )
-from lanequeue.replay.observe import ArrivalGate
+from lanequeue.replay.observe import ArrivalGate, AsyncArrivalGate
 from lanequeue.replay.runtimes import ReplayPlan
 from lanequeue.replay.runtimes.redis_processes import (
     BackendError,
@@ -374,3 +375,85 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error(
     assert not [c for c in multiprocessing.active_children() if c.name.startswith("lanequeue")]
     # The run's keys were deleted on the way out (all of them had a TTL anyway).
     assert run_keys(redis_client, "lanequeue-replay:") == []
+
+
+# -- the asyncio arrival gate (AsyncArrivalGate) ------------------------------------------
+
+
+class _AsyncCounter:
+    """An in-memory AsyncCompletionCounter (what the Redis one does, without Redis)."""
+
+    def __init__(self) -> None:
+        self.finished: list[object] = []
+
+    async def done(self, slot: object) -> int:
+        await asyncio.sleep(0)  # a round trip
+        return self.finished.count(slot)
+
+    async def finish(self, slot: object) -> None:
+        await asyncio.sleep(0)
+        self.finished.append(slot)
+
+
+@pytest.mark.timeout(20)
+def test_async_gate_lets_a_burst_in_in_order_with_one_poller_at_a_time() -> None:
+    """30 requests of one slot reach the gate at once; each joins the lane only after a
+    round trip of its own (as a Redis acquire does). They pass in arrival order, none
+    before every unfinished predecessor is inside, and only one polls at a time."""
+    n = 30
+    entered: list[int] = []
+    polling = [0]
+    most = [0]
+
+    async def inside(slot: object) -> int:
+        polling[0] += 1
+        most[0] = max(most[0], polling[0])
+        await asyncio.sleep(0.0005)  # a round trip
+        polling[0] -= 1
+        return len(entered)
+
+    async def main() -> None:
+        gate = AsyncArrivalGate(["a"] * n, inside, counter=_AsyncCounter(), poll_s=0.001,
+                                max_wait_s=10)
+
+        async def request(rid: int) -> None:
+            await gate.wait_turn(rid)
+            assert len(entered) == rid  # every predecessor is inside already
+            await asyncio.sleep(0.001)  # the acquire script's round trip
+            entered.append(rid)
+
+        await asyncio.gather(*(request(rid) for rid in range(n)))
+        assert gate.held_back == n - 1
+
+    asyncio.run(main())
+    assert entered == list(range(n))
+    assert most[0] == 1
+
+
+@pytest.mark.timeout(20)
+def test_async_gate_counts_finished_predecessors_and_gives_up_after_max_wait() -> None:
+    """A predecessor that has finished lets its successor in although nobody is inside;
+    the last request of a slot is not counted; a predecessor that never enters makes its
+    successor (and the one waiting behind it) fail after max_wait_s."""
+    counter = _AsyncCounter()
+
+    async def nobody(slot: object) -> int:
+        return 0
+
+    async def main() -> None:
+        gate = AsyncArrivalGate(["a", "b", "a"], nobody, counter=counter, max_wait_s=5)
+        for rid in range(3):
+            await gate.wait_turn(rid)
+            await gate.finished(rid)
+        assert counter.finished == ["a"] and gate.held_back == 0
+
+        stuck = AsyncArrivalGate(["c"] * 3, nobody, counter=_AsyncCounter(), poll_s=0.005,
+                                 max_wait_s=0.1)
+        t0 = time.monotonic()
+        results = await asyncio.gather(stuck.wait_turn(1), stuck.wait_turn(2),
+                                       return_exceptions=True)
+        assert [type(r) for r in results] == [TimeoutError, TimeoutError]
+        assert "request 1 waited over 0.1 s" in str(results[0])
+        assert time.monotonic() - t0 < 2.0
+
+    asyncio.run(main())

@@ -7,22 +7,34 @@ lanes in Redis alone must still run them one at a time, in order, under one glob
 
 Each worker process
 ===================
-- opens its own ``redis.Redis`` client and builds a :class:`~lanequeue.LaneQueue` with
-  the policy's lanes on Redis, under a key prefix unique to the run
-  (``lanequeue-replay:<uuid>``): ``RedisSessionLane("session")`` then
-  ``RedisLane("global", max_concurrent=cap)`` for the ``session`` policy;
-  ``RedisLane("session", max_concurrent=1)`` then the same global lane for
-  ``global-serial``. Every lane waits without limit (``timeout_s=None``);
+- opens its own Redis client and builds a queue with the policy's lanes on Redis, under a
+  key prefix unique to the run (``lanequeue-replay:<uuid>``): the session lane then
+  ``global`` (``max_concurrent=cap``) for the ``session`` policy; a counting ``session``
+  lane of one permit then the same global lane for ``global-serial``. Every lane waits
+  without limit (``timeout_s=None``);
 - reports "ready" and waits for the go; once every worker is ready (a worker that dies
   or fails on the way stops the run at once), the parent fixes one start instant ``t0``
   on ``time.monotonic()`` (CLOCK_MONOTONIC: one clock for the whole host, so readings
   of different processes compare) and releases them all;
-- runs the thread runtime's driver (:func:`~lanequeue.replay.runtimes.threads.drive_threads`) on
-  its share of the requests: each request is released at ``t0 + arrival`` to a thread
-  that waits at the arrival gate, blocks in ``acquire_all(key, ["session", "global"])``
-  on the Redis lanes, sleeps its work time, releases;
-- sends back what its own threads observed, per request: dispatch, start of work, end of
-  work, completion (all ``time.monotonic() - t0``) and its worker id.
+- drives its share of the requests with one of two drivers (:data:`DRIVERS`, the
+  runtime's ``name``, chosen with ``--runtime``):
+
+  * ``asyncio`` (the default): ONE event loop, a ``redis.asyncio.Redis`` client, an
+    :class:`~lanequeue.AsyncLaneQueue` of ``AsyncRedisSessionLane``/``AsyncRedisLane``,
+    and the asyncio runtime's driver (:func:`~lanequeue.replay.runtimes.aio.drive_tasks`):
+    each request becomes a task at ``t0 + arrival`` that awaits the
+    :class:`~lanequeue.replay.observe.AsyncArrivalGate`, then
+    ``acquire_all(key, ["session", "global"])``, sleeps its work time, releases. A backlog
+    costs tasks, not threads;
+  * ``threads``: a ``redis.Redis`` client, a :class:`~lanequeue.LaneQueue` of
+    ``RedisSessionLane``/``RedisLane``, and the thread runtime's driver
+    (:func:`~lanequeue.replay.runtimes.threads.drive_threads`): a thread per request in
+    flight, behind the :class:`~lanequeue.replay.observe.ArrivalGate`. It exercises the
+    thread face across processes, and serves as the baseline of the asyncio driver;
+- sends back what it observed, per request: dispatch, start of work, end of work,
+  completion (all ``time.monotonic() - t0``), its worker id, and the CPU time the process
+  used from the go to the end (summed over the workers, ``worker_cpu_s`` and
+  ``worker_cpu_ms_per_request`` in the backend's figures).
 
 The parent merges the observations and computes the figures exactly as for the
 in-process runtimes, from the workers' intervals ``[start, end of work)``: per-key and
@@ -34,25 +46,27 @@ same clock); ``order_violations`` from that order; waits = start - arrival.
 Ordering across processes: the arrival gate
 ============================================
 Two turns of one conversation that arrive close together at different processes could
-reach Redis in swapped order through scheduling (a thread woken late, a process
+reach Redis in swapped order through scheduling (a task or thread run late, a process
 descheduled): a harness artefact that the lane would then rightly serve in that order.
 (In the bundled trace consecutive turns are >= 3 s of trace time apart, except one pair
-at the same instant, so >= 50 ms apart at speed 60; the gate makes it rigorous anyway.)
+at the same instant, so >= 5 ms apart at speed 600; the gate makes it rigorous anyway.)
 
-The :class:`~lanequeue.replay.observe.ArrivalGate` is shared across processes through
-Redis. Each conversation (lane slot) has a completion counter ``<prefix>:done:<key>``
-(``<prefix>:done:*`` for ``global-serial``, whose first lane is one shared slot): a
-request INCRs it (with a TTL, in one MULTI) after it has RELEASED its lanes, or failed
-(``acquire_all`` then released whatever it had taken, or the request never entered); the
-last request of a conversation skips it, as nobody waits for it. The request of rank
-``r`` (``r`` earlier requests of its conversation in the whole trace, whichever process
-they went to) enters the lanes only once::
+The gate is shared across processes through Redis. Each conversation (lane slot) has a
+completion counter ``<prefix>:done:<key>`` (``<prefix>:done:*`` for ``global-serial``,
+whose first lane is one shared slot): a request INCRs it (with a TTL, in one MULTI) after
+it has RELEASED its lanes, or failed (``acquire_all`` then released whatever it had
+taken, or the request never entered); the last request of a conversation skips it, as
+nobody waits for it. The request of rank ``r`` (``r`` earlier requests of its
+conversation in the whole trace, whichever process they went to) enters the lanes only
+once::
 
-    is_held(key) + waiting_for(key) >= r - done(key)
+    holders(key) + waiters(key) >= r - done(key)
 
-read in this order (counter, then holder, then waiters: three round trips), polling every
-``poll_s`` (2 ms, doubling up to 50 ms) while it is false. Why this is exact across
-processes:
+reading the counter first (t0), then the lane. The asyncio driver reads the lane in ONE
+script, holder and live waiters at one instant t1 (two round trips per poll); the thread
+driver reads ``is_held`` (t1) then ``waiting_for`` (t2 >= t1), one script each (three
+round trips). It polls every ``poll_s`` (2 ms, doubling up to 50 ms) while the condition
+is false. Why this is exact across processes:
 
 1. Every request of the conversation passes the gate, so none of rank > r can enter the
    session lane (hence finish) before the request of rank r has entered: ``done(key)``
@@ -60,10 +74,10 @@ processes:
    (the INCR follows the release). So ``pending = r - done`` counts every earlier
    request not known to have finished, which includes every earlier request not yet
    inside.
-2. Holders are read at t1 >= t0 and waiters at t2 >= t1, each by one script on the
-   server (``is_held`` = the holder key exists; ``waiting_for`` = live waiters in line).
-   Anyone counted is inside at that instant, so it is an earlier request that has not
-   finished, one of the ``pending``. A request seen holding at t1 cannot be waiting at
+2. Holders are read at t1 >= t0 and waiters at t2 >= t1 (t2 = t1 in one script), each by
+   a script on the server (a holder = the holder key exists; waiters = live waiters in
+   line). Anyone counted is inside at that instant, so it is an earlier request that has
+   not finished, one of the ``pending``. A request seen holding at t1 cannot be waiting at
    t2 (it never joins the line again), so nobody is counted twice (a waiter at t1 that
    is granted before t2 may be counted zero times: an undercount, one more poll).
 3. Hence ``inside >= pending`` means every unfinished earlier request is inside the
@@ -72,12 +86,14 @@ processes:
 
 A request whose predecessor is inside at once costs one GET (rank 0 costs nothing); the
 gate counts the requests it held back at least once (``gate_held_back``). Within one
-process only the lowest-ranked held request of a conversation polls (``one_poller``):
-the others of that conversation could not pass before it anyway, and a burst of one
-slot (``global-serial``: every request is one slot) would otherwise make every waiting
-thread poll Redis, hundreds of polls every 2 ms. A predecessor that never enters (its
-worker died) would block its successors: the gate gives up after ``gate_max_wait_s``
-with an error, and the parent stops the run when a worker dies.
+process only the lowest-ranked held request of a conversation polls: the others of that
+conversation could not pass before it anyway, and a burst of one slot (``global-serial``:
+every request is one slot) would otherwise make every waiting request poll Redis,
+hundreds of polls every 2 ms (asyncio: each request first awaits the previous request of
+its slot in this process passing the gate, with no I/O; threads: ``one_poller``). A
+predecessor that never enters (its worker died) would block its successors: the gate
+gives up after ``gate_max_wait_s`` with an error, and the parent stops the run when a
+worker dies.
 
 Limits of the argument, all outside a healthy run and all visible in the report: a
 waiter whose process freezes past its liveness window is no longer counted as inside
@@ -86,9 +102,11 @@ would count the reordering); a release that fails on a backend error leaves a ho
 lapses with its lease while the request already counts as finished (the request is
 reported as an error).
 
-Connections: a thread waiting in a Redis lane holds no connection (wake-ups come over
-one subscription per process); each worker's pool is still sized to its share of the
-requests, for the arrival gate's reads.
+Connections: a task or thread waiting in a Redis lane holds no connection (wake-ups come
+over one subscription per process); the lanes bound their own script calls per process
+(releases on a bound of their own, never behind acquires). The thread driver's pool is
+sized to its share of the requests, for the arrival gate's reads; the asyncio client's
+pool opens connections as the gate's reads need them.
 
 Lifetime: the workers end with the parent, however it ends (:func:`die_with_parent`);
 SIGTERM or Ctrl-C of the parent stops the run cleanly, and a run in which nothing
@@ -157,7 +175,7 @@ _SCHEMES = ("redis", "rediss", "unix")
 #: The run's key prefix starts with this.
 PREFIX_BASE = "lanequeue-replay"
 #: The arrival gate's poll interval doubles from ``poll_s`` up to this (seconds): each
-#: poll costs three round trips, and a backlog of held requests polling every 2 ms took
+#: poll costs two or three round trips, and a backlog of held requests polling every 2 ms took
 #: the script connections the lanes' own calls needed.
 GATE_MAX_POLL_S = 0.05
 #: How a worker process drives its share: ``asyncio`` (the default) or ``threads``.
