@@ -128,6 +128,7 @@ the completion counters after ``counter_ttl_s``.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 import multiprocessing as mp
 import os
@@ -138,9 +139,9 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Container, Hashable, Sequence
+from collections.abc import Callable, Container, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from lanequeue import AsyncLaneQueue, LaneQueue
@@ -169,6 +170,8 @@ __all__ = [
     "connect",
     "redact_url",
 ]
+
+T = TypeVar("T")
 
 #: URL schemes redis-py's ``from_url`` understands.
 _SCHEMES = ("redis", "rediss", "unix")
@@ -461,7 +464,31 @@ def _worker_main(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
     if spec.driver == "threads":
         _thread_worker(spec, go, epoch, out)
     else:
-        asyncio.run(_async_worker(spec, go, epoch, out))
+        run_loop(_async_worker(spec, go, epoch, out))
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on a new event loop: uvloop's when it is installed (``pip install
+    'lanequeue[fast]'``: about a sixth less CPU per Redis call), else asyncio's own;
+    return its result."""
+    uvloop = _uvloop()
+    if uvloop is None:
+        return asyncio.run(main)
+    result: T = uvloop.run(main)
+    return result
+
+
+def loop_name() -> str:
+    """The event loop :func:`run_loop` uses here: ``"uvloop"`` or ``"asyncio"``."""
+    return "asyncio" if _uvloop() is None else "uvloop"
+
+
+def _uvloop() -> Any:
+    """The uvloop module, or None when it is not installed (an optional extra)."""
+    try:
+        return importlib.import_module("uvloop")
+    except ImportError:
+        return None
 
 
 def _payload(
@@ -795,6 +822,8 @@ class RedisProcessRuntime:
         record.backend_info = self._finish(client, plan, prefix, record)
         cpu_s = math.fsum(float(payloads[wid].get("cpu_s", 0.0)) for wid in range(w))
         record.backend_info["driver"] = self.name
+        if self.name == "asyncio":
+            record.backend_info["event_loop"] = loop_name()
         record.backend_info["worker_cpu_s"] = round(cpu_s, 3)
         record.backend_info["worker_cpu_ms_per_request"] = (
             round(1000.0 * cpu_s / n, 4) if n else None
