@@ -239,6 +239,43 @@ def test_release_never_waits_behind_acquires_for_a_script_connection(
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_async_release_never_waits_behind_acquires_for_a_script_call(
+    server: RedisServer, kind: str
+) -> None:
+    """The asyncio face: every permit of the general bound on script calls is taken (as
+    by a backlog of waiting tasks' acquires and polls); a release still runs at once, on
+    the bound kept for releases and withdrawals. Then the key is free in Redis."""
+    from lanequeue.redis import AsyncRedisLane
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane: Any = (AsyncRedisSessionLane(client, lease_s=5.0) if kind == "session"
+                     else AsyncRedisLane(client, "g", max_concurrent=1, lease_s=5.0))
+        assert await lane.try_acquire("k")
+        slots = lane._wk().slots
+        taken = 0
+        while not slots.locked():  # the general bound is exhausted
+            await slots.acquire()
+            taken += 1
+        try:
+            released = await asyncio.wait_for(lane.manual_release("k"), 5.0)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise AssertionError("the release waited behind acquires") from None
+        finally:
+            for _ in range(taken):
+                slots.release()
+        assert released is True
+        if kind == "session":
+            assert not await lane.is_held("k")
+        else:
+            assert await lane.holds_of("k") == 0
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
 def test_callers_waiting_for_a_permit_do_not_wake_while_they_wait() -> None:
     """50 threads wait for the one permit of a bound for 1 s: only the one at the door
     wakes (every HEAL_S, to heal lost permits); the others sleep until it is their turn.

@@ -5,6 +5,7 @@ observations. Uses the session's real redis-server (``redis_server`` fixture), n
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import threading
@@ -26,7 +27,7 @@ from lanequeue.replay import (
     read_trace,
     run_replay,
 )
-from lanequeue.replay.observe import ArrivalGate
+from lanequeue.replay.observe import ArrivalGate, AsyncArrivalGate
 from lanequeue.replay.runtimes import ReplayPlan
 from lanequeue.replay.runtimes.redis_processes import (
     BackendError,
@@ -64,11 +65,14 @@ def split_conversations(keys: Sequence[str], worker_of: Sequence[int]) -> int:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("runtime", [None, "threads"])
 def test_trace_across_three_worker_processes(
-    redis_server: RedisServer, redis_client: redis.Redis
+    redis_server: RedisServer, redis_client: redis.Redis, runtime: str | None
 ) -> None:
+    """Each worker drives its share on asyncio (the default with a backend) or threads."""
     trace = read_trace().head(300)
-    config = ReplayConfig(global_cap=8, speed=600, backend=redis_server.url, workers=3)
+    config = ReplayConfig(global_cap=8, speed=600, backend=redis_server.url, workers=3,
+                          runtime=runtime)
     result = run_replay(trace, config)
     rep, rec = result.report, result.record
 
@@ -78,7 +82,15 @@ def test_trace_across_three_worker_processes(
     assert 1 <= rep.peak_global <= 8
     assert rep.failed_checks() == []
     assert rep.workers == 3 and rep.backend == redis_server.url
-    assert rep.runtime == "threads"
+    assert rep.runtime == (runtime or "asyncio")
+    assert rep.worker_threads == (0 if runtime is None else rec.threads) and (
+        runtime is None or rec.threads > 0)
+    assert rep.backend_info["driver"] == rep.runtime
+    assert rep.backend_info["worker_cpu_ms_per_request"] > 0
+    if runtime is None:
+        from lanequeue.replay.runtimes.redis_processes import loop_name
+
+        assert rep.backend_info["event_loop"] == loop_name()
     # Round-robin by request: some conversations really ran in several processes.
     assert rec.worker_of is not None
     assert sorted(set(rec.worker_of)) == [0, 1, 2]
@@ -190,12 +202,21 @@ def test_cli_backend_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "hunter2" not in err
 
 
-def test_cli_asyncio_runtime_with_a_backend_is_a_clear_error(
-    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+def test_a_runtime_that_is_no_worker_driver_with_a_backend_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    code = main(["replay", "--backend", redis_server.url, "--runtime", "asyncio"])
-    assert code == 2
-    assert "runtime 'asyncio' cannot run on a backend" in capsys.readouterr().err
+    """A runtime the worker processes cannot run (any beyond asyncio and threads) is
+    refused with a backend, naming the ones they can; it is accepted in process."""
+    from lanequeue.replay import runtimes
+
+    monkeypatch.setitem(runtimes.RUNTIMES, "other", runtimes.RUNTIMES["threads"])
+    assert ReplayConfig(runtime="other").runtime == "other"
+    with pytest.raises(ValueError, match="runtime 'other' cannot run on a backend: each "
+                       "worker process of the Redis backend runs asyncio or threads"):
+        ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="other")
+    assert ReplayConfig(backend="redis://127.0.0.1:6379/0").runtime == "asyncio"
+    assert ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="threads").runtime == (
+        "threads")
 
 
 def test_config_and_runtime_validation() -> None:
@@ -203,10 +224,10 @@ def test_config_and_runtime_validation() -> None:
         ReplayConfig(workers=2)
     with pytest.raises(ValueError, match="workers must be an integer from 1 to 1,024"):
         ReplayConfig(backend="redis://127.0.0.1:6379/0", workers=0)
-    with pytest.raises(ValueError, match="cannot run on a backend"):
-        ReplayConfig(backend="redis://127.0.0.1:6379/0", runtime="asyncio")
     with pytest.raises(ValueError, match="workers must be an integer from 1 to 1,024"):
         RedisProcessRuntime("redis://127.0.0.1:6379/0", 0)
+    with pytest.raises(ValueError, match="driver must be one of asyncio, threads, got 'trio'"):
+        RedisProcessRuntime("redis://127.0.0.1:6379/0", 1, driver="trio")
     with pytest.raises(BackendError, match="cannot reach Redis"):
         check_backend(f"redis://127.0.0.1:{free_port()}/0")
 
@@ -358,3 +379,112 @@ def test_a_worker_that_dies_stops_the_run_with_a_clear_error(
     assert not [c for c in multiprocessing.active_children() if c.name.startswith("lanequeue")]
     # The run's keys were deleted on the way out (all of them had a TTL anyway).
     assert run_keys(redis_client, "lanequeue-replay:") == []
+
+
+# -- the asyncio arrival gate (AsyncArrivalGate) ------------------------------------------
+
+
+class _AsyncCounter:
+    """An in-memory AsyncCompletionCounter (what the Redis one does, without Redis)."""
+
+    def __init__(self) -> None:
+        self.finished: list[object] = []
+
+    async def done(self, slot: object) -> int:
+        await asyncio.sleep(0)  # a round trip
+        return self.finished.count(slot)
+
+    async def finish(self, slot: object) -> None:
+        await asyncio.sleep(0)
+        self.finished.append(slot)
+
+
+@pytest.mark.timeout(20)
+def test_async_gate_lets_a_burst_in_in_order_with_one_poller_at_a_time() -> None:
+    """30 requests of one slot reach the gate at once; each joins the lane only after a
+    round trip of its own (as a Redis acquire does). They pass in arrival order, none
+    before every unfinished predecessor is inside, and only one polls at a time."""
+    n = 30
+    entered: list[int] = []
+    polling = [0]
+    most = [0]
+
+    async def inside(slot: object) -> int:
+        polling[0] += 1
+        most[0] = max(most[0], polling[0])
+        await asyncio.sleep(0.0005)  # a round trip
+        polling[0] -= 1
+        return len(entered)
+
+    async def main() -> None:
+        gate = AsyncArrivalGate(["a"] * n, inside, counter=_AsyncCounter(), poll_s=0.001,
+                                max_wait_s=10)
+
+        async def request(rid: int) -> None:
+            await gate.wait_turn(rid)
+            assert len(entered) == rid  # every predecessor is inside already
+            await asyncio.sleep(0.001)  # the acquire script's round trip
+            entered.append(rid)
+
+        await asyncio.gather(*(request(rid) for rid in range(n)))
+        # Most are held back (how many depends on how late the loop runs their polls).
+        assert 1 <= gate.held_back <= n - 1
+
+    asyncio.run(main())
+    assert entered == list(range(n))
+    assert most[0] == 1
+
+
+@pytest.mark.timeout(20)
+def test_async_gate_counts_finished_predecessors_and_gives_up_after_max_wait() -> None:
+    """A predecessor that has finished lets its successor in although nobody is inside;
+    the last request of a slot is not counted; a predecessor that never enters makes its
+    successor (and the one waiting behind it) fail after max_wait_s."""
+    counter = _AsyncCounter()
+
+    async def nobody(slot: object) -> int:
+        return 0
+
+    async def main() -> None:
+        gate = AsyncArrivalGate(["a", "b", "a"], nobody, counter=counter, max_wait_s=5)
+        for rid in range(3):
+            await gate.wait_turn(rid)
+            await gate.finished(rid)
+        assert counter.finished == ["a"] and gate.held_back == 0
+
+        stuck = AsyncArrivalGate(["c"] * 3, nobody, counter=_AsyncCounter(), poll_s=0.005,
+                                 max_wait_s=0.1)
+        t0 = time.monotonic()
+        results = await asyncio.gather(stuck.wait_turn(1), stuck.wait_turn(2),
+                                       return_exceptions=True)
+        assert [type(r) for r in results] == [TimeoutError, TimeoutError]
+        assert "request 1 waited over 0.1 s" in str(results[0])
+        assert time.monotonic() - t0 < 2.0
+
+    asyncio.run(main())
+
+
+def test_run_loop_uses_uvloop_when_installed_else_asyncio(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio workers' event loop: uvloop's when it can be imported (the ``fast``
+    extra, installed with the test extra where uvloop builds), else asyncio's own."""
+    from lanequeue.replay.runtimes import redis_processes as rp
+
+    async def loop_module() -> str:
+        return type(asyncio.get_running_loop()).__module__
+
+    try:
+        import uvloop  # noqa: F401
+
+        assert rp.loop_name() == "uvloop"
+        assert rp.run_loop(loop_module()).startswith("uvloop")
+    except ImportError:
+        assert rp.loop_name() == "asyncio"
+
+    def missing(name: str) -> object:
+        raise ImportError(name)
+
+    monkeypatch.setattr(rp.importlib, "import_module", missing)
+    assert rp.loop_name() == "asyncio"
+    assert rp.run_loop(loop_module()).startswith("asyncio")

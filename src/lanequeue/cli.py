@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help=f"how requests run: {', '.join(sorted(RUNTIMES))} (default {defaults.runtime}; "
-        "asyncio with --busy): "
+        "asyncio with --busy or --backend): "
         "threads block in LaneQueue, asyncio tasks await AsyncLaneQueue on one event loop",
     )
     rp.add_argument(
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.workers,
         metavar="N",
-        help="with --backend: worker processes, each running the threads runtime; "
+        help="with --backend: worker processes, each running --runtime (asyncio or threads); "
         "request i goes to worker i mod N, so a conversation's messages reach different "
         f"processes (default {defaults.workers})",
     )

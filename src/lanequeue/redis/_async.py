@@ -174,16 +174,17 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
 
     async def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
-        slots = self._wk().slots  # the process's bound on calls in flight per client
+        wk = self._wk()  # the process's bound on calls in flight per client
         if op == "release" or op == "withdraw":
             # Runs to its end even if the caller is cancelled while it waits (C25): a
-            # release or withdraw cut short would leave a grant nobody owns.
+            # release or withdraw cut short would leave a grant nobody owns. Its bound
+            # is its own: it never waits behind the acquires it would let in.
             task = asyncio.get_running_loop().create_task(
-                _call(slots, self._client, script, keys, args))
+                _call(wk.freeing, self._client, script, keys, args))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
             return await asyncio.shield(task)
-        async with slots:
+        async with wk.slots:
             return await run_async(self._client, script, keys, args)
 
     async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:

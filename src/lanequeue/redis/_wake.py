@@ -22,8 +22,8 @@ that cannot subscribe (no ``pubsub``) leaves its waiters polling.
 The listener also owns the process's bound on concurrent script calls per client
 (``slots``): however many threads or tasks wait, at most that many connections of the
 client's pool are in use by the lanes at once, so 10,000 waiters fit redis-py's default
-pool of 100. In the thread face, releases and withdrawals have a bound of their own
-(``freeing``, :data:`FREEING_CALLS` connections): a call that frees a key or permit never
+pool of 100. Releases and withdrawals have a bound of their own (``freeing``,
+:data:`FREEING_CALLS` connections, in both faces): a call that frees a key or permit never
 waits behind the acquires and polls of the waiters it would let in.
 """
 
@@ -50,8 +50,8 @@ log = logging.getLogger("lanequeue.redis")
 _token = os.urandom(5).hex()
 #: Script calls one process runs at once per client (at most; below the pool's size).
 MAX_CALLS = 8
-#: Thread face: releases and withdrawals (the calls that free a key or permit) run on
-#: this many connections of their own, never waiting behind acquires and polls.
+#: Releases and withdrawals (the calls that free a key or permit) run on this many
+#: connections of their own, never waiting behind acquires and polls (both faces).
 FREEING_CALLS = 4
 
 
@@ -419,6 +419,9 @@ class AsyncWaker:
 
     def __init__(self, client: Any) -> None:
         self.slots = asyncio.Semaphore(_calls(client))
+        # Releases and withdrawals: a bound of their own, as in the thread face (behind
+        # a backlog of acquires in ``slots``, a release kept the key it was freeing).
+        self.freeing = asyncio.Semaphore(FREEING_CALLS)
         self._events: dict[str, asyncio.Event] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
         self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken

@@ -32,16 +32,19 @@ conversation that arrive at different processes.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import math
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from fractions import Fraction
 from typing import Protocol
 
 __all__ = [
     "ArrivalGate",
+    "AsyncArrivalGate",
+    "AsyncCompletionCounter",
     "CompletionCounter",
     "LocalCompletionCounter",
     "Observer",
@@ -219,6 +222,19 @@ class LocalCompletionCounter:
             self._finished[slot] = self._finished.get(slot, 0) + 1
 
 
+def _ranks(slots: Sequence[Hashable]) -> tuple[list[int], list[bool]]:
+    """Per request: how many requests of its slot arrived before it, and whether it is
+    the last of its slot (nobody waits for it to finish)."""
+    seen: dict[Hashable, int] = {}
+    rank: list[int] = []
+    for slot in slots:
+        r = seen.get(slot, 0)
+        rank.append(r)
+        seen[slot] = r + 1
+    last = [r == seen[slot] - 1 for r, slot in zip(rank, slots, strict=True)]
+    return rank, last
+
+
 class ArrivalGate:
     """Makes requests enter the first lane in arrival order within each lane slot.
 
@@ -286,14 +302,7 @@ class ArrivalGate:
         # one_poller: per slot, a heap of (rank, wake-up event) of the requests waiting
         # here; the lowest rank polls, and is woken when it becomes the lowest.
         self._lines: dict[Hashable, list[tuple[int, threading.Event]]] = {}
-        seen: dict[Hashable, int] = {}
-        self._rank: list[int] = []
-        for slot in slots:
-            r = seen.get(slot, 0)
-            self._rank.append(r)
-            seen[slot] = r + 1
-        # The last request of a slot has no successor to count it: finished() skips it.
-        self._last = [r == seen[slot] - 1 for r, slot in zip(self._rank, slots, strict=True)]
+        self._rank, self._last = _ranks(slots)
         #: how many times a request found a predecessor not yet inside and had to wait
         self.held_back = 0
 
@@ -430,3 +439,132 @@ class ArrivalGate:
             slot = self._slots[rid]
             self._counter.finish(slot)
             self._pass(slot, self._rank[rid])
+
+
+class AsyncCompletionCounter(Protocol):
+    """:class:`CompletionCounter` with coroutines (what :class:`AsyncArrivalGate` needs);
+    the same rules: ``finish`` only after the release, ``done`` counts every ``finish``
+    that returned before it began, across everyone sharing the counter."""
+
+    async def done(self, slot: Hashable) -> int:
+        """Requests of ``slot`` finished so far."""
+        ...
+
+    async def finish(self, slot: Hashable) -> None:
+        """One more request of ``slot`` has left the lanes."""
+        ...
+
+
+class AsyncArrivalGate:
+    """:class:`ArrivalGate` for the tasks of ONE event loop, whose lane calls suspend on
+    I/O before the request is in line (Redis lanes): the same condition, the same
+    exactness argument (see :meth:`ArrivalGate.wait_turn`), awaited instead of blocking.
+
+    Args:
+        slots: the slot of each request, indexed in arrival order (ranks are global: with
+            several processes, every process passes the slots of ALL requests).
+        inside: a coroutine function: ``await inside(slot)`` is how many requests of
+            ``slot`` are inside the lane now, holders read before waiters (or both read
+            at one instant, by one script on the server).
+        counter: where finished requests are counted, shared by every process driving
+            requests of the same slots.
+        poll_s: seconds between the first two checks while a predecessor is not inside.
+        max_poll_s: the interval doubles after each check up to this (default ``poll_s``).
+        max_wait_s: give up (TimeoutError) after waiting this long; None: no limit.
+        clock: the clock of the deadline (the loop's, ``time.monotonic``).
+
+    Only one request of a slot polls per event loop: each request first waits (without
+    any I/O) until the previous request of its slot that reached this gate has passed it
+    (or failed), which it would have to anyway, since its own condition needs that one
+    inside. Requests must call :meth:`wait_turn` in arrival order (the first step of a
+    task created in arrival order does: it runs before any await), so that line is in
+    rank order and the lowest-ranked request is the one that polls. Not thread-safe:
+    every call from the loop's thread.
+    """
+
+    def __init__(
+        self,
+        slots: Sequence[Hashable],
+        inside: Callable[[Hashable], Awaitable[int]],
+        *,
+        counter: AsyncCompletionCounter,
+        poll_s: float = 0.002,
+        max_poll_s: float | None = None,
+        max_wait_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._slots = slots
+        self._inside = inside
+        self._counter = counter
+        self._poll_s = poll_s
+        self._max_poll_s = poll_s if max_poll_s is None else max(poll_s, max_poll_s)
+        self._max_wait_s = max_wait_s
+        self._clock = clock
+        self._rank, self._last = _ranks(slots)
+        # Per slot: the "passed" event of the latest request of the slot that reached
+        # this gate (the next one waits for it before polling).
+        self._tail: dict[Hashable, asyncio.Event] = {}
+        #: how many requests found a predecessor not yet inside and had to wait
+        self.held_back = 0
+        #: how many times ``inside`` was asked (each poll: one ``done``, one ``inside``)
+        self.polls = 0
+
+    def rank(self, rid: int) -> int:
+        """How many requests of ``rid``'s slot arrived before it."""
+        return self._rank[rid]
+
+    async def wait_turn(self, rid: int) -> None:
+        """Return once every unfinished earlier request of ``rid``'s slot is inside the
+        lane (see :meth:`ArrivalGate.wait_turn` for why the check is exact).
+
+        Raises:
+            TimeoutError: still waiting after ``max_wait_s``.
+        """
+        slot = self._slots[rid]
+        rank = self._rank[rid]
+        if rank == 0:
+            return
+        previous = self._tail.get(slot)
+        passed = self._tail[slot] = asyncio.Event()
+        deadline = None if self._max_wait_s is None else self._clock() + self._max_wait_s
+        waited = False
+        try:
+            if previous is not None and not previous.is_set():
+                waited = True
+                self.held_back += 1
+                left = None if deadline is None else max(0.0, deadline - self._clock())
+                try:
+                    await asyncio.wait_for(previous.wait(), left)
+                except (asyncio.TimeoutError, TimeoutError):
+                    raise self._late(rid) from None
+            pause = self._poll_s
+            while True:
+                pending = rank - await self._counter.done(slot)  # t0: before the lane reads
+                if pending <= 0:
+                    return
+                self.polls += 1
+                if await self._inside(slot) >= pending:
+                    return
+                if not waited:
+                    waited = True
+                    self.held_back += 1
+                if deadline is not None and self._clock() > deadline:
+                    raise self._late(rid)
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, self._max_poll_s)
+        finally:
+            passed.set()
+            if self._tail.get(slot) is passed:
+                del self._tail[slot]
+
+    def _late(self, rid: int) -> TimeoutError:
+        return TimeoutError(
+            f"arrival gate: request {rid} waited over {self._max_wait_s:g} s for the "
+            "earlier requests of its slot to enter the lane"
+        )
+
+    async def finished(self, rid: int) -> None:
+        """Request ``rid`` has left the lanes (call after the release). The last request
+        of its slot is not counted: no later request waits for it."""
+        if not self._last[rid]:
+            await self._counter.finish(self._slots[rid])

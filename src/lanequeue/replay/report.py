@@ -204,6 +204,10 @@ class ReplayReport:
                 ("gate_held_back", str(self.gate_held_back), ""),
                 ("worker_threads", str(self.worker_threads), ""),
             ]
+            if info.get("worker_cpu_ms_per_request") is not None:
+                rows.append(
+                    ("worker_cpu_ms_per_request", f"{info['worker_cpu_ms_per_request']:.3f}", "")
+                )
             if "conversations_split_across_workers" in info:
                 split = info["conversations_split_across_workers"]
                 multi = info.get("conversations_with_several_requests", "?")

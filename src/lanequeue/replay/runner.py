@@ -28,6 +28,7 @@ from lanequeue.replay.runtimes import (
     get_runtime,
 )
 from lanequeue.replay.runtimes.base import check_workers
+from lanequeue.replay.runtimes.redis_processes import DRIVERS
 from lanequeue.replay.runtimes.threads import ThreadRuntime
 from lanequeue.replay.simulate import Schedule, simulate
 from lanequeue.replay.trace import DEFAULT_TPOT_MS, Trace, service_times_us
@@ -67,13 +68,15 @@ class ReplayConfig:
             trace whose lines give ``output_tokens`` must name it (as ``lanequeue plan``;
             see :func:`lanequeue.replay.trace.service_times_us`).
         runtime: name of the runtime (:data:`lanequeue.replay.runtimes.RUNTIMES`); None
-            (the default): ``threads``, or ``asyncio`` with ``busy``. After construction
-            it is always the runtime's name.
+            (the default): ``threads``, or ``asyncio`` with ``busy`` or a ``backend``.
+            With a backend it names how each worker process drives its share
+            (``asyncio`` or ``threads``). After construction it is always the runtime's
+            name.
         max_sessions: soft cap of the session lane's registry, entries.
         idle_timeout_s: seconds of *trace* time an idle session entry is kept (divided by
             ``speed`` like every other duration); None keeps entries for ever.
         backend: None: in-process lanes; ``"redis://HOST[:PORT][/DB]"``: Redis lanes driven
-            by ``workers`` processes of the thread runtime
+            by ``workers`` processes, each running ``runtime``
             (:mod:`lanequeue.replay.runtimes.redis_processes`).
         workers: worker processes sharing the backend's lanes (> 1 needs a backend).
         limit: replay only the first ``limit`` requests in arrival order (None: all).
@@ -93,8 +96,9 @@ class ReplayConfig:
         TypeError: a setting of the wrong type.
         ValueError: a setting out of range (NaN and infinities included: a
             :class:`~lanequeue.replay._checks.SettingError` naming it), an unknown policy
-            or runtime, ``workers > 1`` without a backend, or a backend with a runtime
-            other than ``threads``, or a setting ``busy`` cannot honour (see ``busy``).
+            or runtime, ``workers > 1`` without a backend, a backend with a runtime other
+            than ``asyncio`` or ``threads``, or a setting ``busy`` cannot honour (see
+            ``busy``).
     """
 
     policy: str = DEFAULT_POLICY
@@ -121,7 +125,7 @@ class ReplayConfig:
     def __post_init__(self) -> None:
         if self.runtime is None:  # frozen: set once, here
             object.__setattr__(self, "runtime", "asyncio" if self.busy is not None
-                               else DEFAULT_RUNTIME)
+                               or self.backend is not None else DEFAULT_RUNTIME)
         check_speed(self.speed)
         check_tpot_ms(self.tpot_ms)
         check_count(self.global_cap, "global_cap")
@@ -145,10 +149,10 @@ class ReplayConfig:
                 "workers > 1 needs a shared backend: worker processes share lanes only "
                 "through one (e.g. backend='redis://127.0.0.1:6379/0')"
             )
-        if self.backend is not None and self.runtime != ThreadRuntime.name:
+        if self.backend is not None and self.runtime not in DRIVERS:
             raise ValueError(
-                f"runtime {self.runtime!r} cannot run on a backend: the Redis backend runs "
-                "the threads runtime in each worker process"
+                f"runtime {self.runtime!r} cannot run on a backend: each worker process of "
+                f"the Redis backend runs {' or '.join(DRIVERS)}"
             )
 
     def _check_busy(self) -> None:
@@ -299,7 +303,8 @@ def run_replay(
     if config.backend is not None:
         from lanequeue.replay.runtimes.redis_processes import RedisProcessRuntime
 
-        runtime = RedisProcessRuntime(config.backend, config.workers)
+        assert config.runtime is not None  # set by __post_init__
+        runtime = RedisProcessRuntime(config.backend, config.workers, driver=config.runtime)
     else:
         assert config.runtime is not None  # set by __post_init__
         runtime = get_runtime(config.runtime)

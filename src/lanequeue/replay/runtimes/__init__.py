@@ -7,7 +7,8 @@
 - :mod:`~lanequeue.replay.runtimes.aio`: ``asyncio``, one task per request awaiting
   :class:`~lanequeue.AsyncLaneQueue` on one event loop;
 - :mod:`~lanequeue.replay.runtimes.redis_processes`: worker processes, each running the
-  thread driver over Redis lanes (``--backend redis://... --workers N``).
+  asyncio driver (or, with ``--runtime threads``, the thread driver) over Redis lanes
+  (``--backend redis://... --workers N``).
 
 Another runtime plugs in by adding an entry to :data:`RUNTIMES`.
 """

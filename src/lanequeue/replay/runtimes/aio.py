@@ -40,7 +40,10 @@ its checks) instead of silently skewing the figures. ``RunRecord.held_back`` is 
 This reasoning needs the first lane's take to happen before any await. A lane reached
 through ``await lane._hold(...)`` (a Redis lane, say) may suspend on I/O before its
 request is in line; such a backend needs an awaitable arrival gate in front of
-``acquire_all`` (the check above would report the problem if it were forgotten).
+``acquire_all``: :func:`drive_tasks` takes one
+(:class:`~lanequeue.replay.observe.AsyncArrivalGate`), and the Redis runtime's worker
+processes drive their share with it
+(:mod:`~lanequeue.replay.runtimes.redis_processes`).
 
 Timing: the loop's timers fire within the OS's sleep precision (tens of microseconds):
 epoll counts in whole milliseconds and rounds up, so on Python 3.11+ the loop runs on
@@ -59,10 +62,12 @@ import math
 import selectors
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from lanequeue import AsyncLaneQueue
-from lanequeue.replay.observe import Observer
+from lanequeue.replay.observe import AsyncArrivalGate, Observer
 from lanequeue.replay.runtimes.base import (
     InProcessRuntime,
     ProgressFn,
@@ -74,7 +79,7 @@ from lanequeue.replay.runtimes.base import (
     registry_probe,
 )
 
-__all__ = ["AsyncioRuntime", "build_async_queue"]
+__all__ = ["AsyncioRuntime", "TaskDrive", "build_async_queue", "drive_tasks"]
 
 #: The resolution of the OS poll behind the loop's selector (epoll: milliseconds).
 _POLL_TICK_S = 0.001
@@ -172,33 +177,104 @@ class AsyncioRuntime(InProcessRuntime):
         return asyncio.run(self._replay(plan, progress))  # 3.10: the default loop
 
     async def _replay(self, plan: ReplayPlan, progress: ProgressFn | None) -> RunRecord:
-        n = len(plan.keys)
-        keys = plan.keys
-        work_s = plan.work_s
-        arrival_s = plan.arrival_s
-        lane_names = [spec.name for spec in plan.lanes]
         queue = build_async_queue(plan)
         registry = registry_probe(queue, plan.lanes)
-        loop = asyncio.get_running_loop()
-        clock = loop.time  # the clock of the loop's timers (time.monotonic by default)
+        clock = asyncio.get_running_loop().time  # the clock of the loop's timers
         epoch = clock() + self._lead_s
-        observer = Observer(keys, epoch_s=epoch, clock=clock, registry_size=registry)
-        dispatch_s = [math.nan] * n
-        errors: list[tuple[int, str]] = []
-        done = 0
-        entered = 0  # requests that have reached acquire_all (see the module docstring)
-        # The loop keeps only weak references to tasks: each is kept here until its
-        # worker ends (its own last step drops it: no done-callback to schedule).
-        in_flight: dict[int, asyncio.Task[None]] = {}
-        all_done = asyncio.Event()
-        if n == 0:
-            all_done.set()
+        observer = Observer(plan.keys, epoch_s=epoch, clock=clock, registry_size=registry)
+        drive = await drive_tasks(
+            plan, queue, observer, epoch=epoch, clock=clock, progress=progress,
+            tick_s=self._tick_s,
+        )
+        return observed_record(
+            observer, queue, plan, dispatch_s=drive.dispatch_s, errors=drive.errors,
+            wall_s=drive.wall_s,
+        )
 
-        async def worker(rid: int) -> None:
-            nonlocal done, entered
-            try:
-                if rid != entered:  # reached the lanes out of arrival order: a harness bug
-                    errors.append((rid, f"reached acquire_all as number {entered}, not {rid}"))
+
+@dataclass
+class TaskDrive:
+    """What :func:`drive_tasks` returns besides the observer's record.
+
+    Attributes:
+        dispatch_s: when each request was released, seconds after the epoch (NaN for the
+            requests this driver did not drive).
+        errors: (request index, error text) for requests that failed or did not complete.
+        wall_s: seconds from the epoch to the last completion of the driven requests.
+    """
+
+    dispatch_s: list[float]
+    errors: list[tuple[int, str]]
+    wall_s: float
+
+
+async def drive_tasks(
+    plan: ReplayPlan,
+    queue: AsyncLaneQueue,
+    observer: Observer,
+    *,
+    epoch: float,
+    clock: Callable[[], float],
+    rids: Sequence[int] | None = None,
+    gate: AsyncArrivalGate | None = None,
+    progress: ProgressFn | None = None,
+    tick_s: float = 0.1,
+) -> TaskDrive:
+    """Drive the requests ``rids`` of ``plan`` (default: all; in arrival order) as tasks
+    of the running loop through ``queue``, in real time from ``epoch`` (a ``clock``
+    reading; ``clock`` must be the loop's time or the clock it runs on).
+
+    Each request's task is created at ``epoch + arrival``; it waits its turn at ``gate``
+    (if any: needed when the first lane suspends on I/O before its request is in line,
+    see the module docstring), holds every lane of the plan with ``acquire_all``, reports
+    to ``observer``, sleeps its work time, releases, and tells ``gate`` it finished.
+    Without a gate, a request that reaches ``acquire_all`` out of arrival order is
+    reported as an error. ``progress(done, len(rids))`` is called every ``tick_s``
+    seconds. Returns once every driven request has finished; cancelling it cancels them.
+    """
+    n = len(plan.keys)
+    mine = list(range(n)) if rids is None else list(rids)
+    total = len(mine)
+    keys = plan.keys
+    work_s = plan.work_s
+    arrival_s = plan.arrival_s
+    lane_names = [spec.name for spec in plan.lanes]
+    loop = asyncio.get_running_loop()
+    dispatch_s = [math.nan] * n
+    errors: list[tuple[int, str]] = []
+    done = 0
+    entered = 0  # requests that have reached acquire_all (see the module docstring)
+    # The loop keeps only weak references to tasks: each is kept here until its worker
+    # ends (its own last step drops it: no done-callback to schedule).
+    in_flight: dict[int, asyncio.Task[None]] = {}
+    all_done = asyncio.Event()
+    if total == 0:
+        all_done.set()
+
+    async def worker(rid: int) -> None:
+        nonlocal done, entered
+        try:
+            if gate is not None:
+                # Its first step runs before any await, so requests join its line in
+                # arrival order.
+                try:
+                    await gate.wait_turn(rid)
+                    async with queue.acquire_all(keys[rid], lane_names):
+                        # As below: the work ends at its start + its work time.
+                        left = observer.work_started(rid) + work_s[rid] - observer.now()
+                        try:
+                            if left > 0:
+                                await asyncio.sleep(left)
+                        finally:
+                            observer.work_ended(rid)
+                    observer.completed(rid)
+                finally:
+                    await gate.finished(rid)
+            else:
+                if rid != mine[entered]:  # reached the lanes out of order: a harness bug
+                    errors.append(
+                        (rid, f"reached acquire_all as number {entered}, not {mine.index(rid)}")
+                    )
                 entered += 1
                 # No await before this line: the first lane is joined in this very step.
                 async with queue.acquire_all(keys[rid], lane_names):
@@ -211,54 +287,54 @@ class AsyncioRuntime(InProcessRuntime):
                     finally:
                         observer.work_ended(rid)
                 observer.completed(rid)
-            except Exception as exc:  # reported, never silently lost
-                errors.append((rid, f"{type(exc).__name__}: {exc}"))
-            finally:  # also on cancellation (an interrupted run), which propagates
-                in_flight.pop(rid, None)
-                done += 1
-                if done == n:
-                    all_done.set()
-
-        async def dispatcher() -> None:
-            for rid in range(n):
-                # Loop: a timer may fire up to the loop's clock resolution early.
-                while (delay := epoch + arrival_s[rid] - clock()) > 0:
-                    await asyncio.sleep(delay)
-                dispatch_s[rid] = clock() - epoch
-                task = loop.create_task(worker(rid))
-                if not task.done():  # (an eager task may have run to its end already)
-                    in_flight[rid] = task
-
-        async def ticker(report: ProgressFn) -> None:
-            while True:
-                report(done, n)
-                await asyncio.sleep(self._tick_s)
-
-        feeder = loop.create_task(dispatcher())
-
-        def feeder_done(task: asyncio.Task[None]) -> None:
-            # A dispatcher that failed stops the wait (``await feeder`` then re-raises).
-            if not task.cancelled() and task.exception() is not None:
+        except Exception as exc:  # reported, never silently lost
+            errors.append((rid, f"{type(exc).__name__}: {exc}"))
+        finally:  # also on cancellation (an interrupted run), which propagates
+            in_flight.pop(rid, None)
+            done += 1
+            if done == total:
                 all_done.set()
 
-        feeder.add_done_callback(feeder_done)
-        bar = None if progress is None else loop.create_task(ticker(progress))
-        try:
-            await all_done.wait()
-            await feeder  # done by now; re-raises if the dispatcher failed
-        finally:
-            if bar is not None:
-                bar.cancel()
-            feeder.cancel()  # on an interrupt; asyncio.run cancels the workers
-        failed = {rid for rid, _ in errors}
-        errors += [
-            (rid, "did not complete")
-            for rid, t in enumerate(observer.complete_s)
-            if math.isnan(t) and rid not in failed
-        ]
-        wall = elapsed_s(observer.complete_s, range(n), clock() - epoch)
-        if progress is not None:
-            progress(n, n)
-        return observed_record(
-            observer, queue, plan, dispatch_s=dispatch_s, errors=errors, wall_s=wall
-        )
+    async def dispatcher() -> None:
+        for rid in mine:
+            # Loop: a timer may fire up to the loop's clock resolution early.
+            while (delay := epoch + arrival_s[rid] - clock()) > 0:
+                await asyncio.sleep(delay)
+            dispatch_s[rid] = clock() - epoch
+            task = loop.create_task(worker(rid))
+            if not task.done():  # (an eager task may have run to its end already)
+                in_flight[rid] = task
+
+    async def ticker(report: ProgressFn) -> None:
+        while True:
+            report(done, total)
+            await asyncio.sleep(tick_s)
+
+    feeder = loop.create_task(dispatcher())
+
+    def feeder_done(task: asyncio.Task[None]) -> None:
+        # A dispatcher that failed stops the wait (``await feeder`` then re-raises).
+        if not task.cancelled() and task.exception() is not None:
+            all_done.set()
+
+    feeder.add_done_callback(feeder_done)
+    bar = None if progress is None else loop.create_task(ticker(progress))
+    try:
+        await all_done.wait()
+        await feeder  # done by now; re-raises if the dispatcher failed
+    finally:
+        if bar is not None:
+            bar.cancel()
+        feeder.cancel()  # on an interrupt
+        for task in list(in_flight.values()):
+            task.cancel()
+    failed = {rid for rid, _ in errors}
+    errors += [
+        (rid, "did not complete")
+        for rid in mine
+        if math.isnan(observer.complete_s[rid]) and rid not in failed
+    ]
+    wall = elapsed_s(observer.complete_s, mine, clock() - epoch)
+    if progress is not None:
+        progress(total, total)
+    return TaskDrive(dispatch_s=dispatch_s, errors=sorted(errors), wall_s=wall)

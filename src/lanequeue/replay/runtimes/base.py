@@ -9,6 +9,8 @@ runtime:
 - :func:`add_plan_lanes`: the plan's lanes on a queue of any face (threads, asyncio);
 - :func:`arrival_gate`: the :class:`~lanequeue.replay.observe.ArrivalGate` in front of the
   first lane of a thread-face queue, in process or on Redis;
+  :func:`async_arrival_gate`: the :class:`~lanequeue.replay.observe.AsyncArrivalGate` in
+  front of the first lane of an asyncio Redis queue;
 - :func:`registry_probe`, :func:`lane_stats`, :func:`elapsed_s`, :func:`observed_record`:
   the figures of a run, from the workers' :class:`~lanequeue.replay.observe.Observer`.
 """
@@ -23,7 +25,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from lanequeue import DEFAULT_IDLE_TIMEOUT_S, DEFAULT_MAX_SESSIONS
 from lanequeue._kinds import SessionKind
-from lanequeue.replay.observe import ArrivalGate, Observer
+from lanequeue.replay.observe import ArrivalGate, AsyncArrivalGate, Observer
 from lanequeue.replay.policy import LaneSpec
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "Runtime",
     "add_plan_lanes",
     "arrival_gate",
+    "async_arrival_gate",
     "check_workers",
     "elapsed_s",
     "lane_stats",
@@ -259,6 +262,45 @@ def arrival_gate(queue: Any, spec: LaneSpec, keys: Sequence[str], **options: Any
             return int(wide["active"]) + int(wide["waiting"])
 
         return ArrivalGate([None] * len(keys), inside_all, **options)
+    raise TypeError(f"lane {spec.name!r}: unsupported lane type {type(lane).__name__}")
+
+
+def async_arrival_gate(
+    queue: Any, spec: LaneSpec, keys: Sequence[str], **options: Any
+) -> AsyncArrivalGate:
+    """The :class:`~lanequeue.replay.observe.AsyncArrivalGate` in front of lane ``spec``
+    of ``queue`` (an asyncio queue of Redis lanes), for requests keyed ``keys`` in
+    arrival order; ``options`` go to the gate (``counter``, ``poll_s``, ...).
+
+    As :func:`arrival_gate`, the lane decides: on a per-key lane each key is a slot, and
+    one script reads the key's holder and its waiters at one instant (one round trip); on
+    a counting lane everyone is one slot, and one script reads the lane-wide holders and
+    waiters (``lane_status()``, one round trip).
+
+    Raises:
+        TypeError: the lane is neither kind of asyncio Redis lane.
+    """
+    from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane
+    from lanequeue.redis._async import drive
+
+    lane = queue[spec.name]
+    if isinstance(lane, AsyncRedisSessionLane):
+        session = lane
+
+        async def inside_key(slot: Hashable) -> int:
+            # Holder and waiters in one script: no request is counted twice.
+            held, waiting = await drive(session._key_info(str(slot)))
+            return int(held) + waiting
+
+        return AsyncArrivalGate(list(keys), inside_key, **options)
+    if isinstance(lane, AsyncRedisLane):
+        counting = lane
+
+        async def inside_all(slot: Hashable) -> int:
+            wide = await counting.lane_status()  # one script: holders and waiters
+            return int(wide["active"]) + int(wide["waiting"])
+
+        return AsyncArrivalGate([None] * len(keys), inside_all, **options)
     raise TypeError(f"lane {spec.name!r}: unsupported lane type {type(lane).__name__}")
 
 
