@@ -4,7 +4,8 @@ permit of the caller that reuses it after it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -50,3 +51,56 @@ def test_saved_bound_exit_of_acquire_all_never_ends_the_next_callers_holds() -> 
         assert session.is_held("k"), "the first caller's __exit__ ended the next one's"
         assert glob.active_count == 1
     assert session.stats.holders == glob.stats.holders == 0
+
+
+def _left_by_the_cyclic_gc(cm: Callable[[], Any]) -> None:
+    """Enter ``cm()`` inside a generator that sits in a reference cycle, and let the
+    cyclic garbage collector end it: the generator's finalizer leaves the block (the
+    hold's ``__exit__``), and the same collection runs the hold's own finalizer."""
+
+    class Job:
+        def __init__(self) -> None:
+            self.steps = self.run()  # Job -> generator -> frame -> Job: a cycle
+
+        def run(self) -> Iterator[None]:
+            with cm():
+                yield
+
+    job = Job()
+    next(job.steps)
+    del job
+    gc.collect()
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.parametrize("make", LANES)
+def test_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer(
+    make: Callable[[], Any],
+) -> None:
+    """A hold left inside a generator collected by the cyclic GC was put in spare, and
+    the same collection ran its finalizer (CPython runs a finalizer once per object):
+    reused, then dropped while held, it warned nothing and kept its permit for ever.
+    Expected: a hold dropped while held always returns its permit (C20)."""
+    lane = make()
+    _left_by_the_cyclic_gc(lambda: lane.acquire("k"))
+    assert lane.stats.holders == 0
+    lane.acquire("k", timeout_s=0).__enter__()  # entered, then dropped while held
+    gc.collect()
+    assert lane.try_acquire("k"), "the dropped hold kept its permit"
+    assert lane.manual_release("k")
+    assert lane.stats.holders == 0
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_multi_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer() -> None:
+    """The same for an ``acquire_all`` multi-hold."""
+    queue = LaneQueue()
+    session = queue.add_session_lane("session")
+    glob = queue.add_lane("global", max_concurrent=1)
+    names = ["session", "global"]
+    _left_by_the_cyclic_gc(lambda: queue.acquire_all("k", names))
+    assert session.stats.holders == glob.stats.holders == 0
+    queue.acquire_all("k", names, timeout_s=0).__enter__()  # dropped while held
+    gc.collect()
+    assert session.try_acquire("k") and glob.try_acquire("k"), "the permits were kept"
+    assert session.manual_release("k") and glob.manual_release("k")

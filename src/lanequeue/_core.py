@@ -954,9 +954,13 @@ class SessionHoldSteps:
     sets every field again instead of building a hold: no allocation, no deallocation,
     no finalizer call (together about 10% of an uncontended cycle). A hold still
     referenced is never reused. An interrupt after the release and before the append
-    leaves the hold unused: it is released, so its finalizer does nothing. The
-    ``acquire_all`` of a ``LaneQueue`` does the same with its multi-holds (one deque per
-    plan).
+    leaves the hold unused: it is released, so its finalizer does nothing. A hold left
+    by the cyclic garbage collector (a generator in a reference cycle closed by it) is
+    put in spare by the same collection that runs the hold's own finalizer, and CPython
+    runs a finalizer once per object: ``acquire`` never reuses a hold whose finalizer ran
+    (``gc.is_finalized``), which, dropped while held, would keep its permit silently.
+    The ``acquire_all`` of a ``LaneQueue`` does the same with its multi-holds (one deque
+    per plan).
     """
 
     __slots__ = ()
