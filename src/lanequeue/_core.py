@@ -927,8 +927,38 @@ def _exit_refs() -> int:
     return limit if bare <= limit else 0
 
 
+def _untraced_exit_refs() -> int:
+    """:func:`_exit_refs`, measured where no trace or profile function runs. A tracer
+    active at import (a debugger, a call logger) that reads a frame's locals holds one
+    more reference to ``self`` in every call it traces; a limit measured under it
+    counted a hold still named by ``as`` as unreferenced, and reused it. Under a tracer
+    the measure runs on a thread of its own (``_thread``: started without the
+    ``threading`` trace and profile hooks); 0 (nothing is ever spare) when no thread
+    can be started."""
+    if sys.gettrace() is None and sys.getprofile() is None:
+        return _exit_refs()
+    import _thread
+
+    out: list[int] = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def measure() -> None:
+        try:
+            out.append(_exit_refs())
+        finally:
+            done.release()
+
+    try:
+        _thread.start_new_thread(measure, ())
+    except RuntimeError:  # no threads here
+        return 0
+    done.acquire()
+    return out[0] if out else 0
+
+
 #: See :func:`_exit_refs` and "Spare holds" in :class:`SessionHoldSteps`.
-SPARE_REFS = _exit_refs()
+SPARE_REFS = _untraced_exit_refs()
 
 
 class SessionHoldSteps:
