@@ -104,3 +104,41 @@ def test_multi_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer() 
     gc.collect()
     assert session.try_acquire("k") and glob.try_acquire("k"), "the permits were kept"
     assert session.manual_release("k") and glob.manual_release("k")
+
+
+GC_ORDER = (
+    "the cyclic GC runs the finalizers of one cycle in no set order: when the hold's runs "
+    "before its generator's, the hold is recorded as dropped while still held, then the "
+    "generator leaves the block and its release finds the hold already ended"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=GC_ORDER)
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.parametrize("make", LANES)
+def test_block_left_by_the_cyclic_gc_counts_no_unmatched_release(
+    make: Callable[[], Any],
+) -> None:
+    """Input: a hold made before a generator that enters it, both in a reference cycle
+    collected by the cyclic GC (so the hold's finalizer runs first). Observed: a
+    ResourceWarning "garbage-collected without release" and ``unmatched_releases == 1``,
+    although the block was left and released once. Expected: one release, matched."""
+    lane = make()
+
+    class Job:
+        def __init__(self, hold: Any) -> None:
+            self.hold = hold
+            self.steps = self.run()  # Job -> generator -> frame -> Job: a cycle
+
+        def run(self) -> Iterator[None]:
+            hold, self.hold = self.hold, None
+            with hold:
+                yield
+
+    job = Job(lane.acquire("k"))  # the hold is older than the generator
+    next(job.steps)
+    del job
+    gc.collect()
+    st = lane.stats
+    assert (st.holders, st.released) == (0, 1)
+    assert st.unmatched_releases == 0
