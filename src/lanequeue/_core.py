@@ -145,7 +145,9 @@ for idle ages, hold ages and, on a counting lane, the instant a waiter joins the
 (its ageing runs from there); deadlines of waiting belong to the faces.
 
 Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
-``take`` checks one flag (``draining``) and refuses while it is set; a release observes
+``take`` checks one flag (``draining``) and refuses while it is set (checked again
+under the lock before a waiter joins a line: a drain set between the two ended the
+waiters in line already, and would miss this one); a release observes
 the hold's length only once an exporter turned hold times on (``hold_hist``: one
 append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
 releases and at read time; on a per-key lane the release reads the clock anyway, for
@@ -680,6 +682,8 @@ class SessionCore(_CoreBase):
                     if not wait:
                         self.rejected += 1
                     return 0
+                if self.draining:  # set since the check above: its end_waiters has run
+                    raise LaneDrainingError(self.name, key)
                 line = entry.line
                 if line is None:
                     line = OrderedDict()
@@ -1385,6 +1389,8 @@ class CountingCore(_CoreBase):
                 if not wait:
                     self.rejected += 1
                 return 0
+            if self.draining:  # set since the check above: its end_waiters has run
+                raise LaneDrainingError(self.name, key)
             now = self._clock()
             seq = self._joins + 1
             if priority:
