@@ -235,17 +235,20 @@ def test_a_waiter_listens_for_its_wake_up_before_it_joins_the_line(
     admin.close()
 
 
-def _alive(ref: Any, names: str, most: int, deadline_s: float = 5.0) -> tuple[bool, int]:
-    """Collect garbage until ``ref()`` dies and at most ``most`` threads named ``names``
-    are left, or ``deadline_s`` passes; (client collected, such threads running)."""
+def _wake_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "lanequeue-wake"}
+
+
+def _ended(ref: Any, thread: threading.Thread, deadline_s: float = 5.0) -> tuple[bool, bool]:
+    """Collect garbage until ``ref()`` dies and ``thread`` has ended, or ``deadline_s``
+    passes; (client collected, thread still running)."""
     import gc
 
     end = time.monotonic() + deadline_s
     while True:
         gc.collect()
-        left = sum(t.name == names for t in threading.enumerate())
-        if (ref() is None and left <= most) or time.monotonic() > end:
-            return ref() is None, left
+        if (ref() is None and not thread.is_alive()) or time.monotonic() > end:
+            return ref() is None, thread.is_alive()
         time.sleep(0.05)
 
 
@@ -253,21 +256,22 @@ def _alive(ref: Any, names: str, most: int, deadline_s: float = 5.0) -> tuple[bo
 def test_wake_up_listener_ends_with_its_client(server: RedisServer) -> None:
     """A client dropped by the application takes its wake-up listener thread and that
     thread's connection with it (a daemon that makes clients over weeks must not keep a
-    thread and a connection per client it ever used)."""
+    thread and a connection per client it ever used). The listener is told apart by
+    identity: listeners of clients that earlier tests dropped may end meanwhile."""
     import weakref
 
-    before = sum(t.name == "lanequeue-wake" for t in threading.enumerate())
+    before = _wake_threads()
     r = redis.Redis(host=server.host, port=server.port)
     lane = RedisSessionLane(r, lease_s=5.0)
     assert lane.try_acquire("k")
     assert not lane.acquire_timeout("k", 0.2)  # a wait: the listener starts
-    assert sum(t.name == "lanequeue-wake" for t in threading.enumerate()) == before + 1
+    [listener] = _wake_threads() - before
     assert lane.manual_release("k")
     ref = weakref.ref(r)
     r.close()
     del lane, r
-    collected, left = _alive(ref, "lanequeue-wake", before)
-    assert collected and left <= before, (collected, left, before)
+    collected, running = _ended(ref, listener)
+    assert collected and not running, (collected, running)
 
 
 @pytest.mark.timeout(30)
