@@ -35,17 +35,14 @@ def _make(kind: str, server: RedisServer) -> Any:
     return RedisLane(client, "g", max_concurrent=1, lease_s=LEASE_S)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a LaneBackendError leaves the line only for a stale reply (StaleReply); an error "
-    "reply (OOM) leaves the waiter in line, and the withdraw script's first write (its "
-    "tombstone SET) is refused under OOM too"))
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("kind", ["session", "counting"])
 def test_waiter_failed_by_oom_leaves_the_line(server: RedisServer, kind: str) -> None:
     """Input: ``k`` held by lane object A; lane object B waits for ``k``; the server goes
     over ``maxmemory`` (noeviction); B's next poll fails (LaneBackendError, OOM); A
-    releases; the OOM ends. Observed: B's line entry stayed, A's release handed ``k`` to
-    it, and nobody could take ``k`` for a whole lease. Expected: ``k`` free at once."""
+    releases; the OOM ends. Observed before the fix: B's line entry stayed, A's release
+    handed ``k`` to it, and nobody could take ``k`` for a whole lease. Expected: ``k``
+    free at once."""
     admin = redis.Redis(host=server.host, port=server.port)
     a, b = _make(kind, server), _make(kind, server)
     hold = a.acquire("k").__enter__()
