@@ -235,6 +235,10 @@ def test_a_waiter_listens_for_its_wake_up_before_it_joins_the_line(
     admin.close()
 
 
+def _wake_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "lanequeue-wake"}
+
+
 def _ended(ref: Any, thread: threading.Thread, deadline_s: float = 5.0) -> tuple[bool, bool]:
     """Collect garbage until ``ref()`` dies and ``thread`` has ended, or ``deadline_s``
     passes; (client collected, thread still running)."""
@@ -252,21 +256,21 @@ def _ended(ref: Any, thread: threading.Thread, deadline_s: float = 5.0) -> tuple
 def test_wake_up_listener_ends_with_its_client(server: RedisServer) -> None:
     """A client dropped by the application takes its wake-up listener thread and that
     thread's connection with it (a daemon that makes clients over weeks must not keep a
-    thread and a connection per client it ever used)."""
+    thread and a connection per client it ever used). The listener is told apart by
+    identity: listeners of clients that earlier tests dropped may end meanwhile."""
     import weakref
 
-    before = set(threading.enumerate())
+    before = _wake_threads()
     r = redis.Redis(host=server.host, port=server.port)
     lane = RedisSessionLane(r, lease_s=5.0)
     assert lane.try_acquire("k")
     assert not lane.acquire_timeout("k", 0.2)  # a wait: the listener starts
-    new = [t for t in threading.enumerate() if t.name == "lanequeue-wake" and t not in before]
-    assert len(new) == 1
+    [listener] = _wake_threads() - before
     assert lane.manual_release("k")
     ref = weakref.ref(r)
     r.close()
     del lane, r
-    collected, running = _ended(ref, new[0])
+    collected, running = _ended(ref, listener)
     assert collected and not running, (collected, running)
 
 

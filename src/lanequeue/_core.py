@@ -145,7 +145,9 @@ for idle ages, hold ages and, on a counting lane, the instant a waiter joins the
 (its ageing runs from there); deadlines of waiting belong to the faces.
 
 Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
-``take`` checks one flag (``draining``) and refuses while it is set; a release observes
+``take`` checks one flag (``draining``) and refuses while it is set (checked again
+under the lock before a waiter joins a line: a drain set between the two ended the
+waiters in line already, and would miss this one); a release observes
 the hold's length only once an exporter turned hold times on (``hold_hist``: one
 append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
 releases and at read time; on a per-key lane the release reads the clock anyway, for
@@ -680,6 +682,8 @@ class SessionCore(_CoreBase):
                     if not wait:
                         self.rejected += 1
                     return 0
+                if self.draining:  # set since the check above: its end_waiters has run
+                    raise LaneDrainingError(self.name, key)
                 line = entry.line
                 if line is None:
                     line = OrderedDict()
@@ -927,8 +931,38 @@ def _exit_refs() -> int:
     return limit if bare <= limit else 0
 
 
+def _untraced_exit_refs() -> int:
+    """:func:`_exit_refs`, measured where no trace or profile function runs. A tracer
+    active at import (a debugger, a call logger) that reads a frame's locals holds one
+    more reference to ``self`` in every call it traces; a limit measured under it
+    counted a hold still named by ``as`` as unreferenced, and reused it. Under a tracer
+    the measure runs on a thread of its own (``_thread``: started without the
+    ``threading`` trace and profile hooks); 0 (nothing is ever spare) when no thread
+    can be started."""
+    if sys.gettrace() is None and sys.getprofile() is None:
+        return _exit_refs()
+    import _thread
+
+    out: list[int] = []
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def measure() -> None:
+        try:
+            out.append(_exit_refs())
+        finally:
+            done.release()
+
+    try:
+        _thread.start_new_thread(measure, ())
+    except RuntimeError:  # no threads here
+        return 0
+    done.acquire()
+    return out[0] if out else 0
+
+
 #: See :func:`_exit_refs` and "Spare holds" in :class:`SessionHoldSteps`.
-SPARE_REFS = _exit_refs()
+SPARE_REFS = _untraced_exit_refs()
 
 
 class SessionHoldSteps:
@@ -954,9 +988,13 @@ class SessionHoldSteps:
     sets every field again instead of building a hold: no allocation, no deallocation,
     no finalizer call (together about 10% of an uncontended cycle). A hold still
     referenced is never reused. An interrupt after the release and before the append
-    leaves the hold unused: it is released, so its finalizer does nothing. The
-    ``acquire_all`` of a ``LaneQueue`` does the same with its multi-holds (one deque per
-    plan).
+    leaves the hold unused: it is released, so its finalizer does nothing. A hold left
+    by the cyclic garbage collector (a generator in a reference cycle closed by it) is
+    put in spare by the same collection that runs the hold's own finalizer, and CPython
+    runs a finalizer once per object: ``acquire`` never reuses a hold whose finalizer ran
+    (``gc.is_finalized``), which, dropped while held, would keep its permit silently.
+    The ``acquire_all`` of a ``LaneQueue`` does the same with its multi-holds (one deque
+    per plan).
     """
 
     __slots__ = ()
@@ -1351,6 +1389,8 @@ class CountingCore(_CoreBase):
                 if not wait:
                     self.rejected += 1
                 return 0
+            if self.draining:  # set since the check above: its end_waiters has run
+                raise LaneDrainingError(self.name, key)
             now = self._clock()
             seq = self._joins + 1
             if priority:

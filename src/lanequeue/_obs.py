@@ -68,29 +68,34 @@ class Histogram(list[float]):
         self.sum += value
 
     def fold(self) -> None:
-        """Bucket the values appended to the list and empty it."""
+        """Bucket the values appended to the list and empty it. Interrupt-safe (it runs
+        inside a lane's critical section, see "Interrupts" in :mod:`lanequeue._core`):
+        the buckets and the sum are computed aside, then stored with plain stores and
+        the list emptied by one last builtin, so a KeyboardInterrupt at any check leaves
+        every value counted once (folded, or still in the list)."""
         held = self
         if not held:
             return
         bounds = self.bounds
+        total = self.sum + sum(held)
+        counts = list(self.counts)  # a copy: storing it is the commit
         lo = bisect_left(bounds, max(held))
         # All in one bucket (the usual batch): the first bucket takes everything up to
         # its bound (no pass for the minimum), else the minimum's bucket is the maximum's.
         if lo == 0 or lo == bisect_left(bounds, min(held)):
-            self.counts[lo] += len(held)
-            self.sum += sum(held)
-            held.clear()
-            return
-        # Sorted once (in C), then one search per bound instead of one per value.
-        held.sort()
-        counts = self.counts
-        below = 0
-        for i, bound in enumerate(bounds):
-            upto = bisect_right(held, bound)
-            counts[i] += upto - below
-            below = upto
-        counts[-1] += len(held) - below
-        self.sum += sum(held)
+            counts[lo] += len(held)
+        else:
+            # Sorted once (in C), then one search per bound instead of one per value.
+            held.sort()
+            below = 0
+            for i, bound in enumerate(bounds):
+                upto = bisect_right(held, bound)
+                counts[i] += upto - below
+                below = upto
+            counts[-1] += len(held) - below
+        # -- commit: plain stores, then one last builtin --
+        self.counts = counts
+        self.sum = total
         held.clear()
 
     def snapshot(self, zeros: int = 0) -> HistogramSnapshot:

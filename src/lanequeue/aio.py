@@ -279,8 +279,9 @@ class _AsyncFace:
             self._rebind(loop)
             self._fast_loop = loop if hasattr(loop, "_thread_id") else None
             # The loop's clock without a Python frame when it is the stock one (the
-            # loop's own ``time``, as the timers use, when a loop class replaces it).
-            stock = getattr(type(loop), "time", None) is asyncio.BaseEventLoop.time
+            # loop's own ``time``, as the timers use, when a loop class or the loop
+            # object itself replaces it: a virtual clock set on the instance).
+            stock = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
             self._loop_clock = time.monotonic if stock else loop.time
         return loop
 

@@ -11,6 +11,7 @@ shared state machine of :mod:`lanequeue._core`.
 from __future__ import annotations
 
 import threading
+from gc import is_finalized as _is_finalized
 from types import TracebackType
 from typing import Any, Literal
 
@@ -257,6 +258,8 @@ class _ThreadFace:
             hold = spare.pop() if spare else _new_hold(self._hold_class)
         except IndexError:  # another thread took the last one (free-threaded builds)
             hold = _new_hold(self._hold_class)
+        if _is_finalized(hold):  # spared, then finalized, by one cyclic collection: its
+            hold = _new_hold(self._hold_class)  # finalizer would never run again
         hold.lane = self
         hold.key = key
         hold._token = 0

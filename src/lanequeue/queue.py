@@ -21,6 +21,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from gc import is_finalized as _is_finalized
 from typing import Any, Generic, TypeVar, cast, overload
 
 from ._core import SPARE_MAX, Clock, Core, CountingCore, MultiHoldSteps
@@ -680,6 +681,10 @@ class QueueBase(Generic[L, CL, SL]):
                 multi = spare.pop()  # of this plan and class, released: ``_taken`` empty
             except IndexError:  # another thread took the last one (free-threaded builds)
                 pass
+            # Spared, then finalized, by one cyclic collection (see "Spare holds" in
+            # lanequeue._core.SessionHoldSteps): its finalizer would never run again.
+            if multi is not None and _is_finalized(multi):
+                multi = None
         if multi is None:
             multi = _new(cls)
             multi._plan = plan

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from .._core import LaneStats
 from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
@@ -717,9 +717,10 @@ class RedisLaneBase(ABC, Generic[H]):
         except LaneBackendError as exc:
             # Redis is unreachable: a clean-up call would fail the same way. Our line
             # entry dies with its liveness; a grant whose reply was lost, with its lease.
-            # But a reply that was not ours (a protocol error) came from a reachable
-            # server, which may have queued or granted us: leave, pass a grant on.
-            if isinstance(exc.__cause__, StaleReply):
+            # But a reply that was not ours (a protocol error), or an error reply (OOM),
+            # came from a reachable server, which may have queued or granted us: leave,
+            # pass a grant on (else a release hands the key to this ghost for a lease).
+            if isinstance(exc.__cause__, (StaleReply, ResponseError)):
                 yield from self._abandon(hold, count=False)
             raise
         except GeneratorExit:

@@ -373,6 +373,10 @@ SESSION_WITHDRAW = (
 -- a hand-off reached it first, it holds the key: the lease is confirmed and the token
 -- returned; the caller keeps or releases it.
 local me, lease = ARGV[1], ARGV[2]
+-- Under OOM a script's first write may not grow memory (see the counting lane's
+-- `writable`): a write that cannot (PERSIST of a key that never exists) comes first, so a
+-- waiter can always leave the line.
+redis.call('PERSIST', base .. 'o')
 -- A tombstone: an acquire of this owner id that reaches the server after this withdraw
 -- (sent before it on another connection) is refused. It lives one lease.
 redis.call('SET', base .. 'x:' .. me, '1', 'PX', lease)
@@ -658,7 +662,9 @@ COUNTING_WITHDRAW = (
 local h, i, q, w, fk = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local me, lease, fttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local cap, key = tonumber(ARGV[4]), ARGV[5]
--- A tombstone against a late acquire of this owner id (see the per-key withdraw).
+-- A tombstone against a late acquire of this owner id (see the per-key withdraw), after
+-- a write that cannot grow memory (OOM: see `writable`).
+writable(h)
 redis.call('SET', string.sub(h, 1, -2) .. 'x:' .. me, '1', 'PX', lease)
 cap = lane_cap(h, cap, fttl)
 local now, now_us, s_us = clock()
