@@ -163,11 +163,10 @@ from __future__ import annotations
 import heapq
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Protocol
@@ -197,10 +196,6 @@ Clock = Callable[[], float]
 #: permit: its wait was ended by ``clear(key)``, or by a drain/close.
 CLEARED = -1
 DRAINED = -2
-
-#: Spare holds kept per lane (and multi-holds per ``acquire_all`` plan) for reuse: about
-#: one per thread that acquires at once; more are simply dropped.
-SPARE_MAX = 32
 
 #: Seconds of waiting that raise a counting lane's waiter by one priority level.
 DEFAULT_AGEING_S = 30.0
@@ -320,7 +315,6 @@ class _CoreBase:
         "wait_hist",
         "waited",
         "hold_hist",
-        "spare",
         "per_key",
         "__weakref__",
     )
@@ -353,11 +347,6 @@ class _CoreBase:
         self.waited = 0
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
-        # Thread holds of this lane that nobody can reach any more, for its next
-        # ``acquire`` to reuse (see "Spare holds" in SessionHoldSteps).
-        # (A deque: going from one item to none and back allocates nothing, where a list
-        # would shrink and grow its array every time; bounded, it drops its oldest.)
-        self.spare: deque[Any] = deque(maxlen=SPARE_MAX)
         # True on a SessionCore: a slot, so that the hot paths that serve both kinds
         # (MultiHoldSteps) tell them apart with one cheap read.
         self.per_key = False
@@ -565,7 +554,6 @@ class _CoreBase:
         self._lock = threading.RLock()
         self._waiting = 0
         self._dropped = []
-        self.spare = deque(maxlen=SPARE_MAX)
         self._clear()
 
     @property
@@ -893,78 +881,6 @@ class SessionCore(_CoreBase):
             return self._stats(self._held)
 
 
-_getrefcount = sys.getrefcount
-
-
-def _exit_refs() -> int:
-    """The most references ``sys.getrefcount(self)`` counts inside a context manager's
-    ``__exit__`` called by a ``with`` statement when nothing else refers to the object
-    (the statement's bound ``__exit__``, the ``self`` argument, getrefcount's own
-    argument), and fewer than with a variable bound by ``as``; measured here, once. 0
-    (nothing is ever spare) where a count cannot tell a referenced object from an
-    unreferenced one: another implementation than CPython, or counts that do not grow
-    with a variable bound by ``as``."""
-    if sys.implementation.name != "cpython":
-        return 0
-    seen: list[int] = []
-
-    class Probe:  # the holds' __exit__ signature; run often enough to be specialised
-        def __enter__(self) -> Probe:
-            return self
-
-        def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-            seen.append(_getrefcount(self))
-
-    for _ in range(20):
-        with Probe():
-            pass
-    bare = min(seen)
-    seen.clear()
-    for _ in range(20):
-        with Probe() as named:
-            pass
-    del named
-    # Below the fewest references ever counted with a name bound (a specialised call of
-    # ``__exit__`` may count one less than the first, generic calls): only an object
-    # nothing else refers to counts that little.
-    limit = min(seen) - 1
-    return limit if bare <= limit else 0
-
-
-def _untraced_exit_refs() -> int:
-    """:func:`_exit_refs`, measured where no trace or profile function runs. A tracer
-    active at import (a debugger, a call logger) that reads a frame's locals holds one
-    more reference to ``self`` in every call it traces; a limit measured under it
-    counted a hold still named by ``as`` as unreferenced, and reused it. Under a tracer
-    the measure runs on a thread of its own (``_thread``: started without the
-    ``threading`` trace and profile hooks); 0 (nothing is ever spare) when no thread
-    can be started."""
-    if sys.gettrace() is None and sys.getprofile() is None:
-        return _exit_refs()
-    import _thread
-
-    out: list[int] = []
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def measure() -> None:
-        try:
-            out.append(_exit_refs())
-        finally:
-            done.release()
-
-    try:
-        _thread.start_new_thread(measure, ())
-    except RuntimeError:  # no threads here
-        return 0
-    done.acquire()
-    return out[0] if out else 0
-
-
-#: See :func:`_exit_refs` and "Spare holds" in :class:`SessionHoldSteps`.
-SPARE_REFS = _untraced_exit_refs()
-
-
 class SessionHoldSteps:
     """The two commonest steps of :class:`SessionCore`, run by a thread hold's own
     ``__enter__`` / ``__exit__`` (a mixin of the per-key thread hold) to save a call each
@@ -979,22 +895,6 @@ class SessionHoldSteps:
     module docstring): the lock taken inside the ``try``, calls before stores, plain
     stores, one last builtin. The hold's token is stored in the same commit as the grant.
 
-    Spare holds: a hold left through the released fast step that nobody else refers to
-    (``sys.getrefcount`` at most :data:`SPARE_REFS`: only the ``with`` statement that
-    is calling ``__exit__``; a name bound by ``as``, a list, a frame or a caller holding
-    it count more) can never be seen again once ``__exit__`` returns. It is put in the
-    core's ``spare`` deque (an atomic ``append``, after the lock is released: nothing of
-    the lane changes with it), and the lane's next ``acquire`` takes it (``pop``) and
-    sets every field again instead of building a hold: no allocation, no deallocation,
-    no finalizer call (together about 10% of an uncontended cycle). A hold still
-    referenced is never reused. An interrupt after the release and before the append
-    leaves the hold unused: it is released, so its finalizer does nothing. A hold left
-    by the cyclic garbage collector (a generator in a reference cycle closed by it) is
-    put in spare by the same collection that runs the hold's own finalizer, and CPython
-    runs a finalizer once per object: ``acquire`` never reuses a hold whose finalizer ran
-    (``gc.is_finalized``), which, dropped while held, would keep its permit silently.
-    The ``acquire_all`` of a ``LaneQueue`` does the same with its multi-holds (one deque
-    per plan).
     """
 
     __slots__ = ()
@@ -1062,8 +962,6 @@ class SessionHoldSteps:
                     except RuntimeError:  # acquire was interrupted before it took it
                         pass
                 if not token:
-                    if _getrefcount(self) <= SPARE_REFS:  # unreachable once this returns
-                        core.spare.append(self)
                     return
             core.release(key, token)
 
@@ -1138,8 +1036,6 @@ class CountingHoldSteps:
                     except RuntimeError:  # acquire was interrupted before it took it
                         pass
                 if not token:
-                    if _getrefcount(self) <= SPARE_REFS:  # unreachable once this returns
-                        core.spare.append(self)
                     return
             core.release(key, token)
 
@@ -1155,8 +1051,7 @@ class MultiHoldSteps:
     rules ("Interrupts" in the module docstring): a grant's token is appended to
     ``_taken`` as the commit's one last builtin call (an interrupt after it finds the
     token there, and the ``except`` gives back everything taken); a token is popped from
-    ``_taken`` (marked released) right before its release, as a hold is. A multi-hold
-    left unreferenced is kept for reuse (see "Spare holds" in :class:`SessionHoldSteps`).
+    ``_taken`` (marked released) right before its release, as a hold is.
     """
 
     __slots__ = ()
@@ -1274,8 +1169,6 @@ class MultiHoldSteps:
                     except RuntimeError:  # acquire was interrupted before it took it
                         pass
             core.release(key, token)
-        if _getrefcount(self) <= SPARE_REFS:  # unreachable once this returns: reusable
-            plan.spare.append(self)
 
 
 class CountingCore(_CoreBase):

@@ -41,6 +41,7 @@ __all__ = [
     "OnWait",
     "SessionKind",
     "drop_hold",
+    "warn_dropped",
 ]
 
 #: Default wait of a lane, in seconds (the source design's value).
@@ -495,13 +496,18 @@ class Hold:
 
 
 def drop_hold(lane: Any, key: str, token: int) -> None:
-    """What the finalizer of an in-process hold dropped while held does: record the hold
-    with the lane's core, which ends it at the lane's next operation (not here: a
-    finalizer may run while this thread holds the core's lock), then warn with a
-    ``ResourceWarning`` naming the lane and the key. Recorded first, so the permit comes
-    back even when warnings are turned into errors (an error in a finalizer is only
-    reported)."""
+    """What the finalizer of an in-process hold dropped while held does first: record
+    the hold with the lane's core, which ends it at the lane's next operation (not here:
+    a finalizer may run while this thread holds the core's lock). The finalizer then
+    marks the hold ended (a block left later, by a generator collected in the same
+    reference cycle after it, releases nothing and counts no unmatched release), then
+    calls :func:`warn_dropped`: recorded first, so the permit comes back even when
+    warnings are turned into errors (an error in a finalizer is only reported)."""
     lane._core.drop(key, token)
+
+
+def warn_dropped(lane: Any, key: str, token: int) -> None:
+    """The ``ResourceWarning`` of a hold dropped while held, naming the lane and key."""
     warnings.warn(
         f"{type(lane).__name__} {lane.name!r}: a hold on key {key!r} (token {token}) was "
         "garbage-collected without release; its permit returns at the lane's next "

@@ -52,6 +52,7 @@ from ._kinds import (
     Hold,
     SessionKind,
     drop_hold,
+    warn_dropped,
 )
 from ._ops import poll_idle_async
 from ._validate import check_key, check_timeout
@@ -232,6 +233,8 @@ class AsyncHold(Hold):
             return
         if token > 0:
             drop_hold(self.lane, self.key, token)
+            self._token = -token  # ended: see drop_hold
+            warn_dropped(self.lane, self.key, token)
 
 
 class _AsyncFace:

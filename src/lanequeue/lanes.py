@@ -11,7 +11,6 @@ shared state machine of :mod:`lanequeue._core`.
 from __future__ import annotations
 
 import threading
-from gc import is_finalized as _is_finalized
 from types import TracebackType
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ from ._kinds import (
     Hold,
     SessionKind,
     drop_hold,
+    warn_dropped,
 )
 from ._ops import poll_idle
 from ._validate import check_key, check_timeout
@@ -111,6 +111,8 @@ class ThreadHold(Hold):
             return
         if token > 0:
             drop_hold(self.lane, self.key, token)
+            self._token = -token  # ended: see drop_hold
+            warn_dropped(self.lane, self.key, token)
 
 
 class _SessionThreadHold(SessionHoldSteps, ThreadHold):
@@ -251,15 +253,7 @@ class _ThreadFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        spare = self._core.spare
-        try:
-            # A released hold nobody can reach any more, already this lane's (see "Spare
-            # holds" in lanequeue._core.SessionHoldSteps); else a new one.
-            hold = spare.pop() if spare else _new_hold(self._hold_class)
-        except IndexError:  # another thread took the last one (free-threaded builds)
-            hold = _new_hold(self._hold_class)
-        if _is_finalized(hold):  # spared, then finalized, by one cyclic collection: its
-            hold = _new_hold(self._hold_class)  # finalizer would never run again
+        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
         hold.lane = self
         hold.key = key
         hold._token = 0

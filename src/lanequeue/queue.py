@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from gc import is_finalized as _is_finalized
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import SPARE_MAX, Clock, Core, CountingCore, MultiHoldSteps
+from ._core import Clock, Core, CountingCore, MultiHoldSteps
 from ._errors import LaneTimeoutError
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -39,6 +37,7 @@ from ._kinds import (
     OnWait,
     SessionKind,
     drop_hold,
+    warn_dropped,
 )
 from ._obs import StuckHold
 from ._ops import LaneOps, poll_idle
@@ -69,17 +68,13 @@ class Plan:
     default budget (the smallest lane timeout, None: no limit), and, when every lane is
     an in-process lane of the queue's face, their cores (the fast path)."""
 
-    __slots__ = ("steps", "budget_s", "cores", "spare")
+    __slots__ = ("steps", "budget_s", "cores")
 
     def __init__(self, steps: list[Step], budget_s: float | None) -> None:
         self.steps = steps
         self.budget_s = budget_s
         cores = tuple(core for _, core in steps if core is not None)
         self.cores: tuple[Core, ...] | None = cores if len(cores) == len(steps) else None
-        # Thread multi-holds of this plan that nobody can reach any more, all released,
-        # for the next acquire_all to reuse (see "Spare holds" in
-        # lanequeue._core.SessionHoldSteps).
-        self.spare: deque[Any] = deque(maxlen=SPARE_MAX)
 
 
 _new = object.__new__
@@ -163,9 +158,12 @@ class MultiHold:
             return
         if taken:
             steps = self._plan.steps
-            for i, got in enumerate(taken):
-                if type(got) is int:  # (a viewed token is its view's: it has its own
-                    drop_hold(steps[i][0], self._key, got)  # finalizer)
+            dropped = [(i, got) for i, got in enumerate(taken) if type(got) is int]
+            for i, got in dropped:  # (a viewed token is its view's: it has its own finalizer)
+                drop_hold(steps[i][0], self._key, got)
+            self._taken = []  # ended: see drop_hold
+            for i, got in dropped:
+                warn_dropped(steps[i][0], self._key, got)
 
     def _acquiring(
         self, clock: Callable[[], float], prepare: Callable[[Any], Any], pending: Any
@@ -674,21 +672,9 @@ class QueueBase(Generic[L, CL, SL]):
         plan = self._plans.get(names)
         if plan is None:
             plan = self._plan(names)
-        spare = plan.spare
-        multi: M | None = None
-        if spare:  # only a LaneQueue's plans have spares (see MultiHoldSteps.__exit__)
-            try:
-                multi = spare.pop()  # of this plan and class, released: ``_taken`` empty
-            except IndexError:  # another thread took the last one (free-threaded builds)
-                pass
-            # Spared, then finalized, by one cyclic collection (see "Spare holds" in
-            # lanequeue._core.SessionHoldSteps): its finalizer would never run again.
-            if multi is not None and _is_finalized(multi):
-                multi = None
-        if multi is None:
-            multi = _new(cls)
-            multi._plan = plan
-            multi._taken = []
+        multi = _new(cls)
+        multi._plan = plan
+        multi._taken = []
         multi._key = key
         multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         multi._priority = priority if priority is _ZERO else check_priority(priority)

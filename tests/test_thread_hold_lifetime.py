@@ -1,6 +1,7 @@
-"""Spare (reused) thread holds attacked through references that ``sys.getrefcount``
-cannot tell from the ``with`` statement's own: a hold must never release or report the
-permit of the caller that reuses it after it."""
+"""Thread holds attacked through stale references: a saved bound ``__exit__`` called
+again, and blocks left by the cyclic garbage collector. A hold must never release or
+report the permit of a later caller; a hold dropped while held returns its permit (C20),
+and a block left after its hold's finalizer ran releases nothing more."""
 
 from __future__ import annotations
 
@@ -14,20 +15,13 @@ from lanequeue import Lane, LaneQueue, SessionLane
 
 LANES = [lambda: Lane("l", max_concurrent=1), lambda: SessionLane()]
 
-STALE_EXIT = (
-    "a bound __exit__ is one reference to its hold, as the with statement's own is: "
-    "sys.getrefcount cannot tell them apart (3 both), so a hold whose only reference is "
-    "a saved bound __exit__ is put in spare and reused while that method still reaches it"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=STALE_EXIT)
 @pytest.mark.parametrize("make", LANES)
 def test_saved_bound_exit_called_again_never_ends_the_next_callers_hold(
     make: Callable[[], Any],
 ) -> None:
     """Leaving twice through a kept bound ``__exit__`` (an idempotent cleanup) is a
-    no-op for a plain hold; it must stay one when the lane has reused the hold since."""
+    no-op: it never ends the hold of the caller that came next (holds are never reused,
+    so the method reaches only its own, released hold)."""
     lane = make()
     leave = lane.acquire("k").__enter__().__exit__  # the only reference to the hold
     leave(None, None, None)
@@ -39,7 +33,6 @@ def test_saved_bound_exit_called_again_never_ends_the_next_callers_hold(
         assert not lane.try_acquire("k")  # the permit is still the next caller's
 
 
-@pytest.mark.xfail(strict=True, reason=STALE_EXIT)
 def test_saved_bound_exit_of_acquire_all_never_ends_the_next_callers_holds() -> None:
     queue = LaneQueue()
     session = queue.add_session_lane("session")
@@ -74,13 +67,11 @@ def _left_by_the_cyclic_gc(cm: Callable[[], Any]) -> None:
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.parametrize("make", LANES)
-def test_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer(
+def test_hold_dropped_after_a_block_left_by_the_cyclic_gc_returns_its_permit(
     make: Callable[[], Any],
 ) -> None:
-    """A hold left inside a generator collected by the cyclic GC was put in spare, and
-    the same collection ran its finalizer (CPython runs a finalizer once per object):
-    reused, then dropped while held, it warned nothing and kept its permit for ever.
-    Expected: a hold dropped while held always returns its permit (C20)."""
+    """A block left by the cyclic GC (a generator in a reference cycle), then a hold
+    dropped while held: the first releases once, the second returns its permit (C20)."""
     lane = make()
     _left_by_the_cyclic_gc(lambda: lane.acquire("k"))
     assert lane.stats.holders == 0
@@ -92,7 +83,7 @@ def test_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer(
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
-def test_multi_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer() -> None:
+def test_multi_hold_dropped_after_a_block_left_by_the_cyclic_gc_returns_its_permit() -> None:
     """The same for an ``acquire_all`` multi-hold."""
     queue = LaneQueue()
     session = queue.add_session_lane("session")
@@ -106,23 +97,15 @@ def test_multi_hold_left_by_the_cyclic_gc_is_not_reused_without_its_finalizer() 
     assert session.manual_release("k") and glob.manual_release("k")
 
 
-GC_ORDER = (
-    "the cyclic GC runs the finalizers of one cycle in no set order: when the hold's runs "
-    "before its generator's, the hold is recorded as dropped while still held, then the "
-    "generator leaves the block and its release finds the hold already ended"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=GC_ORDER)
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 @pytest.mark.parametrize("make", LANES)
 def test_block_left_by_the_cyclic_gc_counts_no_unmatched_release(
     make: Callable[[], Any],
 ) -> None:
     """Input: a hold made before a generator that enters it, both in a reference cycle
-    collected by the cyclic GC (so the hold's finalizer runs first). Observed: a
-    ResourceWarning "garbage-collected without release" and ``unmatched_releases == 1``,
-    although the block was left and released once. Expected: one release, matched."""
+    collected by the cyclic GC (so the hold's finalizer runs first, and the block is
+    left after it). Expected: the permit returns once and no unmatched release is
+    counted (the finalizer marks the hold ended before the block's exit runs)."""
     lane = make()
 
     class Job:
