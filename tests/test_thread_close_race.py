@@ -91,9 +91,6 @@ class _CloseBeforeGranting(_CloseBeforeJoining):
         return bool(self.inner.acquire(*args))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "take checks draining before its lock only: a grant of a free permit whose check "
-    "came before close() is made after close() returned (the holds' fast steps too)"))
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize(
     "make", [lambda: SessionLane("s"), lambda: Lane("g", max_concurrent=1)],
@@ -101,9 +98,10 @@ class _CloseBeforeGranting(_CloseBeforeJoining):
 )
 def test_no_grant_after_close_returned(make: Callable[[], Any]) -> None:
     """Input: ``try_acquire("k")`` on a free lane passes ``take``'s ``draining`` check,
-    then ``close()`` runs and returns. Observed: the take then grants ``k``: a holder
-    that starts after close() returned (a shutdown's ``wait_idle`` may have seen the lane
-    idle already). Expected: LaneDrainingError."""
+    then ``close()`` runs and returns. Was: the take then granted ``k``, a holder that
+    started after close() returned (a shutdown's ``wait_idle`` may have seen the lane
+    idle already). Expected: LaneDrainingError (the flag is checked again under the
+    lock, which close() takes to set it)."""
     lane = make()
     lane.try_acquire("warm")  # the key's entry exists on a per-key lane
     lane.manual_release("warm")

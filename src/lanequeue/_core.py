@@ -146,8 +146,9 @@ for idle ages, hold ages and, on a counting lane, the instant a waiter joins the
 
 Operations (drain, clear, metrics; see :mod:`lanequeue._obs`), kept off the hot path:
 ``take`` checks one flag (``draining``) and refuses while it is set (checked again
-under the lock before a waiter joins a line: a drain set between the two ended the
-waiters in line already, and would miss this one); a release observes
+under the lock, before a grant or a join: a drain set between the two has ended the
+waiters in line already; ``drain()`` / ``close()`` set the flag under that lock, so
+no grant is made after they return); a release observes
 the hold's length only once an exporter turned hold times on (``hold_hist``: one
 append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
 releases and at read time; on a per-key lane the release reads the clock anyway, for
@@ -652,6 +653,8 @@ class SessionCore(_CoreBase):
         lock = self._lock
         try:
             lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if self.draining:  # set since the check above: see "Operations"
+                raise LaneDrainingError(self.name, key)
             entry = self._entries.get(key)
             if entry is not None:
                 if not entry.token:
@@ -670,8 +673,6 @@ class SessionCore(_CoreBase):
                     if not wait:
                         self.rejected += 1
                     return 0
-                if self.draining:  # set since the check above: its end_waiters has run
-                    raise LaneDrainingError(self.name, key)
                 line = entry.line
                 if line is None:
                     line = OrderedDict()
@@ -911,7 +912,8 @@ class SessionHoldSteps:
             try:
                 lock.acquire()  # inside the try: see "Interrupts" in the module docstring
                 entry = core._entries.get(self.key)
-                if entry is not None and not entry.token:  # IDLE: nobody holds or waits
+                # IDLE: nobody holds or waits; and no drain began since the check above
+                if entry is not None and not entry.token and not core.draining:
                     now = core._clock()
                     # -- commit: plain stores only --
                     core._token = token = core._token + 1
@@ -993,7 +995,8 @@ class CountingHoldSteps:
             try:
                 lock.acquire()  # inside the try: see "Interrupts" in the module docstring
                 holds = core._holds
-                if len(holds) < core.capacity:  # a free permit: nobody is in line
+                # a free permit (nobody is in line), and no drain began since the check
+                if len(holds) < core.capacity and not core.draining:
                     now = core._clock()
                     # -- commit: plain stores only --
                     core._token = token = core._token + 1
@@ -1078,7 +1081,9 @@ class MultiHoldSteps:
                     lock = core._lock
                     try:
                         lock.acquire()  # inside the try: see "Interrupts"
-                        if core.per_key:  # a SessionCore
+                        if core.draining:  # began since the check above: take raises
+                            pass
+                        elif core.per_key:  # a SessionCore
                             entry = core._entries.get(key)
                             if entry is not None and not entry.token:  # IDLE
                                 now = core._clock()
@@ -1267,6 +1272,8 @@ class CountingCore(_CoreBase):
         lock = self._lock
         try:
             lock.acquire()  # inside the try: see "Interrupts" in the module docstring
+            if self.draining:  # set since the check above: see "Operations"
+                raise LaneDrainingError(self.name, key)
             holds = self._holds
             if len(holds) < self.capacity:
                 # A free permit means nobody is in line (releases hand permits to waiters
@@ -1282,8 +1289,6 @@ class CountingCore(_CoreBase):
                 if not wait:
                     self.rejected += 1
                 return 0
-            if self.draining:  # set since the check above: its end_waiters has run
-                raise LaneDrainingError(self.name, key)
             now = self._clock()
             seq = self._joins + 1
             if priority:

@@ -167,9 +167,11 @@ class LaneKind(LaneOps, Generic[C]):
     def _start_drain(self, cancel_waiting: bool) -> None:
         if cancel_waiting:
             self._check_waker()
-        self._core.draining = True
+        core = self._core
+        with core._lock:  # a take that checked the flag under the lock has granted by now
+            core.draining = True
         if cancel_waiting:
-            self._core.end_waiters(None, cleared=False)
+            core.end_waiters(None, cleared=False)
 
     def _check_waker(self) -> None:
         """Check that this caller may wake the lane's waiters (asyncio: on its loop)."""
