@@ -668,7 +668,7 @@ def _add_status_parser(sub: Any) -> None:
     sp.add_argument("--watch", action="store_true",
                     help="refresh the table in place until interrupted")
     sp.add_argument("--interval", type=float, default=1.0, metavar="S",
-                    help="seconds between refreshes with --watch (default 1.0)")
+                    help="seconds between refreshes with --watch (default 1.0, at most 3600)")
     sp.add_argument("--json", action="store_true", help="print one JSON document")
 
 

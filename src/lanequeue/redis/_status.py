@@ -276,9 +276,24 @@ class StatusReader:
         return doc
 
 
+MAX_INTERVAL_S = 3600.0
+"""The largest ``--interval`` (seconds) ``lanequeue status --watch`` takes."""
+
+
+def shown(value: str) -> str:
+    """``value`` (a key, lane name or prefix read from Redis) as the table shows it: as
+    is when every character is printable, else its Python ``repr`` (quoted, control
+    characters as escapes such as ``\\n`` or ``\\x1b``), so that no value can move the
+    cursor, colour the terminal or split a row. The table puts it in a ``rich.text.Text``,
+    never parsed as markup."""
+    return value if value.isprintable() else repr(value)
+
+
 def render(doc: dict[str, Any]) -> Any:
     """A rich renderable (a table per lane, and a header) of a :meth:`StatusReader.read`
-    document. Needs rich (extra ``[cli]``); ImportError without it."""
+    document. Every value read from Redis (prefixes, lane names, keys) is shown
+    literally: never parsed as rich markup, non-printable characters as escapes (see
+    :func:`shown`). Needs rich (extra ``[cli]``); ImportError without it."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -289,10 +304,10 @@ def render(doc: dict[str, Any]) -> Any:
     )]
     for lane in doc["lanes"]:
         cap = lane.get("max_concurrent")
-        title = (f"{lane['prefix']}/{lane['name']} ({lane['kind']}"
-                 + (f", max {cap}" if cap is not None else "")
-                 + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
-                 f"oldest wait {lane['oldest_wait_s']:.1f} s")
+        title = Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} ({lane['kind']}"
+                     + (f", max {cap}" if cap is not None else "")
+                     + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
+                     f"oldest wait {lane['oldest_wait_s']:.1f} s")
         table = Table(title=title, title_justify="left")
         table.add_column("key")
         table.add_column("fencing token", justify="right")
@@ -304,7 +319,7 @@ def render(doc: dict[str, Any]) -> Any:
             mine = [h for h in lane["holders"] if h["key"] == key] or [None]
             for h in mine:
                 table.add_row(
-                    key,
+                    Text(shown(key)),
                     "-" if h is None else str(h["token"]),
                     "-" if h is None else f"{h['lease_left_s']:.1f}",
                     "-" if h is None or "held_s" not in h else f"{h['held_s']:.1f}",
@@ -312,6 +327,23 @@ def render(doc: dict[str, Any]) -> Any:
                 )
         parts.append(table)
     return Group(*parts)
+
+
+def _quiet_stdout(out: Any) -> None:
+    """The reader of ``out`` went away (``lanequeue status --json | head -1``): point
+    its file descriptor at /dev/null so that the interpreter's flush at exit writes
+    nowhere instead of printing a BrokenPipeError, as Unix tools end quietly."""
+    import os
+
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
 
 
 def run_status(args: Any, out: Any, err: Any) -> int:
@@ -325,8 +357,9 @@ def run_status(args: Any, out: Any, err: Any) -> int:
     if args.json and args.watch:
         print("lanequeue status: --json and --watch do not go together", file=err)
         return 2
-    if not args.interval > 0:
-        print("lanequeue status: --interval must be > 0", file=err)
+    if not 0 < args.interval <= MAX_INTERVAL_S:
+        print(f"lanequeue status: --interval must be > 0 and <= {MAX_INTERVAL_S:g}",
+              file=err)
         return 2
     if not args.json:
         try:
@@ -343,7 +376,12 @@ def run_status(args: Any, out: Any, err: Any) -> int:
     reader = StatusReader(client, args.prefix)
     try:
         if args.json:
-            print(json.dumps(reader.read(), indent=2), file=out)
+            doc = json.dumps(reader.read(), indent=2)
+            try:
+                print(doc, file=out)
+                out.flush()
+            except BrokenPipeError:
+                _quiet_stdout(out)
             return 0
         from rich.console import Console
         from rich.live import Live
