@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+import lanequeue.redis
 from lanequeue import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
@@ -27,7 +29,7 @@ from lanequeue import (
     LeaseLostError,
     NotOwnerError,
 )
-from lanequeue.redis import RedisHold, RedisLane, RedisSessionLane
+from lanequeue.redis import RedisBackend, RedisHold, RedisLane, RedisSessionLane
 from lanequeue.redis._wire import run_sync
 
 
@@ -79,8 +81,45 @@ def test_defaults_mirror_the_in_process_twins(redis_client: redis.Redis) -> None
 def test_bad_arguments_raise_at_construction(
     redis_client: redis.Redis, kwargs: dict[str, Any], exc: type[Exception]
 ) -> None:
-    with pytest.raises(exc):
-        RedisSessionLane(redis_client, **kwargs)
+    """Every error of a constructor names the public class and the argument (README)."""
+    (arg,) = kwargs
+    for lane_type in (RedisSessionLane, RedisLane):
+        with pytest.raises(exc, match=rf"^{lane_type.__name__}\(\) argument '{arg}' "):
+            lane_type(redis_client, **{"name": "x", **kwargs})
+    if arg in ("prefix", "lease_s", "on_lease_lost"):
+        with pytest.raises(exc, match=rf"^RedisBackend\(\) argument '{arg}' "):
+            RedisBackend(redis_client, **kwargs)
+
+
+@pytest.mark.parametrize(("lane_type", "kwargs", "arg"), [
+    ("RedisLane", {"max_concurrent": 0}, "max_concurrent"),
+    ("AsyncRedisLane", {"max_concurrent": "2"}, "max_concurrent"),
+    ("RedisSessionLane", {"max_sessions": 0}, "max_sessions"),
+    ("AsyncRedisSessionLane", {"idle_timeout_s": -1}, "idle_timeout_s"),
+    ("AsyncRedisLane", {"warn_after_s": float("nan")}, "warn_after_s"),
+    ("RedisSessionLane", {"on_wait": 5}, "on_wait"),
+])
+def test_constructor_errors_name_the_public_class(
+    redis_client: redis.Redis, lane_type: str, kwargs: dict[str, Any], arg: str,
+) -> None:
+    """A Redis lane's constructor error names the public class and the
+    argument, as the in-process lanes' do; so do Python's own errors for a missing or
+    unknown argument (each public class has its own copy of the inherited methods)."""
+    cls = getattr(lanequeue.redis, lane_type)
+    client: Any = redis.asyncio.Redis() if lane_type.startswith("Async") else redis_client
+    with pytest.raises((TypeError, ValueError), match=rf"^{lane_type}\(\) argument '{arg}' "):
+        cls(client, "x", **kwargs)
+    with pytest.raises(TypeError, match=rf"^{lane_type}\(\) argument 'client' must be"):
+        cls(None, "x")
+    with pytest.raises(TypeError, match=rf"^{lane_type}\.__init__\(\) got an unexpected "):
+        cls(client, "x", bogus=1)
+    if lane_type == "RedisLane":
+        with pytest.raises(TypeError, match=r"^RedisLane\.__init__\(\) missing 1 required "
+                                            r"positional argument: 'name'"):
+            cls(client)
+        with pytest.raises(TypeError, match=r"^RedisLane\.acquire_timeout\(\) got an "
+                                            r"unexpected keyword argument 'priority'"):
+            cls(client, "x").acquire_timeout("k", 0, priority=0)
 
 
 def test_bad_keys_raise_at_the_call(redis_client: redis.Redis, redis_prefix: str) -> None:
@@ -530,5 +569,5 @@ def test_clients_disagreeing_on_the_cap_never_exceed_the_smallest(
 
 def test_a_client_that_is_not_redis_py_is_a_clear_type_error() -> None:
     for lane_type in (RedisLane, RedisSessionLane):
-        with pytest.raises(TypeError, match=r"client must be a redis\.Redis"):
+        with pytest.raises(TypeError, match=r"argument 'client' must be a redis\.Redis"):
             lane_type(None, "x")  # type: ignore[arg-type]

@@ -88,13 +88,6 @@ def test_lane_queue_checks_its_operations_arguments(kwargs: dict[str, Any]) -> N
         LaneQueue(**kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="Redis lane constructors do not name their class")
-def test_redis_constructor_errors_name_the_public_class(redis_client: Any) -> None:
-    """README: "A constructor's error also names the public class"."""
-    with pytest.raises(ValueError, match=r"RedisLane\(\)"):
-        RedisLane(redis_client, "x", max_concurrent=0)
-
-
 @pytest.mark.xfail(strict=True, reason="a huge finite ageing_s overflows the ranks")
 def test_priority_order_with_a_large_finite_ageing() -> None:
     """``ageing_s=1e308`` is accepted as a finite number of seconds > 0; with it, a

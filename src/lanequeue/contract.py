@@ -127,6 +127,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from ._core import LaneStats
 from ._errors import NotOwnerError
+from ._validate import public_name
 
 __all__ = [
     "LaneBackend",
@@ -199,9 +200,15 @@ class MustAwait(Coroutine[Any, Any, T_co]):
 def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, MustAwait[T]]:
     """Decorate an ``async def`` method so that calling it returns a :class:`MustAwait`."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> MustAwait[T]:
-        return MustAwait(fn(*args, **kwargs))
+        coro = fn(*args, **kwargs)
+        # Named after the caller's public class (``AsyncLane.try_acquire``, not the
+        # internal base defining it), in this error and in Python's "never awaited".
+        coro.__qualname__ = f"{public_name(type(args[0]))}.{name}"  # type: ignore[attr-defined]
+        return MustAwait(coro)
 
     return call
 

@@ -49,6 +49,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
     """The operations surface of a Redis lane object (either kind, either face)."""
 
     _kind_label = ""
+    _internal_base = True
 
     def _ops_setup(
         self,

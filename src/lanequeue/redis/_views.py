@@ -34,6 +34,7 @@ class SessionLaneBase(RedisOps[H]):
 
     _kind_class = SessionKind
     _kind_label = "session"
+    _internal_base = True
 
     def __init__(
         self,
@@ -55,8 +56,9 @@ class SessionLaneBase(RedisOps[H]):
             prefix=prefix, on_lease_lost=on_lease_lost,
         )
         self._ops_setup(warn_after_s, on_wait, warn_hold_s)
-        self._max_sessions = check_count(max_sessions, "max_sessions")
-        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
+        where = f"{type(self).__name__}() argument"
+        self._max_sessions = check_count(max_sessions, f"{where} 'max_sessions'")
+        idle = check_timeout(idle_timeout_s, f"{where} 'idle_timeout_s'")
         self._idle_timeout_s = math.inf if idle is None else idle
 
     @property
@@ -93,6 +95,7 @@ class CountingLaneBase(RedisOps[H]):
 
     _kind_class = CountingKind
     _kind_label = "counting"
+    _internal_base = True
 
     def __init__(
         self,
