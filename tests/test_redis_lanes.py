@@ -567,6 +567,52 @@ def test_clients_disagreeing_on_the_cap_never_exceed_the_smallest(
         assert new.manual_release(f"k{i}")
 
 
+def _said_matches_taken(lane: RedisLane, key: str) -> bool:
+    """lane_status()["available"] > 0 exactly when ``lane`` can take a permit now; the
+    permit taken for ``key``, if any, is kept (returned True)."""
+    said = lane.lane_status()["available"]
+    took = lane.try_acquire(key)
+    assert (said > 0) == took, (said, took)
+    return took
+
+
+@pytest.mark.timeout(30)
+def test_lane_status_reports_the_cap_in_force_and_how_long_it_stays(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    """Mixed caps (lanequeue.redis): lane_status()["max_concurrent"] is the cap in force
+    and ["available"] the permits that can really be taken under it (a client with cap
+    3 was promised 2 permits it could not take for a lease after a cap-1 client's call).
+    The smaller cap stays while its client holds (its renewals keep it) and for that
+    client's lease_s after its last call (here 0.6 s; the larger-cap client's lease_s, 30,
+    plays no part); then the larger cap applies."""
+    wide = RedisLane(redis_client, "cap", max_concurrent=3, prefix=redis_prefix, lease_s=30)
+    narrow = RedisLane(redis_client, "cap", max_concurrent=1, prefix=redis_prefix,
+                       lease_s=0.6)
+    assert narrow.try_acquire("n")
+    time.sleep(1.0)  # longer than narrow's lease: its renewals keep the cap 1 in force
+    status = wide.lane_status()
+    assert (status["max_concurrent"], status["available"], status["active"]) == (1, 0, 1)
+    assert not _said_matches_taken(wide, "w0")
+    before = time.monotonic()
+    assert narrow.manual_release("n")
+    after = time.monotonic()
+    assert wide.lane_status()["max_concurrent"] == 1
+    assert _said_matches_taken(wide, "w1")  # the one permit of cap 1
+    assert not _said_matches_taken(wide, "w2")
+    while wide.lane_status()["max_concurrent"] == 1:
+        assert time.monotonic() - after < 5, "the smaller cap never lapsed"
+        time.sleep(0.01)
+    lapsed = time.monotonic()
+    assert lapsed - before >= 0.55  # narrow's lease_s (0.6 s, less clock granularity)
+    assert lapsed - after < 0.6 + 1.0  # not wide's lease_s (30 s)
+    status = wide.lane_status()
+    assert (status["max_concurrent"], status["available"]) == (3, 2)
+    assert [_said_matches_taken(wide, f"w{i}") for i in (3, 4, 5)] == [True, True, False]
+    for key in ("w1", "w3", "w4"):
+        assert wide.manual_release(key)
+
+
 def test_a_client_that_is_not_redis_py_is_a_clear_type_error() -> None:
     for lane_type in (RedisLane, RedisSessionLane):
         with pytest.raises(TypeError, match=r"argument 'client' must be a redis\.Redis"):

@@ -87,9 +87,11 @@ Lane-wide views (queries: every process sharing the lane on Redis):
 
 - per-key lanes: ``is_held(key) -> bool``, ``waiting_for(key) -> int``.
 - counting lanes: ``holds_of(key) -> int``; ``lane_status() -> dict`` with ``active``
-  (holds), ``waiting`` (live waiters), ``available`` (free permits) and ``keys`` (key ->
-  seconds its oldest hold has lasted), all lane-wide. A per-key Redis lane has no
-  lane-wide count (it would need a scan of the keyspace).
+  (holds), ``waiting`` (live waiters), ``available`` (free permits: what this object
+  can take now), ``keys`` (key -> seconds its oldest hold has lasted) and
+  ``max_concurrent`` (the cap in force: on Redis, the smallest cap a client of the lane
+  used within its last lease, if smaller than this object's), all lane-wide. A per-key
+  Redis lane has no lane-wide count (it would need a scan of the keyspace).
 
 Several lanes at once (``LaneQueue.acquire_all(key, lane_names)`` /
 ``AsyncLaneQueue.acquire_all``): entering (``with`` / ``async with``) yields a
