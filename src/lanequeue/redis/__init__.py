@@ -144,11 +144,12 @@ holds in a zset instead of one holder)::
   renewed in one pipelined round trip. It uses a connection of its
   own (never waiting behind the callers of the client's pool), no retries, and waits at
   most ``lease_s/4`` and never past the holder's deadline. A hold whose release is on
-  its way (waiting for a pool connection) is still renewed. A holder whose process dies
-  stops renewing; its lease runs out, and the head waiter, which polls at the moment the
-  lease ends, takes K over: the key reaches the next waiter within ``lease_s`` (counted
-  from the holder's last renewal) plus a round trip, plus the lateness of the server's
-  blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
+  its way (waiting for a pool connection) is still renewed. A holder that stops
+  renewing (its host vanished; a killed process's holds are taken over sooner, see
+  Failover) keeps them until its lease runs out, and the head waiter, which polls at
+  the moment the lease ends, takes K over: the key reaches the next waiter within
+  ``lease_s`` (counted from the holder's last renewal) plus a round trip, plus the
+  lateness of the server's blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
 - Failover (C30; :mod:`._presence`). Each process keeps one presence connection per
   server, subscribed to a channel of its own (``lq:live:<random>:<epoch>``; a new
   connection is a new epoch), and each grant records the channel it was asked under
