@@ -260,21 +260,23 @@ def test_watch_interval_out_of_range_is_an_argument_error(
     assert err.strip() == "lanequeue status: --interval must be > 0 and <= 3600"
 
 
-def test_json_into_a_closed_pipe_ends_quietly(
-    redis_server: Any, busy_lanes: dict[str, int], redis_prefix: str,
+@pytest.mark.parametrize("form", [["--json"], []])
+def test_output_into_a_closed_pipe_ends_quietly(
+    redis_server: Any, busy_lanes: dict[str, int], redis_prefix: str, form: list[str],
 ) -> None:
-    """``lanequeue status --json | head -1``: the reader goes away early; the command
-    ends quietly (exit status 0, nothing on stderr), not with a BrokenPipeError."""
+    """``lanequeue status --json | head -1`` (or the table): the reader goes away early;
+    the command ends quietly (exit status 1, nothing on stderr), not with a
+    BrokenPipeError traceback."""
     import subprocess
     import sys
 
     url = f"redis://{redis_server.host}:{redis_server.port}/0"
     proc = subprocess.Popen(
         [sys.executable, "-m", "lanequeue", "status", "--backend", url,
-         "--prefix", redis_prefix, "--json"],
+         "--prefix", redis_prefix, *form],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first byte is written
     err = proc.stderr.read()
-    assert proc.wait(20) == 0 and err == b""
+    assert proc.wait(20) == 1 and err == b""

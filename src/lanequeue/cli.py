@@ -674,8 +674,8 @@ def _add_status_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``lanequeue`` command with ``argv`` (default ``sys.argv[1:]``); return the
-    exit status (0 success, 1 a replay check failed, 2 bad arguments or input, 3 no cap
-    meets a ``plan`` goal)."""
+    exit status (0 success, 1 a replay check failed or ``status``'s output pipe was
+    closed, 2 bad arguments or input, 3 no cap meets a ``plan`` goal)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "replay":

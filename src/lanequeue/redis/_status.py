@@ -332,7 +332,8 @@ def render(doc: dict[str, Any]) -> Any:
 def _quiet_stdout(out: Any) -> None:
     """The reader of ``out`` went away (``lanequeue status --json | head -1``): point
     its file descriptor at /dev/null so that the interpreter's flush at exit writes
-    nowhere instead of printing a BrokenPipeError, as Unix tools end quietly."""
+    nowhere instead of printing a BrokenPipeError: the command ends quietly with exit
+    status 1, as rich's table does on its own (and as Python's documentation advises)."""
     import os
 
     try:
@@ -347,8 +348,9 @@ def _quiet_stdout(out: Any) -> None:
 
 
 def run_status(args: Any, out: Any, err: Any) -> int:
-    """``lanequeue status`` (see :mod:`lanequeue.cli`): 0 on success, 2 for bad
-    arguments, a missing rich, or a Redis that cannot be read; 130 when interrupted."""
+    """``lanequeue status`` (see :mod:`lanequeue.cli`): 0 on success, 1 (quietly) when
+    the reader of the output went away (a closed pipe), 2 for bad arguments, a missing
+    rich, or a Redis that cannot be read; 130 when interrupted."""
     import json
     import time
 
@@ -376,12 +378,8 @@ def run_status(args: Any, out: Any, err: Any) -> int:
     reader = StatusReader(client, args.prefix)
     try:
         if args.json:
-            doc = json.dumps(reader.read(), indent=2)
-            try:
-                print(doc, file=out)
-                out.flush()
-            except BrokenPipeError:
-                _quiet_stdout(out)
+            print(json.dumps(reader.read(), indent=2), file=out)
+            out.flush()
             return 0
         from rich.console import Console
         from rich.live import Live
@@ -389,11 +387,15 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         console = Console(file=out)
         if not args.watch:
             console.print(render(reader.read()))
+            out.flush()
             return 0
         with Live(render(reader.read()), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
                 live.update(render(reader.read()), refresh=True)
+    except BrokenPipeError:  # the reader of the output went away (``| head -1``)
+        _quiet_stdout(out)
+        return 1
     except redis.RedisError as exc:
         print(f"lanequeue status: reading {args.backend}: {type(exc).__name__}: {exc}",
               file=err)
