@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
 from redis.retry import Retry
 
+import lanequeue.redis
 from lanequeue import (
     DEFAULT_MAX_CONCURRENT,
     DEFAULT_MAX_SESSIONS,
@@ -27,7 +29,7 @@ from lanequeue import (
     LeaseLostError,
     NotOwnerError,
 )
-from lanequeue.redis import RedisHold, RedisLane, RedisSessionLane
+from lanequeue.redis import RedisBackend, RedisHold, RedisLane, RedisSessionLane
 from lanequeue.redis._wire import run_sync
 
 
@@ -79,8 +81,45 @@ def test_defaults_mirror_the_in_process_twins(redis_client: redis.Redis) -> None
 def test_bad_arguments_raise_at_construction(
     redis_client: redis.Redis, kwargs: dict[str, Any], exc: type[Exception]
 ) -> None:
-    with pytest.raises(exc):
-        RedisSessionLane(redis_client, **kwargs)
+    """Every error of a constructor names the public class and the argument (README)."""
+    (arg,) = kwargs
+    for lane_type in (RedisSessionLane, RedisLane):
+        with pytest.raises(exc, match=rf"^{lane_type.__name__}\(\) argument '{arg}' "):
+            lane_type(redis_client, **{"name": "x", **kwargs})
+    if arg in ("prefix", "lease_s", "on_lease_lost"):
+        with pytest.raises(exc, match=rf"^RedisBackend\(\) argument '{arg}' "):
+            RedisBackend(redis_client, **kwargs)
+
+
+@pytest.mark.parametrize(("lane_type", "kwargs", "arg"), [
+    ("RedisLane", {"max_concurrent": 0}, "max_concurrent"),
+    ("AsyncRedisLane", {"max_concurrent": "2"}, "max_concurrent"),
+    ("RedisSessionLane", {"max_sessions": 0}, "max_sessions"),
+    ("AsyncRedisSessionLane", {"idle_timeout_s": -1}, "idle_timeout_s"),
+    ("AsyncRedisLane", {"warn_after_s": float("nan")}, "warn_after_s"),
+    ("RedisSessionLane", {"on_wait": 5}, "on_wait"),
+])
+def test_constructor_errors_name_the_public_class(
+    redis_client: redis.Redis, lane_type: str, kwargs: dict[str, Any], arg: str,
+) -> None:
+    """A Redis lane's constructor error names the public class and the
+    argument, as the in-process lanes' do; so do Python's own errors for a missing or
+    unknown argument (each public class has its own copy of the inherited methods)."""
+    cls = getattr(lanequeue.redis, lane_type)
+    client: Any = redis.asyncio.Redis() if lane_type.startswith("Async") else redis_client
+    with pytest.raises((TypeError, ValueError), match=rf"^{lane_type}\(\) argument '{arg}' "):
+        cls(client, "x", **kwargs)
+    with pytest.raises(TypeError, match=rf"^{lane_type}\(\) argument 'client' must be"):
+        cls(None, "x")
+    with pytest.raises(TypeError, match=rf"^{lane_type}\.__init__\(\) got an unexpected "):
+        cls(client, "x", bogus=1)
+    if lane_type == "RedisLane":
+        with pytest.raises(TypeError, match=r"^RedisLane\.__init__\(\) missing 1 required "
+                                            r"positional argument: 'name'"):
+            cls(client)
+        with pytest.raises(TypeError, match=r"^RedisLane\.acquire_timeout\(\) got an "
+                                            r"unexpected keyword argument 'priority'"):
+            cls(client, "x").acquire_timeout("k", 0, priority=0)
 
 
 def test_bad_keys_raise_at_the_call(redis_client: redis.Redis, redis_prefix: str) -> None:
@@ -528,7 +567,53 @@ def test_clients_disagreeing_on_the_cap_never_exceed_the_smallest(
         assert new.manual_release(f"k{i}")
 
 
+def _said_matches_taken(lane: RedisLane, key: str) -> bool:
+    """lane_status()["available"] > 0 exactly when ``lane`` can take a permit now; the
+    permit taken for ``key``, if any, is kept (returned True)."""
+    said = lane.lane_status()["available"]
+    took = lane.try_acquire(key)
+    assert (said > 0) == took, (said, took)
+    return took
+
+
+@pytest.mark.timeout(30)
+def test_lane_status_reports_the_cap_in_force_and_how_long_it_stays(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    """Mixed caps (lanequeue.redis): lane_status()["max_concurrent"] is the cap in force
+    and ["available"] the permits that can really be taken under it (a client with cap
+    3 was promised 2 permits it could not take for a lease after a cap-1 client's call).
+    The smaller cap stays while its client holds (its renewals keep it) and for that
+    client's lease_s after its last call (here 0.6 s; the larger-cap client's lease_s, 30,
+    plays no part); then the larger cap applies."""
+    wide = RedisLane(redis_client, "cap", max_concurrent=3, prefix=redis_prefix, lease_s=30)
+    narrow = RedisLane(redis_client, "cap", max_concurrent=1, prefix=redis_prefix,
+                       lease_s=0.6)
+    assert narrow.try_acquire("n")
+    time.sleep(1.0)  # longer than narrow's lease: its renewals keep the cap 1 in force
+    status = wide.lane_status()
+    assert (status["max_concurrent"], status["available"], status["active"]) == (1, 0, 1)
+    assert not _said_matches_taken(wide, "w0")
+    before = time.monotonic()
+    assert narrow.manual_release("n")
+    after = time.monotonic()
+    assert wide.lane_status()["max_concurrent"] == 1
+    assert _said_matches_taken(wide, "w1")  # the one permit of cap 1
+    assert not _said_matches_taken(wide, "w2")
+    while wide.lane_status()["max_concurrent"] == 1:
+        assert time.monotonic() - after < 5, "the smaller cap never lapsed"
+        time.sleep(0.01)
+    lapsed = time.monotonic()
+    assert lapsed - before >= 0.55  # narrow's lease_s (0.6 s, less clock granularity)
+    assert lapsed - after < 0.6 + 1.0  # not wide's lease_s (30 s)
+    status = wide.lane_status()
+    assert (status["max_concurrent"], status["available"]) == (3, 2)
+    assert [_said_matches_taken(wide, f"w{i}") for i in (3, 4, 5)] == [True, True, False]
+    for key in ("w1", "w3", "w4"):
+        assert wide.manual_release(key)
+
+
 def test_a_client_that_is_not_redis_py_is_a_clear_type_error() -> None:
     for lane_type in (RedisLane, RedisSessionLane):
-        with pytest.raises(TypeError, match=r"client must be a redis\.Redis"):
+        with pytest.raises(TypeError, match=r"argument 'client' must be a redis\.Redis"):
             lane_type(None, "x")  # type: ignore[arg-type]

@@ -142,7 +142,7 @@ def test_slow_wait_names_this_process_waiters_ahead_and_its_holder(
     assert sorted(c[3] for c in calls) == [0, 1]
     assert all(c[0] is lane and c[1] == "k" and c[2] >= 0.1 for c in calls)
     slow = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
-    assert len(slow) == 2 and all("held for -" not in m for m in slow)
+    assert len(slow) == 2 and all("current holder has held for " in m for m in slow)
     held = [r.getMessage() for r in caplog.records if "has held its permit" in r.getMessage()]
     assert len(held) == 1  # the long hold, logged once
     assert lane.manual_release("k")  # to the first waiter, then to the second
@@ -153,3 +153,21 @@ def test_slow_wait_names_this_process_waiters_ahead_and_its_holder(
     first.join(8)
     second.join(8)
     assert lane.active_count == 0 and lane.waiting == 0
+
+
+def test_slow_wait_behind_another_objects_holder_says_its_age_is_unknown(
+    redis_client: Any, redis_prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The holder is another lane object's (another process's): the warning says its
+    age is not known here, in words, instead of "held for - s"."""
+    holder = RedisLane(redis_client, "llm", max_concurrent=1, prefix=redis_prefix)
+    lane = RedisLane(redis_client, "llm", max_concurrent=1, prefix=redis_prefix,
+                     warn_after_s=0.05)
+    assert holder.try_acquire("a")
+    with caplog.at_level("WARNING", logger="lanequeue"):
+        assert lane.acquire_timeout("b", 0.3) is False
+    assert holder.manual_release("a")
+    slow = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
+    assert len(slow) == 1
+    assert slow[0].endswith("joined; the current holder is not this lane object's, so how "
+                            "long it has held is not known here)"), slow[0]

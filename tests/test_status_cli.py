@@ -218,3 +218,65 @@ def test_json_needs_no_rich_the_table_does(
     assert code == 0 and len(json.loads(out)["lanes"]) == 2
     code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix)
     assert code == 2 and "lanequeue[cli]" in err and out == ""
+
+
+def test_table_shows_values_from_redis_literally(
+    capsys: pytest.CaptureFixture[str], redis_server: Any, redis_client: Any,
+    redis_prefix: str,
+) -> None:
+    """Keys, lane names and prefixes are user data: the table never parses them as rich
+    markup (``[/]`` crashed it, ``[bold]b[/bold]`` showed a bold ``b``) and shows control
+    characters as escapes (an escape code reached the terminal, a newline split a row)."""
+    keys = ["[/]", "[bold]b[/bold]", "\x1b[31mRED", "line1\nline2"]
+    sessions = RedisSessionLane(redis_client, "[red]s", prefix=redis_prefix, lease_s=30)
+    holds = [sessions.acquire(k) for k in keys]
+    for h in holds:
+        h.__enter__()
+    try:
+        url = f"redis://{redis_server.host}:{redis_server.port}/0"
+        code, out, err = _run(capsys, "--backend", url, "--prefix", redis_prefix)
+    finally:
+        for h in holds:
+            h.release()
+    assert code == 0, err
+    assert f"{redis_prefix}/[red]s (session" in out
+    assert "[/]" in out and "[bold]b[/bold]" in out
+    assert "'\\x1b[31mRED'" in out and "\x1b" not in out
+    assert "'line1\\nline2'" in out and "line1\n" not in out
+
+
+@pytest.mark.parametrize("interval", ["inf", "1e300", "3600.5", "0", "-1", "nan"])
+def test_watch_interval_out_of_range_is_an_argument_error(
+    capsys: pytest.CaptureFixture[str], redis_server: Any, redis_prefix: str,
+    interval: str,
+) -> None:
+    """``--interval`` must be > 0 and at most 3600 s (``inf`` or ``1e300`` drew once, then
+    ended in an OverflowError in ``time.sleep``): exit status 2 and a message, before
+    anything is read."""
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    code, out, err = _run(capsys, "--backend", url, "--prefix", redis_prefix,
+                          "--watch", "--interval", interval)
+    assert code == 2 and out == ""
+    assert err.strip() == "lanequeue status: --interval must be > 0 and <= 3600"
+
+
+@pytest.mark.parametrize("form", [["--json"], []])
+def test_output_into_a_closed_pipe_ends_quietly(
+    redis_server: Any, busy_lanes: dict[str, int], redis_prefix: str, form: list[str],
+) -> None:
+    """``lanequeue status --json | head -1`` (or the table): the reader goes away early;
+    the command ends quietly (exit status 1, nothing on stderr), not with a
+    BrokenPipeError traceback."""
+    import subprocess
+    import sys
+
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lanequeue", "status", "--backend", url,
+         "--prefix", redis_prefix, *form],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first byte is written
+    err = proc.stderr.read()
+    assert proc.wait(20) == 1 and err == b""

@@ -96,6 +96,9 @@ class LaneOps:
         """End every wait for ``key`` with LaneClearedError; return how many."""
         ...
 
+    #: The slow-wait warning's words when :meth:`_holder_age` is None.
+    _no_holder_age = "no hold is current"
+
     # -- written once -----------------------------------------------------------------------
 
     def _slow_wait(self, key: str, waited_s: float, ahead: int) -> None:
@@ -104,8 +107,9 @@ class LaneOps:
         holder_age = self._holder_age(key)
         log.warning(
             "lane %r: key %r has waited %.3f s for a permit (%d waiters were ahead when it "
-            "joined; the current holder has held for %s s)", self.name, key, waited_s, ahead,
-            "-" if holder_age is None else f"{holder_age:.3f}",
+            "joined; %s)", self.name, key, waited_s, ahead,
+            self._no_holder_age if holder_age is None
+            else f"the current holder has held for {holder_age:.3f} s",
         )
         if self.warn_hold_s is not None:
             self._check_holds(self._hold_list())

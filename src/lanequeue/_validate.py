@@ -10,7 +10,7 @@ from typing import NoReturn
 
 __all__ = [
     "bad_key", "check_ageing", "check_count", "check_key", "check_priority", "check_seconds",
-    "check_timeout", "own_signatures",
+    "check_timeout", "own_signatures", "public_name",
 ]
 
 
@@ -89,6 +89,19 @@ def check_count(value: object, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
+
+
+_PUBLIC_NAMES: dict[type, str] = {}
+
+
+def public_name(cls: type) -> str:
+    """The name of ``cls``, or of its nearest base whose name does not start with ``_``
+    (the public class an error should name); remembered per class."""
+    name = _PUBLIC_NAMES.get(cls)
+    if name is None:
+        name = _PUBLIC_NAMES[cls] = next(
+            (c.__name__ for c in cls.__mro__ if not c.__name__.startswith("_")), cls.__name__)
+    return name
 
 
 def own_signatures(cls: type, *internal: type) -> None:

@@ -668,14 +668,14 @@ def _add_status_parser(sub: Any) -> None:
     sp.add_argument("--watch", action="store_true",
                     help="refresh the table in place until interrupted")
     sp.add_argument("--interval", type=float, default=1.0, metavar="S",
-                    help="seconds between refreshes with --watch (default 1.0)")
+                    help="seconds between refreshes with --watch (default 1.0, at most 3600)")
     sp.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``lanequeue`` command with ``argv`` (default ``sys.argv[1:]``); return the
-    exit status (0 success, 1 a replay check failed, 2 bad arguments or input, 3 no cap
-    meets a ``plan`` goal)."""
+    exit status (0 success, 1 a replay check failed or ``status``'s output pipe was
+    closed, 2 bad arguments or input, 3 no cap meets a ``plan`` goal)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "replay":

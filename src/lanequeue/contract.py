@@ -87,9 +87,11 @@ Lane-wide views (queries: every process sharing the lane on Redis):
 
 - per-key lanes: ``is_held(key) -> bool``, ``waiting_for(key) -> int``.
 - counting lanes: ``holds_of(key) -> int``; ``lane_status() -> dict`` with ``active``
-  (holds), ``waiting`` (live waiters), ``available`` (free permits) and ``keys`` (key ->
-  seconds its oldest hold has lasted), all lane-wide. A per-key Redis lane has no
-  lane-wide count (it would need a scan of the keyspace).
+  (holds), ``waiting`` (live waiters), ``available`` (free permits: what this object
+  can take now), ``keys`` (key -> seconds its oldest hold has lasted) and
+  ``max_concurrent`` (the cap in force: on Redis, the smallest cap a client of the lane
+  used within its last lease, if smaller than this object's), all lane-wide. A per-key
+  Redis lane has no lane-wide count (it would need a scan of the keyspace).
 
 Several lanes at once (``LaneQueue.acquire_all(key, lane_names)`` /
 ``AsyncLaneQueue.acquire_all``): entering (``with`` / ``async with``) yields a
@@ -127,6 +129,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from ._core import LaneStats
 from ._errors import NotOwnerError
+from ._validate import public_name
 
 __all__ = [
     "LaneBackend",
@@ -199,9 +202,15 @@ class MustAwait(Coroutine[Any, Any, T_co]):
 def must_await(fn: Callable[P, Coroutine[Any, Any, T]]) -> Callable[P, MustAwait[T]]:
     """Decorate an ``async def`` method so that calling it returns a :class:`MustAwait`."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> MustAwait[T]:
-        return MustAwait(fn(*args, **kwargs))
+        coro = fn(*args, **kwargs)
+        # Named after the caller's public class (``AsyncLane.try_acquire``, not the
+        # internal base defining it), in this error and in Python's "never awaited".
+        coro.__qualname__ = f"{public_name(type(args[0]))}.{name}"  # type: ignore[attr-defined]
+        return MustAwait(coro)
 
     return call
 

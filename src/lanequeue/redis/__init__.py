@@ -144,11 +144,12 @@ holds in a zset instead of one holder)::
   renewed in one pipelined round trip. It uses a connection of its
   own (never waiting behind the callers of the client's pool), no retries, and waits at
   most ``lease_s/4`` and never past the holder's deadline. A hold whose release is on
-  its way (waiting for a pool connection) is still renewed. A holder whose process dies
-  stops renewing; its lease runs out, and the head waiter, which polls at the moment the
-  lease ends, takes K over: the key reaches the next waiter within ``lease_s`` (counted
-  from the holder's last renewal) plus a round trip, plus the lateness of the server's
-  blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
+  its way (waiting for a pool connection) is still renewed. A holder that stops
+  renewing (its host vanished; a killed process's holds are taken over sooner, see
+  Failover) keeps them until its lease runs out, and the head waiter, which polls at
+  the moment the lease ends, takes K over: the key reaches the next waiter within
+  ``lease_s`` (counted from the holder's last renewal) plus a round trip, plus the
+  lateness of the server's blocking-wait timer (up to ``1/hz`` s: 100 ms at the default ``hz 10``).
 - Failover (C30; :mod:`._presence`). Each process keeps one presence connection per
   server, subscribed to a channel of its own (``lq:live:<random>:<epoch>``; a new
   connection is a new epoch), and each grant records the channel it was asked under
@@ -245,10 +246,15 @@ needs the holder's presence channel empty for 2 s of server time, and the holder
 reads lost within 1 s of the last moment that channel was known present (see Failover).
 
 Caveats: all clients of one lane must use the same ``prefix`` and name. Clients of a
-counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe: the lane
-keeps the smallest cap used within the last lease (key ``Bm``) and admits no more
-than that; a raised cap applies one lease after the last client with the old one went
-quiet; ``lease_s`` may differ per process. The plain views (``active_count``,
+counting lane that disagree on ``max_concurrent`` (a rolling deploy) are safe ("mixed
+caps"): the lane keeps the smallest cap in use (key ``Bm``) and admits no more than that.
+Every script call of a client with that smallest cap (an acquire, each poll of its
+waiters, each renewal of its holds, a release) keeps it in force for that client's
+``lease_s`` more; so a larger cap applies ``lease_s`` (the smaller-cap client's) after
+that client's last call, i.e. one lease after it released its last hold or stopped
+waiting (while it holds or waits, its renewals and polls keep the smaller cap).
+``lane_status()`` reports the cap in force as ``max_concurrent`` and its ``available``
+permits under it; ``lease_s`` may differ per process. The plain views (``active_count``,
 ``available``, ``waiting``, ``get_active()``, ``stats``, ``status()``, and a per-key lane's
 ``session_count``) describe THIS lane object, as on every face (see
 :mod:`lanequeue.contract`): a lane-wide count of a per-key lane would need a scan of the

@@ -18,6 +18,7 @@ __all__ = [
     "MIN_BLOCK_S",
     "MIN_LEASE_S",
     "REFRESHES_PER_S",
+    "check_callback",
     "check_lease",
     "check_name",
     "check_prefix",
@@ -42,30 +43,43 @@ REFRESHES_PER_S = 500.0
 MIN_BLOCK_S = 0.002
 
 
-def check_name(name: object) -> str:
-    n = plain_key(name, "name")
+def check_name(name: object, arg: str = "name") -> str:
+    """A Redis lane's name; ``arg`` names the argument in the errors (a constructor
+    passes ``"RedisLane() argument 'name'"``)."""
+    n = plain_key(name, arg)
     if any(c in n for c in ":{}"):
-        raise ValueError(f"a Redis lane name must not contain ':', '{{' or '}}': {n!r}")
+        raise ValueError(f"{arg} must not contain ':', '{{' or '}}' (a Redis lane name): "
+                         f"{n!r}")
     return n
 
 
-def check_prefix(prefix: object) -> str:
-    p = plain_key(prefix, "prefix")
+def check_prefix(prefix: object, arg: str = "prefix") -> str:
+    """A Redis key prefix; ``arg`` names the argument in the errors."""
+    p = plain_key(prefix, arg)
     if "{" in p or "}" in p:
-        raise ValueError(f"prefix must not contain '{{' or '}}' (hash tags): {p!r}")
+        raise ValueError(f"{arg} must not contain '{{' or '}}' (hash tags): {p!r}")
     return p
 
 
-def check_lease(lease_s: object) -> float:
+def check_lease(lease_s: object, arg: str = "lease_s") -> float:
+    """A lease in seconds, from MIN_LEASE_S to MAX_LEASE_S; ``arg`` names the argument
+    in the errors."""
     if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
-        raise TypeError(f"lease_s must be a number of seconds, not {type(lease_s).__name__}")
+        raise TypeError(f"{arg} must be a number of seconds, not {type(lease_s).__name__}")
     v = float(lease_s)
     if not math.isfinite(v) or not MIN_LEASE_S <= v <= MAX_LEASE_S:
         raise ValueError(
-            f"lease_s must be a number of seconds from {MIN_LEASE_S} to {MAX_LEASE_S:.0f} "
+            f"{arg} must be a number of seconds from {MIN_LEASE_S} to {MAX_LEASE_S:.0f} "
             f"(7 days), got {lease_s!r}"
         )
     return v
+
+
+def check_callback(fn: object, arg: str) -> Any:
+    """``fn`` if it is callable or None (``on_lease_lost``); TypeError naming ``arg``."""
+    if fn is not None and not callable(fn):
+        raise TypeError(f"{arg} must be callable or None, not {type(fn).__name__}")
+    return fn
 
 
 def socket_timeout(client: Any) -> float | None:

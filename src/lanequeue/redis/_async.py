@@ -414,11 +414,12 @@ class AsyncRedisLane(_AsyncFace, CountingLaneBase[AsyncRedisHold]):
 
     @must_await
     async def lane_status(self) -> dict[str, Any]:
-        """Lane-wide: ``active`` holds, live ``waiting`` callers, ``available`` permits,
-        ``keys`` (key -> seconds its oldest hold has lasted), ``oldest_wait_s`` (from
-        the server time the longest live waiter joined), in one round trip; as
+        """Lane-wide: ``active`` holds, live ``waiting`` callers, ``available`` permits
+        (free under the cap in force), ``keys`` (key -> seconds its oldest hold has
+        lasted), ``oldest_wait_s`` (from the server time the longest live waiter
+        joined), ``max_concurrent`` (the cap in force), in one round trip; as
         :meth:`lanequeue.redis.RedisLane.lane_status`."""
-        return {**(await drive(self._lane_wide())), **self._limits()}
+        return await drive(self._lane_wide())
 
     @must_await
     async def holds_of(self, key: str) -> int:

@@ -14,7 +14,7 @@ from .._kinds import (
     DEFAULT_TIMEOUT_S,
 )
 from .._ops import DEFAULT_WARN_AFTER_S, OnWait
-from ._args import check_lease, check_prefix
+from ._args import check_callback, check_lease, check_prefix
 from ._async import AsyncRedisLane, AsyncRedisSessionLane
 from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, OnLeaseLost
 from ._sync import RedisLane, RedisSessionLane
@@ -63,11 +63,10 @@ class RedisBackend:
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
         self.client = client
-        self.prefix = check_prefix(prefix)
-        self.lease_s = check_lease(lease_s)
-        if on_lease_lost is not None and not callable(on_lease_lost):
-            raise TypeError("on_lease_lost must be callable or None")
-        self.on_lease_lost = on_lease_lost
+        where = f"{type(self).__name__}() argument"
+        self.prefix = check_prefix(prefix, f"{where} 'prefix'")
+        self.lease_s = check_lease(lease_s, f"{where} 'lease_s'")
+        self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
         #: ``"asyncio"`` for an asyncio client, else ``"threads"``: the face of its lanes.
         self.face = "asyncio" if isinstance(client, _ASYNC_CLIENTS) else "threads"
 

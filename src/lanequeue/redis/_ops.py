@@ -49,6 +49,9 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
     """The operations surface of a Redis lane object (either kind, either face)."""
 
     _kind_label = ""
+    _internal_base = True
+    _no_holder_age = ("the current holder is not this lane object's, so how long it has "
+                      "held is not known here")
 
     def _ops_setup(
         self,

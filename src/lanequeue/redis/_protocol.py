@@ -39,11 +39,13 @@ from redis.exceptions import RedisError, ResponseError
 from .._core import LaneStats
 from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
 from .._kinds import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
-from .._validate import check_count, check_timeout
+from .._ops import LaneOps
+from .._validate import check_count, check_timeout, own_signatures
 from . import _scripts as lua
 from ._args import (
     MAX_POLL_S,
     REFRESHES_PER_S,
+    check_callback,
     check_lease,
     check_name,
     check_prefix,
@@ -155,14 +157,13 @@ class RedisLaneBase(ABC, Generic[H]):
         prefix: str = DEFAULT_PREFIX,
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
-        self.name = check_name(name)
-        self.timeout_s: float | None = check_timeout(timeout_s)
-        self.lease_s = check_lease(lease_s)
-        self.prefix = check_prefix(prefix)
-        if on_lease_lost is not None and not callable(on_lease_lost):
-            raise TypeError("on_lease_lost must be callable or None")
-        self.on_lease_lost = on_lease_lost
-        self._cap = check_count(max_concurrent, "max_concurrent")
+        where = f"{type(self).__name__}() argument"
+        self.name = check_name(name, f"{where} 'name'")
+        self.timeout_s: float | None = check_timeout(timeout_s, f"{where} 'timeout_s'")
+        self.lease_s = check_lease(lease_s, f"{where} 'lease_s'")
+        self.prefix = check_prefix(prefix, f"{where} 'prefix'")
+        self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
+        self._cap = check_count(max_concurrent, f"{where} 'max_concurrent'")
         self._client: Any = self._check_client(client)
         self._lease_ms = max(1, round(self.lease_s * 1000))
         poll = min(MAX_POLL_S, self.lease_s / 3)
@@ -218,13 +219,24 @@ class RedisLaneBase(ABC, Generic[H]):
         self.unmatched = 0
         self.leases_lost = 0
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A public lane class gets its own copy of the methods it inherits from the
+        # internal bases, so Python's own argument errors name it (``RedisLane.__init__()
+        # missing 1 required positional argument: 'name'``), as the in-process lanes do.
+        if not cls.__name__.startswith("_") and not cls.__dict__.get("_internal_base"):
+            own_signatures(cls, LaneOps,
+                           *(b for b in cls.__mro__ if b.__dict__.get("_internal_base")))
+
+    _internal_base: ClassVar[bool] = True
+
     @classmethod
     def _check_client(cls, client: Any) -> Any:
         """``client`` if it is of this face's kind (C26: a sync client given to an asyncio
         lane, or the reverse, is refused here, before any script runs)."""
         if not isinstance(client, cls._client_types):
             raise TypeError(
-                f"client must be {cls._client_hint} for {cls.__name__}, not "
+                f"{cls.__name__}() argument 'client' must be {cls._client_hint}, not "
                 f"{type(client).__module__}.{type(client).__name__}"
             )
         return client

@@ -688,8 +688,9 @@ COUNTING_INFO = (
     _COUNTING_PRELUDE
     + r"""
 -- KEYS: h i w. Returns {now_ms, holds, live waiters, join time (ms) of the longest live
--- waiter (0: none), info strings of the live holds...}. The line is in join order, so
--- the first live waiter in it with a join time is the longest waiter.
+-- waiter (0: none), the smallest cap used within the last lease (key "m"; 0: none),
+-- info strings of the live holds...}. The line is in join order, so the first live
+-- waiter in it with a join time is the longest waiter.
 local h, i, w = KEYS[1], KEYS[2], KEYS[3]
 local q, j = string.sub(h, 1, -2) .. 'q', string.sub(h, 1, -2) .. 'j'
 local now = clock()
@@ -709,7 +710,7 @@ while true do
   k = k + 1
 end
 local out = {now, redis.call('ZCARD', h), redis.call('ZCOUNT', w, '(' .. fmt(now), '+inf'),
-             joined}
+             joined, tonumber(redis.call('GET', string.sub(h, 1, -2) .. 'm')) or 0}
 for _, v in ipairs(redis.call('HVALS', i)) do out[#out + 1] = v end
 return out
 """

@@ -276,9 +276,24 @@ class StatusReader:
         return doc
 
 
+MAX_INTERVAL_S = 3600.0
+"""The largest ``--interval`` (seconds) ``lanequeue status --watch`` takes."""
+
+
+def shown(value: str) -> str:
+    """``value`` (a key, lane name or prefix read from Redis) as the table shows it: as
+    is when every character is printable, else its Python ``repr`` (quoted, control
+    characters as escapes such as ``\\n`` or ``\\x1b``), so that no value can move the
+    cursor, colour the terminal or split a row. The table puts it in a ``rich.text.Text``,
+    never parsed as markup."""
+    return value if value.isprintable() else repr(value)
+
+
 def render(doc: dict[str, Any]) -> Any:
     """A rich renderable (a table per lane, and a header) of a :meth:`StatusReader.read`
-    document. Needs rich (extra ``[cli]``); ImportError without it."""
+    document. Every value read from Redis (prefixes, lane names, keys) is shown
+    literally: never parsed as rich markup, non-printable characters as escapes (see
+    :func:`shown`). Needs rich (extra ``[cli]``); ImportError without it."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
@@ -289,10 +304,10 @@ def render(doc: dict[str, Any]) -> Any:
     )]
     for lane in doc["lanes"]:
         cap = lane.get("max_concurrent")
-        title = (f"{lane['prefix']}/{lane['name']} ({lane['kind']}"
-                 + (f", max {cap}" if cap is not None else "")
-                 + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
-                 f"oldest wait {lane['oldest_wait_s']:.1f} s")
+        title = Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} ({lane['kind']}"
+                     + (f", max {cap}" if cap is not None else "")
+                     + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
+                     f"oldest wait {lane['oldest_wait_s']:.1f} s")
         table = Table(title=title, title_justify="left")
         table.add_column("key")
         table.add_column("fencing token", justify="right")
@@ -304,7 +319,7 @@ def render(doc: dict[str, Any]) -> Any:
             mine = [h for h in lane["holders"] if h["key"] == key] or [None]
             for h in mine:
                 table.add_row(
-                    key,
+                    Text(shown(key)),
                     "-" if h is None else str(h["token"]),
                     "-" if h is None else f"{h['lease_left_s']:.1f}",
                     "-" if h is None or "held_s" not in h else f"{h['held_s']:.1f}",
@@ -314,9 +329,28 @@ def render(doc: dict[str, Any]) -> Any:
     return Group(*parts)
 
 
+def _quiet_stdout(out: Any) -> None:
+    """The reader of ``out`` went away (``lanequeue status --json | head -1``): point
+    its file descriptor at /dev/null so that the interpreter's flush at exit writes
+    nowhere instead of printing a BrokenPipeError: the command ends quietly with exit
+    status 1, as rich's table does on its own (and as Python's documentation advises)."""
+    import os
+
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 def run_status(args: Any, out: Any, err: Any) -> int:
-    """``lanequeue status`` (see :mod:`lanequeue.cli`): 0 on success, 2 for bad
-    arguments, a missing rich, or a Redis that cannot be read; 130 when interrupted."""
+    """``lanequeue status`` (see :mod:`lanequeue.cli`): 0 on success, 1 (quietly) when
+    the reader of the output went away (a closed pipe), 2 for bad arguments, a missing
+    rich, or a Redis that cannot be read; 130 when interrupted."""
     import json
     import time
 
@@ -325,8 +359,9 @@ def run_status(args: Any, out: Any, err: Any) -> int:
     if args.json and args.watch:
         print("lanequeue status: --json and --watch do not go together", file=err)
         return 2
-    if not args.interval > 0:
-        print("lanequeue status: --interval must be > 0", file=err)
+    if not 0 < args.interval <= MAX_INTERVAL_S:
+        print(f"lanequeue status: --interval must be > 0 and <= {MAX_INTERVAL_S:g}",
+              file=err)
         return 2
     if not args.json:
         try:
@@ -344,6 +379,7 @@ def run_status(args: Any, out: Any, err: Any) -> int:
     try:
         if args.json:
             print(json.dumps(reader.read(), indent=2), file=out)
+            out.flush()
             return 0
         from rich.console import Console
         from rich.live import Live
@@ -351,11 +387,15 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         console = Console(file=out)
         if not args.watch:
             console.print(render(reader.read()))
+            out.flush()
             return 0
         with Live(render(reader.read()), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
                 live.update(render(reader.read()), refresh=True)
+    except BrokenPipeError:  # the reader of the output went away (``| head -1``)
+        _quiet_stdout(out)
+        return 1
     except redis.RedisError as exc:
         print(f"lanequeue status: reading {args.backend}: {type(exc).__name__}: {exc}",
               file=err)

@@ -362,11 +362,14 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
 
     def lane_status(self) -> dict[str, Any]:
         """Lane-wide, every process (one round trip): ``active`` holds, live ``waiting``
-        callers, ``available`` permits, ``keys`` (key -> seconds its oldest hold has
-        lasted, server time), ``oldest_wait_s`` (seconds the longest live waiter has
-        been in line, from the server time it joined; 0.0 when nobody waits),
-        ``max_concurrent``. Raises LaneBackendError if Redis failed."""
-        return {**drive(self._lane_wide()), **self._limits()}
+        callers, ``available`` permits (free under the cap in force: what this lane
+        object can take now), ``keys`` (key -> seconds its oldest hold has lasted, server
+        time), ``oldest_wait_s`` (seconds the longest live waiter has been in line, from
+        the server time it joined; 0.0 when nobody waits), ``max_concurrent`` (the cap in
+        force: this object's, or a smaller one another client used within its last lease,
+        see "mixed caps" in :mod:`lanequeue.redis`). Raises LaneBackendError if Redis
+        failed."""
+        return drive(self._lane_wide())
 
     def holds_of(self, key: str) -> int:
         """Permits held now by ``key``, lane-wide (asks Redis)."""

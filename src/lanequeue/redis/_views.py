@@ -34,6 +34,7 @@ class SessionLaneBase(RedisOps[H]):
 
     _kind_class = SessionKind
     _kind_label = "session"
+    _internal_base = True
 
     def __init__(
         self,
@@ -55,8 +56,9 @@ class SessionLaneBase(RedisOps[H]):
             prefix=prefix, on_lease_lost=on_lease_lost,
         )
         self._ops_setup(warn_after_s, on_wait, warn_hold_s)
-        self._max_sessions = check_count(max_sessions, "max_sessions")
-        idle = check_timeout(idle_timeout_s, "idle_timeout_s")
+        where = f"{type(self).__name__}() argument"
+        self._max_sessions = check_count(max_sessions, f"{where} 'max_sessions'")
+        idle = check_timeout(idle_timeout_s, f"{where} 'idle_timeout_s'")
         self._idle_timeout_s = math.inf if idle is None else idle
 
     @property
@@ -93,6 +95,7 @@ class CountingLaneBase(RedisOps[H]):
 
     _kind_class = CountingKind
     _kind_label = "counting"
+    _internal_base = True
 
     def __init__(
         self,
@@ -120,26 +123,33 @@ class CountingLaneBase(RedisOps[H]):
         return self._cap
 
     def _info(self, run: Any = None
-              ) -> Steps[tuple[int, int, int, int, list[tuple[int, str]]]]:
+              ) -> Steps[tuple[int, int, int, int, int, list[tuple[int, str]]]]:
         """(now_ms, holds, live waiters, join time in ms of the longest live waiter or 0,
-        [(since_ms, key), ...]), lane-wide, from Redis (server time). ``run``: the script
-        call to use instead of the face's ``_run`` (see :meth:`_lane_metrics`)."""
+        the cap in force for this lane object, [(since_ms, key), ...]), lane-wide, from
+        Redis (server time). The cap in force is the smaller of this object's
+        ``max_concurrent`` and the smallest cap another client used within its last lease
+        (key ``Bm``; see :mod:`lanequeue.redis`): the permits this object can take.
+        ``run``: the script call to use instead of the face's ``_run`` (see
+        :meth:`_lane_metrics`)."""
         reply = yield from self._ask("read", None, run or self._run, "read", None,
                                      self._info_call(None))
         now, holds, waiters = int(reply[0]), int(reply[1]), int(reply[2])
-        joined = int(reply[3])
+        joined, seen = int(reply[3]), int(reply[4])
+        cap = min(self._cap, seen) if seen > 0 else self._cap
         active: list[tuple[int, str]] = []
-        for v in reply[4:]:
+        for v in reply[5:]:
             _fence, since, key = text(v).split(":", 2)
             active.append((int(since), key))
-        return now, holds, waiters, joined, active
+        return now, holds, waiters, joined, cap, active
 
     def _lane_wide(self, run: Any = None) -> Steps[dict[str, Any]]:
-        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits,
-        ``keys`` (key -> seconds its oldest hold has lasted, server time) and
-        ``oldest_wait_s`` (seconds the longest live waiter has been in line, from the
-        server time it joined; 0.0 when nobody waits): one round trip."""
-        now, holds, waiters, joined, active = yield from self._info(run)
+        """Lane-wide ``active`` holds, live ``waiting`` callers, ``available`` permits
+        (free under the cap in force: what this object can take now), ``keys`` (key ->
+        seconds its oldest hold has lasted, server time), ``oldest_wait_s`` (seconds the
+        longest live waiter has been in line, from the server time it joined; 0.0 when
+        nobody waits) and ``max_concurrent`` (the cap in force, see :meth:`_info`): one
+        round trip."""
+        now, holds, waiters, joined, cap, active = yield from self._info(run)
         keys: dict[str, float] = {}
         for since, key in active:
             age = max(0.0, (now - since) / 1000.0)
@@ -148,16 +158,17 @@ class CountingLaneBase(RedisOps[H]):
         return {
             "active": holds,
             "waiting": waiters,
-            "available": max(0, self._cap - holds),
+            "available": max(0, cap - holds),
             "keys": keys,
             "oldest_wait_s": max(0.0, (now - joined) / 1000.0) if joined else 0.0,
+            "max_concurrent": cap,
         }
 
     def _holds_of(self, key: str) -> Steps[int]:
         """Permits held now by ``key``, lane-wide, from Redis."""
         key = plain_key(key)
         info = yield from self._info()
-        return sum(1 for _, k in info[4] if k == key)
+        return sum(1 for _, k in info[5] if k == key)
 
     def _lane_metrics(self) -> LaneMetrics | None:
         """The ``scope="lane"`` entry of :meth:`metrics_snapshot`: lane-wide holders,
