@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from dispatch_helpers import Stepped
 
-from lanequeue import AsyncLaneQueue, Dispatcher, Lane, LaneQueue, ThreadDispatcher
+from lanequeue import (
+    AsyncLaneQueue,
+    Dispatcher,
+    Lane,
+    LaneQueue,
+    ThreadDispatcher,
+    build_default_async_lanes,
+    build_default_lanes,
+)
 
 
 def thread_queue() -> LaneQueue:
@@ -241,3 +249,50 @@ def test_asyncio_dispatcher_argument_errors_need_no_loop() -> None:
         d.submit("k", coro_fn.__name__, 1)  # a str is not callable
     assert d.stats.submitted == 0
     assert asyncio.iscoroutinefunction(coro_fn)
+
+
+BAD_DRAIN = [(-1, ValueError), (math.nan, ValueError), ("x", TypeError)]
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_DRAIN)
+def test_async_dispatcher_drain_with_bad_timeout_changes_nothing(
+    bad: Any, error: type[Exception]
+) -> None:
+    """A refused drain() leaves the dispatcher taking turns (the argument is checked
+    before it starts draining)."""
+
+    async def main_() -> Any:
+        d = Dispatcher(build_default_async_lanes())
+        with pytest.raises(error, match="timeout_s"):
+            await d.drain(bad)
+        assert not d.draining
+        return await d.submit("k", lambda: 1)
+
+    assert asyncio.run(main_()) == 1
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_DRAIN)
+def test_thread_dispatcher_drain_with_bad_timeout_changes_nothing(
+    bad: Any, error: type[Exception]
+) -> None:
+    d = ThreadDispatcher(build_default_lanes())
+    try:
+        with pytest.raises(error, match="timeout_s"):
+            d.drain(bad)
+        assert not d.draining
+        assert d.submit("k", lambda: 1).result(5) == 1
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("make", FACES)
+def test_close_checks_cancel_pending_before_closing(make: Any) -> None:
+    async def go() -> None:  # (the asyncio dispatcher is closed from its loop)
+        d = make({})
+        with pytest.raises(TypeError, match="cancel_pending"):
+            d.close(cancel_pending="yes")
+        assert not d.draining
+        d.close()
+        assert d.draining
+
+    asyncio.run(go())

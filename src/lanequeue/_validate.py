@@ -9,7 +9,8 @@ from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
-    "bad_key", "check_ageing", "check_count", "check_key", "check_priority", "check_seconds",
+    "bad_key", "check_ageing", "check_bool", "check_count", "check_key", "check_priority",
+    "check_seconds",
     "check_timeout", "own_signatures",
 ]
 
@@ -80,6 +81,14 @@ def check_ageing(value: object, name: str = "ageing_s") -> float:
     if value is None:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got None")
     return check_seconds(value, name, positive=True)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """Validate a flag: a ``bool`` (TypeError naming ``name`` otherwise, so ``"yes"`` or
+    ``0`` is not read as a truth value)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
 
 
 def check_count(value: object, name: str) -> int:

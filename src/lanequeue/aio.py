@@ -54,7 +54,7 @@ from ._kinds import (
     drop_hold,
 )
 from ._ops import poll_idle_async
-from ._validate import check_key, check_timeout
+from ._validate import check_bool, check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _end_view, _send
 
@@ -531,6 +531,7 @@ class _AsyncFace:
             (False, True)
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._bind_loop()
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
@@ -815,6 +816,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         new acquisitions at once, then this waits up to ``timeout_s`` (loop clock) for all
         to be idle. A coroutine; True if every lane is idle on return."""
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
 

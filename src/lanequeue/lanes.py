@@ -31,7 +31,7 @@ from ._kinds import (
     drop_hold,
 )
 from ._ops import poll_idle
-from ._validate import check_key, check_timeout
+from ._validate import check_bool, check_key, check_timeout
 
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
@@ -344,6 +344,7 @@ class _ThreadFace:
             True
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return self.wait_idle(timeout)
 

@@ -41,7 +41,7 @@ from ._kinds import (
 )
 from ._obs import StuckHold
 from ._ops import LaneOps, poll_idle
-from ._validate import check_key, check_priority, check_timeout, own_signatures
+from ._validate import check_bool, check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
 
@@ -781,6 +781,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             True
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return self.wait_idle(timeout)
 
