@@ -296,3 +296,36 @@ def test_close_checks_cancel_pending_before_closing(make: Any) -> None:
         assert d.draining
 
     asyncio.run(go())
+
+
+def test_async_ticket_result_on_its_loop_refuses_at_once() -> None:
+    """On the loop's own thread, result() could never see the turn end (the loop would be
+    blocked): it raises RuntimeError at once, whatever the timeout but 0 (a poll). The
+    turn waits on an event set only after those calls: a call that blocked would hang
+    the test (pytest-timeout) instead of raising."""
+    import concurrent.futures
+
+    async def main_() -> tuple[Any, Any]:
+        d = Dispatcher(build_default_async_lanes())
+        go = asyncio.Event()
+
+        async def work() -> int:
+            await go.wait()
+            return 1
+
+        ticket = d.submit("k", work)
+        for call in (ticket.result, ticket.exception):
+            for timeout in (None, 1.0, math.inf):
+                with pytest.raises(RuntimeError, match="await ticket"):
+                    call(timeout)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            ticket.result(0)
+        go.set()
+        value = await ticket
+        with pytest.raises(RuntimeError, match="await ticket"):
+            ticket.result()
+        # Another thread may block on it while the loop runs.
+        other = await asyncio.get_running_loop().run_in_executor(None, ticket.result, 5)
+        return value, (ticket.result(0), other)
+
+    assert asyncio.run(main_()) == (1, (1, 1))

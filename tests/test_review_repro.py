@@ -6,7 +6,6 @@ then)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from typing import Any
@@ -14,10 +13,8 @@ from typing import Any
 import pytest
 
 from lanequeue import (
-    Dispatcher,
     Lane,
     LaneQueue,
-    build_default_async_lanes,
 )
 from lanequeue.cli import main
 from lanequeue.redis import RedisLane, RedisSessionLane
@@ -59,28 +56,6 @@ def test_status_interval_too_large_is_an_argument_error(
 
 
 # --- dispatcher -------------------------------------------------------------------------
-
-
-@pytest.mark.xfail(strict=True, reason="Ticket.result() on the loop thread blocks the loop")
-def test_async_ticket_result_on_its_loop_does_not_block() -> None:
-    """On the loop's own thread, result() can never see the turn end (the loop is
-    blocked): it should refuse at once instead of freezing the loop until ``timeout``
-    (forever with the default ``None``)."""
-
-    async def work() -> int:
-        await asyncio.sleep(0.01)
-        return 1
-
-    async def main_() -> float:
-        d = Dispatcher(build_default_async_lanes())
-        ticket = d.submit("k", work)
-        start = time.monotonic()
-        with pytest.raises(RuntimeError):
-            ticket.result(1.0)
-        await ticket
-        return time.monotonic() - start
-
-    assert asyncio.run(main_()) < 0.5
 
 
 # --- argument checks ------------------------------------------------------------------
