@@ -40,7 +40,7 @@ from ._kinds import (
     drop_hold,
 )
 from ._obs import StuckHold
-from ._ops import LaneOps, poll_idle
+from ._ops import LaneOps, check_ops_arguments, poll_idle
 from ._validate import check_bool, check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
@@ -388,11 +388,9 @@ class QueueBase(Generic[L, CL, SL]):
         on_wait: OnWait | None = None,
         warn_hold_s: float | None = None,
     ) -> None:
-        # Given to every in-process lane add_lane / add_session_lane make (checked by the
-        # lanes).
-        self._ops: dict[str, Any] = {
-            "warn_after_s": warn_after_s, "on_wait": on_wait, "warn_hold_s": warn_hold_s,
-        }
+        # Given to every lane add_lane / add_session_lane make; checked here, at the call.
+        self._ops: dict[str, Any] = dict(check_ops_arguments(
+            f"{type(self).__name__}() argument", warn_after_s, on_wait, warn_hold_s))
         self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
@@ -698,7 +696,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
     of the thread face (:class:`lanequeue.SyncLane`).
 
     ``warn_after_s``, ``on_wait`` and ``warn_hold_s`` (keyword arguments, see
-    :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make.
+    :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make;
+    they are checked here, at construction, as a lane checks them (TypeError/ValueError
+    naming the queue class and the argument).
     ``drain``, ``wait_idle``, ``clear``, ``close`` and ``stuck`` apply to every lane of
     the queue (a Redis lane: this process's holders and waiters).
 
