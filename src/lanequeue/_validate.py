@@ -9,9 +9,8 @@ from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
-    "bad_key", "check_ageing", "check_bool", "check_count", "check_key", "check_priority",
-    "check_seconds",
-    "check_timeout", "own_signatures",
+    "AGEING_MAX", "bad_key", "check_ageing", "check_bool", "check_count", "check_key",
+    "check_priority", "check_seconds", "check_timeout", "own_signatures",
 ]
 
 
@@ -73,14 +72,20 @@ def check_seconds(value: object, name: str, *, positive: bool = False,
     return v
 
 
+#: ``ageing_s`` must stay below this (``threading.TIMEOUT_MAX``, about 292 years): then
+#: ``priority * ageing_s`` (priorities within ``±2**31``) is a finite float in every rank.
+AGEING_MAX = TIMEOUT_MAX
+
+
 def check_ageing(value: object, name: str = "ageing_s") -> float:
     """Validate ``ageing_s`` (a lane's, a dispatcher's): the seconds of waiting that raise
-    a waiter by one priority level, a finite number ``> 0``. The one check and message
-    for every face (a dispatcher's ``None``, no ageing, is handled by the caller; here
-    ``None`` is a value out of range, ValueError, like ``0`` and ``inf``)."""
+    a waiter by one priority level, a finite number ``> 0`` and ``< AGEING_MAX`` (about
+    292 years, so no rank ``now - priority * ageing_s`` can overflow). The one check and
+    message for every face (a dispatcher's ``None``, no ageing, is handled by the caller;
+    here ``None`` is a value out of range, ValueError, like ``0``, ``inf`` and ``1e308``)."""
     if value is None:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got None")
-    return check_seconds(value, name, positive=True)
+    return check_seconds(value, name, positive=True, limit=AGEING_MAX)
 
 
 def check_bool(value: object, name: str) -> bool:

@@ -384,7 +384,8 @@ class Lane(_ThreadFace, CountingKind):
             ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
             warning); None (default): never.
         ageing_s: seconds of waiting that raise a waiter by one priority level
-            (finite, > 0; default 30.0), on ``clock``.
+            (finite, > 0 and below ``threading.TIMEOUT_MAX``, about 292 years;
+            default 30.0), on ``clock``.
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it and the class.

@@ -849,7 +849,9 @@ class Machine:
         with self._lock:
             prio = max((t.priority for t in job.tickets), default=0)
             if self.ageing_s is not None:
-                prio += int((self.face.now() - job.formed_at) // self.ageing_s)
+                # (a tiny ageing_s makes the levels inf: capped before int())
+                levels = (self.face.now() - job.formed_at) // self.ageing_s
+                prio += int(min(levels, PRIORITY_MAX - PRIORITY_MIN))
         return min(max(prio, PRIORITY_MIN), PRIORITY_MAX)
 
     def start(self, job: Job) -> bool:
