@@ -329,3 +329,24 @@ def test_async_ticket_result_on_its_loop_refuses_at_once() -> None:
         return value, (ticket.result(0), other)
 
     assert asyncio.run(main_()) == (1, (1, 1))
+
+
+def test_a_str_subclass_key_is_its_plain_value_in_the_dispatcher() -> None:
+    """C23: a ``str`` Enum key is its plain value on the ticket, in pending(), and in
+    the lanes the turn holds."""
+    from enum import Enum
+
+    class Key(str, Enum):
+        A = "a"
+
+    queue = thread_queue()
+    seen: list[Any] = []
+    d = ThreadDispatcher(queue)
+    try:
+        ticket = d.submit(Key.A, lambda: seen.append(list(queue["session"].get_active())))
+        assert ticket.key == "a" and ticket.key.__class__ is str
+        assert d.pending(Key.A) == d.pending("a")
+        ticket.result(5)
+        assert seen == [["a"]] and seen[0][0].__class__ is str
+    finally:
+        d.close()

@@ -22,10 +22,13 @@ def bad_key(key: object, name: str = "key") -> NoReturn:
 
 
 def check_key(key: object, name: str = "key") -> str:
-    """Return ``key`` if it is a non-empty ``str``; raise TypeError/ValueError otherwise."""
+    """Return ``key`` as a plain ``str`` if it is a non-empty ``str``: a ``str`` subclass
+    (a ``str`` Enum member) becomes its string value (``str.__str__``), so a key is the
+    same plain string in every view of every face, in-process as on Redis. Raise
+    TypeError/ValueError otherwise."""
     if not isinstance(key, str) or not key:
         bad_key(key, name)
-    return key
+    return key if key.__class__ is str else str.__str__(key)
 
 
 def check_timeout(value: object, name: str = "timeout_s") -> float | None:
