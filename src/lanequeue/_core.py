@@ -1130,14 +1130,17 @@ class MultiHoldSteps:
     _plan: Any
     _taken: list[Any]
     _budget_s: float | None
+    _entered: bool
     _take_rest: Callable[[Any], Any]
     _release_all: Callable[[BaseException | None], None]
     release: Callable[[], None]
 
     def __enter__(self) -> Any:
+        if self._entered:
+            raise RuntimeError(
+                "this acquire_all(...) is already entered (single use); call acquire_all again")
+        self._entered = True  # type: ignore[misc]  # (a slot of MultiHold, the host)
         taken = self._taken
-        if taken:
-            raise RuntimeError("acquire_all(...) context entered twice")
         cores = self._plan.cores
         if cores is None or self._budget_s == 0.0:  # (a float or None: a float compare)
             return self._take_rest(None)

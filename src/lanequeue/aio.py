@@ -664,9 +664,11 @@ class _AsyncMultiAcquire(MultiHold):
                     lane._bind_loop()
 
     async def __aenter__(self) -> MultiHold:
-        if self._taken:
-            raise RuntimeError("acquire_all(...) context entered twice")
+        if self._entered:
+            raise RuntimeError(
+                "this acquire_all(...) is already entered (single use); call acquire_all again")
         self._check_loops()
+        self._entered = True
         plan = self._plan
         cores = plan.cores
         budget = self._budget_s

@@ -94,26 +94,31 @@ class MultiHold:
     (``key``, ``token``, ``held``, ``release()``; on asyncio ``release()`` is a coroutine
     and ``release_nowait()`` its plain twin). Releasing one hold early is allowed: leaving
     the block then skips it. ``holds`` lists them, iterating yields them, ``len()`` counts
-    them, ``key`` is the request's key. Leaving the ``with`` block releases them in
-    reverse; so does ``release()`` (threads) / ``await release()`` (asyncio, also spelled
-    ``release_async()``), which is safe to call twice.
+    them, ``key`` is the request's key. Like a hold, it is single use: entering it again
+    (inside its block, or after it) raises RuntimeError; call ``acquire_all`` again.
+    Leaving the ``with`` block releases them in reverse; so does ``release()`` (threads) /
+    ``await release()`` (asyncio, also spelled ``release_async()``), which is safe to call
+    twice.
 
     Garbage-collected while still holding in-process lanes (entered, never left nor
     released), it warns with a ``ResourceWarning`` per lane naming the lane and the key,
     and those permits return at each lane's next operation.
     """
 
-    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_entered")
 
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
     # _taken: per step taken so far, its token (in-process core) or its Hold (others);
-    # _priority: the priority its waits on in-process counting lanes have (checked).
+    # _priority: the priority its waits on in-process counting lanes have (checked);
+    # _entered: True from the first __enter__ on (single use, as a hold; a spare is reset
+    # when it is handed out again, which only happens once nobody refers to it).
     _key: str
     _plan: Plan
     _taken: list[Any]
     _budget_s: float | None
     _priority: int
+    _entered: bool
 
     def _rank_for(self, core: Core) -> int:
         """The priority of a wait on ``core``: the call's on a counting lane, else 0 (a
@@ -683,6 +688,7 @@ class QueueBase(Generic[L, CL, SL]):
             multi._plan = plan
             multi._taken = []
         multi._key = key
+        multi._entered = False
         multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         multi._priority = priority if priority is _ZERO else check_priority(priority)
         return multi
