@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lanequeue import AsyncLane, AsyncSessionLane, NotOwnerError
+from lanequeue import AsyncLane, AsyncLaneQueue, AsyncSessionLane, NotOwnerError
 
 
 def make(kind: str) -> Any:
@@ -69,3 +69,24 @@ def test_early_release_inside_async_with_exits_cleanly(
     with caplog.at_level(logging.WARNING, logger="lanequeue"):
         asyncio.run(main())
     assert not [r for r in caplog.records if r.name == "lanequeue"], caplog.text
+
+
+def test_an_async_multi_hold_is_single_use_like_a_hold() -> None:
+    """As on threads: entering an ``acquire_all`` again, inside its block or after it,
+    raises RuntimeError and takes nothing."""
+
+    async def main() -> None:
+        queue = AsyncLaneQueue()
+        s = queue.add_session_lane("session")
+        queue.add_lane("global", max_concurrent=2)
+        multi = queue.acquire_all("k", ["session", "global"])
+        async with multi:
+            with pytest.raises(RuntimeError, match="single use"):
+                await multi.__aenter__()
+        with pytest.raises(RuntimeError, match="single use"):
+            async with multi:
+                pass
+        assert s.active_count == 0 and s.stats.acquired == 1
+        await multi.release()  # still safe after the block
+
+    asyncio.run(main())

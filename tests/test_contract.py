@@ -19,6 +19,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 import pytest
@@ -462,6 +463,52 @@ async def test_bad_keys(f: Face) -> None:
             with pytest.raises(error, match="key"):
                 await f.q(call())
     assert lane.active_count == 0 and lane.stats.acquired == 0
+
+
+class StrKey(str, Enum):
+    """A ``str`` subclass key (C23) whose repr and format differ from its value."""
+
+    A = "odd:a"
+    B = "odd:b"
+
+
+def _plain(values: Any) -> bool:
+    return all(v.__class__ is str for v in values)
+
+
+@contract
+async def test_str_subclass_key_is_its_plain_value_in_every_view(f: Face) -> None:
+    """A ``str`` subclass key (a ``str`` Enum member) is its plain string value wherever
+    a key enters (acquire, try_acquire, acquire_timeout, the queries, manual_release,
+    clear, acquire_all) and in every view that returns keys: hold.key, get_active(),
+    stuck(), lane_status()["keys"], the multi-hold's key; the same on every face."""
+    lane = f.lane(cap=2, timeout_s=None)
+    hold = await f.enter(lane.acquire(StrKey.A))
+    assert hold.key == "odd:a" and hold.key.__class__ is str
+    assert await f.q(lane.try_acquire(StrKey.B)) is True
+    assert set(lane.get_active()) == {"odd:a", "odd:b"} and _plain(lane.get_active())
+    assert {s.key for s in lane.stuck(0)} == {"odd:a", "odd:b"}
+    assert _plain(s.key for s in lane.stuck(0))
+    if f.counting:
+        assert await f.q(lane.holds_of(StrKey.A)) == await f.q(lane.holds_of("odd:a")) == 1
+        keys = (await f.q(lane.lane_status()))["keys"]
+        assert set(keys) == {"odd:a", "odd:b"} and _plain(keys)
+    else:
+        assert await f.q(lane.is_held(StrKey.A)) is True
+        assert await f.q(lane.waiting_for(StrKey.A)) == 0
+        # One key, whichever spelling: the plain value waits for the Enum's holder.
+        assert await f.q(lane.acquire_timeout("odd:a", 0)) is False
+    assert lane.clear(StrKey.A) == 0
+    assert await f.q(lane.manual_release(StrKey.B)) is True
+    await f.leave(hold)
+    assert lane.get_active() == {}
+    queue = f.queue()
+    queue.add(f.lane(name="other", cap=1))
+    multi = await f.enter(queue.acquire_all(StrKey.A, ["other"]))
+    assert multi.key == "odd:a" and multi.key.__class__ is str
+    assert multi["other"].key.__class__ is str
+    assert _plain(queue["other"].get_active())
+    await f.leave(multi)
 
 
 # -- a missing await ---------------------------------------------------------------------

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from dispatch_helpers import Stepped
 
-from lanequeue import AsyncLaneQueue, Dispatcher, Lane, LaneQueue, ThreadDispatcher
+from lanequeue import (
+    AsyncLaneQueue,
+    Dispatcher,
+    Lane,
+    LaneQueue,
+    ThreadDispatcher,
+    build_default_async_lanes,
+    build_default_lanes,
+)
 
 
 def thread_queue() -> LaneQueue:
@@ -86,8 +94,8 @@ def test_ageing_s_has_one_message_on_the_dispatcher_and_on_lane() -> None:
             with pytest.raises(ValueError) as info:
                 make(bad)
             messages.add(str(info.value).split("ageing_s")[1].rsplit("got", 1)[0])
-    assert messages == {"' must be a finite number of seconds > 0, ",
-                        " must be a finite number of seconds > 0, "}
+    bound = "a finite number of seconds > 0 and < 9223372036, "  # (< AGEING_MAX)
+    assert messages == {f"' must be {bound}", f" must be {bound}"}
 
 
 @pytest.mark.parametrize("make", FACES)
@@ -241,3 +249,104 @@ def test_asyncio_dispatcher_argument_errors_need_no_loop() -> None:
         d.submit("k", coro_fn.__name__, 1)  # a str is not callable
     assert d.stats.submitted == 0
     assert asyncio.iscoroutinefunction(coro_fn)
+
+
+BAD_DRAIN = [(-1, ValueError), (math.nan, ValueError), ("x", TypeError)]
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_DRAIN)
+def test_async_dispatcher_drain_with_bad_timeout_changes_nothing(
+    bad: Any, error: type[Exception]
+) -> None:
+    """A refused drain() leaves the dispatcher taking turns (the argument is checked
+    before it starts draining)."""
+
+    async def main_() -> Any:
+        d = Dispatcher(build_default_async_lanes())
+        with pytest.raises(error, match="timeout_s"):
+            await d.drain(bad)
+        assert not d.draining
+        return await d.submit("k", lambda: 1)
+
+    assert asyncio.run(main_()) == 1
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_DRAIN)
+def test_thread_dispatcher_drain_with_bad_timeout_changes_nothing(
+    bad: Any, error: type[Exception]
+) -> None:
+    d = ThreadDispatcher(build_default_lanes())
+    try:
+        with pytest.raises(error, match="timeout_s"):
+            d.drain(bad)
+        assert not d.draining
+        assert d.submit("k", lambda: 1).result(5) == 1
+    finally:
+        d.close()
+
+
+@pytest.mark.parametrize("make", FACES)
+def test_close_checks_cancel_pending_before_closing(make: Any) -> None:
+    async def go() -> None:  # (the asyncio dispatcher is closed from its loop)
+        d = make({})
+        with pytest.raises(TypeError, match="cancel_pending"):
+            d.close(cancel_pending="yes")
+        assert not d.draining
+        d.close()
+        assert d.draining
+
+    asyncio.run(go())
+
+
+def test_async_ticket_result_on_its_loop_refuses_at_once() -> None:
+    """On the loop's own thread, result() could never see the turn end (the loop would be
+    blocked): it raises RuntimeError at once, whatever the timeout but 0 (a poll). The
+    turn waits on an event set only after those calls: a call that blocked would hang
+    the test (pytest-timeout) instead of raising."""
+    import concurrent.futures
+
+    async def main_() -> tuple[Any, Any]:
+        d = Dispatcher(build_default_async_lanes())
+        go = asyncio.Event()
+
+        async def work() -> int:
+            await go.wait()
+            return 1
+
+        ticket = d.submit("k", work)
+        for call in (ticket.result, ticket.exception):
+            for timeout in (None, 1.0, math.inf):
+                with pytest.raises(RuntimeError, match="await ticket"):
+                    call(timeout)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            ticket.result(0)
+        go.set()
+        value = await ticket
+        with pytest.raises(RuntimeError, match="await ticket"):
+            ticket.result()
+        # Another thread may block on it while the loop runs.
+        other = await asyncio.get_running_loop().run_in_executor(None, ticket.result, 5)
+        return value, (ticket.result(0), other)
+
+    assert asyncio.run(main_()) == (1, (1, 1))
+
+
+def test_a_str_subclass_key_is_its_plain_value_in_the_dispatcher() -> None:
+    """C23: a ``str`` Enum key is its plain value on the ticket, in pending(), and in
+    the lanes the turn holds."""
+    from enum import Enum
+
+    class Key(str, Enum):
+        A = "a"
+
+    queue = thread_queue()
+    seen: list[Any] = []
+    d = ThreadDispatcher(queue)
+    try:
+        ticket = d.submit(Key.A, lambda: seen.append(list(queue["session"].get_active())))
+        assert ticket.key == "a" and ticket.key.__class__ is str
+        assert d.pending(Key.A) == d.pending("a")
+        ticket.result(5)
+        assert seen == [["a"]] and seen[0][0].__class__ is str
+    finally:
+        d.close()

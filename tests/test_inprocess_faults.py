@@ -46,6 +46,7 @@ import dis
 import functools
 import gc
 import inspect
+import logging
 import os
 import pickle
 import random
@@ -806,7 +807,8 @@ def _in_child(check: Callable[[], bool]) -> Any:
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
 def test_c19_fork_contract_holds_tokens_counters_and_asyncio() -> None:
     """What README says of fork: a hold taken before the fork is not held in the child
-    (leaving it there is an unmatched release); tokens keep growing; the counters keep
+    (leaving it there is an unmatched release, counted and not logged; a manual_release
+    of its key is logged); tokens keep growing; the counters keep
     the parent's history with ``acquired == released + holders``; an asyncio lane bound
     to a parent's loop binds the child's own loop."""
     lane = SessionLane("s")
@@ -839,8 +841,18 @@ def test_c19_fork_contract_holds_tokens_counters_and_asyncio() -> None:
                 and fresh.token > parent_token
             )
             fresh.__exit__(None, None, None)
+            records: list[logging.LogRecord] = []
+            catch = logging.Handler(logging.WARNING)
+            catch.emit = records.append  # type: ignore[method-assign]
+            logging.getLogger("lanequeue").addHandler(catch)
             hold.__exit__(None, None, None)  # the parent's hold: nothing to end here
+            # Counted, not logged (a release by token, as for any hold ended meanwhile)...
             ok = ok and lane.stats.unmatched_releases == 1 and lane.stats.holders == 0
+            ok = ok and records == []
+            # ... while a release by key that matches no hold is logged.
+            ok = ok and lane.manual_release("p") is False and len(records) == 1
+            ok = ok and "not held" in records[0].getMessage()
+            ok = ok and lane.stats.unmatched_releases == 2
             return ok and asyncio.run(use()) and alane.stats.holders == 0
 
         assert _in_child(child) == 0

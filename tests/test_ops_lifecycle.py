@@ -6,6 +6,7 @@ stepped FakeClockLoop, whose clock also runs ``wait_idle``'s deadline.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -348,3 +349,28 @@ def test_async_clear_and_close_come_from_the_lanes_loop() -> None:
     with pytest.raises(RuntimeError, match="event loop"):
         lane.close()
     assert not lane.draining
+
+
+@pytest.mark.parametrize("bad", [{"timeout_s": -1}, {"timeout_s": float("nan")},
+                                 {"timeout_s": "x"}, {"cancel_waiting": "yes"},
+                                 {"cancel_waiting": 1}])
+def test_a_refused_drain_changes_nothing_on_lanes_and_queues(bad: dict[str, Any]) -> None:
+    """Every argument of drain() is checked before the lane (or queue) starts draining."""
+    queue = LaneQueue()
+    queue.add_lane("global", max_concurrent=1)
+    targets: list[Any] = [Lane("c"), SessionLane(), queue]
+    for target in targets:
+        with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
+            target.drain(**bad)
+        assert not getattr(target, "draining", False)
+    assert not queue["global"].draining and queue["global"].try_acquire("k")
+
+    async def aio() -> None:
+        aqueue = AsyncLaneQueue()
+        aqueue.add_lane("global", max_concurrent=1)
+        for target in (AsyncLane("c"), AsyncSessionLane(), aqueue):
+            with pytest.raises((TypeError, ValueError), match=next(iter(bad))):
+                await target.drain(**bad)
+        assert not aqueue["global"].draining and await aqueue["global"].try_acquire("k")
+
+    asyncio.run(aio())

@@ -220,6 +220,23 @@ def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:
         instrument_otel(42)
 
 
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"registry": 5}, "registry"), ({"registry": "default"}, "registry"),
+    ({"hold_times": "no"}, "hold_times"), ({"hold_times": 0}, "hold_times"),
+])
+def test_exporters_check_their_arguments_before_anything(
+    kwargs: dict[str, Any], name: str
+) -> None:
+    """A TypeError naming the argument; no lane starts observing hold times."""
+    lane = Lane("global")
+    with pytest.raises(TypeError, match=name):
+        PrometheusCollector(lane, **kwargs)
+    if name == "hold_times":
+        with pytest.raises(TypeError, match=name):
+            instrument_otel(lane, **kwargs)
+    assert lane.metrics_snapshot()[0].hold is None
+
+
 @pytest.mark.timeout(20)
 def test_otel_reads_the_same_figures(fake_clock: FakeClock, park_hooks: ParkHooks) -> None:
     from opentelemetry.sdk.metrics import MeterProvider

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from conftest import FakeClock, FakeClockLoop, run_thread
 
-from lanequeue import AsyncLane, AsyncSessionLane, Lane, LaneQueue, SessionLane
+from lanequeue import AsyncLane, AsyncLaneQueue, AsyncSessionLane, Lane, LaneQueue, SessionLane
 from lanequeue.lanes import _ThreadWaiter
 
 
@@ -115,6 +115,31 @@ def test_warn_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="warn_hold_s"):
         SessionLane(warn_hold_s=float("nan"))
     assert Lane("x").warn_after_s == 2.0 and Lane("x").warn_hold_s is None
+
+
+@pytest.mark.parametrize("cls", [LaneQueue, AsyncLaneQueue])
+@pytest.mark.parametrize(("kwargs", "error"), [
+    ({"warn_after_s": -1}, ValueError), ({"on_wait": 5}, TypeError),
+    ({"warn_hold_s": float("nan")}, ValueError), ({"warn_after_s": "2"}, TypeError),
+])
+def test_queue_checks_its_operations_arguments_at_construction(
+    cls: Any, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    """The queue checks them itself (with the lanes' check), naming the queue class and
+    the argument, not the first ``add_lane`` later."""
+    (name,) = kwargs
+    with pytest.raises(error, match=rf"{cls.__name__}\(\) argument '{name}'"):
+        cls(**kwargs)
+    # The lanes' message is the same apart from the class.
+    with pytest.raises(error, match=rf"Lane\(\) argument '{name}'"):
+        Lane("x", **kwargs)
+
+
+def test_queue_passes_its_checked_operations_arguments_to_its_lanes() -> None:
+    seen: list[Any] = []
+    queue = LaneQueue(warn_after_s=float("inf"), on_wait=seen.append, warn_hold_s=3)
+    lane = queue.add_lane("global")
+    assert (lane.warn_after_s, lane.on_wait, lane.warn_hold_s) == (None, seen.append, 3.0)
 
 
 @pytest.mark.timeout(10)

@@ -9,6 +9,7 @@ waiter with the largest ``priority + waited / ageing_s``, ties by arrival.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import Any
@@ -22,11 +23,16 @@ from lanequeue import (
     AsyncLane,
     AsyncLaneQueue,
     AsyncSessionLane,
+    Dispatcher,
     Lane,
     LaneQueue,
     SessionLane,
+    ThreadDispatcher,
+    build_default_async_lanes,
+    build_default_lanes,
 )
 from lanequeue._core import DEFAULT_AGEING_S, CountingCore, Waiter
+from lanequeue._validate import AGEING_MAX, PRIORITY_MAX, PRIORITY_MIN, check_ageing
 
 JOIN_S = 5.0
 
@@ -474,3 +480,75 @@ def test_redis_lanes_are_fifo_only(redis_client: Any, redis_prefix: str) -> None
     with queue.acquire_all("k", ["session", "global"], priority=7) as holds:
         assert holds["global"].held and glob.active_count == 1
     assert glob.active_count == 0
+
+
+@pytest.mark.parametrize("bad", [1e308, AGEING_MAX, float("inf"), 10**400])
+def test_ageing_beyond_its_range_is_refused_everywhere(bad: Any) -> None:
+    """``ageing_s`` stays below AGEING_MAX (about 292 years): ``priority * ageing_s``
+    then never overflows a rank (1e308 made p2 rank before p5: both -inf)."""
+    async def aio() -> None:
+        with pytest.raises(ValueError, match="ageing_s"):
+            AsyncLane("g", ageing_s=bad)
+        with pytest.raises(ValueError, match="ageing_s"):
+            Dispatcher(build_default_async_lanes(), ageing_s=bad)
+
+    for make in (lambda: Lane("g", ageing_s=bad),
+                 lambda: ThreadDispatcher(build_default_lanes(), ageing_s=bad)):
+        with pytest.raises(ValueError, match="ageing_s"):
+            make()
+    asyncio.run(aio())
+
+
+def test_the_largest_ageing_keeps_every_priority_in_order(fake_clock: FakeClock) -> None:
+    """With the largest accepted ``ageing_s`` and the extreme priorities, ranks stay
+    finite and distinct: larger priorities first, FIFO among equals."""
+    ageing = math.nextafter(AGEING_MAX, 0)
+    core, token = full_core(fake_clock, ageing_s=check_ageing(ageing))
+    for name, p in [("min", PRIORITY_MIN), ("p2", 2), ("p5", 5), ("a0", 0), ("max-1",
+                    PRIORITY_MAX - 1), ("max", PRIORITY_MAX), ("b0", 0), ("p2b", 2)]:
+        join(core, name, p)
+        fake_clock.advance(1.0)
+    assert serve_all(core, token) == ["max", "max-1", "p5", "p2", "p2b", "a0", "b0", "min"]
+
+
+@pytest.mark.timeout(20)
+def test_lane_threads_with_the_largest_ageing_serve_the_larger_priority_first() -> None:
+    lane = Lane("llm", max_concurrent=1, ageing_s=math.nextafter(AGEING_MAX, 0))
+    lane.acquire_timeout("holder", 0)
+    order: list[str] = []
+
+    def call(key: str, priority: int) -> None:
+        if lane.acquire_timeout(key, 10, priority=priority):
+            order.append(key)
+            lane.manual_release(key)
+
+    threads = []
+    for key, priority in [("p2", 2), ("p5", 5)]:
+        threads.append(threading.Thread(target=call, args=(key, priority)))
+        threads[-1].start()
+        while lane.waiting < len(threads):
+            time.sleep(0.001)
+    lane.manual_release("holder")
+    for t in threads:
+        t.join(10)
+    assert order == ["p5", "p2"]
+
+
+def test_dispatcher_ageing_of_the_smallest_float_does_not_overflow() -> None:
+    """One level per 5e-324 s: a job's levels are inf at once; its lane priority is
+    capped at the lanes' bound instead of failing in int(inf)."""
+    clock = FakeClock()
+    queue = LaneQueue()
+    queue.add_lane("global", max_concurrent=1)
+    d = ThreadDispatcher(queue, lanes=("global",), ageing_s=5e-324, clock=clock)
+    assert queue["global"].try_acquire("other")  # the job stays formed, not started
+    try:
+        ticket = d.submit("k", lambda: 1)
+        job = ticket._job
+        assert job is not None
+        clock.advance(1.0)
+        assert d._machine.lane_priority(job) == PRIORITY_MAX
+        queue["global"].manual_release("other")
+        assert ticket.result(5) == 1
+    finally:
+        d.close()

@@ -50,6 +50,32 @@ def test_a_hold_is_single_use() -> None:
     assert "k" in repr(hold)
 
 
+def test_a_multi_hold_is_single_use_like_a_hold() -> None:
+    """Entering an ``acquire_all`` again, inside its block or after it, raises (as a
+    hold does) and takes nothing."""
+    queue = LaneQueue()
+    s = queue.add_session_lane("session")
+    g = queue.add_lane("global", max_concurrent=2)
+    for names in (["session", "global"], ["global"]):
+        multi = queue.acquire_all("k", names)
+        with multi:
+            with pytest.raises(RuntimeError, match="single use"):
+                multi.__enter__()
+            assert s.stats.acquired + g.stats.acquired == len(names) + (
+                0 if names == ["session", "global"] else 2)
+        with pytest.raises(RuntimeError, match="single use"), multi:
+            pass
+        assert s.active_count == g.active_count == 0
+        multi.release()  # still safe after the block
+    # A multi-hold released through release() is used up too.
+    multi = queue.acquire_all("k", ["session"])
+    multi.__enter__()
+    multi.release()
+    with pytest.raises(RuntimeError, match="single use"):
+        multi.__enter__()
+    assert s.active_count == 0 and s.stats.acquired == 2
+
+
 def test_multi_hold_views() -> None:
     queue = LaneQueue()
     s = queue.add_session_lane("session")

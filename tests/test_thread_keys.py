@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lanequeue import (
     build_gateway_session_key,
@@ -36,7 +38,12 @@ def test_scheduler_key() -> None:
         ("1234567890.123456", "1234567890_123456"),
         ("a:b", "a_b"),
         ("x y-z/w", "x_y_z_w"),
-        ("ÄB", "_b"),
+        ("ÄB", "äb"),
+        ("Иван", "иван"),
+        ("张三", "张三"),
+        ("e\u0301", "e\u0301"),
+        ("٣4", "٣4"),
+        ("a\u200bb", "a_b"),
         ("under_score", "under_score"),
         ("\tTAB\n", "tab"),
         ("", ""),
@@ -44,6 +51,47 @@ def test_scheduler_key() -> None:
 )
 def test_normalize_key_part(raw: str, expected: str) -> None:
     assert normalize_key_part(raw) == expected
+
+
+def test_non_latin_ids_of_the_same_length_give_different_keys() -> None:
+    assert build_gateway_session_key("telegram", "Иван") != build_gateway_session_key(
+        "telegram", "Петр"
+    )
+    assert build_gateway_session_key("wechat", "c", "张三") != build_gateway_session_key(
+        "wechat", "c", "李四"
+    )
+    assert build_scheduler_session_key("задача") == "sched:задача"
+
+
+# Letters, marks and digits that lower-casing leaves as they are: two of them that differ
+# are two different ids whatever the case rule.
+_KEPT = st.characters(categories=("L", "M", "N")).filter(lambda c: c.lower() == c)
+
+
+@given(st.text(), _KEPT, _KEPT, st.text())
+def test_ids_differing_in_a_letter_or_digit_give_different_keys(
+    before: str, a: str, b: str, after: str
+) -> None:
+    """Whatever surrounds it, changing one letter/mark/digit changes every built key."""
+    if a == b:
+        return
+    one, two = before + a + after, before + b + after
+    assert normalize_key_part(one) != normalize_key_part(two)
+    assert build_gateway_session_key("t", one) != build_gateway_session_key("t", two)
+    assert build_gateway_session_key("t", "c", one, one) != build_gateway_session_key(
+        "t", "c", two, two
+    )
+    assert build_subagent_session_key(one, one, one) != build_subagent_session_key(
+        two, two, two
+    )
+    assert build_scheduler_session_key(one) != build_scheduler_session_key(two)
+
+
+@given(st.text())
+def test_normalised_parts_never_hold_the_separator(raw: str) -> None:
+    out = normalize_key_part(raw)
+    assert ":" not in out
+    assert out == normalize_key_part(out)
 
 
 def test_every_gateway_part_is_normalised() -> None:

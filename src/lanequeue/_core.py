@@ -138,7 +138,10 @@ held by one of them at that instant. Every live core (kept in a ``WeakSet``) is
 therefore reset in the child (``os.register_at_fork``): a new lock, no holds, no waiters,
 no entries. The child's lanes start empty; tokens continue from the parent's last one;
 the counters keep the parent's history, and the holds the parent had at the fork count
-as released, so ``acquired == released + holders`` (C19).
+as released, so ``acquired == released + holders`` (C19). Ending such a hold in the
+child (leaving its block, ``release()``) is then an unmatched release by token: counted,
+not logged, like any hold ended meanwhile (see :func:`_warn_unmatched`); a
+``manual_release(key)`` of it is logged, as any release by key that matches no hold.
 
 Time: a monotonic clock (``time.monotonic`` unless the lane is given another), read only
 for idle ages, hold ages and, on a counting lane, the instant a waiter joins the line
@@ -1063,14 +1066,17 @@ class MultiHoldSteps:
     _plan: Any
     _taken: list[Any]
     _budget_s: float | None
+    _entered: bool
     _take_rest: Callable[[Any], Any]
     _release_all: Callable[[BaseException | None], None]
     release: Callable[[], None]
 
     def __enter__(self) -> Any:
+        if self._entered:
+            raise RuntimeError(
+                "this acquire_all(...) is already entered (single use); call acquire_all again")
+        self._entered = True  # type: ignore[misc]  # (a slot of MultiHold, the host)
         taken = self._taken
-        if taken:
-            raise RuntimeError("acquire_all(...) context entered twice")
         cores = self._plan.cores
         if cores is None or self._budget_s == 0.0:  # (a float or None: a float compare)
             return self._take_rest(None)

@@ -21,7 +21,7 @@ import logging
 import time
 from abc import abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from ._obs import StuckHold
 from ._validate import check_timeout
@@ -35,6 +35,27 @@ DEFAULT_WARN_AFTER_S = 2.0
 
 #: ``on_wait(lane, key, waited_s, ahead)``: called once per wait that passes warn_after_s.
 OnWait = Callable[[Any, str, float, int], object]
+
+
+class OpsArguments(TypedDict):
+    warn_after_s: float | None
+    on_wait: OnWait | None
+    warn_hold_s: float | None
+
+
+def check_ops_arguments(
+    where: str, warn_after_s: object, on_wait: object, warn_hold_s: object
+) -> OpsArguments:
+    """The one check of the operations' arguments, for every lane and queue: seconds as
+    for a timeout (None or inf: never), ``on_wait`` callable or None. ``where`` names the
+    call in errors (``"LaneQueue() argument"``)."""
+    if on_wait is not None and not callable(on_wait):
+        raise TypeError(f"{where} 'on_wait' must be callable or None, not {on_wait!r}")
+    return {
+        "warn_after_s": check_timeout(warn_after_s, f"{where} 'warn_after_s'"),
+        "on_wait": cast("OnWait | None", on_wait),
+        "warn_hold_s": check_timeout(warn_hold_s, f"{where} 'warn_hold_s'"),
+    }
 
 
 class LaneOps:
@@ -55,14 +76,13 @@ class LaneOps:
         warn_hold_s: float | None,
     ) -> None:
         """Check and keep the operations' arguments (``where`` names the call in errors)."""
+        checked = check_ops_arguments(where, warn_after_s, on_wait, warn_hold_s)
         #: Seconds after which a wait is logged once as slow (None: never).
-        self.warn_after_s = check_timeout(warn_after_s, f"{where} 'warn_after_s'")
-        if on_wait is not None and not callable(on_wait):
-            raise TypeError(f"{where} 'on_wait' must be callable or None, not {on_wait!r}")
+        self.warn_after_s = checked["warn_after_s"]
         #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
-        self.on_wait = on_wait
+        self.on_wait = checked["on_wait"]
         #: Seconds after which a hold is logged once as long (None: never).
-        self.warn_hold_s = check_timeout(warn_hold_s, f"{where} 'warn_hold_s'")
+        self.warn_hold_s = checked["warn_hold_s"]
         self._warned_holds = set()
 
     # -- the interface --------------------------------------------------------------------

@@ -9,8 +9,8 @@ from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
-    "bad_key", "check_ageing", "check_count", "check_key", "check_priority", "check_seconds",
-    "check_timeout", "own_signatures", "public_name",
+    "AGEING_MAX", "bad_key", "check_ageing", "check_bool", "check_count", "check_key",
+    "check_priority", "check_seconds", "check_timeout", "own_signatures", "public_name",
 ]
 
 
@@ -22,10 +22,13 @@ def bad_key(key: object, name: str = "key") -> NoReturn:
 
 
 def check_key(key: object, name: str = "key") -> str:
-    """Return ``key`` if it is a non-empty ``str``; raise TypeError/ValueError otherwise."""
+    """Return ``key`` as a plain ``str`` if it is a non-empty ``str``: a ``str`` subclass
+    (a ``str`` Enum member) becomes its string value (``str.__str__``), so a key is the
+    same plain string in every view of every face, in-process as on Redis. Raise
+    TypeError/ValueError otherwise."""
     if not isinstance(key, str) or not key:
         bad_key(key, name)
-    return key
+    return key if key.__class__ is str else str.__str__(key)
 
 
 def check_timeout(value: object, name: str = "timeout_s") -> float | None:
@@ -72,14 +75,28 @@ def check_seconds(value: object, name: str, *, positive: bool = False,
     return v
 
 
+#: ``ageing_s`` must stay below this (``threading.TIMEOUT_MAX``, about 292 years): then
+#: ``priority * ageing_s`` (priorities within ``±2**31``) is a finite float in every rank.
+AGEING_MAX = TIMEOUT_MAX
+
+
 def check_ageing(value: object, name: str = "ageing_s") -> float:
     """Validate ``ageing_s`` (a lane's, a dispatcher's): the seconds of waiting that raise
-    a waiter by one priority level, a finite number ``> 0``. The one check and message
-    for every face (a dispatcher's ``None``, no ageing, is handled by the caller; here
-    ``None`` is a value out of range, ValueError, like ``0`` and ``inf``)."""
+    a waiter by one priority level, a finite number ``> 0`` and ``< AGEING_MAX`` (about
+    292 years, so no rank ``now - priority * ageing_s`` can overflow). The one check and
+    message for every face (a dispatcher's ``None``, no ageing, is handled by the caller;
+    here ``None`` is a value out of range, ValueError, like ``0``, ``inf`` and ``1e308``)."""
     if value is None:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got None")
-    return check_seconds(value, name, positive=True)
+    return check_seconds(value, name, positive=True, limit=AGEING_MAX)
+
+
+def check_bool(value: object, name: str) -> bool:
+    """Validate a flag: a ``bool`` (TypeError naming ``name`` otherwise, so ``"yes"`` or
+    ``0`` is not read as a truth value)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, not {type(value).__name__}")
+    return value
 
 
 def check_count(value: object, name: str) -> int:

@@ -55,7 +55,7 @@ from ._kinds import (
     warn_dropped,
 )
 from ._ops import poll_idle_async
-from ._validate import check_key, check_timeout
+from ._validate import check_bool, check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _end_view, _send
 
@@ -535,6 +535,7 @@ class _AsyncFace:
             (False, True)
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._bind_loop()
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
@@ -667,9 +668,11 @@ class _AsyncMultiAcquire(MultiHold):
                     lane._bind_loop()
 
     async def __aenter__(self) -> MultiHold:
-        if self._taken:
-            raise RuntimeError("acquire_all(...) context entered twice")
+        if self._entered:
+            raise RuntimeError(
+                "this acquire_all(...) is already entered (single use); call acquire_all again")
         self._check_loops()
+        self._entered = True
         plan = self._plan
         cores = plan.cores
         budget = self._budget_s
@@ -819,6 +822,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         new acquisitions at once, then this waits up to ``timeout_s`` (loop clock) for all
         to be idle. A coroutine; True if every lane is idle on return."""
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
 

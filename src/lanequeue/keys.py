@@ -1,19 +1,22 @@
 """Session-key builders: one conversation, one key.
 
-Every part is normalised the same way: stripped, lower-cased, and each character outside
-``[a-z0-9_]`` turned into ``_``; parts are joined with ``:``. Normalising keeps keys stable
-across the spellings a platform hands out (``"C12345"`` vs ``"c12345"``, Slack's
-``"1234567890.123456"`` thread stamps) and keeps ``:`` free as the separator.
+Every part is normalised the same way: stripped, lower-cased, and each character that is
+not a letter, a combining mark or a digit (Unicode categories L, M, N, so ``"Иван"``,
+``"张三"`` and ``"é"`` are kept) nor ``_`` turned into ``_``; parts are joined with ``:``.
+Normalising keeps keys stable across the spellings a platform hands out (``"C12345"`` vs
+``"c12345"``, Slack's ``"1234567890.123456"`` thread stamps) and keeps ``:`` free as the
+separator.
 
-Normalising is lossy: ids that differ only in case or in characters outside
-``[a-z0-9_]`` (``"U:1"`` and ``"U_1"``, ``"Ünï"`` and ``"_n_"``) give the same key, so
-those conversations are serialised together (safe, but not parallel). If a platform's ids
-differ that way, hash them into the part first.
+Normalising is lossy only in case and punctuation: ids that differ only in case or in
+characters other than letters, marks and digits (``"U:1"`` and ``"U_1"``, ``"a b"`` and
+``"a-b"``) give the same key, so those conversations are serialised together (safe, but not
+parallel). If a platform's ids differ that way, hash them into the part first. Two ids that
+differ in a letter or digit (other than by case) always give different keys.
 """
 
 from __future__ import annotations
 
-import re
+import unicodedata
 
 __all__ = [
     "build_gateway_session_key",
@@ -22,20 +25,27 @@ __all__ = [
     "normalize_key_part",
 ]
 
-_OUTSIDE = re.compile(r"[^a-z0-9_]")
+_KEPT_CATEGORIES = frozenset("LMN")  # letters, combining marks, digits and numbers
+
+
+def _keep(ch: str) -> str:
+    return ch if ch == "_" or unicodedata.category(ch)[0] in _KEPT_CATEGORIES else "_"
 
 
 def normalize_key_part(part: str, name: str = "part") -> str:
-    """Strip, lower-case and replace each character outside ``[a-z0-9_]`` by ``_``.
+    """Strip, lower-case and replace each character that is not a Unicode letter, mark or
+    digit (categories L, M, N) nor ``_`` by ``_``.
 
     Raises TypeError (naming ``name``) if ``part`` is not a ``str``.
 
     >>> normalize_key_part(" 1234567890.123456 ")
     '1234567890_123456'
+    >>> normalize_key_part("Иван Петров")
+    'иван_петров'
     """
     if not isinstance(part, str):
         raise TypeError(f"{name} must be a str, not {type(part).__name__}")
-    return _OUTSIDE.sub("_", part.strip().lower())
+    return "".join(map(_keep, part.strip().lower()))
 
 
 def _required(part: str, name: str) -> str:

@@ -32,7 +32,7 @@ from ._kinds import (
     warn_dropped,
 )
 from ._ops import poll_idle
-from ._validate import check_key, check_timeout
+from ._validate import check_bool, check_key, check_timeout
 
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
@@ -341,6 +341,7 @@ class _ThreadFace:
             True
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return self.wait_idle(timeout)
 
@@ -380,7 +381,8 @@ class Lane(_ThreadFace, CountingKind):
             ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
             warning); None (default): never.
         ageing_s: seconds of waiting that raise a waiter by one priority level
-            (finite, > 0; default 30.0), on ``clock``.
+            (finite, > 0 and below ``threading.TIMEOUT_MAX``, about 292 years;
+            default 30.0), on ``clock``.
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it and the class.

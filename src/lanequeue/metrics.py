@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ._obs import HistogramSnapshot, LaneMetrics, MetricsSource
+from ._validate import check_bool
 
 __all__ = ["PrometheusCollector", "instrument_otel", "lane_sources"]
 
@@ -142,7 +143,9 @@ class PrometheusCollector:
 
     Raises:
         ImportError: prometheus_client is not installed.
-        TypeError: ``target`` is neither a lane nor a queue.
+        TypeError: ``target`` is neither a lane nor a queue; ``registry`` is not a
+            registry (has no ``register``/``unregister``) nor None; ``hold_times`` is
+            not a bool.
         ValueError: from prometheus_client (``Duplicated timeseries``), if the registry
             already has these names (another PrometheusCollector on it, say); nothing is
             registered then.
@@ -165,8 +168,13 @@ class PrometheusCollector:
         from prometheus_client import REGISTRY
 
         self._target = target
-        self._hold_times = hold_times
+        self._hold_times = check_bool(hold_times, "hold_times")
         lanes = lane_sources(target)  # (TypeError for a target of another kind)
+        if registry is not None and not (callable(getattr(registry, "register", None))
+                                         and callable(getattr(registry, "unregister", None))):
+            raise TypeError(
+                f"registry must be a prometheus_client CollectorRegistry or None, "
+                f"not {type(registry).__name__}")
         self._registry = REGISTRY if registry is None else registry
         self._registry.register(self)  # refused: nothing turned on
         for lane in lanes:
@@ -254,11 +262,13 @@ def instrument_otel(
 
     Raises:
         ImportError: opentelemetry-api is not installed.
-        TypeError: ``target`` is neither a lane nor a queue.
+        TypeError: ``target`` is neither a lane nor a queue; ``hold_times`` is not a
+            bool.
     """
     from opentelemetry import metrics as otel
     from opentelemetry.metrics import CallbackOptions, Observation
 
+    check_bool(hold_times, "hold_times")
     for lane in lane_sources(target):
         if hold_times:
             lane.track_holds()

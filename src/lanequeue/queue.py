@@ -40,8 +40,8 @@ from ._kinds import (
     warn_dropped,
 )
 from ._obs import StuckHold
-from ._ops import LaneOps, poll_idle
-from ._validate import check_key, check_priority, check_timeout, own_signatures
+from ._ops import LaneOps, check_ops_arguments, poll_idle
+from ._validate import check_bool, check_key, check_priority, check_timeout, own_signatures
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
 
@@ -90,26 +90,30 @@ class MultiHold:
     (``key``, ``token``, ``held``, ``release()``; on asyncio ``release()`` is a coroutine
     and ``release_nowait()`` its plain twin). Releasing one hold early is allowed: leaving
     the block then skips it. ``holds`` lists them, iterating yields them, ``len()`` counts
-    them, ``key`` is the request's key. Leaving the ``with`` block releases them in
-    reverse; so does ``release()`` (threads) / ``await release()`` (asyncio, also spelled
-    ``release_async()``), which is safe to call twice.
+    them, ``key`` is the request's key. Like a hold, it is single use: entering it again
+    (inside its block, or after it) raises RuntimeError; call ``acquire_all`` again.
+    Leaving the ``with`` block releases them in reverse; so does ``release()`` (threads) /
+    ``await release()`` (asyncio, also spelled ``release_async()``), which is safe to call
+    twice.
 
     Garbage-collected while still holding in-process lanes (entered, never left nor
     released), it warns with a ``ResourceWarning`` per lane naming the lane and the key,
     and those permits return at each lane's next operation.
     """
 
-    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_entered")
 
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
     # _taken: per step taken so far, its token (in-process core) or its Hold (others);
-    # _priority: the priority its waits on in-process counting lanes have (checked).
+    # _priority: the priority its waits on in-process counting lanes have (checked);
+    # _entered: True from the first __enter__ on (single use, as a hold).
     _key: str
     _plan: Plan
     _taken: list[Any]
     _budget_s: float | None
     _priority: int
+    _entered: bool
 
     def _rank_for(self, core: Core) -> int:
         """The priority of a wait on ``core``: the call's on a counting lane, else 0 (a
@@ -387,11 +391,9 @@ class QueueBase(Generic[L, CL, SL]):
         on_wait: OnWait | None = None,
         warn_hold_s: float | None = None,
     ) -> None:
-        # Given to every in-process lane add_lane / add_session_lane make (checked by the
-        # lanes).
-        self._ops: dict[str, Any] = {
-            "warn_after_s": warn_after_s, "on_wait": on_wait, "warn_hold_s": warn_hold_s,
-        }
+        # Given to every lane add_lane / add_session_lane make; checked here, at the call.
+        self._ops: dict[str, Any] = dict(check_ops_arguments(
+            f"{type(self).__name__}() argument", warn_after_s, on_wait, warn_hold_s))
         self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
@@ -676,6 +678,7 @@ class QueueBase(Generic[L, CL, SL]):
         multi._plan = plan
         multi._taken = []
         multi._key = key
+        multi._entered = False
         multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         multi._priority = priority if priority is _ZERO else check_priority(priority)
         return multi
@@ -689,7 +692,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
     of the thread face (:class:`lanequeue.SyncLane`).
 
     ``warn_after_s``, ``on_wait`` and ``warn_hold_s`` (keyword arguments, see
-    :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make.
+    :class:`Lane`) are given to every lane ``add_lane`` / ``add_session_lane`` make;
+    they are checked here, at construction, as a lane checks them (TypeError/ValueError
+    naming the queue class and the argument).
     ``drain``, ``wait_idle``, ``clear``, ``close`` and ``stuck`` apply to every lane of
     the queue (a Redis lane: this process's holders and waiters).
 
@@ -772,6 +777,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             True
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return self.wait_idle(timeout)
 

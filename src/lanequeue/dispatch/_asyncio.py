@@ -224,6 +224,9 @@ class Dispatcher(DispatcherBase):
         """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
         then wait up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
         running and pending turns to end. Returns True when nothing is left."""
+        from .._validate import check_timeout
+
+        timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
         self._check_caller()
         self._machine.drain()
-        return await self.wait_idle(timeout_s)
+        return await self.wait_idle(timeout)

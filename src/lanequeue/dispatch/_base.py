@@ -11,7 +11,14 @@ from threading import TIMEOUT_MAX
 from typing import Any
 
 from .._kinds import LANE_DEFAULT
-from .._validate import check_ageing, check_key, check_priority, check_seconds, check_timeout
+from .._validate import (
+    check_ageing,
+    check_bool,
+    check_key,
+    check_priority,
+    check_seconds,
+    check_timeout,
+)
 from ._machine import (
     BUSY_POLICIES,
     OVERFLOW_POLICIES,
@@ -258,6 +265,7 @@ class DispatcherBase:
         ``cancel_pending`` (default), end every turn not started as ``cancelled``
         ("closed") and cancel the running turns likewise (they end when ``fn``
         returns); else let them run. Does not wait: use ``wait_idle`` for that."""
+        cancel_pending = check_bool(cancel_pending, "cancel_pending")
         self._check_caller()
         self._machine.close(cancel_pending)
 

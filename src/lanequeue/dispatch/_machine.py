@@ -312,10 +312,19 @@ class Ticket:
 
         Raises ``fn``'s exception (``failed``), the state's TurnError subclass
         (``cancelled``, ``dropped``, ``rejected``, ``timed_out``, ``deduped``), or
-        ``concurrent.futures.TimeoutError`` when ``timeout`` passes first."""
+        ``concurrent.futures.TimeoutError`` when ``timeout`` passes first.
+
+        On the thread running an asyncio :class:`~lanequeue.Dispatcher`'s event loop, a
+        call that may wait (``timeout`` other than 0) raises RuntimeError at once: the
+        turn runs on that loop, which a blocking wait would freeze, so it could never end
+        in time. Use ``await ticket`` there (``result(0)`` still polls)."""
         return self._result(check_timeout(timeout, "timeout"))
 
     def _result(self, timeout: float | None) -> Any:
+        if timeout != 0 and _on_loop(getattr(self._machine.face, "_loop", None)):
+            raise RuntimeError(
+                f"ticket {self.id} of key {self.key!r}: result() and exception() would block "
+                "the event loop that runs the turn; use await ticket")
         if not self._wait_event().wait(timeout):
             import concurrent.futures
 
@@ -334,7 +343,8 @@ class Ticket:
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Like :meth:`result`, but returns the exception instead of raising it (None for
         ``done``). ``timeout`` as for :meth:`result` (checked first: a bad value raises,
-        it is never returned as the ticket's exception)."""
+        it is never returned as the ticket's exception; on the dispatcher's loop thread a
+        wait raises RuntimeError, as for :meth:`result`)."""
         wait = check_timeout(timeout, "timeout")
         try:
             self._result(wait)
@@ -839,7 +849,9 @@ class Machine:
         with self._lock:
             prio = max((t.priority for t in job.tickets), default=0)
             if self.ageing_s is not None:
-                prio += int((self.face.now() - job.formed_at) // self.ageing_s)
+                # (a tiny ageing_s makes the levels inf: capped before int())
+                levels = (self.face.now() - job.formed_at) // self.ageing_s
+                prio += int(min(levels, PRIORITY_MAX - PRIORITY_MIN))
         return min(max(prio, PRIORITY_MIN), PRIORITY_MAX)
 
     def start(self, job: Job) -> bool:

@@ -266,8 +266,9 @@ class ThreadDispatcher(DispatcherBase):
         """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
         then block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
         running and pending turns to end. Returns True when nothing is left."""
+        timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
         self._machine.drain()
-        return self.wait_idle(timeout_s)
+        return self.wait_idle(timeout)
 
     def close(self, *, cancel_pending: bool = True) -> None:
         super().close(cancel_pending=cancel_pending)

@@ -33,7 +33,7 @@ from redis.asyncio.cluster import RedisCluster
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
 from .._ops import poll_idle_async
-from .._validate import check_timeout
+from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
 from ._ops import RedisOps
@@ -343,6 +343,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             await lane.drain(timeout_s=30)
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
 

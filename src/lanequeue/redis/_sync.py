@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 from .._errors import NotOwnerError
 from .._kinds import LANE_DEFAULT
 from .._ops import poll_idle
-from .._validate import check_timeout
+from .._validate import check_bool, check_timeout
 from ..contract import not_held_error
 from ._link import SyncLink
 from ._ops import RedisOps
@@ -271,6 +271,7 @@ class _SyncFace(RedisOps[RedisHold]):
             lane.drain(timeout_s=30)   # on shutdown: let this replica's holders finish
         """
         timeout = check_timeout(timeout_s)
+        cancel_waiting = check_bool(cancel_waiting, "cancel_waiting")
         self._start_drain(cancel_waiting)
         return self.wait_idle(timeout)
 

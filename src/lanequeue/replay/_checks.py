@@ -78,17 +78,31 @@ class SettingError(ValueError):
 
 
 def _shown(value: object) -> str:
-    """``value`` for a message: a huge integer by its size, not its digits."""
+    """``value`` for a message, as it was given: a huge number (``1e400`` from the command
+    line, ``10**400``) in scientific notation (``1e+400``; ``about`` when rounded to 12
+    significant digits), never its thousands of digits nor only its size."""
     if isinstance(value, Fraction):
         if value.denominator != 1:
             try:
                 return f"{float(value):g}"
             except OverflowError:
-                return "a number beyond the floats' range"
+                return _scientific(value.numerator, value.denominator)
         value = value.numerator
     if isinstance(value, int) and value.bit_length() > 64:
-        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+        return _scientific(value, 1)
     return str(value)
+
+
+def _scientific(numerator: int, denominator: int) -> str:
+    import decimal
+
+    with decimal.localcontext() as ctx:
+        ctx.prec, ctx.Emax, ctx.Emin = 12, decimal.MAX_EMAX, decimal.MIN_EMIN
+        ctx.traps[decimal.Inexact] = False
+        number = (decimal.Decimal(numerator) / decimal.Decimal(denominator)).normalize()
+        rounded = ctx.flags[decimal.Inexact]
+    shown = f"{number:g}"
+    return f"about {shown}" if rounded else shown
 
 
 def _number(value: object, name: str, what: str) -> float | Fraction:
