@@ -155,3 +155,13 @@ def test_builders_reject_empty_required_parts() -> None:
 def test_builders_reject_non_str_parts(call: object) -> None:
     with pytest.raises(TypeError):
         call()  # type: ignore[operator]
+
+
+def test_keys_are_lossy_in_symbols_as_documented() -> None:
+    """README: characters that are not letters, marks or digits (emoji, symbols) become
+    ``_``, so ids differing only in them share a key; letters and digits are kept."""
+    from lanequeue import build_gateway_session_key as gw
+
+    assert gw("slack", "c", "😀") == gw("slack", "c", "😁") == "gateway:slack:c:_"
+    assert gw("slack", "c", "$1") == gw("slack", "c", "€1")
+    assert gw("telegram", "Иван") != gw("telegram", "Петр")

@@ -385,3 +385,35 @@ def test_build_default_lanes() -> None:
     assert queue["scheduler"].max_concurrent == 2
     assert queue["subagent"].max_concurrent == 5
     assert all(queue[n].timeout_s == 300.0 for n in queue)
+
+
+def test_get_lane_refuses_a_name_that_is_not_a_str() -> None:
+    """``get_lane(name)``: None for an unknown name, TypeError naming the argument for a
+    name that is not a ``str`` (as every other lane-name argument)."""
+    from lanequeue import AsyncLaneQueue
+
+    for queue in (LaneQueue(), AsyncLaneQueue()):
+        queue.add_session_lane("session")
+        assert queue.get_lane("nope") is None
+        assert queue.get_lane("session") is not None
+        with pytest.raises(TypeError, match=r"get_lane\(\) argument 'name'"):
+            queue.get_lane(1)  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(10)
+def test_acquire_all_whose_entry_timed_out_is_used_up() -> None:
+    """README: a MultiHold whose entry timed out raises RuntimeError when entered again
+    (call acquire_all again), and the failed entry took nothing."""
+    queue = LaneQueue()
+    session = queue.add_session_lane("session")
+    queue.add_lane("global", max_concurrent=1)
+    assert session.try_acquire("k")
+    multi = queue.acquire_all("k", ["session", "global"], timeout_s=0.01)
+    with pytest.raises(LaneTimeoutError), multi:
+        pass
+    assert session.manual_release("k")
+    with pytest.raises(RuntimeError, match="single use"), multi:
+        pass
+    with queue.acquire_all("k", ["session", "global"], timeout_s=0.01):
+        assert session.is_held("k")
+    assert session.stats.holders == 0

@@ -7,11 +7,14 @@ Normalising keeps keys stable across the spellings a platform hands out (``"C123
 ``"c12345"``, Slack's ``"1234567890.123456"`` thread stamps) and keeps ``:`` free as the
 separator.
 
-Normalising is lossy only in case and punctuation: ids that differ only in case or in
-characters other than letters, marks and digits (``"U:1"`` and ``"U_1"``, ``"a b"`` and
-``"a-b"``) give the same key, so those conversations are serialised together (safe, but not
-parallel). If a platform's ids differ that way, hash them into the part first. Two ids that
-differ in a letter or digit (other than by case) always give different keys.
+Normalising is lossy in case and in every character that is not a letter, mark or digit:
+ids that differ only in case or in such characters (``"U:1"`` and ``"U_1"``, ``"a b"`` and
+``"a-b"``, two different emoji) give the same key, so those conversations are serialised
+together (safe, but not parallel). If a platform's ids differ that way, hash them into the
+part first. Two ids that differ in a letter or digit (other than by case) always give
+different keys. What is a letter is what the running Python's Unicode tables say
+(``unicodedata``): a letter newer than them counts as not a letter, so hosts on different
+Python versions sharing one Redis may build different keys for such ids.
 """
 
 from __future__ import annotations

@@ -560,7 +560,13 @@ class QueueBase(Generic[L, CL, SL]):
         return lane
 
     def get_lane(self, name: str) -> L | None:
-        """The lane called ``name``, or None."""
+        """The lane called ``name``, or None. Raises TypeError when ``name`` is not a
+        ``str``. Thread-safe (a read)."""
+        if not isinstance(name, str):
+            raise TypeError(
+                f"{type(self).__name__}.get_lane() argument 'name' must be a str, "
+                f"got {type(name).__name__}"
+            )
         return self._lanes.get(name)
 
     def __getitem__(self, name: str) -> L:
