@@ -182,3 +182,24 @@ def test_clock_must_be_callable(make: Any) -> None:
         make(None)
     with pytest.raises(TypeError, match="clock"):
         make(3.0)
+
+
+def test_operation_argument_errors_name_the_public_class() -> None:
+    """An argument error of an operation every lane and dispatcher inherits (close,
+    drain, ...) names the public class, not the internal base it is written in."""
+    from lanequeue import (
+        AsyncLane,
+        AsyncSessionLane,
+        Dispatcher,
+        ThreadDispatcher,
+        build_default_async_lanes,
+        build_default_lanes,
+    )
+
+    objects: list[Any] = [Lane("g"), SessionLane(), AsyncLane("a"), AsyncSessionLane(),
+                          ThreadDispatcher(build_default_lanes()),
+                          Dispatcher(build_default_async_lanes())]
+    for obj in objects:
+        name = type(obj).__name__
+        with pytest.raises(TypeError, match=rf"^{name}\.close\(\) takes 1 positional"):
+            obj.close(1)

@@ -86,7 +86,7 @@ class LaneKind(LaneOps, Generic[C]):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__module__ != __name__:  # the kinds below are internal themselves
-            own_signatures(cls, LaneKind, CountingKind, SessionKind)
+            own_signatures(cls, LaneKind, CountingKind, SessionKind, LaneOps)
 
     def __init__(
         self,

@@ -18,6 +18,7 @@ from .._validate import (
     check_priority,
     check_seconds,
     check_timeout,
+    own_signatures,
 )
 from ._machine import (
     BUSY_POLICIES,
@@ -70,6 +71,11 @@ class DispatcherBase:
     _machine: Machine
     #: Whether a turn's awaitable result is awaited (asyncio) or refused (threads).
     _awaits: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Argument errors name the public class (``Dispatcher.close()``), not this base.
+        own_signatures(cls, DispatcherBase)
 
     def __init__(
         self,
