@@ -158,28 +158,32 @@ class LaneRegistry(Protocol):
     """What :func:`add_plan_lanes` needs of a queue: :class:`~lanequeue.LaneQueue` and
     :class:`~lanequeue.AsyncLaneQueue` both have it."""
 
-    def add_lane(self, name: str, *, max_concurrent: int, timeout_s: float | None) -> object:
-        """Register a counting lane."""
+    def add_lane(
+        self, name: str, *, max_concurrent: int, timeout_s: float | None, backend: Any = ...
+    ) -> object:
+        """Register a counting lane (in-process, or made by ``backend``)."""
         ...
 
     def add_session_lane(
-        self, name: str, *, max_sessions: int, idle_timeout_s: float, timeout_s: float | None
+        self, name: str, *, max_sessions: int, idle_timeout_s: float, timeout_s: float | None,
+        backend: Any = ...,
     ) -> object:
-        """Register a per-key lane."""
+        """Register a per-key lane (in-process, or made by ``backend``)."""
         ...
 
 
 Q = TypeVar("Q", bound=LaneRegistry)
 
 
-def add_plan_lanes(queue: Q, plan: ReplayPlan) -> Q:
+def add_plan_lanes(queue: Q, plan: ReplayPlan, *, backend: Any = None) -> Q:
     """Register the lanes of ``plan`` on ``queue`` in order (so they are taken in that
     order), all of them waiting without limit (``timeout_s=None``); return ``queue``.
     Then ``plan.on_queue(queue)``, if set.
 
     A per-key spec becomes a session lane with the plan's ``max_sessions`` and
     ``idle_timeout_s``, a counting spec a lane of ``capacity`` permits, of whichever face
-    ``queue`` builds (threads or asyncio).
+    ``queue`` builds (threads or asyncio), in-process or made by ``backend`` (a
+    :class:`~lanequeue.redis.RedisBackend`, say).
 
     Raises:
         ValueError: a per-key spec whose capacity is not 1.
@@ -194,9 +198,12 @@ def add_plan_lanes(queue: Q, plan: ReplayPlan) -> Q:
                 max_sessions=plan.max_sessions,
                 idle_timeout_s=math.inf if idle is None else idle,
                 timeout_s=None,
+                backend=backend,
             )
         else:
-            queue.add_lane(spec.name, max_concurrent=spec.capacity, timeout_s=None)
+            queue.add_lane(
+                spec.name, max_concurrent=spec.capacity, timeout_s=None, backend=backend
+            )
     if plan.on_queue is not None:
         plan.on_queue(queue)
     return queue

@@ -151,6 +151,7 @@ from lanequeue.replay.runtimes.base import (
     ProgressFn,
     ReplayPlan,
     RunRecord,
+    add_plan_lanes,
     arrival_gate,
     async_arrival_gate,
     check_workers,
@@ -351,59 +352,28 @@ def build_async_redis_queue(
     Raises:
         ValueError: a per-key spec whose capacity is not 1.
     """
-    from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane
+    from lanequeue.redis import RedisBackend
 
-    queue = AsyncLaneQueue(warn_after_s=None)
-    for spec in plan.lanes:
-        if spec.per_key:
-            if spec.capacity != 1:
-                raise ValueError(f"lane {spec.name!r}: a per-key lane has capacity 1")
-            queue.add(
-                AsyncRedisSessionLane(
-                    client, spec.name, max_sessions=plan.max_sessions, timeout_s=None,
-                    lease_s=lease_s, prefix=prefix,
-                )
-            )
-        else:
-            queue.add(
-                AsyncRedisLane(
-                    client, spec.name, max_concurrent=spec.capacity, timeout_s=None,
-                    lease_s=lease_s, prefix=prefix,
-                )
-            )
-    return queue
+    backend = RedisBackend(client, prefix=prefix, lease_s=lease_s)
+    # Long waits are what a replay measures, not what it should log.
+    return add_plan_lanes(AsyncLaneQueue(warn_after_s=None), plan, backend=backend)
 
 
 def build_redis_queue(client: Any, plan: ReplayPlan, *, prefix: str, lease_s: float) -> LaneQueue:
     """A LaneQueue holding the lanes of ``plan`` on Redis under ``prefix`` (registered in
-    order, so taken in order), all waiting without limit: a per-key spec becomes a
+    order, so taken in order), all waiting without limit, made by one
+    :class:`~lanequeue.redis.RedisBackend` through
+    :func:`~lanequeue.replay.runtimes.base.add_plan_lanes`: a per-key spec becomes a
     ``RedisSessionLane`` with the plan's ``max_sessions`` (capacity must be 1), a counting
     spec a ``RedisLane``.
 
     Raises:
         ValueError: a per-key spec whose capacity is not 1.
     """
-    from lanequeue.redis import RedisLane, RedisSessionLane
+    from lanequeue.redis import RedisBackend
 
-    queue = LaneQueue()
-    for spec in plan.lanes:
-        if spec.per_key:
-            if spec.capacity != 1:
-                raise ValueError(f"lane {spec.name!r}: a per-key lane has capacity 1")
-            queue.add(
-                RedisSessionLane(
-                    client, spec.name, max_sessions=plan.max_sessions, timeout_s=None,
-                    lease_s=lease_s, prefix=prefix,
-                )
-            )
-        else:
-            queue.add(
-                RedisLane(
-                    client, spec.name, max_concurrent=spec.capacity, timeout_s=None,
-                    lease_s=lease_s, prefix=prefix,
-                )
-            )
-    return queue
+    backend = RedisBackend(client, prefix=prefix, lease_s=lease_s)
+    return add_plan_lanes(LaneQueue(warn_after_s=None), plan, backend=backend)
 
 
 @dataclass(frozen=True)
