@@ -251,6 +251,19 @@ async def drive_tasks(
     if total == 0:
         all_done.set()
 
+    async def hold_and_work(rid: int) -> None:
+        # No await before acquire_all: the first lane is joined in this very step.
+        async with queue.acquire_all(keys[rid], lane_names):
+            # The work ends at its start + its work time: the observer's bookkeeping
+            # since the start is part of it, not added to it.
+            left = observer.work_started(rid) + work_s[rid] - observer.now()
+            try:
+                if left > 0:
+                    await asyncio.sleep(left)
+            finally:
+                observer.work_ended(rid)
+        observer.completed(rid)
+
     async def worker(rid: int) -> None:
         nonlocal done, entered
         try:
@@ -259,15 +272,7 @@ async def drive_tasks(
                 # arrival order.
                 try:
                     await gate.wait_turn(rid)
-                    async with queue.acquire_all(keys[rid], lane_names):
-                        # As below: the work ends at its start + its work time.
-                        left = observer.work_started(rid) + work_s[rid] - observer.now()
-                        try:
-                            if left > 0:
-                                await asyncio.sleep(left)
-                        finally:
-                            observer.work_ended(rid)
-                    observer.completed(rid)
+                    await hold_and_work(rid)
                 finally:
                     await gate.finished(rid)
             else:
@@ -276,17 +281,7 @@ async def drive_tasks(
                         (rid, f"reached acquire_all as number {entered}, not {mine.index(rid)}")
                     )
                 entered += 1
-                # No await before this line: the first lane is joined in this very step.
-                async with queue.acquire_all(keys[rid], lane_names):
-                    # The work ends at its start + its work time: the observer's
-                    # bookkeeping since the start is part of it, not added to it.
-                    left = observer.work_started(rid) + work_s[rid] - observer.now()
-                    try:
-                        if left > 0:
-                            await asyncio.sleep(left)
-                    finally:
-                        observer.work_ended(rid)
-                observer.completed(rid)
+                await hold_and_work(rid)  # its first step runs in this step (no await first)
         except Exception as exc:  # reported, never silently lost
             errors.append((rid, f"{type(exc).__name__}: {exc}"))
         finally:  # also on cancellation (an interrupted run), which propagates
