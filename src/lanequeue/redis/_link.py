@@ -63,18 +63,24 @@ class SyncLink:
         self._make = factory(client) if make is None else make
         self._conn: Any = None
 
-    def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:
-        if self._make is None:
-            nonce = new_nonce()
-            return unwrap(script(keys=keys, args=[*args, nonce]), nonce)
+    def _ready(self, wait: float) -> Any:
+        """This link's connection (made on first use), every wait on it bounded by
+        ``wait`` seconds."""
         conn = self._conn
         if conn is None:
             conn = self._conn = self._make()
         conn.socket_timeout = conn.socket_connect_timeout = wait
+        sock = getattr(conn, "_sock", None)
+        if sock is not None:
+            sock.settimeout(wait)
+        return conn
+
+    def call(self, script: Any, keys: list[str], args: list[Any], wait: float) -> Any:
+        if self._make is None:
+            nonce = new_nonce()
+            return unwrap(script(keys=keys, args=[*args, nonce]), nonce)
         try:
-            sock = getattr(conn, "_sock", None)
-            if sock is not None:
-                sock.settimeout(wait)
+            conn = self._ready(wait)  # (a failure here drops the connection too)
             nonce = new_nonce()
             argv = [*args, nonce]
             try:
@@ -96,14 +102,8 @@ class SyncLink:
         read; a failure of the connection raises (and drops it)."""
         if self._make is None:
             return [_one(lambda c=c: self._cluster_call(c)) for c in calls]
-        conn = self._conn
-        if conn is None:
-            conn = self._conn = self._make()
-        conn.socket_timeout = conn.socket_connect_timeout = wait
         try:
-            sock = getattr(conn, "_sock", None)
-            if sock is not None:
-                sock.settimeout(wait)
+            conn = self._ready(wait)
             nonces = [new_nonce() for _ in calls]
             replies: list[Any] = [None] * len(calls)
             todo = list(range(len(calls)))
