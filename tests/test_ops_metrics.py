@@ -8,6 +8,7 @@ park hook (a waiter is in line when it parks) and moves the clock by hand.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import pytest
@@ -387,11 +388,13 @@ def test_fold_of_a_batch_within_one_bucket() -> None:
     are alike) is counted there at once, the same as value by value."""
     from lanequeue._obs import HOLD_BUCKETS, Histogram
 
-    for values in ([0.0, 0.0004, 0.001], [0.02, 0.05, 0.03], [4000.0, 1e6]):
+    for values in ([0.0, 0.0004, 0.001], [0.0005, 0.0005], [0.0009] * 5, [0.0009, 0.0011],
+                   [0.02, 0.05, 0.03], [4000.0, 1e6]):
         one, batch = Histogram(HOLD_BUCKETS), Histogram(HOLD_BUCKETS)
         for v in values:
             one.observe(v)
             batch.append(v)
         batch.fold()
         assert batch.counts == one.counts and batch.sum == pytest.approx(one.sum)
-        assert sum(1 for n in batch.counts if n) == 1
+        assert sum(1 for n in batch.counts if n) == len({bisect_left(HOLD_BUCKETS, v)
+                                                         for v in values})

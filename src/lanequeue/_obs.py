@@ -77,11 +77,14 @@ class Histogram(list[float]):
         if not held:
             return
         bounds = self.bounds
-        total = self.sum + sum(held)
+        batch = sum(held)
+        total = self.sum + batch
         counts = list(self.counts)  # a copy: storing it is the commit
-        lo = bisect_left(bounds, max(held))
-        # All in one bucket (the usual batch): the first bucket takes everything up to
-        # its bound (no pass for the minimum), else the minimum's bucket is the maximum's.
+        # All in one bucket (the usual batch)? The values are durations on a monotonic
+        # clock (>= 0), so a batch whose SUM is within the first bound lies wholly in the
+        # first bucket (no pass for the maximum: a fast lane's batch); else the maximum's
+        # bucket holds them all if the minimum's is the same one.
+        lo = 0 if batch <= bounds[0] else bisect_left(bounds, max(held))
         if lo == 0 or lo == bisect_left(bounds, min(held)):
             counts[lo] += len(held)
         else:
