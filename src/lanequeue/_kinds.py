@@ -75,8 +75,10 @@ class LaneKind(LaneOps, Generic[C]):
     """Name, timeout, read-only views and operations shared by every in-process lane.
 
     Every error of a constructor names the public class and the argument
-    (``Lane() argument 'max_concurrent' must be >= 1, got 0``); so do Python's own
-    errors for a missing or unknown argument (``Lane.__init__() missing 1 required
+    (``Lane() argument 'max_concurrent' must be >= 1, got 0``), or, for a lane a queue
+    builds, the queue's call (``LaneQueue.add_lane() argument 'max_concurrent' ...``: see
+    :func:`lanequeue._validate.made_by`). Python's own errors for a missing or unknown
+    argument name the public class too (``Lane.__init__() missing 1 required
     positional argument: 'name'``): each public class gets its own copy of the methods
     it inherits from the internal bases (:func:`lanequeue._validate.own_signatures`).
     """
