@@ -511,6 +511,26 @@ async def test_str_subclass_key_is_its_plain_value_in_every_view(f: Face) -> Non
     await f.leave(multi)
 
 
+@contract
+async def test_keys_are_not_unicode_normalised(f: Face) -> None:
+    """A key given to a lane is used as it is: ``"\u00e9"`` and ``"e\u0301"`` (one text
+    in two Unicode forms) are two keys on every face; only the key builders normalise
+    (README, lanequeue.keys)."""
+    composed, decomposed = "\u00e9", "e\u0301"
+    lane = f.lane(cap=2)
+    assert await f.q(lane.try_acquire(composed)) is True
+    assert await f.q(lane.try_acquire(decomposed)) is True  # not the same key's turn
+    assert sorted(lane.get_active()) == sorted([composed, decomposed])
+    if f.counting:
+        assert await f.q(lane.holds_of(decomposed)) == 1
+        assert set((await f.q(lane.lane_status()))["keys"]) == {composed, decomposed}
+    else:
+        assert await f.q(lane.is_held(decomposed)) is True
+    assert await f.q(lane.manual_release(decomposed)) is True
+    assert list(lane.get_active()) == [composed]
+    assert await f.q(lane.manual_release(composed)) is True
+
+
 # -- a missing await ---------------------------------------------------------------------
 
 

@@ -9,6 +9,8 @@ import threading
 from typing import Any
 
 import pytest
+import redis
+import redis.asyncio
 from dispatch_helpers import Stepped
 
 from lanequeue import (
@@ -40,6 +42,8 @@ FACES = [
     pytest.param(lambda kw: ThreadDispatcher(thread_queue(), **kw), id="threads"),
     pytest.param(lambda kw: Dispatcher(async_queue(), **kw), id="asyncio"),
 ]
+#: The call each face's constructor errors name (as the FACES above).
+CALLS = {"threads": "ThreadDispatcher()", "asyncio": "Dispatcher()"}
 
 BAD_CONSTRUCTOR = [
     # (arguments, error, what the message must name)
@@ -59,6 +63,18 @@ BAD_CONSTRUCTOR = [
     ({"ageing_s": 0}, ValueError, "ageing_s"),
     ({"ageing_s": -1}, ValueError, "ageing_s"),
     ({"ageing_s": "30"}, TypeError, "ageing_s"),
+    ({"ageing_s": True}, TypeError, "ageing_s"),  # a bool is not a number of seconds
+    ({"debounce_s": True}, TypeError, "debounce_s"),
+    ({"max_wait_s": False}, TypeError, "max_wait_s"),
+    ({"dedupe_ttl_s": "300"}, TypeError, "dedupe_ttl_s"),
+    ({"max_pending": True}, TypeError, "max_pending"),
+    ({"busy": "nope"}, ValueError, "busy"),
+    ({"busy": None}, TypeError, "busy"),
+    ({"overflow": "nope"}, ValueError, "overflow"),
+    ({"dedupe_redis": object()}, TypeError, "dedupe_redis"),
+    ({"dedupe_redis": redis.asyncio.Redis()}, TypeError, "dedupe_redis"),  # (not used)
+    ({"dedupe_redis": object(), "dedupe_ttl_s": None}, ValueError, "dedupe_ttl_s"),
+    ({"dedupe_redis": redis.Redis(), "dedupe_prefix": ""}, ValueError, "dedupe_prefix"),
     ({"max_pending": math.inf}, TypeError, "max_pending"),
     ({"max_pending": -1}, ValueError, "max_pending"),
     ({"dedupe_max": 1.5}, TypeError, "dedupe_max"),
@@ -80,22 +96,50 @@ BAD_CONSTRUCTOR = [
 @pytest.mark.parametrize("make", FACES)
 @pytest.mark.parametrize(("kw", "error", "names"), BAD_CONSTRUCTOR)
 def test_bad_constructor_argument_raises_naming_it(
-        make: Any, kw: dict[str, Any], error: type[Exception], names: str) -> None:
-    with pytest.raises(error, match=names):
+        request: pytest.FixtureRequest, make: Any, kw: dict[str, Any],
+        error: type[Exception], names: str) -> None:
+    """Every constructor error names the call and the argument, as a lane's does
+    (``Dispatcher() argument 'ageing_s' ...``; the ageing_s ones once lacked the call)."""
+    call = CALLS[request.node.callspec.id.split("-")[-1]]
+    with pytest.raises(error) as info:
         make(kw)
+    message = info.value.args[0]
+    assert message.startswith(f"{call} argument '{names}'"), message
+
+
+@pytest.mark.parametrize("make", FACES)
+def test_bad_queue_names_the_call(request: pytest.FixtureRequest, make: Any) -> None:
+    call = CALLS[request.node.callspec.id]
+    other = async_queue() if call == "ThreadDispatcher()" else thread_queue()
+    cls = ThreadDispatcher if call == "ThreadDispatcher()" else Dispatcher
+    for queue in (other, None):
+        with pytest.raises(TypeError, match=rf"^{call[:-2]}\(\) argument 'queue' must be"):
+            cls(queue)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("kw", "error", "arg"), [
+    ({"max_workers": 0}, ValueError, "max_workers"),
+    ({"max_workers": True}, TypeError, "max_workers"),
+    ({"clock": 3.0}, TypeError, "clock"),
+])
+def test_thread_dispatcher_own_arguments_name_the_call(
+        kw: dict[str, Any], error: type[Exception], arg: str) -> None:
+    with pytest.raises(error, match=rf"^ThreadDispatcher\(\) argument '{arg}' "):
+        ThreadDispatcher(thread_queue(), **kw)
 
 
 def test_ageing_s_has_one_message_on_the_dispatcher_and_on_lane() -> None:
-    """-1 and 0 used to say ">= 0" and "> 0": one check, one message, everywhere."""
-    messages = set()
+    """-1 and 0 used to say ">= 0" and "> 0": one check, one message, everywhere, each
+    naming its call (the dispatcher's once named none)."""
+    bound = "a finite number of seconds > 0 and < 9223372036"  # (< AGEING_MAX)
     for bad in (-1, 0, math.inf):
-        for make in (lambda v: ThreadDispatcher(thread_queue(), ageing_s=v),
-                     lambda v: Lane("g", ageing_s=v)):
+        for call, make in (
+                ("ThreadDispatcher()", lambda v: ThreadDispatcher(thread_queue(), ageing_s=v)),
+                ("Dispatcher()", lambda v: Dispatcher(async_queue(), ageing_s=v)),
+                ("Lane()", lambda v: Lane("g", ageing_s=v))):
             with pytest.raises(ValueError) as info:
                 make(bad)
-            messages.add(str(info.value).split("ageing_s")[1].rsplit("got", 1)[0])
-    bound = "a finite number of seconds > 0 and < 9223372036, "  # (< AGEING_MAX)
-    assert messages == {f"' must be {bound}", f" must be {bound}"}
+            assert str(info.value) == f"{call} argument 'ageing_s' must be {bound}, got {bad!r}"
 
 
 @pytest.mark.parametrize("make", FACES)

@@ -985,10 +985,11 @@ def test_c20_dropped_acquire_all_returns_every_permit(view: bool) -> None:
          r"^LaneQueue\.add_lane\(\) missing 1 required positional argument: 'name'$"),
         (lambda: AsyncLaneQueue().add_session_lane("s", bogus=1), TypeError,
          r"^AsyncLaneQueue\.add_session_lane\(\) got an unexpected keyword argument"),
+        # A lane the queue builds names the call made, not the lane class (README).
         (lambda: LaneQueue().add_lane("g", max_concurrent=0), ValueError,
-         r"^Lane\(\) argument 'max_concurrent' must be >= 1"),
+         r"^LaneQueue\.add_lane\(\) argument 'max_concurrent' must be >= 1"),
         (lambda: AsyncLaneQueue().add_session_lane(max_sessions=0), ValueError,
-         r"^AsyncSessionLane\(\) argument 'max_sessions' must be >= 1"),
+         r"^AsyncLaneQueue\.add_session_lane\(\) argument 'max_sessions' must be >= 1"),
     ],
 )
 def test_constructor_errors_name_the_public_class_and_argument(

@@ -215,9 +215,12 @@ def test_prometheus_registry_refuses_a_second_collector(auto_describe: bool) -> 
 
 
 def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:
-    with pytest.raises(TypeError, match="target must be a lane or a queue"):
+    """The error names the call and the argument, as a lane constructor's does."""
+    with pytest.raises(TypeError, match=r"^PrometheusCollector\(\) argument 'target' must "
+                                        "be a lane or a queue"):
         PrometheusCollector(object(), registry=CollectorRegistry())
-    with pytest.raises(TypeError, match="target must be a lane or a queue"):
+    with pytest.raises(TypeError, match=r"^instrument_otel\(\) argument 'target' must be a "
+                                        "lane or a queue"):
         instrument_otel(42)
 
 
@@ -228,12 +231,13 @@ def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:
 def test_exporters_check_their_arguments_before_anything(
     kwargs: dict[str, Any], name: str
 ) -> None:
-    """A TypeError naming the argument; no lane starts observing hold times."""
+    """A TypeError naming the call and the argument; no lane starts observing hold
+    times."""
     lane = Lane("global")
-    with pytest.raises(TypeError, match=name):
+    with pytest.raises(TypeError, match=rf"^PrometheusCollector\(\) argument '{name}' "):
         PrometheusCollector(lane, **kwargs)
     if name == "hold_times":
-        with pytest.raises(TypeError, match=name):
+        with pytest.raises(TypeError, match=rf"^instrument_otel\(\) argument '{name}' "):
             instrument_otel(lane, **kwargs)
     assert lane.metrics_snapshot()[0].hold is None
 

@@ -456,9 +456,12 @@ def test_bad_priority_is_refused_at_the_call(bad: object, error: type[Exception]
     assert lane.stats.acquired == 0
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), None])
-def test_bad_ageing_is_refused(bad: object) -> None:
-    with pytest.raises(ValueError, match="ageing_s"):
+@pytest.mark.parametrize(("bad", "error"), [
+    (0, ValueError), (-1.0, ValueError), (float("inf"), ValueError),
+    (None, TypeError), ("30", TypeError), (True, TypeError),  # not a number: TypeError
+])
+def test_bad_ageing_is_refused(bad: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="ageing_s"):
         Lane("g", ageing_s=bad)  # type: ignore[arg-type]
     assert Lane("g").ageing_s == DEFAULT_AGEING_S == 30.0
 

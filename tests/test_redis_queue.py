@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -172,3 +174,63 @@ def test_backend_makes_lanes_by_name(redis_server: object, redis_prefix: str) ->
         await aclient.aclose()
 
     asyncio.run(main())
+
+
+BACKEND_ERRORS = [
+    # (method, arguments, error, the argument the message names)
+    ("lane", {"max_concurrent": 0}, ValueError, "max_concurrent"),
+    ("lane", {"max_concurrent": "2"}, TypeError, "max_concurrent"),
+    ("lane", {"timeout_s": -1}, ValueError, "timeout_s"),
+    ("lane", {"name": "a:b"}, ValueError, "name"),  # a Redis lane's own rule
+    ("session_lane", {"max_sessions": 0}, ValueError, "max_sessions"),
+    ("session_lane", {"idle_timeout_s": -1}, ValueError, "idle_timeout_s"),
+    ("session_lane", {"name": "{s}"}, ValueError, "name"),
+]
+
+
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+@pytest.mark.parametrize(("method", "kw", "error", "arg"), BACKEND_ERRORS)
+def test_backend_lane_argument_errors_name_the_call_the_user_made(
+        redis_server: Any, redis_prefix: str, face: str, method: str, kw: dict[str, Any],
+        error: type[Exception], arg: str) -> None:
+    """Through ``add_lane(..., backend=...)`` an argument error names the queue's call,
+    not the ``RedisLane()`` the backend builds; through the backend directly, the
+    backend's call (``RedisBackend.lane()``)."""
+    import redis.asyncio as aredis
+
+    from lanequeue import AsyncLaneQueue
+    from lanequeue.redis import RedisBackend
+
+    host, port = redis_server.host, redis_server.port
+    client: Any = (aredis.Redis(host=host, port=port) if face == "asyncio"
+                   else redis.Redis(host=host, port=port))
+    backend = RedisBackend(client, prefix=redis_prefix)
+    queue: Any = AsyncLaneQueue() if face == "asyncio" else LaneQueue()
+    kw = {"name": "z", **kw}
+    add = "add_lane" if method == "lane" else "add_session_lane"
+    try:
+        with pytest.raises(error) as info:
+            getattr(queue, add)(backend=backend, **kw)
+        call = f"{type(queue).__name__}.{add}()"
+        assert str(info.value).startswith(f"{call} argument '{arg}' "), info.value
+        assert queue.list_lanes() == []
+        with pytest.raises(error) as info:
+            getattr(backend, method)(**kw)
+        assert str(info.value).startswith(f"RedisBackend.{method}() argument '{arg}' "), \
+            info.value
+    finally:
+        if face == "asyncio":
+            asyncio.run(client.aclose())
+        else:
+            client.close()
+
+
+def test_backend_refuses_a_client_that_is_not_redis_py_at_the_call() -> None:
+    """A client that is not redis-py's is refused by ``RedisBackend()`` itself, naming
+    ``client`` (it used to pass, and the first lane made named ``RedisLane()``)."""
+    from lanequeue.redis import RedisBackend
+
+    for bad in (None, object(), "redis://localhost"):
+        with pytest.raises(TypeError, match=r"^RedisBackend\(\) argument 'client' must be "
+                                            r"a redis-py client"):
+            RedisBackend(bad)

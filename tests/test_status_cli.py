@@ -74,6 +74,18 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, cap.out, cap.err
 
 
+def _usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """Run a command line that must be refused as argparse refuses one: exit status 2,
+    nothing on stdout, the usage line and ``lanequeue status: error: ...`` on stderr."""
+    with pytest.raises(SystemExit) as info:
+        main(["status", *argv])
+    cap = capsys.readouterr()
+    assert info.value.code == 2 and cap.out == ""
+    assert cap.err.startswith("usage: lanequeue status ")
+    assert "lanequeue status: error: " in cap.err
+    return 2, cap.out, cap.err
+
+
 def test_json_shows_holders_tokens_leases_and_lines(
     capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
     redis_client: Any, redis_prefix: str,
@@ -153,8 +165,8 @@ def test_watch_refreshes_until_interrupted(
     monkeypatch.setattr(time, "sleep", sleep)
     monkeypatch.setattr(StatusReader, "read", read)
     code, out, _err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix,
-                          "--watch", "--interval", "0.01")
-    assert code == 130 and naps == [0.01, 0.01, 0.01]
+                          "--watch", "--interval", "0.1")
+    assert code == 130 and naps == [0.1, 0.1, 0.1]
     assert reads == [2, 2, 2]  # drawn, then redrawn after each of the first two naps
     assert f"{redis_prefix}/llm (counting, max 2)" in out
 
@@ -188,8 +200,9 @@ def test_bad_backend_and_options(capsys: pytest.CaptureFixture[str], redis_serve
     assert code == 2 and "--backend" in err
     code, _, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json")
     assert code == 2 and "ConnectionError" in err
-    code, _, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json", "--watch")
-    assert code == 2 and "--watch" in err
+    code, _, err = _usage_error(capsys, "--backend", "redis://127.0.0.1:1/0", "--json",
+                                "--watch")
+    assert "argument --watch: not allowed with argument --json" in err
 
 
 def test_parse_keys_whatever_they_contain() -> None:
@@ -245,19 +258,67 @@ def test_table_shows_values_from_redis_literally(
     assert "'line1\\nline2'" in out and "line1\n" not in out
 
 
-@pytest.mark.parametrize("interval", ["inf", "1e300", "3600.5", "0", "-1", "nan"])
-def test_watch_interval_out_of_range_is_an_argument_error(
+@pytest.mark.parametrize(
+    "interval", ["inf", "1e300", "3600.5", "0", "-1", "nan", "1e-9", "0.099", "x", ""])
+def test_watch_interval_out_of_range_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], redis_server: Any, redis_prefix: str,
     interval: str,
 ) -> None:
-    """``--interval`` must be > 0 and at most 3600 s (``inf`` or ``1e300`` drew once, then
-    ended in an OverflowError in ``time.sleep``): exit status 2 and a message, before
-    anything is read."""
+    """``--interval`` must be from 0.1 to 3600 s (``inf`` or ``1e300`` drew once, then
+    ended in an OverflowError in ``time.sleep``; ``1e-9`` was taken and SCANned the Redis
+    without pause): a usage error, exit status 2, before anything is read."""
     url = f"redis://{redis_server.host}:{redis_server.port}/0"
-    code, out, err = _run(capsys, "--backend", url, "--prefix", redis_prefix,
-                          "--watch", "--interval", interval)
-    assert code == 2 and out == ""
-    assert err.strip() == "lanequeue status: --interval must be > 0 and <= 3600"
+    _, _, err = _usage_error(capsys, "--backend", url, "--prefix", redis_prefix,
+                             "--watch", "--interval", interval)
+    assert "argument --interval: " in err
+
+
+@pytest.mark.parametrize("interval", ["0.1", "3600", "2.5"])
+def test_watch_interval_bounds_are_taken(interval: str) -> None:
+    from lanequeue.cli import STATUS_MAX_INTERVAL_S, STATUS_MIN_INTERVAL_S, build_parser
+
+    assert (STATUS_MIN_INTERVAL_S, STATUS_MAX_INTERVAL_S) == (0.1, 3600.0)  # (README)
+    args = build_parser().parse_args(
+        ["status", "--backend", "redis://h/0", "--watch", "--interval", interval])
+    assert args.interval == float(interval)
+
+
+@pytest.mark.parametrize("form", [["--json"], []])
+def test_interval_without_watch_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], form: list[str],
+) -> None:
+    """``--interval`` without ``--watch`` was silently ignored: now refused, before any
+    connection is made (the backend here has no server)."""
+    _, _, err = _usage_error(capsys, "--backend", "redis://127.0.0.1:1/0", *form,
+                             "--interval", "2")
+    assert "argument --interval: only with --watch" in err
+
+
+def test_watch_without_interval_redraws_every_second(
+    capsys: pytest.CaptureFixture[str], redis_server: Any, redis_prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    naps: list[float] = []
+
+    def sleep(s: float) -> None:
+        naps.append(s)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    code, _, _ = _run(capsys, "--backend", url, "--prefix", redis_prefix, "--watch")
+    assert code == 130 and naps == [1.0]
+
+
+@pytest.mark.parametrize("prefix", ["", "a{b", "}"])
+def test_a_prefix_no_lane_can_have_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], prefix: str,
+) -> None:
+    """``--prefix ""`` was taken and showed 0 lanes (no lane has an empty prefix, nor one
+    with a brace): a usage error naming ``--prefix``, before any connection is made."""
+    _, _, err = _usage_error(capsys, "--backend", "redis://127.0.0.1:1/0", "--json",
+                             "--prefix", prefix)
+    assert "argument --prefix: a lane prefix must " in err
 
 
 @pytest.mark.parametrize("form", [["--json"], []])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import unicodedata
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -41,7 +43,8 @@ def test_scheduler_key() -> None:
         ("ÄB", "äb"),
         ("Иван", "иван"),
         ("张三", "张三"),
-        ("e\u0301", "e\u0301"),
+        ("e\u0301", "\u00e9"),  # NFC first: one character
+        ("E\u0301", "\u00e9"),
         ("٣4", "٣4"),
         ("a\u200bb", "a_b"),
         ("under_score", "under_score"),
@@ -72,10 +75,17 @@ _KEPT = st.characters(categories=("L", "M", "N")).filter(lambda c: c.lower() == 
 def test_ids_differing_in_a_letter_or_digit_give_different_keys(
     before: str, a: str, b: str, after: str
 ) -> None:
-    """Whatever surrounds it, changing one letter/mark/digit changes every built key."""
+    """Whatever surrounds it, changing one letter/mark/digit changes every built key,
+    unless the two ids are one text in two Unicode forms (``"\u1f71"`` and ``"\u03ac"``,
+    both "ά"; ``"e\u0301"`` and ``"é"``): then every built key is the same."""
     if a == b:
         return
     one, two = before + a + after, before + b + after
+    if unicodedata.normalize("NFC", one) == unicodedata.normalize("NFC", two):
+        assert normalize_key_part(one) == normalize_key_part(two)
+        assert build_gateway_session_key("t", "c", one, one) == build_gateway_session_key(
+            "t", "c", two, two)
+        return
     assert normalize_key_part(one) != normalize_key_part(two)
     assert build_gateway_session_key("t", one) != build_gateway_session_key("t", two)
     assert build_gateway_session_key("t", "c", one, one) != build_gateway_session_key(
@@ -165,3 +175,46 @@ def test_keys_are_lossy_in_symbols_as_documented() -> None:
     assert gw("slack", "c", "😀") == gw("slack", "c", "😁") == "gateway:slack:c:_"
     assert gw("slack", "c", "$1") == gw("slack", "c", "€1")
     assert gw("telegram", "Иван") != gw("telegram", "Петр")
+
+
+# One text, two Unicode forms: composed (NFC) and decomposed (NFD).
+_FORMS = [("\u00e9", "e\u0301"), ("Chlo\u00e9 A\u030a", "Chloe\u0301 \u00c5"),
+          ("\u1e69", "s\u0323\u0307"), ("\u1e69", "s\u0307\u0323"),
+          ("\uac00", "\u1100\u1161")]  # (Hangul syllable and its jamo)
+
+
+@pytest.mark.parametrize(("composed", "decomposed"), _FORMS)
+def test_builders_give_one_key_for_either_unicode_form(composed: str, decomposed: str) -> None:
+    """The builders apply NFC before the rest of their normalisation (README, keys.py):
+    ``"é"`` typed as U+00E9 and as ``"e"`` + U+0301 is one conversation, one key."""
+    assert normalize_key_part(composed) == normalize_key_part(decomposed)
+    assert normalize_key_part(decomposed) == unicodedata.normalize(
+        "NFC", normalize_key_part(decomposed))  # the key is in NFC itself
+    assert build_gateway_session_key("slack", composed, composed, composed) == (
+        build_gateway_session_key("slack", decomposed, decomposed, decomposed))
+    assert build_subagent_session_key(composed, composed, composed) == (
+        build_subagent_session_key(decomposed, decomposed, decomposed))
+    assert build_scheduler_session_key(composed) == build_scheduler_session_key(decomposed)
+
+
+@given(st.text())
+def test_built_keys_depend_only_on_the_nfc_form(raw: str) -> None:
+    for form in ("NFC", "NFD"):
+        assert normalize_key_part(unicodedata.normalize(form, raw)) == normalize_key_part(raw)
+
+
+def test_keys_passed_to_a_lane_are_not_normalised() -> None:
+    """A lane key is its plain string value in every face: only the builders normalise,
+    so ``"\u00e9"`` and ``"e\u0301"`` are two keys of a per-key lane (both held at once)
+    and two holders of a counting lane."""
+    from lanequeue import Lane, SessionLane
+
+    composed, decomposed = "\u00e9", "e\u0301"
+    sessions = SessionLane()
+    assert sessions.try_acquire(composed) and sessions.try_acquire(decomposed)
+    assert sorted(sessions.get_active()) == sorted([composed, decomposed])
+    assert sessions.is_held(decomposed) and sessions.manual_release(decomposed)
+    assert sessions.is_held(composed) and not sessions.is_held(decomposed)
+    lane = Lane("g", max_concurrent=2)
+    assert lane.try_acquire(composed) and lane.try_acquire(decomposed)
+    assert lane.holds_of(composed) == lane.holds_of(decomposed) == 1

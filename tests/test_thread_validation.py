@@ -203,3 +203,126 @@ def test_operation_argument_errors_name_the_public_class() -> None:
         name = type(obj).__name__
         with pytest.raises(TypeError, match=rf"^{name}\.close\(\) takes 1 positional"):
             obj.close(1)
+
+
+QUEUE_ERRORS = [
+    # (method, arguments, error, the argument the message names)
+    ("add_lane", {"max_concurrent": 0}, ValueError, "max_concurrent"),
+    ("add_lane", {"max_concurrent": 2.0}, TypeError, "max_concurrent"),
+    ("add_lane", {"max_concurrent": True}, TypeError, "max_concurrent"),
+    ("add_lane", {"timeout_s": -1}, ValueError, "timeout_s"),
+    ("add_lane", {"timeout_s": "1"}, TypeError, "timeout_s"),
+    ("add_lane", {"clock": 3.0}, TypeError, "clock"),
+    ("add_lane", {"name": ""}, ValueError, "name"),
+    ("add_lane", {"name": None}, TypeError, "name"),
+    ("add_lane", {"name": ["z"]}, TypeError, "name"),  # (unhashable: once a bare TypeError)
+    ("add_lane", {"backend": object()}, TypeError, "backend"),
+    ("add_session_lane", {"max_sessions": 0}, ValueError, "max_sessions"),
+    ("add_session_lane", {"max_sessions": None}, TypeError, "max_sessions"),
+    ("add_session_lane", {"idle_timeout_s": -1}, ValueError, "idle_timeout_s"),
+    ("add_session_lane", {"timeout_s": math.nan}, ValueError, "timeout_s"),
+    ("add_session_lane", {"name": 3}, TypeError, "name"),
+    ("add_session_lane", {"backend": "redis://"}, TypeError, "backend"),
+]
+
+
+@pytest.mark.parametrize("queue_type", ["LaneQueue", "AsyncLaneQueue"])
+@pytest.mark.parametrize(("method", "kw", "error", "arg"), QUEUE_ERRORS)
+def test_queue_argument_errors_name_the_call_the_user_made(
+        queue_type: str, method: str, kw: dict[str, Any], error: type[Exception],
+        arg: str) -> None:
+    """``LaneQueue().add_lane("z", max_concurrent=0)`` names ``LaneQueue.add_lane()``,
+    the call made, not the ``Lane()`` it builds; so do the asyncio twins. Nothing is
+    registered, and a lane built directly afterwards names its own class again."""
+    import lanequeue
+
+    queue = getattr(lanequeue, queue_type)()
+    with pytest.raises(error) as info:
+        getattr(queue, method)(**{"name": "z", **kw})
+    assert str(info.value).startswith(f"{queue_type}.{method}() argument '{arg}' "), info.value
+    assert queue.list_lanes() == []
+    with pytest.raises(ValueError, match=r"^Lane\(\) argument 'max_concurrent' "):
+        Lane("z", max_concurrent=0)
+
+
+@pytest.mark.parametrize("queue_type", ["LaneQueue", "AsyncLaneQueue"])
+def test_queue_name_taken_and_clock_with_backend_name_the_call(queue_type: str) -> None:
+    import lanequeue
+
+    queue = getattr(lanequeue, queue_type)()
+    queue.add_lane("z")
+    with pytest.raises(ValueError, match=rf"^{queue_type}\.add_session_lane\(\) argument "
+                                         r"'name': a lane named 'z' is already registered"):
+        queue.add_session_lane("z")
+
+    class Backend:  # a lane backend the clock check comes before
+        def lane(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("not reached")
+
+    with pytest.raises(ValueError, match=rf"^{queue_type}\.add_lane\(\) argument 'clock' "):
+        queue.add_lane("y", clock=time.monotonic, backend=Backend())
+    assert queue.list_lanes() == ["z"]
+
+
+BAD_AGEING = [(None, TypeError), ("30", TypeError), (True, TypeError), (b"1", TypeError),
+              (0, ValueError), (-1.0, ValueError), (math.inf, ValueError),
+              (math.nan, ValueError), (1e308, ValueError)]
+
+
+@pytest.mark.parametrize(("bad", "error"), BAD_AGEING)
+def test_ageing_s_wrong_type_is_a_type_error_bad_value_a_value_error(
+        bad: Any, error: type[Exception]) -> None:
+    """``Lane("g", ageing_s=None)`` was a ValueError: a value of the wrong type (None, a
+    str, a bool) is a TypeError, a number out of range a ValueError, both naming it."""
+    from lanequeue import AsyncLane
+
+    for cls in (Lane, AsyncLane):
+        with pytest.raises(error, match=rf"^{cls.__name__}\(\) argument 'ageing_s' must be"):
+            cls("g", ageing_s=bad)
+
+
+def _number_checks() -> list[Any]:
+    from lanequeue import _validate as v
+    from lanequeue.dispatch._base import check_int
+    from lanequeue.redis._args import check_lease
+
+    return [
+        pytest.param(lambda x: v.check_timeout(x, "arg"), True, id="check_timeout"),
+        pytest.param(lambda x: v.check_seconds(x, "arg"), False, id="check_seconds"),
+        pytest.param(lambda x: v.check_ageing(x, "arg"), False, id="check_ageing"),
+        pytest.param(lambda x: v.check_count(x, "arg"), False, id="check_count"),
+        pytest.param(lambda x: v.check_priority(x, "arg"), False, id="check_priority"),
+        pytest.param(lambda x: check_int(x, "arg", 0), False, id="dispatch.check_int"),
+        pytest.param(lambda x: check_lease(x, "arg"), False, id="redis.check_lease"),
+    ]
+
+
+@pytest.mark.parametrize(("check", "none_ok"), _number_checks())
+@pytest.mark.parametrize("bad", [None, "1", b"1", True, False, [1], 1j])
+def test_every_number_check_refuses_a_wrong_type_with_a_type_error(
+        check: Any, none_ok: bool, bad: Any) -> None:
+    """Where a number is expected, a value of another type is a TypeError naming the
+    argument, never a ValueError: None (unless it means "no limit", as for a timeout), a
+    str, bytes, and a bool (an int subclass, but True is not 1 second nor 1 permit:
+    refused by every check alike)."""
+    if bad is None and none_ok:
+        assert check(bad) is None
+        return
+    with pytest.raises(TypeError, match=r"^arg must be "):
+        check(bad)
+
+
+@pytest.mark.parametrize("bad", [None, "yes", 1, 0])
+def test_check_bool_refuses_what_is_not_a_bool(bad: Any) -> None:
+    from lanequeue._validate import check_bool
+
+    with pytest.raises(TypeError, match=r"^arg must be a bool"):
+        check_bool(bad, "arg")
+
+
+@pytest.mark.parametrize("bad", [None, 1, True, b"k"])
+def test_check_key_refuses_what_is_not_a_str(bad: Any) -> None:
+    from lanequeue._validate import check_key
+
+    with pytest.raises(TypeError, match=r"^arg must be a str"):
+        check_key(bad, "arg")

@@ -18,6 +18,7 @@ from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore
 from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics
 from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
 from ._validate import (
+    argument_of,
     check_ageing,
     check_count,
     check_key,
@@ -74,8 +75,10 @@ class LaneKind(LaneOps, Generic[C]):
     """Name, timeout, read-only views and operations shared by every in-process lane.
 
     Every error of a constructor names the public class and the argument
-    (``Lane() argument 'max_concurrent' must be >= 1, got 0``); so do Python's own
-    errors for a missing or unknown argument (``Lane.__init__() missing 1 required
+    (``Lane() argument 'max_concurrent' must be >= 1, got 0``), or, for a lane a queue
+    builds, the queue's call (``LaneQueue.add_lane() argument 'max_concurrent' ...``: see
+    :func:`lanequeue._validate.made_by`). Python's own errors for a missing or unknown
+    argument name the public class too (``Lane.__init__() missing 1 required
     positional argument: 'name'``): each public class gets its own copy of the methods
     it inherits from the internal bases (:func:`lanequeue._validate.own_signatures`).
     """
@@ -97,7 +100,7 @@ class LaneKind(LaneOps, Generic[C]):
         on_wait: OnWait | None = None,
         warn_hold_s: float | None = None,
     ) -> None:
-        where = f"{type(self).__name__}() argument"
+        where = argument_of(f"{type(self).__name__}()")
         self.name = check_key(name, f"{where} 'name'")
         self.timeout_s: float | None = check_timeout(timeout_s, f"{where} 'timeout_s'")
         if not callable(clock):
@@ -280,7 +283,7 @@ class CountingKind(LaneKind[CountingCore]):
         ageing_s: float = DEFAULT_AGEING_S,
     ) -> None:
         super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
-        where = f"{type(self).__name__}() argument"
+        where = argument_of(f"{type(self).__name__}()")
         ageing = check_ageing(ageing_s, f"{where} 'ageing_s'")
         self._core = CountingCore(
             self.name, check_count(max_concurrent, f"{where} 'max_concurrent'"), clock,
@@ -346,7 +349,7 @@ class SessionKind(LaneKind[SessionCore]):
         warn_hold_s: float | None = None,
     ) -> None:
         super().__init__(name, timeout_s, clock, warn_after_s, on_wait, warn_hold_s)
-        where = f"{type(self).__name__}() argument"
+        where = argument_of(f"{type(self).__name__}()")
         idle = check_timeout(idle_timeout_s, f"{where} 'idle_timeout_s'")
         self._core = SessionCore(
             self.name,

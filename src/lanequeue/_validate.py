@@ -5,13 +5,42 @@ from __future__ import annotations
 
 import math
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
-    "AGEING_MAX", "bad_key", "check_ageing", "check_bool", "check_count", "check_key",
-    "check_priority", "check_seconds", "check_timeout", "own_signatures", "public_name",
+    "AGEING_MAX", "argument_of", "bad_key", "check_ageing", "check_bool", "check_count",
+    "check_key", "check_priority", "check_seconds", "check_timeout", "made_by",
+    "own_signatures", "public_name",
 ]
+
+#: The public call being made, while it builds a lane (``LaneQueue.add_lane()``): set by
+#: :func:`made_by`, read by :func:`argument_of`.
+_CALL: ContextVar[str | None] = ContextVar("lanequeue_public_call", default=None)
+
+
+def argument_of(call: str) -> str:
+    """The start of an argument error of ``call`` (``"Lane()"``): ``"Lane() argument"``,
+    or, inside :func:`made_by`, the public call the caller made (``"LaneQueue.add_lane()
+    argument"``), so a lane built for a queue or a backend names that call, not the
+    lane's constructor."""
+    return f"{_CALL.get() or call} argument"
+
+
+@contextmanager
+def made_by(call: str) -> Iterator[None]:
+    """Within the block, the lane constructors' argument errors name ``call`` (see
+    :func:`argument_of`). The outermost call wins: ``LaneQueue.add_lane(backend=...)``
+    calling ``RedisBackend.lane()`` names ``LaneQueue.add_lane()``. Per thread and per
+    task (a context variable)."""
+    token = _CALL.set(_CALL.get() or call)
+    try:
+        yield
+    finally:
+        _CALL.reset(token)
 
 
 def bad_key(key: object, name: str = "key") -> NoReturn:
@@ -84,10 +113,9 @@ def check_ageing(value: object, name: str = "ageing_s") -> float:
     """Validate ``ageing_s`` (a lane's, a dispatcher's): the seconds of waiting that raise
     a waiter by one priority level, a finite number ``> 0`` and ``< AGEING_MAX`` (about
     292 years, so no rank ``now - priority * ageing_s`` can overflow). The one check and
-    message for every face (a dispatcher's ``None``, no ageing, is handled by the caller;
-    here ``None`` is a value out of range, ValueError, like ``0``, ``inf`` and ``1e308``)."""
-    if value is None:
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got None")
+    message for every face: ValueError for ``0``, negatives, ``inf``, NaN and ``1e308``;
+    TypeError for what is not a number: ``None`` (a dispatcher's ``None``, no ageing, is
+    handled by the caller), a ``str``, a ``bool``."""
     return check_seconds(value, name, positive=True, limit=AGEING_MAX)
 
 

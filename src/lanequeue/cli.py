@@ -14,6 +14,11 @@ URL, server unreachable, a worker process that failed).
 :mod:`lanequeue.replay.plan`. Exit status: 0 with a recommendation; 3 when no cap (in the
 range searched) meets the goal; 2 for bad arguments or an unreadable trace; 1 when the
 ``--verify`` replay broke a lane invariant.
+
+``lanequeue status`` shows the lanes in a Redis (see README, "A live view of a Redis").
+A usage error exits with status 2 after the usage line, as argparse does: ``--prefix ""``
+(or a prefix with ``{`` or ``}``, which no lane has), ``--interval`` outside 0.1 to 3600
+seconds, ``--interval`` without ``--watch``, ``--json`` with ``--watch``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ __all__ = ["build_parser", "main"]
 #: Skipped trace lines (and failed requests) reported one by one on stderr; the rest are
 #: counted in one line.
 MAX_LINE_MESSAGES = 20
+#: Bounds of ``lanequeue status --watch --interval`` (seconds). Each redraw SCANs the
+#: lanes' keys of the whole Redis: more than 10 a second would load a busy server for a
+#: view no one reads faster; beyond an hour ``--watch`` is no longer a live view.
+STATUS_MIN_INTERVAL_S = 0.1
+STATUS_MAX_INTERVAL_S = 3600.0
+#: Seconds between redraws of ``lanequeue status --watch`` without ``--interval``.
+STATUS_DEFAULT_INTERVAL_S = 1.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -663,13 +675,50 @@ def _add_status_parser(sub: Any) -> None:
     )
     sp.add_argument("--backend", required=True, metavar="redis://HOST:PORT/DB",
                     help="the Redis to read (a redis:// or rediss:// URL)")
-    sp.add_argument("--prefix", default=None, metavar="P",
-                    help="only the lanes of this key prefix (default: every prefix)")
-    sp.add_argument("--watch", action="store_true",
-                    help="refresh the table in place until interrupted")
-    sp.add_argument("--interval", type=float, default=1.0, metavar="S",
-                    help="seconds between refreshes with --watch (default 1.0, at most 3600)")
-    sp.add_argument("--json", action="store_true", help="print one JSON document")
+    sp.add_argument("--prefix", type=_status_prefix, default=None, metavar="P",
+                    help="only the lanes of this key prefix, a non-empty one as the lanes "
+                         "were given (default: every prefix)")
+    form = sp.add_mutually_exclusive_group()
+    form.add_argument("--watch", action="store_true",
+                      help="refresh the table in place until interrupted")
+    form.add_argument("--json", action="store_true", help="print one JSON document")
+    sp.add_argument("--interval", type=_status_interval, default=None, metavar="S",
+                    help="seconds between refreshes, only with --watch (default 1.0; from "
+                         "0.1 to 3600)")
+    sp.set_defaults(usage_error=sp.error)
+
+
+def _status_prefix(text: str) -> str:
+    """``--prefix``: a prefix a Redis lane can have (non-empty, no ``{`` or ``}``): one
+    no lane can have would only show an empty table."""
+    from lanequeue.redis._args import check_prefix
+
+    try:
+        return check_prefix(text, "a lane prefix")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (omit --prefix for the lanes of every prefix)") from None
+
+
+def _status_interval(text: str) -> float:
+    """``--interval``: seconds from ``STATUS_MIN_INTERVAL_S`` to ``STATUS_MAX_INTERVAL_S``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not STATUS_MIN_INTERVAL_S <= value <= STATUS_MAX_INTERVAL_S:  # (NaN fails too)
+        raise argparse.ArgumentTypeError(
+            f"must be from {STATUS_MIN_INTERVAL_S:g} to {STATUS_MAX_INTERVAL_S:g} seconds, "
+            f"got {text}")
+    return value
+
+
+def _status_usage(args: argparse.Namespace) -> str | None:
+    """What no single option's check sees: ``--interval`` given without ``--watch``
+    (nothing would use it)."""
+    if args.interval is not None and not args.watch:
+        return "argument --interval: only with --watch (the seconds between its redraws)"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -693,6 +742,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "status":
         from lanequeue.redis._status import run_status
 
+        refused = _status_usage(args)
+        if refused:
+            args.usage_error(refused)  # exits with status 2, after the usage line
+        if args.interval is None:
+            args.interval = STATUS_DEFAULT_INTERVAL_S
         return run_status(args, sys.stdout, sys.stderr)
     parser.print_help(sys.stderr)
     return 2

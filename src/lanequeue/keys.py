@@ -1,20 +1,26 @@
 """Session-key builders: one conversation, one key.
 
-Every part is normalised the same way: stripped, lower-cased, and each character that is
-not a letter, a combining mark or a digit (Unicode categories L, M, N, so ``"Иван"``,
-``"张三"`` and ``"é"`` are kept) nor ``_`` turned into ``_``; parts are joined with ``:``.
-Normalising keeps keys stable across the spellings a platform hands out (``"C12345"`` vs
-``"c12345"``, Slack's ``"1234567890.123456"`` thread stamps) and keeps ``:`` free as the
-separator.
+Every part is normalised the same way: first to Unicode NFC (so ``"é"`` typed as one
+character, U+00E9, and as ``"e"`` plus a combining accent, ``"e\u0301"``, give one key),
+then stripped, lower-cased, and each character that is not a letter, a combining mark or a
+digit (Unicode categories L, M, N, so ``"Иван"``, ``"张三"`` and ``"é"`` are kept) nor
+``_`` turned into ``_``; parts are joined with ``:``. Normalising keeps keys stable across
+the spellings a platform hands out (``"C12345"`` vs ``"c12345"``, Slack's
+``"1234567890.123456"`` thread stamps, one text in either Unicode form) and keeps ``:``
+free as the separator.
+
+Only the builders normalise: a key passed to a lane directly is used as it is, its plain
+string value (``"e\u0301"`` and ``"\u00e9"`` are two keys of a lane, on every face).
 
 Normalising is lossy in case and in every character that is not a letter, mark or digit:
 ids that differ only in case or in such characters (``"U:1"`` and ``"U_1"``, ``"a b"`` and
 ``"a-b"``, two different emoji) give the same key, so those conversations are serialised
 together (safe, but not parallel). If a platform's ids differ that way, hash them into the
-part first. Two ids that differ in a letter or digit (other than by case) always give
-different keys. What is a letter is what the running Python's Unicode tables say
-(``unicodedata``): a letter newer than them counts as not a letter, so hosts on different
-Python versions sharing one Redis may build different keys for such ids.
+part first. Two ids that differ in a letter or digit (other than by case, or by the
+Unicode form of the same text) always give different keys. What is a letter is what the
+running Python's Unicode tables say (``unicodedata``): a letter newer than them counts as
+not a letter, so hosts on different Python versions sharing one Redis may build different
+keys for such ids.
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ def _keep(ch: str) -> str:
 
 
 def normalize_key_part(part: str, name: str = "part") -> str:
-    """Strip, lower-case and replace each character that is not a Unicode letter, mark or
-    digit (categories L, M, N) nor ``_`` by ``_``.
+    """Normalise to Unicode NFC, then strip, lower-case and replace each character that
+    is not a Unicode letter, mark or digit (categories L, M, N) nor ``_`` by ``_``.
 
     Raises TypeError (naming ``name``) if ``part`` is not a ``str``.
 
@@ -45,10 +51,12 @@ def normalize_key_part(part: str, name: str = "part") -> str:
     '1234567890_123456'
     >>> normalize_key_part("Иван Петров")
     'иван_петров'
+    >>> normalize_key_part("Ce\u0301line") == normalize_key_part("C\u00e9line") == "c\u00e9line"
+    True
     """
     if not isinstance(part, str):
         raise TypeError(f"{name} must be a str, not {type(part).__name__}")
-    return "".join(map(_keep, part.strip().lower()))
+    return "".join(map(_keep, unicodedata.normalize("NFC", part).strip().lower()))
 
 
 def _required(part: str, name: str) -> str:

@@ -385,7 +385,11 @@ class Lane(_ThreadFace, CountingKind):
             default 30.0), on ``clock``.
 
     Raises:
-        TypeError/ValueError: for a bad argument, naming it and the class.
+        TypeError: an argument of the wrong type (``None``, a ``str`` or a ``bool``
+            where a number is expected; ``ageing_s=None`` too), naming it and the class.
+        ValueError: a value of the right type out of range (``max_concurrent=0``,
+            ``ageing_s=0``), naming it and the class. Built by ``LaneQueue.add_lane()``,
+            the errors name that call instead.
 
     Thread-safe, and safe against KeyboardInterrupt at any instant (see README,
     Guarantees). In a child made by ``os.fork()`` the lane starts empty.
@@ -441,7 +445,9 @@ class SessionLane(_ThreadFace, SessionKind):
     until its timeout (use one hold per request).
 
     Raises:
-        TypeError/ValueError: for a bad argument, naming it and the class.
+        TypeError/ValueError: for a bad argument (TypeError for a wrong type, ValueError
+            for a value out of range), naming it and the class (built by
+            ``LaneQueue.add_session_lane()``: that call).
 
     Thread-safe, and safe against KeyboardInterrupt at any instant (see README,
     Guarantees). In a child made by ``os.fork()`` the lane starts empty: no holder, no

@@ -78,17 +78,18 @@ _WAIT_HELP = ("Wait of each acquisition in seconds (0 for an immediate grant); r
 _HOLD_HELP = "Hold times in seconds, observed at release."
 
 
-def lane_sources(target: Any) -> list[Any]:
+def lane_sources(target: Any, name: str = "target") -> list[Any]:
     """The lanes behind ``target``: ``[target]`` for a lane, every lane with
     ``metrics_snapshot`` for a queue (in registration order). Raises TypeError for
-    anything else."""
+    anything else, naming ``name`` (an exporter passes its call and argument:
+    ``"PrometheusCollector() argument 'target'"``)."""
     if isinstance(target, MetricsSource):
         return [target]
     lanes = getattr(target, "list_lanes", None)
     if callable(lanes):
         return [lane for lane in (target[n] for n in lanes()) if isinstance(lane, MetricsSource)]
     raise TypeError(
-        f"target must be a lane or a queue of lanes, not {type(target).__name__}"
+        f"{name} must be a lane or a queue of lanes, not {type(target).__name__}"
     )
 
 
@@ -167,13 +168,15 @@ class PrometheusCollector:
     def __init__(self, target: Any, *, registry: Any = None, hold_times: bool = True) -> None:
         from prometheus_client import REGISTRY
 
+        where = f"{type(self).__name__}() argument"
         self._target = target
-        self._hold_times = check_bool(hold_times, "hold_times")
-        lanes = lane_sources(target)  # (TypeError for a target of another kind)
+        self._hold_times = check_bool(hold_times, f"{where} 'hold_times'")
+        # (TypeError for a target of another kind)
+        lanes = lane_sources(target, f"{where} 'target'")
         if registry is not None and not (callable(getattr(registry, "register", None))
                                          and callable(getattr(registry, "unregister", None))):
             raise TypeError(
-                f"registry must be a prometheus_client CollectorRegistry or None, "
+                f"{where} 'registry' must be a prometheus_client CollectorRegistry or None, "
                 f"not {type(registry).__name__}")
         self._registry = REGISTRY if registry is None else registry
         self._registry.register(self)  # refused: nothing turned on
@@ -268,8 +271,8 @@ def instrument_otel(
     from opentelemetry import metrics as otel
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    check_bool(hold_times, "hold_times")
-    for lane in lane_sources(target):
+    check_bool(hold_times, "instrument_otel() argument 'hold_times'")
+    for lane in lane_sources(target, "instrument_otel() argument 'target'"):
         if hold_times:
             lane.track_holds()
     provider = otel.get_meter_provider() if meter_provider is None else meter_provider

@@ -41,7 +41,14 @@ from ._kinds import (
 )
 from ._obs import StuckHold
 from ._ops import LaneOps, check_ops_arguments, poll_idle
-from ._validate import check_bool, check_key, check_priority, check_timeout, own_signatures
+from ._validate import (
+    check_bool,
+    check_key,
+    check_priority,
+    check_timeout,
+    made_by,
+    own_signatures,
+)
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
 
@@ -346,12 +353,14 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
             hold = _send(steps, _caught(hold.release))
 
 
-def _check_backend(backend: object, maker: str) -> None:
-    """TypeError naming ``backend`` unless it can make lanes (a :class:`LaneBackend`)."""
+def _check_backend(backend: object, maker: str, call: str) -> None:
+    """TypeError naming ``call``'s argument ``backend`` unless it can make lanes (a
+    :class:`LaneBackend`)."""
     if not callable(getattr(backend, maker, None)):
         raise TypeError(
-            f"backend must be a lane backend (such as lanequeue.redis.RedisBackend) with "
-            f"a {maker}() method, or None, not {type(backend).__name__}"
+            f"{call} argument 'backend' must be a lane backend (such as "
+            f"lanequeue.redis.RedisBackend) with a {maker}() method, or None, not "
+            f"{type(backend).__name__}"
         )
 
 
@@ -440,23 +449,27 @@ class QueueBase(Generic[L, CL, SL]):
                 ``lane(name, max_concurrent=..., timeout_s=...)`` makes it.
 
         Raises:
-            ValueError: the name is taken; ``clock`` given with a backend.
-            TypeError: ``backend`` is not a lane backend; the backend's lane belongs to
-                the other face (threads vs asyncio); and the lane's own errors for bad
-                arguments.
+            ValueError: the name is empty or taken; ``clock`` given with a backend.
+            TypeError: the name is not a ``str``; ``backend`` is not a lane backend; the
+                backend's lane belongs to the other face (threads vs asyncio).
+            TypeError/ValueError: the lane's own errors for bad arguments. Every argument
+                error names this call and the argument
+                (``LaneQueue.add_lane() argument 'max_concurrent' must be >= 1, got 0``),
+                with or without a backend, not the lane class it makes.
         """
-        if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
-        if backend is None:
-            return self.add(self._counting(
-                name, max_concurrent=max_concurrent, timeout_s=timeout_s,
-                clock=time.monotonic if clock is None else clock,
-                **self._ops,
-            ))
-        self._no_clock(clock)
-        _check_backend(backend, "lane")
-        lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s,
-                            **self._ops)
+        call = f"{type(self).__name__}.add_lane()"
+        name = self._new_name(name, call)
+        with made_by(call):  # the lane's own argument errors name this call
+            if backend is None:
+                return self.add(self._counting(
+                    name, max_concurrent=max_concurrent, timeout_s=timeout_s,
+                    clock=time.monotonic if clock is None else clock,
+                    **self._ops,
+                ))
+            self._no_clock(clock, call)
+            _check_backend(backend, "lane", call)
+            lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s,
+                                **self._ops)
         return self.add(cast(L, lane))  # add() checks the face
 
     @overload
@@ -504,30 +517,44 @@ class QueueBase(Generic[L, CL, SL]):
                 makes it.
 
         Raises:
-            ValueError: the name is taken; ``clock`` given with a backend.
-            TypeError: ``backend`` is not a lane backend; the backend's lane belongs to
-                the other face; and the lane's own errors for bad arguments.
+            ValueError: the name is empty or taken; ``clock`` given with a backend.
+            TypeError: the name is not a ``str``; ``backend`` is not a lane backend; the
+                backend's lane belongs to the other face.
+            TypeError/ValueError: the lane's own errors for bad arguments, naming this
+                call and the argument (``LaneQueue.add_session_lane() argument
+                'max_sessions' ...``), as ``add_lane`` does.
         """
-        if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
-        if backend is None:
-            return self.add(self._session(
+        call = f"{type(self).__name__}.add_session_lane()"
+        name = self._new_name(name, call)
+        with made_by(call):  # the lane's own argument errors name this call
+            if backend is None:
+                return self.add(self._session(
+                    name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
+                    timeout_s=timeout_s, clock=time.monotonic if clock is None else clock,
+                    **self._ops,
+                ))
+            self._no_clock(clock, call)
+            _check_backend(backend, "session_lane", call)
+            lane = backend.session_lane(
                 name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
-                timeout_s=timeout_s, clock=time.monotonic if clock is None else clock,
-                **self._ops,
-            ))
-        self._no_clock(clock)
-        _check_backend(backend, "session_lane")
-        lane = backend.session_lane(
-            name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s, timeout_s=timeout_s,
-            **self._ops,
-        )
+                timeout_s=timeout_s, **self._ops,
+            )
         return self.add(cast(L, lane))  # add() checks the face
 
+    def _new_name(self, name: object, call: str) -> str:
+        """``name`` for a new lane of this queue, as a plain ``str``: TypeError/ValueError
+        naming ``call``'s argument if it is not a non-empty ``str`` or is taken."""
+        checked = check_key(name, f"{call} argument 'name'")
+        if checked in self._lanes:
+            raise ValueError(
+                f"{call} argument 'name': a lane named {checked!r} is already registered")
+        return checked
+
     @staticmethod
-    def _no_clock(clock: Clock | None) -> None:
+    def _no_clock(clock: Clock | None, call: str) -> None:
         if clock is not None:
-            raise ValueError("clock applies to in-process lanes only, not with a backend")
+            raise ValueError(f"{call} argument 'clock' applies to in-process lanes only, "
+                             "not with a backend")
 
     def add(self, lane: T) -> T:
         """Register ``lane`` under its ``name``; lanes are taken in registration order.

@@ -64,7 +64,10 @@ class Dispatcher(DispatcherBase):
     ValueError); ``max_wait_s`` and ``dedupe_ttl_s`` take None or ``math.inf`` for no
     bound (negative, NaN: ValueError); ``ageing_s`` is a finite number > 0, or None.
 
-    Raises TypeError/ValueError for a bad argument (naming it); for ``lanes``, the
+    Raises TypeError/ValueError for a bad argument, naming the call and the argument
+    (``Dispatcher() argument 'ageing_s' must be ...``; ``ThreadDispatcher()`` on threads;
+    not a number, ``None`` for a duration that has no "no limit" meaning: TypeError); for
+    ``lanes``, the
     queue's own check of lane names (``acquire_all``'s): KeyError for an unknown lane,
     ValueError for a lane named twice or none, TypeError for a name not a ``str``.
 
@@ -105,8 +108,9 @@ class Dispatcher(DispatcherBase):
         from ..aio import AsyncLaneQueue
 
         if not isinstance(queue, AsyncLaneQueue):
-            raise TypeError("Dispatcher runs on asyncio: its queue must be an AsyncLaneQueue "
-                            f"(ThreadDispatcher takes a LaneQueue), not {queue!r}")
+            raise TypeError(f"{type(self).__name__}() argument 'queue' must be an "
+                            "AsyncLaneQueue (Dispatcher runs on asyncio; ThreadDispatcher "
+                            f"takes a LaneQueue), not {queue!r}")
         super().__init__(queue, lanes=lanes, busy=busy, max_pending=max_pending,
                          overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
                          dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,

@@ -95,36 +95,39 @@ class DispatcherBase:
         dedupe_redis: Any = None,
         dedupe_prefix: str = "lanequeue",
     ) -> None:
+        where = f"{type(self).__name__}() argument"  # every error below names the call
         if not callable(getattr(queue, "acquire_all", None)):
-            raise TypeError(f"queue must be a lane queue with acquire_all(), not {queue!r}")
+            raise TypeError(f"{where} 'queue' must be a lane queue with acquire_all(), "
+                            f"not {queue!r}")
         if isinstance(lanes, (str, bytes)) or not isinstance(lanes, Sequence):
-            raise TypeError(f"lanes must be a sequence of lane names, not {lanes!r}")
+            raise TypeError(f"{where} 'lanes' must be a sequence of lane names, not {lanes!r}")
         names = tuple(lanes)
         try:  # the queue's own check of lane names (acquire_all's): what it would refuse
             queue._plan(names)
         except KeyError as exc:
-            raise KeyError(f"lanes: {exc.args[0]}") from None
+            raise KeyError(f"{where} 'lanes': {exc.args[0]}") from None
         except (TypeError, ValueError) as exc:
-            raise type(exc)(f"lanes: {exc}") from None
+            raise type(exc)(f"{where} 'lanes': {exc}") from None
         objs = [queue[n] for n in names]
         # Every argument of the dispatcher is checked here, once, for both faces.
-        busy = check_busy(busy, "busy")
-        max_pending = check_int(max_pending, "max_pending", 0)
+        busy = check_busy(busy, f"{where} 'busy'")
+        max_pending = check_int(max_pending, f"{where} 'max_pending'", 0)
         if not isinstance(overflow, str):
-            raise TypeError(f"overflow must be a str, not {type(overflow).__name__}")
+            raise TypeError(f"{where} 'overflow' must be a str, not {type(overflow).__name__}")
         if overflow not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+            raise ValueError(f"{where} 'overflow' must be one of {OVERFLOW_POLICIES}, got "
+                             f"{overflow!r}")
         if on_drop is not None and not callable(on_drop):
-            raise TypeError(f"on_drop must be callable or None, not {on_drop!r}")
+            raise TypeError(f"{where} 'on_drop' must be callable or None, not {on_drop!r}")
         # None, inf (or TIMEOUT_MAX and more): ids are remembered until dedupe_max pushes
         # them out.
-        ttl_s = check_timeout(dedupe_ttl_s, "dedupe_ttl_s")
-        dedupe_max = check_int(dedupe_max, "dedupe_max", 0)
+        ttl_s = check_timeout(dedupe_ttl_s, f"{where} 'dedupe_ttl_s'")
+        dedupe_max = check_int(dedupe_max, f"{where} 'dedupe_max'", 0)
         # A window must close: finite, and short enough for a timer.
-        debounce = check_seconds(debounce_s, "debounce_s", limit=TIMEOUT_MAX)
-        max_wait = check_timeout(max_wait_s, "max_wait_s")  # None, inf: no bound
-        ageing = None if ageing_s is None else check_ageing(ageing_s, "ageing_s")
-        check_key(dedupe_prefix, "dedupe_prefix")  # (used with dedupe_redis)
+        debounce = check_seconds(debounce_s, f"{where} 'debounce_s'", limit=TIMEOUT_MAX)
+        max_wait = check_timeout(max_wait_s, f"{where} 'max_wait_s'")  # None, inf: no bound
+        ageing = None if ageing_s is None else check_ageing(ageing_s, f"{where} 'ageing_s'")
+        check_key(dedupe_prefix, f"{where} 'dedupe_prefix'")  # (used with dedupe_redis)
         self._queue = queue
         self._lanes = names
         self._lane_objs = objs
@@ -139,8 +142,9 @@ class DispatcherBase:
             from ._redis import RedisDedupeWindow
 
             if not ttl_s:
-                raise ValueError("a shared dedupe window needs a finite dedupe_ttl_s > 0")
-            window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl_s)
+                raise ValueError(f"{where} 'dedupe_ttl_s' must be finite and > 0 with "
+                                 "dedupe_redis (a shared dedupe window)")
+            window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl_s, where)
         self._machine = Machine(
             self,
             slots=slots,

@@ -36,16 +36,19 @@ return 0
 class RedisDedupeWindow:
     """One dispatcher's view of the shared window (thread-safe: redis-py clients are)."""
 
-    def __init__(self, client: Any, prefix: str, ttl_s: float) -> None:
+    def __init__(self, client: Any, prefix: str, ttl_s: float,
+                 where: str = "argument") -> None:
+        # ``where`` starts each error: the dispatcher's "Dispatcher() argument".
         if not callable(getattr(client, "set", None)) or not callable(
                 getattr(client, "eval", None)):
-            raise TypeError(f"dedupe_redis must be a redis.Redis client, not {client!r}")
+            raise TypeError(f"{where} 'dedupe_redis' must be a redis.Redis client, not "
+                            f"{client!r}")
         if getattr(client, "connection_pool", None) is not None and callable(
                 getattr(client, "aclose", None)):
-            raise TypeError("dedupe_redis must be a synchronous redis.Redis client "
-                            "(submit is a plain call), not a redis.asyncio client")
+            raise TypeError(f"{where} 'dedupe_redis' must be a synchronous redis.Redis "
+                            "client (submit is a plain call), not a redis.asyncio client")
         self.client = client
-        self.prefix = check_key(prefix, "dedupe_prefix")
+        self.prefix = check_key(prefix, f"{where} 'dedupe_prefix'")
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.owner = uuid.uuid4().hex
 

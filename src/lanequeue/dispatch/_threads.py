@@ -178,14 +178,16 @@ class ThreadDispatcher(DispatcherBase):
     ) -> None:
         from ..queue import LaneQueue
 
+        where = f"{type(self).__name__}() argument"
         if not isinstance(queue, LaneQueue):
-            raise TypeError("ThreadDispatcher runs on threads: its queue must be a LaneQueue "
-                            f"(Dispatcher takes an AsyncLaneQueue), not {queue!r}")
+            raise TypeError(f"{where} 'queue' must be a LaneQueue (ThreadDispatcher runs on "
+                            f"threads; Dispatcher takes an AsyncLaneQueue), not {queue!r}")
         if not callable(clock):
-            raise TypeError(f"clock must be a callable returning seconds, not {clock!r}")
+            raise TypeError(f"{where} 'clock' must be a callable returning seconds, not "
+                            f"{clock!r}")
         self._clock = clock
         if max_workers is not None:
-            check_int(max_workers, "max_workers", 1)
+            check_int(max_workers, f"{where} 'max_workers'", 1)
         super().__init__(queue, lanes=lanes, busy=busy, max_pending=max_pending,
                          overflow=overflow, on_drop=on_drop, dedupe_ttl_s=dedupe_ttl_s,
                          dedupe_max=dedupe_max, debounce_s=debounce_s, max_wait_s=max_wait_s,

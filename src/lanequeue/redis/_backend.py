@@ -14,6 +14,7 @@ from .._kinds import (
     DEFAULT_TIMEOUT_S,
 )
 from .._ops import DEFAULT_WARN_AFTER_S, OnWait
+from .._validate import made_by
 from ._args import check_callback, check_lease, check_prefix
 from ._async import AsyncRedisLane, AsyncRedisSessionLane
 from ._protocol import DEFAULT_LEASE_S, DEFAULT_PREFIX, OnLeaseLost
@@ -22,6 +23,7 @@ from ._sync import RedisLane, RedisSessionLane
 __all__ = ["RedisBackend"]
 
 _ASYNC_CLIENTS: tuple[type[Any], ...] = (redis.asyncio.Redis, redis.asyncio.RedisCluster)
+_CLIENTS = RedisLane._client_types + AsyncRedisLane._client_types
 
 CountingLane = RedisLane | AsyncRedisLane
 SessionLane = RedisSessionLane | AsyncRedisSessionLane
@@ -42,7 +44,7 @@ class RedisBackend:
 
     Raises:
         TypeError/ValueError: for a bad argument, naming it (a client that is not
-            redis-py's is a TypeError when the first lane is made).
+            redis-py's is a TypeError naming ``client``).
 
     Example::
 
@@ -62,8 +64,14 @@ class RedisBackend:
         lease_s: float = DEFAULT_LEASE_S,
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
-        self.client = client
         where = f"{type(self).__name__}() argument"
+        if not isinstance(client, _CLIENTS):
+            raise TypeError(
+                f"{where} 'client' must be a redis-py client ({RedisLane._client_hint}; or "
+                f"{AsyncRedisLane._client_hint}), not "
+                f"{type(client).__module__}.{type(client).__name__}"
+            )
+        self.client = client
         self.prefix = check_prefix(prefix, f"{where} 'prefix'")
         self.lease_s = check_lease(lease_s, f"{where} 'lease_s'")
         self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
@@ -81,13 +89,16 @@ class RedisBackend:
         warn_hold_s: float | None = None,
     ) -> CountingLane:
         """A counting lane on this backend (``RedisLane`` or ``AsyncRedisLane``, by the
-        client), with the backend's prefix, lease and callback."""
+        client), with the backend's prefix, lease and callback. An argument error names
+        this call (``RedisBackend.lane() argument 'max_concurrent' ...``; through a
+        queue's ``add_lane(backend=...)``, that call)."""
         cls = AsyncRedisLane if self.face == "asyncio" else RedisLane
-        return cls(
-            self.client, name, max_concurrent=max_concurrent, timeout_s=timeout_s,
-            lease_s=self.lease_s, prefix=self.prefix, on_lease_lost=self.on_lease_lost,
-            warn_after_s=warn_after_s, on_wait=on_wait, warn_hold_s=warn_hold_s,
-        )
+        with made_by(f"{type(self).__name__}.lane()"):
+            return cls(
+                self.client, name, max_concurrent=max_concurrent, timeout_s=timeout_s,
+                lease_s=self.lease_s, prefix=self.prefix, on_lease_lost=self.on_lease_lost,
+                warn_after_s=warn_after_s, on_wait=on_wait, warn_hold_s=warn_hold_s,
+            )
 
     def session_lane(
         self,
@@ -102,15 +113,17 @@ class RedisBackend:
     ) -> SessionLane:
         """A per-key lane on this backend (``RedisSessionLane`` or
         ``AsyncRedisSessionLane``, by the client), with the backend's prefix, lease and
-        callback."""
+        callback. An argument error names this call (or the queue's
+        ``add_session_lane``), as :meth:`lane` does."""
         cls = AsyncRedisSessionLane if self.face == "asyncio" else RedisSessionLane
-        return cls(
-            self.client, name, max_sessions=max_sessions,
-            idle_timeout_s=math.inf if idle_timeout_s is None else idle_timeout_s,
-            timeout_s=timeout_s,
-            lease_s=self.lease_s, prefix=self.prefix, on_lease_lost=self.on_lease_lost,
-            warn_after_s=warn_after_s, on_wait=on_wait, warn_hold_s=warn_hold_s,
-        )
+        with made_by(f"{type(self).__name__}.session_lane()"):
+            return cls(
+                self.client, name, max_sessions=max_sessions,
+                idle_timeout_s=math.inf if idle_timeout_s is None else idle_timeout_s,
+                timeout_s=timeout_s,
+                lease_s=self.lease_s, prefix=self.prefix, on_lease_lost=self.on_lease_lost,
+                warn_after_s=warn_after_s, on_wait=on_wait, warn_hold_s=warn_hold_s,
+            )
 
     def __repr__(self) -> str:
         return (

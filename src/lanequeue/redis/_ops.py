@@ -23,6 +23,7 @@ from .._core import LaneStats
 from .._errors import LaneBackendError, LaneClearedError, LaneDrainingError
 from .._obs import HOLD_BUCKETS, WAIT_BUCKETS, Histogram, LaneMetrics
 from .._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
+from .._validate import argument_of
 from ._keys import plain_key
 from ._protocol import H, RedisLaneBase, Steps, log
 
@@ -59,7 +60,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         on_wait: OnWait | None = None,
         warn_hold_s: float | None = None,
     ) -> None:
-        self._ops_init(f"{type(self).__name__}() argument", warn_after_s, on_wait, warn_hold_s)
+        self._ops_init(argument_of(f"{type(self).__name__}()"), warn_after_s, on_wait, warn_hold_s)
         self._draining = False
         self._ops_waiters: dict[str, _Waiter] = {}
         # Per key, this object's acquisitions under way (the ``ahead`` of a newcomer).

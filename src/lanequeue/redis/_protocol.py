@@ -40,7 +40,7 @@ from .._core import LaneStats
 from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
 from .._kinds import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
 from .._ops import LaneOps
-from .._validate import check_count, check_timeout, own_signatures
+from .._validate import argument_of, check_count, check_timeout, own_signatures
 from . import _scripts as lua
 from ._args import (
     MAX_POLL_S,
@@ -157,7 +157,7 @@ class RedisLaneBase(ABC, Generic[H]):
         prefix: str = DEFAULT_PREFIX,
         on_lease_lost: OnLeaseLost | None = None,
     ) -> None:
-        where = f"{type(self).__name__}() argument"
+        where = argument_of(f"{type(self).__name__}()")
         self.name = check_name(name, f"{where} 'name'")
         self.timeout_s: float | None = check_timeout(timeout_s, f"{where} 'timeout_s'")
         self.lease_s = check_lease(lease_s, f"{where} 'lease_s'")

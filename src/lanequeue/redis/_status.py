@@ -276,9 +276,6 @@ class StatusReader:
         return doc
 
 
-MAX_INTERVAL_S = 3600.0
-"""The largest ``--interval`` (seconds) ``lanequeue status --watch`` takes."""
-
 
 def shown(value: str) -> str:
     """``value`` (a key, lane name or prefix read from Redis) as the table shows it: as
@@ -348,21 +345,16 @@ def _quiet_stdout(out: Any) -> None:
 
 
 def run_status(args: Any, out: Any, err: Any) -> int:
-    """``lanequeue status`` (see :mod:`lanequeue.cli`): 0 on success, 1 (quietly) when
-    the reader of the output went away (a closed pipe), 2 for bad arguments, a missing
-    rich, or a Redis that cannot be read; 130 when interrupted."""
+    """``lanequeue status`` (see :mod:`lanequeue.cli`) with ``args`` as its parser
+    checked them (``--interval`` in range, with ``--watch`` only; not ``--json`` with
+    ``--watch``): 0 on success, 1 (quietly) when the reader of the output went away (a
+    closed pipe), 2 for a bad ``--backend`` URL, a missing rich, or a Redis that cannot
+    be read; 130 when interrupted."""
     import json
     import time
 
     import redis
 
-    if args.json and args.watch:
-        print("lanequeue status: --json and --watch do not go together", file=err)
-        return 2
-    if not 0 < args.interval <= MAX_INTERVAL_S:
-        print(f"lanequeue status: --interval must be > 0 and <= {MAX_INTERVAL_S:g}",
-              file=err)
-        return 2
     if not args.json:
         try:
             import rich  # noqa: F401

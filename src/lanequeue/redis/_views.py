@@ -19,7 +19,7 @@ from .._kinds import (
 )
 from .._obs import LaneMetrics
 from .._ops import DEFAULT_WARN_AFTER_S, OnWait
-from .._validate import check_count, check_timeout
+from .._validate import argument_of, check_count, check_timeout
 from ._args import text
 from ._keys import plain_key
 from ._kinds import CountingKind, SessionKind
@@ -56,7 +56,7 @@ class SessionLaneBase(RedisOps[H]):
             prefix=prefix, on_lease_lost=on_lease_lost,
         )
         self._ops_setup(warn_after_s, on_wait, warn_hold_s)
-        where = f"{type(self).__name__}() argument"
+        where = argument_of(f"{type(self).__name__}()")
         self._max_sessions = check_count(max_sessions, f"{where} 'max_sessions'")
         idle = check_timeout(idle_timeout_s, f"{where} 'idle_timeout_s'")
         self._idle_timeout_s = math.inf if idle is None else idle
