@@ -17,6 +17,7 @@ from redis.cluster import RedisCluster
 from redis_server import RedisServer
 
 from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane, RedisSessionLane
+from lanequeue.redis._wake import FREEING_CALLS, MAX_CALLS
 
 
 @pytest.fixture
@@ -59,7 +60,11 @@ def test_c28_ten_thousand_waiters_share_a_handful_of_connections(server: RedisSe
     errors = [x for x in results if isinstance(x, BaseException)]
     assert errors == []
     assert results.count(True) >= 1  # the hand-offs went on while the rest waited
-    assert seen <= 12, seen
+    # The design's bound, whatever the load: the calls in flight (MAX_CALLS), the
+    # releases and withdrawals (FREEING_CALLS: timed-out waiters withdraw at once under
+    # load), the wake-up subscription, the presence connection and the client's own pool
+    # connection of the first-use checks. Not one per waiter.
+    assert seen <= MAX_CALLS + FREEING_CALLS + 3, seen
 
 
 def test_c28_counting_lane_many_waiters_no_pool_error(server: RedisServer) -> None:
