@@ -156,7 +156,9 @@ the hold's length only once an exporter turned hold times on (``hold_hist``: one
 append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
 releases and at read time; on a per-key lane the release reads the clock anyway, for
 the idle age, so hold times add no clock read there). Waits are
-observed by the faces' slow path (:meth:`_CoreBase.observe_wait`); immediate grants are
+observed by the faces' slow path (:meth:`_CoreBase.observe_wait`), or, for a face whose
+waiters' ``since`` is on the core's clock (``waits_at_grant``), by the hand-off that ends
+them (under the lock it holds anyway; the face observes the others); immediate grants are
 counted at read time. ``clear``/``drain`` end waits through the same grant machinery as a
 hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
 :data:`DRAINED`) instead of a permit, and its face raises the matching error.
@@ -320,6 +322,7 @@ class _CoreBase:
         "waited",
         "hold_hist",
         "per_key",
+        "waits_at_grant",
         "__weakref__",
     )
 
@@ -349,6 +352,11 @@ class _CoreBase:
         # waited (``waited``: the grants that parked), so the fast path pays nothing.
         self.wait_hist = Histogram(WAIT_BUCKETS)
         self.waited = 0
+        # Set by a face whose waiters' ``since`` is read on this core's clock: a hand-off
+        # then observes the wait it ends (``since`` to the grant), under the lock it holds
+        # anyway, and the face observes only the waits that end otherwise (see
+        # :meth:`_observe_grant`).
+        self.waits_at_grant = False
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
         # True on a SessionCore: a slot, so that the hot paths that serve both kinds
@@ -476,6 +484,22 @@ class _CoreBase:
                 lock.release()
             except RuntimeError:  # acquire was interrupted before it took the lock
                 pass
+
+    def _observe_grant(self, waiter: Waiter, now: float) -> bool:
+        """(lock held) A hand-off's part of observing the wait it ends at ``now``, when
+        ``waits_at_grant`` is set: one append of ``now - waiter.since`` (the core's
+        clock), before the hand-off's stores; its commit counts ``waited`` when this
+        returns True. False for a waiter no face parked (no ``since``): not observed.
+        An interrupt between the two may leave the wait observed twice (here, then when
+        it ends otherwise), as a hold time may be; a grant is never left uncounted."""
+        since = getattr(waiter, "since", None)
+        if since is None:
+            return False
+        hist = self.wait_hist
+        if len(hist) >= HELD_BATCH:
+            hist.fold()
+        hist.append(now - since)
+        return True
 
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
@@ -739,6 +763,8 @@ class SessionCore(_CoreBase):
                     held.append(now - entry.since)
                     if len(held) >= HELD_BATCH:
                         held.fold()
+                observe = (waiter is not None and self.waits_at_grant
+                           and self._observe_grant(waiter, now))
                 # -- commit: plain stores only, then one last call --
                 if dropped is not None:
                     del self._dropped[0]
@@ -764,6 +790,8 @@ class SessionCore(_CoreBase):
                 entry.since = now
                 if not line:
                     entry.line = None
+                if observe:
+                    self.waited += 1
                 waiter.wake()  # last: the grant is recorded whether or not this returns
                 return True
             if dropped is not None:
@@ -1392,10 +1420,12 @@ class CountingCore(_CoreBase):
                 # grew (made here, before the stores).
                 fresh: OrderedDict[Waiter, str] | None = None
                 now = 0.0
+                observe = False
                 if waiter is not None:
                     now = self._clock()
                     if len(line) == 1:
                         fresh = OrderedDict()
+                    observe = self.waits_at_grant and self._observe_grant(waiter, now)
                 # -- commit: plain stores only, then the wake-up --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1411,6 +1441,8 @@ class CountingCore(_CoreBase):
                 waiter.token = granted
                 if fresh is not None:
                     self._line = fresh
+                if observe:
+                    self.waited += 1
                 waiter.wake()  # last: the grant is recorded whether or not this returns
                 return True
             if dropped is not None:
@@ -1439,6 +1471,7 @@ class CountingCore(_CoreBase):
         wkey = table[waiter]
         now = self._clock()
         empty = in_heap and len(ranked) == 1
+        observe = self.waits_at_grant and self._observe_grant(waiter, now)
         # -- commit: plain stores only, then the wake-up --
         if dropped is not None:
             del self._dropped[0]
@@ -1451,6 +1484,8 @@ class CountingCore(_CoreBase):
         waiter.token = granted
         if empty:
             self._heap = []  # no live entry left: drop the dead ones at once
+        if observe:
+            self.waited += 1
         waiter.wake()  # last: the grant is recorded whether or not this returns
         return True
 

@@ -294,7 +294,10 @@ class _AsyncFace:
             # loop's own ``time``, as the timers use, when a loop class or the loop
             # object itself replaces it: a virtual clock set on the instance).
             stock = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
-            self._loop_clock = time.monotonic if stock else loop.time
+            self._loop_clock = clock = time.monotonic if stock else loop.time
+            # The waits' ``since`` on the core's own clock: its hand-offs observe the
+            # waits they end (see _park). Set while the lane is quiet (see _rebind).
+            self._core.waits_at_grant = clock is self._core._clock
         return loop
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -330,7 +333,9 @@ class _AsyncFace:
         limit). Returns the grant's token (at once if the permit is free by now), or 0
         if none came (counted as a timeout).
 
-        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. A
+        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends: by
+        the hand-off that grants it when the loop's clock is the core's (the stock loop
+        and lane clocks: ``waits_at_grant``, see :meth:`_bind_loop`), else here. A
         wait with a timeout pushes one deadline on the lane's :class:`_Deadlines` (no
         timer of its own): ``warn_after_s`` first when it is shorter, where the slow wait
         is logged and the real deadline pushed; a wait without a timeout is logged when
@@ -369,11 +374,12 @@ class _AsyncFace:
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
             token = waiter.token or core.withdraw(key, waiter, timed_out=True)
-            waited = clock() - start
-            self._core.observe_wait(waited, token > 0)
+            if token <= 0 or not self._core.waits_at_grant:  # else the hand-off did
+                self._core.observe_wait(clock() - start, token > 0)
             observed = True
             if ahead >= 0 and timeout is None:
                 warn = self.warn_after_s
+                waited = clock() - start
                 if warn is not None and waited >= warn:
                     self._slow_wait(key, waited, ahead)
             if token < 0:
@@ -385,7 +391,9 @@ class _AsyncFace:
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
-            if not observed:
+            # (A grant's wait was observed by its hand-off, with ``waits_at_grant``; a
+            # grant at once, in the take above, is no wait.)
+            if not observed and (token <= 0 or not self._core.waits_at_grant):
                 self._core.observe_wait(clock() - start, False)
             raise
 
