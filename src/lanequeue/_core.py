@@ -248,6 +248,7 @@ class Core(Protocol):
     """The contract both cores offer the faces (see the module docstring)."""
 
     name: str
+    seen_busy: bool  # a face's hint (see _CoreBase)
 
     def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int: ...
 
@@ -323,6 +324,7 @@ class _CoreBase:
         "hold_hist",
         "per_key",
         "waits_at_grant",
+        "seen_busy",
         "__weakref__",
     )
 
@@ -357,6 +359,9 @@ class _CoreBase:
         # anyway, and the face observes only the waits that end otherwise (see
         # :meth:`_observe_grant`).
         self.waits_at_grant = False
+        # A hint kept by the asyncio face (no lock, no rule): a take found the lane busy
+        # lately, so its next acquire looks before taking (see aio._looks_busy).
+        self.seen_busy = False
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
         # True on a SessionCore: a slot, so that the hot paths that serve both kinds

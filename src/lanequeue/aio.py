@@ -95,15 +95,23 @@ class _TaskWaiter(Waiter):
 
 def _looks_busy(core: Any, key: str) -> bool:
     """True if ``key`` looks busy on ``core`` (its holder on a per-key lane, every permit
-    held on a counting lane): read without the core's lock, so it may be stale. A face
-    that sees a busy key goes straight to :meth:`_AsyncFace._park` (one take, with the
-    waiter, instead of a take that fails and then that one); a stale answer only picks
-    the slower of two correct paths, as ``_park`` grants a permit that is free by then,
-    and a take without a waiter queues nobody."""
+    held on a counting lane): read without the core's lock, so it may be stale. When
+    it looks free, the core's ``seen_busy`` hint is cleared.
+
+    Asked only while ``core.seen_busy`` is set (the face sets it when a take finds the
+    lane busy), so an uncontended lane never pays for it. A face that sees a busy key
+    goes straight to :meth:`_AsyncFace._park` (one take, with the waiter, instead of a
+    take that fails and then that one); a stale answer only picks the slower of two
+    correct paths, as ``_park`` grants a permit that is free by then, and a take
+    without a waiter queues nobody."""
     if core.per_key:
         entry = core._entries.get(key)
-        return entry is not None and entry.token != 0
-    return len(core._holds) >= core.capacity  # type: ignore[no-any-return]
+        busy = entry is not None and entry.token != 0
+    else:
+        busy = len(core._holds) >= core.capacity
+    if not busy:
+        core.seen_busy = False
+    return busy
 
 
 # What a deadline of the heap does when it comes: log the slow wait (then push the wait's
@@ -196,17 +204,15 @@ class AsyncHold(Hold):
         if fast is None or fast._thread_id != get_ident():
             lane._bind_loop()
         core = lane._core
-        if timeout != 0 and (  # _looks_busy(core, key), without its frame
-            (entry := core._entries.get(key)) is not None and entry.token != 0
-            if core.per_key else len(core._holds) >= core.capacity
-        ):
-            token = await lane._park(key, timeout, self._priority)
-        else:
-            token = core.take(key, timeout != 0)
-            if not token and timeout != 0:
-                token = await lane._park(key, timeout, self._priority)
+        # (a busy look goes straight to the line: see _looks_busy)
+        token = 0 if core.seen_busy and timeout != 0 and _looks_busy(core, key) else (
+            core.take(key, timeout != 0))
         if not token:
-            raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
+            if timeout != 0:
+                core.seen_busy = True
+                token = await lane._park(key, timeout, self._priority)
+            if not token:
+                raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
         return self
 
@@ -724,8 +730,11 @@ class _AsyncMultiAcquire(MultiHold):
             deadline: float | None = None
             try:
                 for core in cores:
-                    got = 0 if _looks_busy(core, key) else core.take(key, True)
+                    # (a busy look goes straight to the line: see _looks_busy)
+                    got = 0 if core.seen_busy and _looks_busy(core, key) else core.take(
+                        key, True)
                     if not got:
+                        core.seen_busy = True
                         lane: Any = plan.steps[len(taken)][0]  # an _AsyncFace
                         remaining = None
                         if budget is not None:
