@@ -228,7 +228,8 @@ class Waiter:
     __slots__ = ("token", "left", "wake", "since", "rank")
 
     wake: Callable[[], object]
-    # ``since``: when the face parked it (the face's clock); unset until then.
+    # ``since``: when the face parked it (the face's clock); unset until then (set
+    # before it joins a line whose core has ``waits_at_grant``).
     since: float
     # ``rank``: set by a counting core when the waiter joins its FIFO line, as
     # ``(join time, join number)`` (see CountingCore, "Priority"); unset until then.
@@ -354,10 +355,12 @@ class _CoreBase:
         # waited (``waited``: the grants that parked), so the fast path pays nothing.
         self.wait_hist = Histogram(WAIT_BUCKETS)
         self.waited = 0
-        # Set by a face whose waiters' ``since`` is read on this core's clock: a hand-off
-        # then observes the wait it ends (``since`` to the grant), under the lock it holds
-        # anyway, and the face observes only the waits that end otherwise (see
-        # :meth:`_observe_grant`).
+        # Set by a face whose waiters' ``since`` is read on this core's clock, and set
+        # before they join the line: a hand-off then observes the wait it ends (one
+        # append of ``now - since``, under the lock it holds anyway, before its stores;
+        # its commit counts ``waited``), and the face observes only the waits that end
+        # otherwise. An interrupt between the append and the commit may leave a wait
+        # observed twice, as a hold time may be; a grant is never left uncounted.
         self.waits_at_grant = False
         # A hint kept by the asyncio face (no lock, no rule): a take found the lane busy
         # lately, so its next acquire looks before taking (see aio._looks_busy).
@@ -489,22 +492,6 @@ class _CoreBase:
                 lock.release()
             except RuntimeError:  # acquire was interrupted before it took the lock
                 pass
-
-    def _observe_grant(self, waiter: Waiter, now: float) -> bool:
-        """(lock held) A hand-off's part of observing the wait it ends at ``now``, when
-        ``waits_at_grant`` is set: one append of ``now - waiter.since`` (the core's
-        clock), before the hand-off's stores; its commit counts ``waited`` when this
-        returns True. False for a waiter no face parked (no ``since``): not observed.
-        An interrupt between the two may leave the wait observed twice (here, then when
-        it ends otherwise), as a hold time may be; a grant is never left uncounted."""
-        since = getattr(waiter, "since", None)
-        if since is None:
-            return False
-        hist = self.wait_hist
-        if len(hist) >= HELD_BATCH:
-            hist.fold()
-        hist.append(now - since)
-        return True
 
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
@@ -768,8 +755,15 @@ class SessionCore(_CoreBase):
                     held.append(now - entry.since)
                     if len(held) >= HELD_BATCH:
                         held.fold()
-                observe = (waiter is not None and self.waits_at_grant
-                           and self._observe_grant(waiter, now))
+                observe = False
+                if waiter is not None and self.waits_at_grant:
+                    # The wait this hand-off ends: one append, as hold times (see
+                    # ``waits_at_grant``); its commit counts ``waited``.
+                    observe = True
+                    waits = self.wait_hist
+                    waits.append(now - waiter.since)
+                    if len(waits) >= HELD_BATCH:
+                        waits.fold()
                 # -- commit: plain stores only, then one last call --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1430,7 +1424,12 @@ class CountingCore(_CoreBase):
                     now = self._clock()
                     if len(line) == 1:
                         fresh = OrderedDict()
-                    observe = self.waits_at_grant and self._observe_grant(waiter, now)
+                    observe = self.waits_at_grant
+                    if observe:  # the wait it ends (as in SessionCore.release)
+                        waits = self.wait_hist
+                        waits.append(now - waiter.since)
+                        if len(waits) >= HELD_BATCH:
+                            waits.fold()
                 # -- commit: plain stores only, then the wake-up --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1476,7 +1475,12 @@ class CountingCore(_CoreBase):
         wkey = table[waiter]
         now = self._clock()
         empty = in_heap and len(ranked) == 1
-        observe = self.waits_at_grant and self._observe_grant(waiter, now)
+        observe = self.waits_at_grant
+        if observe:  # the wait it ends (as in SessionCore.release)
+            waits = self.wait_hist
+            waits.append(now - waiter.since)
+            if len(waits) >= HELD_BATCH:
+                waits.fold()
         # -- commit: plain stores only, then the wake-up --
         if dropped is not None:
             del self._dropped[0]

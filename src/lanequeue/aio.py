@@ -80,12 +80,14 @@ class _TaskWaiter(Waiter):
     fut: asyncio.Future[None]
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
-        # (The face's _park makes its waiters with these same stores, without this frame.)
+        # (The face's _park makes its waiters with these same stores, without this frame,
+        # and ``since`` on the lane's clock.)
         self.token = 0
         self.left = False
         self.fut = fut
         # The grant sets the token first, then resolves the future (builtins only).
         self.wake = partial(fut.set_result, None)
+        self.since = fut.get_loop().time()  # parked now (see Waiter.since)
 
     def ready(self) -> bool:
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
