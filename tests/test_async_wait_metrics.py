@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from conftest import FakeClock, FakeClockLoop
 
-from lanequeue import AsyncLane, AsyncSessionLane, LaneTimeoutError, aio
+from lanequeue import AsyncLane, AsyncSessionLane, LaneDrainingError, LaneTimeoutError, aio
 
 KINDS = ["session", "counting", "counting+priority"]
 
@@ -253,5 +253,27 @@ def test_a_stale_busy_look_still_takes_a_free_key_at_once(
         assert (st.acquired, st.released, st.waiters) == (1, 1, 0)
         [m] = lane.metrics_snapshot()
         assert core.waited == 0 and m.wait.count == 1  # an immediate grant
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_a_draining_lane_refuses_a_busy_key_without_counting_a_wait(kind: str) -> None:
+    """With the hint set and the key busy, an acquire on a draining lane is refused as
+    on an idle one: LaneDrainingError, nothing cancelled, no wait observed."""
+    loop = FakeClockLoop()
+    try:
+        lane = _lane(kind, FakeClock())
+        core = lane._core
+        _hold_now(loop, lane)
+        core.seen_busy = True
+        loop.run_until_complete(lane.drain(0))  # holders stay; new acquires are refused
+        with pytest.raises(LaneDrainingError):
+            loop.run_until_complete(_enter_and_leave(lane))
+        st = core.stats()
+        assert (st.acquired, st.cancelled, st.timeouts, st.waiters) == (1, 0, 0, 0)
+        [m] = lane.metrics_snapshot()
+        assert m.wait.count == 1  # the holder's immediate grant only
     finally:
         loop.shutdown()

@@ -105,7 +105,10 @@ def _looks_busy(core: Any, key: str) -> bool:
     goes straight to :meth:`_AsyncFace._park` (one take, with the waiter, instead of a
     take that fails and then that one); a stale answer only picks the slower of two
     correct paths, as ``_park`` grants a permit that is free by then, and a take
-    without a waiter queues nobody."""
+    without a waiter queues nobody. A draining lane never looks busy: its take refuses
+    at once (LaneDrainingError), with no waiter made, so no wait is counted."""
+    if core.draining:
+        return False
     if core.per_key:
         entry = core._entries.get(key)
         busy = entry is not None and entry.token != 0
