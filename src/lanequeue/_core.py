@@ -99,8 +99,9 @@ section below:
   is ``ready()``, looking things up with calls), and only then changes state, with plain
   stores only. An interrupt before the first store changes nothing; after the stores
   there is nothing left to interrupt. The one call allowed after the stores is the
-  step's last action, a builtin: the waiter's ``wake()`` (``Lock.release`` for a thread;
-  for a task, its future's ``set_result``, which also runs the loop's ``call_soon``) or
+  step's last action, a builtin: the waiter's ``wake(None)`` (``Lock.__exit__``, which
+  releases, for a thread; for a task, its future's ``set_result``, which also runs the
+  loop's ``call_soon``) or
   ``OrderedDict.move_to_end``. Its check comes after it is done, with the state already
   consistent. Loops that
   change state (eviction, dropping refused waiters, draining dropped holds) are made of
@@ -220,14 +221,15 @@ class Waiter:
     ``token`` is 0 while the waiter waits and becomes the granted token when a releaser
     hands it the permit. A grant asks :meth:`ready` first (a call, before any change),
     then records the grant with plain stores (``token`` included), and calls ``wake``
-    last. Both run with the core's lock held: they must not block and must not call back
-    into the core. ``wake`` should be a builtin (such as a lock's ``release``): a call of
-    a Python function could be interrupted before it woke anyone.
+    last, as ``wake(None)``. Both run with the core's lock held: they must not block and
+    must not call back into the core. ``wake`` should be a builtin taking that one
+    argument (a lock's ``__exit__``, which releases it; a future's ``set_result``): a
+    call of a Python function could be interrupted before it woke anyone.
     """
 
     __slots__ = ("token", "left", "wake", "since", "rank")
 
-    wake: Callable[[], object]
+    wake: Callable[[None], object]
     # ``since``: when the face parked it (the face's clock); unset until then (set
     # before it joins a line whose core has ``waits_at_grant``).
     since: float
@@ -523,7 +525,7 @@ class _CoreBase:
                     waiter.token = outcome
                     self.cancelled += 1
                     n += 1
-                    waiter.wake()
+                    waiter.wake(None)
         return n
 
     def oldest_wait_since(self) -> float | None:
@@ -791,7 +793,7 @@ class SessionCore(_CoreBase):
                     entry.line = None
                 if observe:
                     self.waited += 1
-                waiter.wake()  # last: the grant is recorded whether or not this returns
+                waiter.wake(None)  # last: the grant is recorded whether or not this returns
                 return True
             if dropped is not None:
                 del self._dropped[0]
@@ -1447,7 +1449,7 @@ class CountingCore(_CoreBase):
                     self._line = fresh
                 if observe:
                     self.waited += 1
-                waiter.wake()  # last: the grant is recorded whether or not this returns
+                waiter.wake(None)  # last: the grant is recorded whether or not this returns
                 return True
             if dropped is not None:
                 del self._dropped[0]
@@ -1495,7 +1497,7 @@ class CountingCore(_CoreBase):
             self._heap = []  # no live entry left: drop the dead ones at once
         if observe:
             self.waited += 1
-        waiter.wake()  # last: the grant is recorded whether or not this returns
+        waiter.wake(None)  # last: the grant is recorded whether or not this returns
         return True
 
     def _line_of(self, key: str, waiter: Waiter) -> dict[Waiter, str] | None:

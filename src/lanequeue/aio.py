@@ -38,7 +38,6 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from functools import partial
 from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal, cast
@@ -85,8 +84,9 @@ class _TaskWaiter(Waiter):
         self.token = 0
         self.left = False
         self.fut = fut
-        # The grant sets the token first, then resolves the future (builtins only).
-        self.wake = partial(fut.set_result, None)
+        # The grant sets the token first, then resolves the future (builtins only):
+        # ``wake(None)`` is ``fut.set_result(None)``.
+        self.wake = fut.set_result
         self.since = fut.get_loop().time()  # parked now (see Waiter.since)
 
     def ready(self) -> bool:
@@ -364,7 +364,7 @@ class _AsyncFace:
         waiter.token = 0
         waiter.left = False
         waiter.fut = fut
-        waiter.wake = partial(fut.set_result, None)
+        waiter.wake = fut.set_result
         waiter.since = start = clock()
         ahead = -1
         observed = False
