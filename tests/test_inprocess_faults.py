@@ -526,10 +526,13 @@ def check_async_lane_works(loop: asyncio.AbstractEventLoop, lane: Any) -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 @pytest.mark.parametrize("kind", list(ASYNC_LANES))
-@pytest.mark.parametrize("case", ["enter_free", "enter_handoff", "enter_timeout", "exit_handoff"])
+@pytest.mark.parametrize(
+    "case", ["enter_free", "enter_handoff", "enter_look", "enter_timeout", "exit_handoff"]
+)
 def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
     """C18 on the asyncio face: every injection point of ``async with`` enter and exit
-    (free, hand-off while parked, timeout, exit handing over to a task in line)."""
+    (free, hand-off while parked, the same entered through the look at a busy key,
+    timeout, exit handing over to a task in line)."""
 
     def run_once(inj: Injector) -> None:
         loop = asyncio.new_event_loop()
@@ -542,8 +545,10 @@ def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
 
             async def setup() -> None:
                 nonlocal waiter, hold
-                if case in ("enter_handoff", "enter_timeout"):
+                if case in ("enter_handoff", "enter_look", "enter_timeout"):
                     known.append(core.take(KEY, True))
+                if case == "enter_look":
+                    core.seen_busy = True  # a take found the lane busy: look first
                 if case == "exit_handoff":
                     hold = lane.acquire(KEY)
                     await hold.__aenter__()
@@ -563,7 +568,7 @@ def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
                 if case == "enter_free":
                     async with lane.acquire(KEY):
                         pass
-                elif case == "enter_handoff":
+                elif case in ("enter_handoff", "enter_look"):
                     loop.call_soon(release_holder)  # runs once this task has parked
                     async with lane.acquire(KEY, timeout_s=JOIN_S):
                         pass

@@ -49,7 +49,7 @@ class Rec(Waiter):
         self.refuse = False
         self.wake = self._woke
 
-    def _woke(self) -> None:
+    def _woke(self, result: object) -> None:  # called as wake(None)
         self.woken = True
 
     def ready(self) -> bool:

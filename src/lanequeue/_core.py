@@ -99,8 +99,9 @@ section below:
   is ``ready()``, looking things up with calls), and only then changes state, with plain
   stores only. An interrupt before the first store changes nothing; after the stores
   there is nothing left to interrupt. The one call allowed after the stores is the
-  step's last action, a builtin: the waiter's ``wake()`` (``Lock.release`` for a thread;
-  for a task, its future's ``set_result``, which also runs the loop's ``call_soon``) or
+  step's last action, a builtin: the waiter's ``wake(None)`` (``Lock.__exit__``, which
+  releases, for a thread; for a task, its future's ``set_result``, which also runs the
+  loop's ``call_soon``) or
   ``OrderedDict.move_to_end``. Its check comes after it is done, with the state already
   consistent. Loops that
   change state (eviction, dropping refused waiters, draining dropped holds) are made of
@@ -156,7 +157,9 @@ the hold's length only once an exporter turned hold times on (``hold_hist``: one
 append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
 releases and at read time; on a per-key lane the release reads the clock anyway, for
 the idle age, so hold times add no clock read there). Waits are
-observed by the faces' slow path (:meth:`_CoreBase.observe_wait`); immediate grants are
+observed by the faces' slow path (:meth:`_CoreBase.observe_wait`), or, for a face whose
+waiters' ``since`` is on the core's clock (``waits_at_grant``), by the hand-off that ends
+them (under the lock it holds anyway; the face observes the others); immediate grants are
 counted at read time. ``clear``/``drain`` end waits through the same grant machinery as a
 hand-off: the waiter is granted a negative outcome token (:data:`CLEARED`,
 :data:`DRAINED`) instead of a permit, and its face raises the matching error.
@@ -218,15 +221,17 @@ class Waiter:
     ``token`` is 0 while the waiter waits and becomes the granted token when a releaser
     hands it the permit. A grant asks :meth:`ready` first (a call, before any change),
     then records the grant with plain stores (``token`` included), and calls ``wake``
-    last. Both run with the core's lock held: they must not block and must not call back
-    into the core. ``wake`` should be a builtin (such as a lock's ``release``): a call of
-    a Python function could be interrupted before it woke anyone.
+    last, as ``wake(None)``. Both run with the core's lock held: they must not block and
+    must not call back into the core. ``wake`` should be a builtin taking that one
+    argument (a lock's ``__exit__``, which releases it; a future's ``set_result``): a
+    call of a Python function could be interrupted before it woke anyone.
     """
 
     __slots__ = ("token", "left", "wake", "since", "rank")
 
-    wake: Callable[[], object]
-    # ``since``: when the face parked it (the face's clock); unset until then.
+    wake: Callable[[None], object]
+    # ``since``: when the face parked it (the face's clock); unset until then (set
+    # before it joins a line whose core has ``waits_at_grant``).
     since: float
     # ``rank``: set by a counting core when the waiter joins its FIFO line, as
     # ``(join time, join number)`` (see CountingCore, "Priority"); unset until then.
@@ -246,6 +251,7 @@ class Core(Protocol):
     """The contract both cores offer the faces (see the module docstring)."""
 
     name: str
+    seen_busy: bool  # a face's hint (see _CoreBase)
 
     def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int: ...
 
@@ -320,6 +326,8 @@ class _CoreBase:
         "waited",
         "hold_hist",
         "per_key",
+        "waits_at_grant",
+        "seen_busy",
         "__weakref__",
     )
 
@@ -349,6 +357,16 @@ class _CoreBase:
         # waited (``waited``: the grants that parked), so the fast path pays nothing.
         self.wait_hist = Histogram(WAIT_BUCKETS)
         self.waited = 0
+        # Set by a face whose waiters' ``since`` is read on this core's clock, and set
+        # before they join the line: a hand-off then observes the wait it ends (one
+        # append of ``now - since``, under the lock it holds anyway, before its stores;
+        # its commit counts ``waited``), and the face observes only the waits that end
+        # otherwise. An interrupt between the append and the commit may leave a wait
+        # observed twice, as a hold time may be; a grant is never left uncounted.
+        self.waits_at_grant = False
+        # A hint kept by the asyncio face (no lock, no rule): a take found the lane busy
+        # lately, so its next acquire looks before taking (see aio._looks_busy).
+        self.seen_busy = False
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
         # True on a SessionCore: a slot, so that the hot paths that serve both kinds
@@ -507,7 +525,7 @@ class _CoreBase:
                     waiter.token = outcome
                     self.cancelled += 1
                     n += 1
-                    waiter.wake()
+                    waiter.wake(None)
         return n
 
     def oldest_wait_since(self) -> float | None:
@@ -739,6 +757,15 @@ class SessionCore(_CoreBase):
                     held.append(now - entry.since)
                     if len(held) >= HELD_BATCH:
                         held.fold()
+                observe = False
+                if waiter is not None and self.waits_at_grant:
+                    # The wait this hand-off ends: one append, as hold times (see
+                    # ``waits_at_grant``); its commit counts ``waited``.
+                    observe = True
+                    waits = self.wait_hist
+                    waits.append(now - waiter.since)
+                    if len(waits) >= HELD_BATCH:
+                        waits.fold()
                 # -- commit: plain stores only, then one last call --
                 if dropped is not None:
                     del self._dropped[0]
@@ -764,7 +791,9 @@ class SessionCore(_CoreBase):
                 entry.since = now
                 if not line:
                     entry.line = None
-                waiter.wake()  # last: the grant is recorded whether or not this returns
+                if observe:
+                    self.waited += 1
+                waiter.wake(None)  # last: the grant is recorded whether or not this returns
                 return True
             if dropped is not None:
                 del self._dropped[0]
@@ -1392,10 +1421,17 @@ class CountingCore(_CoreBase):
                 # grew (made here, before the stores).
                 fresh: OrderedDict[Waiter, str] | None = None
                 now = 0.0
+                observe = False
                 if waiter is not None:
                     now = self._clock()
                     if len(line) == 1:
                         fresh = OrderedDict()
+                    observe = self.waits_at_grant
+                    if observe:  # the wait it ends (as in SessionCore.release)
+                        waits = self.wait_hist
+                        waits.append(now - waiter.since)
+                        if len(waits) >= HELD_BATCH:
+                            waits.fold()
                 # -- commit: plain stores only, then the wake-up --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1411,7 +1447,9 @@ class CountingCore(_CoreBase):
                 waiter.token = granted
                 if fresh is not None:
                     self._line = fresh
-                waiter.wake()  # last: the grant is recorded whether or not this returns
+                if observe:
+                    self.waited += 1
+                waiter.wake(None)  # last: the grant is recorded whether or not this returns
                 return True
             if dropped is not None:
                 del self._dropped[0]
@@ -1439,6 +1477,12 @@ class CountingCore(_CoreBase):
         wkey = table[waiter]
         now = self._clock()
         empty = in_heap and len(ranked) == 1
+        observe = self.waits_at_grant
+        if observe:  # the wait it ends (as in SessionCore.release)
+            waits = self.wait_hist
+            waits.append(now - waiter.since)
+            if len(waits) >= HELD_BATCH:
+                waits.fold()
         # -- commit: plain stores only, then the wake-up --
         if dropped is not None:
             del self._dropped[0]
@@ -1451,7 +1495,9 @@ class CountingCore(_CoreBase):
         waiter.token = granted
         if empty:
             self._heap = []  # no live entry left: drop the dead ones at once
-        waiter.wake()  # last: the grant is recorded whether or not this returns
+        if observe:
+            self.waited += 1
+        waiter.wake(None)  # last: the grant is recorded whether or not this returns
         return True
 
     def _line_of(self, key: str, waiter: Waiter) -> dict[Waiter, str] | None:

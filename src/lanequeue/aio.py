@@ -38,7 +38,6 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from functools import partial
 from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal, cast
@@ -80,7 +79,15 @@ class _TaskWaiter(Waiter):
     fut: asyncio.Future[None]
 
     def __init__(self, fut: asyncio.Future[None]) -> None:
-        _init_task_waiter(self, fut)
+        # (The face's _park makes its waiters with these same stores, without this frame,
+        # and ``since`` on the lane's clock.)
+        self.token = 0
+        self.left = False
+        self.fut = fut
+        # The grant sets the token first, then resolves the future (builtins only):
+        # ``wake(None)`` is ``fut.set_result(None)``.
+        self.wake = fut.set_result
+        self.since = fut.get_loop().time()  # parked now (see Waiter.since)
 
     def ready(self) -> bool:
         # A cancelled (or timed-out) waiter's future is done: refuse, so the releaser
@@ -88,20 +95,28 @@ class _TaskWaiter(Waiter):
         return not self.fut.done()
 
 
-def _task_waiter(fut: asyncio.Future[None]) -> _TaskWaiter:
-    """A new waiter parking on ``fut`` (``_TaskWaiter(fut)``, without the type call's
-    generic ``__init__`` dispatch: this runs once per wait)."""
-    waiter: _TaskWaiter = _new_hold(_TaskWaiter)
-    _init_task_waiter(waiter, fut)
-    return waiter
+def _looks_busy(core: Any, key: str) -> bool:
+    """True if ``key`` looks busy on ``core`` (its holder on a per-key lane, every permit
+    held on a counting lane): read without the core's lock, so it may be stale. When
+    it looks free, the core's ``seen_busy`` hint is cleared.
 
-
-def _init_task_waiter(waiter: _TaskWaiter, fut: asyncio.Future[None]) -> None:
-    waiter.token = 0
-    waiter.left = False
-    waiter.fut = fut
-    # The grant sets the token first, then resolves the future (builtins only).
-    waiter.wake = partial(fut.set_result, None)
+    Asked only while ``core.seen_busy`` is set (the face sets it when a take finds the
+    lane busy), so an uncontended lane never pays for it. A face that sees a busy key
+    goes straight to :meth:`_AsyncFace._park` (one take, with the waiter, instead of a
+    take that fails and then that one); a stale answer only picks the slower of two
+    correct paths, as ``_park`` grants a permit that is free by then, and a take
+    without a waiter queues nobody. A draining lane never looks busy: its take refuses
+    at once (LaneDrainingError), with no waiter made, so no wait is counted."""
+    if core.draining:
+        return False
+    if core.per_key:
+        entry = core._entries.get(key)
+        busy = entry is not None and entry.token != 0
+    else:
+        busy = len(core._holds) >= core.capacity
+    if not busy:
+        core.seen_busy = False
+    return busy
 
 
 # What a deadline of the heap does when it comes: log the slow wait (then push the wait's
@@ -193,9 +208,14 @@ class AsyncHold(Hold):
         fast = lane._fast_loop  # lane._bind(), without its frame
         if fast is None or fast._thread_id != get_ident():
             lane._bind_loop()
-        token = lane._core.take(key, timeout != 0)
+        core = lane._core
+        # (a busy look goes straight to the line: see _looks_busy)
+        token = 0 if core.seen_busy and timeout != 0 and _looks_busy(core, key) else (
+            core.take(key, timeout != 0))
         if not token:
-            token = await lane._park(key, timeout, self._priority) if timeout != 0 else 0
+            if timeout != 0:
+                core.seen_busy = True
+                token = await lane._park(key, timeout, self._priority)
             if not token:
                 raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         self._token = token
@@ -285,7 +305,10 @@ class _AsyncFace:
             # loop's own ``time``, as the timers use, when a loop class or the loop
             # object itself replaces it: a virtual clock set on the instance).
             stock = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
-            self._loop_clock = time.monotonic if stock else loop.time
+            self._loop_clock = clock = time.monotonic if stock else loop.time
+            # The waits' ``since`` on the core's own clock: its hand-offs observe the
+            # waits they end (see _park). Set while the lane is quiet (see _rebind).
+            self._core.waits_at_grant = clock is self._core._clock
         return loop
 
     def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -315,12 +338,15 @@ class _AsyncFace:
         return await self._park(key, timeout, priority)
 
     async def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:
-        """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
-        the line with a new waiter (with ``priority``: checked, and 0 on a per-key lane)
-        and wait up to ``timeout`` seconds (None: no limit).
-        Returns the grant's token, or 0 if none came (counted as a timeout).
+        """The slow half of :meth:`_take`, after ``core.take`` found the lane busy (or
+        :func:`_looks_busy` did): join the line with a new waiter (with ``priority``:
+        checked, and 0 on a per-key lane) and wait up to ``timeout`` seconds (None: no
+        limit). Returns the grant's token (at once if the permit is free by now), or 0
+        if none came (counted as a timeout).
 
-        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends. A
+        The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends: by
+        the hand-off that grants it when the loop's clock is the core's (the stock loop
+        and lane clocks: ``waits_at_grant``, see :meth:`_bind_loop`), else here. A
         wait with a timeout pushes one deadline on the lane's :class:`_Deadlines` (no
         timer of its own): ``warn_after_s`` first when it is shorter, where the slow wait
         is logged and the real deadline pushed; a wait without a timeout is logged when
@@ -332,9 +358,14 @@ class _AsyncFace:
         # The caller checked the loop (``_bind``): ``_loop`` is the running loop.
         loop: Any = self._loop
         clock = self._loop_clock
-        waiter = _task_waiter(loop.create_future())
+        fut = loop.create_future()
+        # The waiter, as ``_TaskWaiter(fut)`` does, without its frames (once per wait).
+        waiter: _TaskWaiter = _new_hold(_TaskWaiter)
+        waiter.token = 0
+        waiter.left = False
+        waiter.fut = fut
+        waiter.wake = fut.set_result
         waiter.since = start = clock()
-        warn = self.warn_after_s
         ahead = -1
         observed = False
         try:
@@ -346,27 +377,22 @@ class _AsyncFace:
                 token = counting.take(key, True, waiter, priority)
             else:
                 token = core.take(key, True, waiter)
-            if token:  # freed since the first look: granted at once
+            if token:  # free by now: granted at once (not a wait)
                 return token
-            what = _EXPIRE
-            if warn is not None and (timeout is None or timeout > warn):
-                ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
-                what = _WARN
-            if timeout is not None:
-                dl = self._deadlines  # _deadlines_of(loop), without its frame
-                if dl is None or dl.loop is not loop:
-                    dl = self._deadlines_of(loop)
-                dl.add(start + (warn if what == _WARN else timeout), waiter, key, what,
-                       timeout, ahead)
-            await waiter.fut
+            if timeout is not None or self.warn_after_s is not None:
+                ahead = self._arm(key, waiter, start, timeout)
+            await fut
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
             token = waiter.token or core.withdraw(key, waiter, timed_out=True)
-            waited = clock() - start
-            self._core.observe_wait(waited, token > 0)
+            if token <= 0 or not self._core.waits_at_grant:  # else the hand-off did
+                self._core.observe_wait(clock() - start, token > 0)
             observed = True
-            if timeout is None and ahead >= 0 and warn is not None and waited >= warn:
-                self._slow_wait(key, waited, ahead)
+            if ahead >= 0 and timeout is None:
+                warn = self.warn_after_s
+                waited = clock() - start
+                if warn is not None and waited >= warn:
+                    self._slow_wait(key, waited, ahead)
             if token < 0:
                 raise ended_error(self.name, key, token)
             return token
@@ -376,9 +402,33 @@ class _AsyncFace:
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
-            if not observed:
+            # (A grant's wait was observed by its hand-off, with ``waits_at_grant``; a
+            # grant at once, in the take above, is no wait.)
+            if not observed and (token <= 0 or not self._core.waits_at_grant):
                 self._core.observe_wait(clock() - start, False)
             raise
+
+    def _arm(self, key: str, waiter: _TaskWaiter, start: float, timeout: float | None
+             ) -> int:
+        """For :meth:`_park`, a waiter just in line with a timeout or a slow-wait warning
+        (or both): push its first deadline (``warn_after_s`` when it comes first, else
+        the timeout) on the lane's :class:`_Deadlines`. Returns the waiters ahead of it
+        when a slow wait may be logged, else -1."""
+        warn = self.warn_after_s
+        ahead = -1
+        first = timeout
+        what = _EXPIRE
+        if warn is not None and (timeout is None or timeout > warn):
+            ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
+            first = warn
+            what = _WARN
+        if timeout is not None and first is not None:
+            loop = self._loop
+            dl = self._deadlines  # _deadlines_of(loop), without its frame
+            if dl is None or dl.loop is not loop:
+                dl = self._deadlines_of(cast(asyncio.AbstractEventLoop, loop))
+            dl.add(start + first, waiter, key, what, timeout, ahead)
+        return ahead
 
     def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
         """The lane's deadlines on ``loop`` (new after the lane moved to another loop)."""
@@ -685,8 +735,11 @@ class _AsyncMultiAcquire(MultiHold):
             deadline: float | None = None
             try:
                 for core in cores:
-                    got = core.take(key, True)
+                    # (a busy look goes straight to the line: see _looks_busy)
+                    got = 0 if core.seen_busy and _looks_busy(core, key) else core.take(
+                        key, True)
                     if not got:
+                        core.seen_busy = True
                         lane: Any = plan.steps[len(taken)][0]  # an _AsyncFace
                         remaining = None
                         if budget is not None:

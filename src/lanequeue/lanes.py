@@ -53,8 +53,10 @@ class _ThreadWaiter(Waiter):
         parking.acquire()
         self._parking = parking
         # The grant sets the token first, then unlocks: the unlock publishes the token
-        # to the parked thread. A builtin, so the call cannot stop before it unlocks.
-        self.wake = parking.release
+        # to the parked thread. A builtin, so the call cannot stop before it unlocks
+        # (``__exit__``: ``release`` that accepts, and ignores, the argument of
+        # ``wake(None)``; typeshed names three parameters, CPython takes any).
+        self.wake = parking.__exit__  # type: ignore[assignment]
 
     def park(self, timeout: float | None) -> bool:
         """Block until granted (True) or until ``timeout`` seconds pass (False).
