@@ -98,7 +98,7 @@ def test_leases_lost_are_counted_and_exported_with_scopes(
     assert sorted(v.rsplit(b":", 1)[1] for v in info.values()) == [b"a", b"b"]
     a_id = next(i for i, v in info.items() if v.endswith(b":a"))
     redis_client.zrem(holds_key, a_id)
-    _until(lambda: lane.leases_lost == 1)
+    _until(lambda: lane.leases_lost == 1 and len(lost) == 1)  # counted, then called back
     assert len(lost) == 1 and lost[0].key == "a"
     assert lane.metrics_snapshot()[0].leases_lost == 1
     samples = _samples(registry)
