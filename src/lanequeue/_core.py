@@ -178,7 +178,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Protocol
 
-from ._errors import LaneClearedError, LaneDrainingError
+from ._errors import LaneClearedError, LaneDrainingError, shown
 from ._obs import HELD_BATCH, WAIT_BUCKETS, Histogram, HistogramSnapshot
 
 __all__ = [
@@ -599,7 +599,7 @@ def _warn_unmatched(lane: str, key: str, token: int) -> None:
     NotOwnerError; leaving a block after someone else ended the hold is silent): it is
     counted, not logged."""
     if not token:
-        log.warning("lane %r: release of key %r, which is not held; ignored", lane, key)
+        log.warning("lane %r: release of key %s, which is not held; ignored", lane, shown(key))
 
 
 # Registries smaller than this are never rebuilt: their tables are small anyway.

@@ -8,6 +8,8 @@ which caught ``TimeoutError``, keeps working.
 
 from __future__ import annotations
 
+import reprlib
+
 __all__ = [
     "DispatcherDrainingError",
     "LaneBackendError",
@@ -26,6 +28,32 @@ __all__ = [
 ]
 
 
+#: Characters of a key (or of any value) that a message shows at most: a key may be any
+#: length (a user-supplied id, megabytes), a log line or an exception text should not be.
+#: The exceptions' ``key`` attributes keep the whole key.
+SHOWN_MAX = 200
+
+_shown = reprlib.Repr()
+_shown.maxstring = SHOWN_MAX
+_shown.maxother = SHOWN_MAX
+_shown.maxlist = _shown.maxtuple = _shown.maxset = _shown.maxdict = 8
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, cut to about :data:`SHOWN_MAX` characters (the
+    middle of a longer string is replaced by ``...``)."""
+    return _shown.repr(value)
+
+
+def cut(key: str) -> str:
+    """``key`` as is for a message, or, past :data:`SHOWN_MAX` characters, its start and
+    end around ``...`` and its length."""
+    if len(key) <= SHOWN_MAX:
+        return key
+    half = SHOWN_MAX // 2
+    return f"{key[:half]}...{key[-half:]} ({len(key):,} characters)"
+
+
 class LaneError(Exception):
     """Base class of every error raised by lanequeue."""
 
@@ -34,7 +62,9 @@ class LaneTimeoutError(LaneError, TimeoutError):
     """A permit was not granted before the deadline.
 
     The message keeps the source design's wording and adds the wait, e.g.
-    ``SessionLane 'session' timeout for key 'k' after 0.5 s``.
+    ``SessionLane 'session' timeout for key 'k' after 0.5 s``. A key longer than
+    :data:`SHOWN_MAX` characters is cut in the message (its start and end, and its
+    length); ``key`` keeps it whole. So in every message and log line of the library.
 
     Attributes:
         lane: name of the lane that could not be acquired.
@@ -53,7 +83,7 @@ class LaneTimeoutError(LaneError, TimeoutError):
         self.timeout_s = timeout_s
         self.lane_class = lane_class
         waited = "without limit" if timeout_s is None else f"after {timeout_s:g} s"
-        super().__init__(f"{lane_class} '{lane}' timeout for key '{key}' {waited}")
+        super().__init__(f"{lane_class} '{lane}' timeout for key '{cut(key)}' {waited}")
 
     def __reduce__(
         self,
@@ -102,7 +132,7 @@ class LaneDrainingError(LaneError):
     def __init__(self, lane: str, key: str) -> None:
         self.lane = lane
         self.key = key
-        super().__init__(f"lane {lane!r} is draining: no permit for key {key!r}")
+        super().__init__(f"lane {lane!r} is draining: no permit for key {shown(key)}")
 
     def __reduce__(self) -> tuple[type[LaneDrainingError], tuple[str, str]]:
         return (type(self), (self.lane, self.key))
@@ -119,7 +149,7 @@ class LaneClearedError(LaneError):
     def __init__(self, lane: str, key: str) -> None:
         self.lane = lane
         self.key = key
-        super().__init__(f"lane {lane!r}: the wait for key {key!r} was cleared")
+        super().__init__(f"lane {lane!r}: the wait for key {shown(key)} was cleared")
 
     def __reduce__(self) -> tuple[type[LaneClearedError], tuple[str, str]]:
         return (type(self), (self.lane, self.key))
@@ -146,7 +176,7 @@ class TurnError(LaneError):
         self.key = key
         self.reason = reason
         self.ticket_id = ticket_id
-        super().__init__(f"turn {ticket_id} of key {key!r} {state}: {reason}")
+        super().__init__(f"turn {ticket_id} of key {shown(key)} {state}: {reason}")
 
     def __reduce__(self) -> tuple[type[TurnError], tuple[str, str, str, int]]:
         return (type(self), (self.state, self.key, self.reason, self.ticket_id))

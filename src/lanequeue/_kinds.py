@@ -15,6 +15,7 @@ import warnings
 from typing import Any, Generic, TypeVar
 
 from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore
+from ._errors import shown
 from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics
 from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
 from ._validate import (
@@ -497,7 +498,7 @@ class Hold:
         kind = next(c.__name__ for c in type(self).__mro__
                     if issubclass(c, Hold) and not c.__name__.startswith("_"))
         state = "held" if self.held else ("released" if self._token else "not granted")
-        return f"<{kind} lane={self.lane.name!r} key={self.key!r} token={self.token} {state}>"
+        return f"<{kind} lane={self.lane.name!r} key={shown(self.key)} token={self.token} {state}>"
 
 
 def drop_hold(lane: Any, key: str, token: int) -> None:
@@ -514,7 +515,7 @@ def drop_hold(lane: Any, key: str, token: int) -> None:
 def warn_dropped(lane: Any, key: str, token: int) -> None:
     """The ``ResourceWarning`` of a hold dropped while held, naming the lane and key."""
     warnings.warn(
-        f"{type(lane).__name__} {lane.name!r}: a hold on key {key!r} (token {token}) was "
+        f"{type(lane).__name__} {lane.name!r}: a hold on key {shown(key)} (token {token}) was "
         "garbage-collected without release; its permit returns at the lane's next "
         "operation",
         ResourceWarning,

@@ -23,6 +23,7 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, TypedDict, cast
 
+from ._errors import shown
 from ._obs import StuckHold
 from ._validate import check_timeout
 
@@ -126,8 +127,8 @@ class LaneOps:
         ``ahead``: the waiters that were ahead of it in line when it joined."""
         holder_age = self._holder_age(key)
         log.warning(
-            "lane %r: key %r has waited %.3f s for a permit (%d waiters were ahead when it "
-            "joined; %s)", self.name, key, waited_s, ahead,
+            "lane %r: key %s has waited %.3f s for a permit (%d waiters were ahead when it "
+            "joined; %s)", self.name, shown(key), waited_s, ahead,
             self._no_holder_age if holder_age is None
             else f"the current holder has held for {holder_age:.3f} s",
         )
@@ -148,8 +149,8 @@ class LaneOps:
         for key, token, age in holds:
             if age >= limit and token not in warned:
                 warned.add(token)
-                log.warning("lane %r: key %r has held its permit for %.3f s (token %d)",
-                            self.name, key, age, token)
+                log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
+                            self.name, shown(key), age, token)
         if warned:
             warned.intersection_update(t for _, t, _ in holds)
 

@@ -128,7 +128,7 @@ from types import TracebackType
 from typing import Any, Literal, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 from ._core import LaneStats
-from ._errors import NotOwnerError
+from ._errors import NotOwnerError, shown
 from ._validate import public_name
 
 __all__ = [
@@ -219,7 +219,7 @@ def not_held_error(lane: str, key: str, token: int, why: str) -> NotOwnerError:
     """The :class:`~lanequeue.NotOwnerError` of ``hold.release()`` on a hold that is not
     the caller's (any more): ``why`` says what happened to it."""
     return NotOwnerError(
-        f"lane {lane!r}: the hold of key {key!r} (token {token}) is not this caller's: "
+        f"lane {lane!r}: the hold of key {shown(key)} (token {token}) is not this caller's: "
         f"{why}; nothing was released"
     )
 

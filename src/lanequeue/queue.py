@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
 from ._core import Clock, Core, CountingCore, MultiHoldSteps
-from ._errors import LaneTimeoutError
+from ._errors import LaneTimeoutError, shown
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -252,7 +252,7 @@ class MultiHold:
             _report_release_error(self._key, error, block_error)
 
     def __repr__(self) -> str:
-        return f"<MultiHold key={self._key!r} {self.holds!r}>"
+        return f"<MultiHold key={shown(self._key)} {self.holds!r}>"
 
 
 def _end_view(view: Hold, core: Core, key: str) -> None:
@@ -267,7 +267,7 @@ def _end_view(view: Hold, core: Core, key: str) -> None:
 def _report_release_error(key: str, error: BaseException, block_error: BaseException) -> None:
     """A release failed while the block's own exception propagates: log it, and attach it
     to that exception as a note (Python 3.11+)."""
-    text = f"acquire_all({key!r}): release failed on leaving the block: {error}"
+    text = f"acquire_all({shown(key)}): release failed on leaving the block: {error}"
     logging.getLogger("lanequeue").warning("%s", text)
     add_note = getattr(block_error, "add_note", None)
     if add_note is not None:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from threading import TIMEOUT_MAX
 from typing import Any
 
+from .._errors import shown
 from .._kinds import LANE_DEFAULT
 from .._validate import (
     check_ageing,
@@ -242,7 +243,7 @@ class DispatcherBase:
         if busy is not None:
             busy = check_busy(busy, "busy")
         if dedupe_id is not None and (not isinstance(dedupe_id, str) or not dedupe_id):
-            raise TypeError(f"dedupe_id must be a non-empty str or None, not {dedupe_id!r}")
+            raise TypeError(f"dedupe_id must be a non-empty str or None, not {shown(dedupe_id)}")
         priority = check_priority(priority)
         if timeout_s is not LANE_DEFAULT:
             timeout_s = check_timeout(timeout_s)

@@ -123,6 +123,7 @@ from .._errors import (
     TurnError,
     TurnRejectedError,
     TurnTimedOutError,
+    shown,
 )
 from .._validate import PRIORITY_MAX, PRIORITY_MIN, check_key, check_timeout
 
@@ -323,13 +324,13 @@ class Ticket:
     def _result(self, timeout: float | None) -> Any:
         if timeout != 0 and _on_loop(getattr(self._machine.face, "_loop", None)):
             raise RuntimeError(
-                f"ticket {self.id} of key {self.key!r}: result() and exception() would block "
+                f"ticket {self.id} of key {shown(self.key)}: result() and exception() would block "
                 "the event loop that runs the turn; use await ticket")
         if not self._wait_event().wait(timeout):
             import concurrent.futures
 
             raise concurrent.futures.TimeoutError(
-                f"ticket {self.id} of key {self.key!r} still {self.state} after {timeout} s")
+                f"ticket {self.id} of key {shown(self.key)} still {self.state} after {timeout} s")
         return self._outcome()
 
     def _wait_event(self) -> threading.Event:
@@ -382,7 +383,7 @@ class Ticket:
 
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
-        return f"<Ticket {self.id} key={self.key!r} {self.state}{extra}>"
+        return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
 
 
 def _on_loop(loop: Any) -> bool:
@@ -482,7 +483,7 @@ class Turn:
         return self._cancelled
 
     def __repr__(self) -> str:
-        return f"<Turn key={self.key!r} tickets={len(self._job.tickets)}>"
+        return f"<Turn key={shown(self.key)} tickets={len(self._job.tickets)}>"
 
 
 _CURRENT: ContextVar[Turn | None] = ContextVar("lanequeue_turn", default=None)

@@ -16,7 +16,7 @@ import logging
 import uuid
 from typing import Any
 
-from .._errors import LaneBackendError
+from .._errors import LaneBackendError, shown
 from .._validate import check_key
 
 __all__ = ["RedisDedupeWindow"]
@@ -77,4 +77,4 @@ class RedisDedupeWindow:
         try:
             self.client.eval(_GIVE_BACK, 1, self.key(dedupe_id), self.owner)
         except Exception:
-            log.exception("dedupe window on Redis: could not give back %r", dedupe_id)
+            log.exception("dedupe window on Redis: could not give back %s", shown(dedupe_id))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .._errors import shown
 from .._kinds import Hold
 from ._wake import owner_id
 
@@ -91,6 +92,6 @@ class RedisHoldBase(Hold):
         if self.lost:
             state = "lost"
         return (
-            f"<{type(self).__name__} lane={self.lane.name!r} key={self.key!r} "
+            f"<{type(self).__name__} lane={self.lane.name!r} key={shown(self.key)} "
             f"token={self.token} {state}>"
         )

@@ -23,6 +23,7 @@ refused with a LaneBackendError instead of granting next to the first version's 
 
 from __future__ import annotations
 
+from .._errors import shown
 from .._validate import bad_key
 
 __all__ = ["LAYOUT", "base", "plain_key", "version_key"]
@@ -48,7 +49,7 @@ def plain_key(key: object, name: str = "key") -> str:
         except UnicodeEncodeError as exc:
             raise ValueError(
                 f"{name} must be encodable as UTF-8 (it contains a lone surrogate at "
-                f"index {exc.start}): {key!r}"
+                f"index {exc.start}): {shown(key)}"
             ) from None
     return key
 

@@ -37,7 +37,14 @@ from typing import Any, ClassVar, Generic, TypeVar
 from redis.exceptions import RedisError, ResponseError
 
 from .._core import LaneStats
-from .._errors import LaneBackendError, LaneError, LaneTimeoutError, LeaseLostError, NotOwnerError
+from .._errors import (
+    LaneBackendError,
+    LaneError,
+    LaneTimeoutError,
+    LeaseLostError,
+    NotOwnerError,
+    shown,
+)
 from .._kinds import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
 from .._ops import LaneOps
 from .._validate import argument_of, check_count, check_timeout, own_signatures
@@ -345,7 +352,7 @@ class RedisLaneBase(ABC, Generic[H]):
         return self._ask(op, key, self._run, op, key, call)
 
     def _backend(self, op: str, key: str | None, exc: BaseException) -> LaneBackendError:
-        where = f" for key {key!r}" if key is not None else ""
+        where = f" for key {shown(key)}" if key is not None else ""
         if op == "release":
             what = f"; the hold is no longer renewed and lapses within {self.lease_s} s"
         elif op == "read":
@@ -419,7 +426,7 @@ class RedisLaneBase(ABC, Generic[H]):
         garbage collector: no lock taken here; the entry is purged later."""
         self._dropped.append(entry)
         warnings.warn(
-            f"lane {self.name!r}: a hold of key {entry.key!r} (fencing token {entry.token}) "
+            f"lane {self.name!r}: a hold of key {shown(entry.key)} (fencing token {entry.token}) "
             f"was garbage-collected without release; it is no longer renewed and its "
             f"lease lapses within {self.lease_s} s",
             ResourceWarning,
@@ -478,9 +485,9 @@ class RedisLaneBase(ABC, Generic[H]):
             self._foreign(hold)  # a hold inherited through fork: a clear error
         if hold is None:
             log.warning(
-                "lane %r: manual_release(%r): key is not held by this client (this lane "
+                "lane %r: manual_release(%s): key is not held by this client (this lane "
                 "object holds nothing for it); nothing released",
-                self.name, key,
+                self.name, shown(key),
             )
         return hold
 
@@ -488,21 +495,21 @@ class RedisLaneBase(ABC, Generic[H]):
         """Raise if ``hold`` was granted in another process (we are a forked child)."""
         if hold._pid != os.getpid():
             raise RuntimeError(
-                f"lane {self.name!r}: the hold of key {hold.key!r} was granted in process "
+                f"lane {self.name!r}: the hold of key {shown(hold.key)} was granted in process "
                 f"{hold._pid}; it cannot be renewed or released from process {os.getpid()} "
                 f"(a forked child): release it in the process that acquired it"
             )
 
     def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
         return LeaseLostError(
-            f"lane {self.name!r}: the lease of key {hold.key!r} (fencing token {hold.token}) "
+            f"lane {self.name!r}: the lease of key {shown(hold.key)} (fencing token {hold.token}) "
             f"was lost (renewal failed or came too late); the key may belong to another "
             f"holder; nothing was released"
         )
 
     def _not_owner_error(self, hold: RedisHoldBase) -> NotOwnerError:
         return NotOwnerError(
-            f"lane {self.name!r}: key {hold.key!r} is not held by this acquisition any more "
+            f"lane {self.name!r}: key {shown(hold.key)} is not held by this acquisition any more "
             f"(fencing token {hold.token}): its lease ran out and the key may belong to "
             f"another holder; nothing was released"
         )
@@ -536,7 +543,8 @@ class RedisLaneBase(ABC, Generic[H]):
                 entry.live = False
                 self._n_live -= 1
         log.warning(
-            "lane %r: lease of key %r (fencing token %d) lost", self.name, hold.key, hold.token
+            "lane %r: lease of key %s (fencing token %d) lost", self.name, shown(hold.key),
+            hold.token,
         )
         if self.on_lease_lost is not None:
             self._call_lost(hold)
@@ -855,8 +863,8 @@ class RedisLaneBase(ABC, Generic[H]):
         except LaneError as err:
             if not failed:
                 raise
-            log.warning("lane %r: release of key %r after an error in the block: %s",
-                        self.name, hold.key, err)
+            log.warning("lane %r: release of key %s after an error in the block: %s",
+                        self.name, shown(hold.key), err)
 
     # -- procedures and checks behind the public surface ---------------------------------
 
@@ -896,7 +904,7 @@ class RedisLaneBase(ABC, Generic[H]):
         try:
             return (yield from self._finish(hold))
         except NotOwnerError as err:
-            log.warning("lane %r: manual_release(%r): %s", self.name, key, err)
+            log.warning("lane %r: manual_release(%s): %s", self.name, shown(key), err)
             return False
 
     # -- renewal bookkeeping -------------------------------------------------------------
@@ -961,7 +969,7 @@ class RedisLaneBase(ABC, Generic[H]):
             self._notice_lost(hold)
 
     def _renew_failed(self, holds: list[H], exc: BaseException, now: float) -> None:
-        keys = ", ".join(repr(h.key) for h in holds[:5]) + (" ..." if len(holds) > 5 else "")
+        keys = ", ".join(shown(h.key) for h in holds[:5]) + (" ..." if len(holds) > 5 else "")
         log.warning(
             "lane %r: renewing the lease of %d hold(s) (keys %s) failed: %s: %s",
             self.name, len(holds), keys, type(exc).__name__, exc,
