@@ -125,3 +125,51 @@ def test_block_left_by_the_cyclic_gc_counts_no_unmatched_release(
     st = lane.stats
     assert (st.holders, st.released) == (0, 1)
     assert st.unmatched_releases == 0
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["released", "dropped-held"])
+@pytest.mark.parametrize("kind", ["session", "lane", "acquire_all"])
+def test_interrupt_at_a_finalizers_start_is_swallowed_by_cpython_and_changes_nothing(
+    kind: str, held: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's one limit of "Interrupts": a KeyboardInterrupt landing at the start
+    of a hold's ``__del__`` (a trace function stands in for the signal) goes to CPython's
+    unraisable hook ("Exception ignored"), not to the program. The lane is as it would be
+    without the finalizer: a released hold leaves nothing held; a hold dropped while held
+    (its finalizer stopped before returning the permit) stays visible in ``get_active()``
+    and ``manual_release`` ends it; the counters agree with the holds."""
+    import sys
+
+    queue = LaneQueue()
+    session = queue.add_session_lane("s")
+    counting = queue.add_lane("g", max_concurrent=2)
+    target = {"session": [session], "lane": [counting],
+              "acquire_all": [session, counting]}[kind]
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_name == "__del__":
+            sys.settrace(None)
+            raise KeyboardInterrupt
+        return None
+
+    hold: Any = (queue.acquire_all("k", ["s", "g"]) if kind == "acquire_all"
+                 else target[0].acquire("k"))
+    hold.__enter__()
+    if not held:
+        hold.__exit__(None, None, None)
+    sys.settrace(tracer)
+    try:
+        del hold  # freed here: its __del__ starts, and the interrupt lands there
+    finally:
+        sys.settrace(None)
+    assert [u.exc_type for u in unraisable] == [KeyboardInterrupt]
+    for lane in target:
+        stats = lane.stats
+        assert stats.holders == lane.active_count == (1 if held else 0)
+        assert stats.acquired == stats.released + stats.holders
+        if held:
+            assert "k" in lane.get_active()
+            assert lane.manual_release("k")
+        assert lane.stats.holders == 0
