@@ -32,7 +32,7 @@ from ._link import SyncLink
 from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
-from ._wake import Gate, SyncWaker, sync_waker
+from ._wake import Gate, SyncWaker, Woken, sync_waker
 from ._wire import run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
@@ -137,6 +137,12 @@ class _SyncFace(RedisOps[RedisHold]):
         slots = wk.freeing if op == "release" or op == "withdraw" else wk.slots
         slot = slots.take()
         try:
+            if op == "acquire":
+                # A waiter's poll: a grant that reached it while it waited for the permit
+                # leaves nothing to send.
+                token = wk.take_token(args[0])
+                if token:
+                    return Woken(token)
             return run_sync(self._client, script, keys, args, slot.conn)
         finally:
             slots.give(slot)
