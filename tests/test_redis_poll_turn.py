@@ -241,3 +241,25 @@ def test_lateness_lengthens_the_liveness_window_and_fades(
     assert wk.lateness.value(now + wk.lateness.HALF_LIFE_S) == pytest.approx(1.0)
     wk.lateness.note(0.5, now)  # smaller than the recent one: kept
     assert wk.lateness.value(now) == 2.0
+
+
+def test_every_wait_for_a_permit_is_noted_as_lateness() -> None:
+    """A call that waited for a permit of the process's bound (any call, not only a
+    poll) notes its wait as the process's lateness as it ends, so the next polls send
+    longer windows before any of them has run late."""
+    from lanequeue.redis._wake import Lateness
+
+    async def main() -> float:
+        lateness = Lateness()
+        slots = AsyncSlots(1, lateness)
+        assert slots.try_take() and slots.locked()
+        waiter = asyncio.get_running_loop().create_task(slots.acquire())
+        held_s = 0.05
+        await asyncio.sleep(held_s)  # the waiter waits this long for the permit
+        slots.release()
+        assert await waiter is True
+        slots.release()
+        assert slots.free == 1
+        return lateness.value(time.monotonic()) / held_s
+
+    assert asyncio.run(main()) >= 0.99

@@ -24,7 +24,12 @@ The listener also owns the process's bound on concurrent script calls per client
 client's pool are in use by the lanes at once, so 10,000 waiters fit redis-py's default
 pool of 100. Releases and withdrawals have a bound of their own (``freeing``,
 :data:`FREEING_CALLS` connections, in both faces): a call that frees a key or permit never
-waits behind the acquires and polls of the waiters it would let in.
+waits behind the acquires and polls of the waiters it would let in. A waiter's poll that
+waits for its turn is overtaken by its own grant: when a wake-up carrying a full lease
+reaches it first, the poll leaves the line unsent and the waiter holds at once
+(:meth:`AsyncWaker.poll_turn`; the thread face sends nothing once its turn comes,
+:meth:`SyncWaker.take_token`). How late the polls run is measured (:class:`Lateness`)
+and lengthens the waiters' liveness windows.
 """
 
 from __future__ import annotations
@@ -106,7 +111,9 @@ class Lateness:
     A poll is late by the time from the instant its waiter meant to send it (its wait
     ended) to its reply, plus the time that wait overran its planned length: the wait for
     a turn among the process's calls in flight (:class:`Slots`, :class:`AsyncSlots`), a
-    busy event loop or interpreter, a slow server. A waiter's liveness window counts it
+    busy event loop or interpreter, a slow server. Every call's wait for that turn is
+    noted too, as it ends, so a queue that grows lengthens the windows of the polls sent
+    next, before any poll has run late. A waiter's liveness window counts it
     (see ``RedisLaneBase._poll_plan``), so a live waiter whose polls queue behind its own
     process's calls keeps its place in line. Safe from any thread (one tuple, replaced
     whole)."""
@@ -470,21 +477,26 @@ class AsyncSlots:
     poll may leave the line when its own grant overtakes it (:meth:`AsyncWaker.poll_turn`).
     Every call from the event loop's thread."""
 
-    __slots__ = ("n", "_free", "_line")
+    __slots__ = ("n", "_free", "_line", "_lateness")
 
     #: What a place in line is given: a permit (a waiter's poll may be given a fencing
     #: token instead, see :meth:`AsyncWaker.poll_turn`).
     HANDED = 0
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, lateness: Lateness | None = None) -> None:
         self.n = n
         self._free = n
         self._line: deque[asyncio.Future[int]] = deque()
+        self._lateness = lateness  # told how long each call waited for its permit
 
     @property
     def free(self) -> int:
         """Permits not in use now."""
         return self._free
+
+    def locked(self) -> bool:
+        """True when no permit is free (a call would wait), as ``asyncio.Semaphore``."""
+        return self._free == 0
 
     def try_take(self) -> bool:
         """Take a permit if one is free now (True); never waits."""
@@ -493,17 +505,29 @@ class AsyncSlots:
             return True
         return False
 
+    async def acquire(self) -> bool:
+        """Take a permit, waiting in line for it; True (as ``asyncio.Semaphore``)."""
+        if not self.try_take():
+            await self.wait(asyncio.get_running_loop().create_future())
+        return True
+
     async def wait(self, place: asyncio.Future[int]) -> int:
         """Wait in line with the future ``place`` until it is given a permit (returns
         :attr:`HANDED`: the caller releases it) or set by someone else (returns what it
-        was set to; no permit taken). Cancelled after a permit was handed: passed on."""
+        was set to; no permit taken). Cancelled after a permit was handed: passed on.
+        The wait for a permit is noted as lateness (see :class:`Lateness`)."""
         self._line.append(place)
+        since = time.monotonic()
         try:
-            return await place
+            got = await place
         except asyncio.CancelledError:
             if place.done() and not place.cancelled() and place.result() == self.HANDED:
                 self.release()
             raise
+        if got == self.HANDED and self._lateness is not None:
+            now = time.monotonic()
+            self._lateness.note(now - since, now)
+        return got
 
     def release(self) -> None:
         """Give a permit back: to the first in line still waiting, else free."""
@@ -516,8 +540,7 @@ class AsyncSlots:
         self._free += 1
 
     async def __aenter__(self) -> None:
-        if not self.try_take():
-            await self.wait(asyncio.get_running_loop().create_future())
+        await self.acquire()
 
     async def __aexit__(self, *exc: object) -> None:
         self.release()
@@ -527,8 +550,8 @@ class AsyncWaker:
     """The asyncio face's listener for one client on one event loop."""
 
     def __init__(self, client: Any) -> None:
-        self.slots = AsyncSlots(_calls(client))
         self.lateness = Lateness()
+        self.slots = AsyncSlots(_calls(client), self.lateness)
         # Per waiter whose poll waits in ``slots``' line: its place, which a wake-up
         # carrying a grant fills with the fencing token (see poll_turn).
         self._polls: dict[str, asyncio.Future[int]] = {}
