@@ -488,3 +488,32 @@ def test_run_loop_uses_uvloop_when_installed_else_asyncio(
     monkeypatch.setattr(rp.importlib, "import_module", missing)
     assert rp.loop_name() == "asyncio"
     assert rp.run_loop(loop_module()).startswith("asyncio")
+
+
+def test_async_completion_counters_never_take_the_whole_pool(redis_server: RedisServer) -> None:
+    """A backlog of tasks all reading and bumping completion counters at once (500 here)
+    on a client whose pool holds 20 connections: at most COUNTER_CALLS calls are in
+    flight, so none fails with MaxConnectionsError and the pool keeps room for the lanes'
+    own calls."""
+    import redis.asyncio
+
+    from lanequeue.replay.runtimes.redis_processes import (
+        COUNTER_CALLS,
+        AsyncRedisCompletionCounter,
+    )
+
+    assert COUNTER_CALLS < 20
+
+    async def main() -> list[int]:
+        client = redis.asyncio.Redis(
+            host=redis_server.host, port=redis_server.port, max_connections=20
+        )
+        try:
+            counter = AsyncRedisCompletionCounter(client, "cnt-" + str(time.time_ns()),
+                                                  ttl_s=60)
+            await asyncio.gather(*(counter.finish(i % 5) for i in range(500)))
+            return list(await asyncio.gather(*(counter.done(i) for i in range(5))))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == [100] * 5

@@ -111,7 +111,15 @@ holds in a zset instead of one holder)::
   has many waiters on one client: together they poll about 500 times a second at
   most, each with a liveness window of 3 of its polls + 1 s); a lost wake-up costs one
   poll of latency, never a hang; each poll refreshes the waiter's liveness and also
-  moves a key whose holder lapsed. The waiter at the head of the line is told (in the
+  moves a key whose holder lapsed. A poll lasts, in that window, as long as the
+  process's polls have lately taken to run (their wait for a turn among the process's
+  calls in flight, a busy event loop; :class:`~._wake.Lateness`): a live waiter whose
+  own process runs its polls late keeps its place, never dropped as dead and sent to
+  the tail (a backlog of polls once did that, reordering a key's waiters and leaving
+  keys idle). A wake-up carrying a grant that reaches a waiter while its poll still
+  waits for that turn ends the poll unsent: the waiter holds at once (asyncio face; the
+  thread face sends nothing once the turn comes), instead of leaving the key idle
+  until the turn comes. The waiter at the head of the line is told (in the
   acquire reply) when the lease blocking it runs out, and polls right then. The lanes'
   calls in flight are bounded per process and client (8, or the pool's size if
   smaller; in the thread face releases and withdrawals have 4 connections of their own,

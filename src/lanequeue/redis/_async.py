@@ -41,7 +41,7 @@ from ._protocol import Call, RedisHoldBase, Step, Steps, T, renewal
 from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
-from ._wake import AsyncWaker, async_waker
+from ._wake import AsyncWaker, Woken, async_waker
 from ._wire import run_async
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
@@ -184,6 +184,15 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
             return await asyncio.shield(task)
+        if op == "acquire":
+            # A waiter's poll leaves the line for its turn when its grant overtakes it.
+            token = await wk.poll_turn(args[0])
+            if token:
+                return Woken(token)
+            try:
+                return await run_async(self._client, script, keys, args)
+            finally:
+                wk.slots.release()
         async with wk.slots:
             return await run_async(self._client, script, keys, args)
 

@@ -67,6 +67,7 @@ from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
 from ._presence import Epoch, presence_for
+from ._wake import Woken
 from ._wire import StaleReply, wrap
 
 __all__ = [
@@ -281,7 +282,10 @@ class RedisLaneBase(ABC, Generic[H]):
         """The face's script call: ``script(keys=KEYS, args=ARGV)``, called or awaited;
         ``op`` (acquire, withdraw, release, read, renew) and ``key`` name it, for
         subclasses that trace calls. Errors pass through: :meth:`_ask` maps them, the
-        renewer handles its own."""
+        renewer handles its own. An acquire of a waiter (its poll) answers
+        :class:`~._wake.Woken` instead, sending nothing, when a wake-up carrying a grant
+        reached the waiter while the call waited for its turn among the process's calls
+        in flight."""
 
     @abstractmethod
     def _expect(self, owner: str) -> None:
@@ -701,8 +705,10 @@ class RedisLaneBase(ABC, Generic[H]):
             self._expect(owner)
             expecting = True
             wake = value
+            lateness = self._wk().lateness
             while True:
-                block = next_block(poll, wake, deadline, time.monotonic())
+                start = time.monotonic()
+                block = next_block(poll, wake, deadline, start)
                 if not block:
                     break
                 token = yield self._wait_wake, (owner, block)
@@ -715,10 +721,26 @@ class RedisLaneBase(ABC, Generic[H]):
                 # Woken (or the bounded wait ran out): re-run acquire, which confirms a
                 # hand-off, takes over a lapsed holder if we are first, or refreshes our
                 # liveness in line.
-                t0 = time.monotonic()
+                sent, ready = t0, time.monotonic()
+                t0 = ready
                 poll, live_ms = self._poll_plan()
                 call = self._acquire_call(hold, True, live_ms)
-                granted, value = grant_reply((yield from self._script("acquire", key, call)))
+                reply = yield from self._script("acquire", key, call)
+                if isinstance(reply, Woken):
+                    # Handed a full lease while the poll waited for its turn among this
+                    # process's calls in flight: nothing was sent, so the grant ran
+                    # after the last acquire that was (at ``sent``).
+                    t0 = sent
+                    granted, value, t0 = yield from self._fresh(hold, reply.token, t0)
+                    if granted:
+                        return self._granted(hold, value, t0, kept)
+                    wake = -1
+                    continue
+                now = time.monotonic()
+                # How late this poll ran: its wait for a turn, a slow reply, and a wait
+                # that overran (a busy loop). Liveness windows count it (_poll_plan).
+                lateness.note(now - ready + max(0.0, ready - start - block), now)
+                granted, value = grant_reply(reply)
                 if granted:
                     granted, value, t0 = yield from self._fresh(hold, value, t0)
                 if granted:
@@ -764,11 +786,17 @@ class RedisLaneBase(ABC, Generic[H]):
         the call that refreshes it). A poll refreshes the waiter's liveness; the process's
         waiters on one client together poll at most about ``REFRESHES_PER_S`` times a
         second, so 10,000 waiters do not flood Redis: each polls less often, with a
-        liveness window to match (3 polls + 1 s)."""
+        liveness window to match (3 polls + 1 s). A poll lasts as long as this process's
+        polls have lately taken to run (:class:`~._wake.Lateness`: their wait for a turn
+        among the calls in flight, a busy event loop): 3 polls + 1 s counts that too, so a
+        waiter is never dropped from its line (and sent to its tail, with the key or
+        permit it was due left idle meanwhile) because its own process runs its polls
+        late."""
         poll = max(self._poll_s, self._local_waiters() / REFRESHES_PER_S)
-        if poll == self._poll_s:
+        late = self._wk().lateness.value(time.monotonic())
+        if poll == self._poll_s and late == 0.0:
             return poll, self._live_ms
-        return poll, round((3 * poll + 1.0) * 1000)
+        return poll, round((3 * (poll + late) + 1.0) * 1000)
 
     def _fresh(self, hold: H, token: int, t0: float) -> Steps[tuple[bool, int, float]]:
         """A grant whose reply took more than half a lease (asked for at ``t0``: a frozen

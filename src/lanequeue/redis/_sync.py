@@ -32,7 +32,7 @@ from ._link import SyncLink
 from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
-from ._wake import Gate, SyncWaker, sync_waker
+from ._wake import Gate, Slots, SyncWaker, Woken, _Slot, sync_waker
 from ._wire import run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
@@ -135,15 +135,35 @@ class _SyncFace(RedisOps[RedisHold]):
         # The process's bound on calls in flight per client; releases and withdrawals
         # have their own, so they never queue behind acquires and polls (see _wake).
         slots = wk.freeing if op == "release" or op == "withdraw" else wk.slots
-        slot = slots.take()
+        slot = self._take_slot(wk, slots)
         try:
+            if op == "acquire":
+                # A waiter's poll: a grant that reached it while it waited for the permit
+                # leaves nothing to send.
+                token = wk.take_token(args[0])
+                if token:
+                    return Woken(token)
             return run_sync(self._client, script, keys, args, slot.conn)
         finally:
             slots.give(slot)
 
-    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        slots = self._wk().slots
+    @staticmethod
+    def _take_slot(wk: SyncWaker, slots: Slots) -> _Slot:
+        """A permit of ``slots``; a wait for a permit of the general bound is noted as
+        lateness (see :class:`~._wake.Lateness`)."""
+        if slots is not wk.slots:
+            return slots.take()
+        since = time.monotonic()
         slot = slots.take()
+        now = time.monotonic()
+        if now - since > 0.001:
+            wk.lateness.note(now - since, now)
+        return slot
+
+    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        wk = self._wk()
+        slots = wk.slots
+        slot = self._take_slot(wk, slots)
         try:
             return fn(*args)
         finally:

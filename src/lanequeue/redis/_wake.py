@@ -24,7 +24,12 @@ The listener also owns the process's bound on concurrent script calls per client
 client's pool are in use by the lanes at once, so 10,000 waiters fit redis-py's default
 pool of 100. Releases and withdrawals have a bound of their own (``freeing``,
 :data:`FREEING_CALLS` connections, in both faces): a call that frees a key or permit never
-waits behind the acquires and polls of the waiters it would let in.
+waits behind the acquires and polls of the waiters it would let in. A waiter's poll that
+waits for its turn is overtaken by its own grant: when a wake-up carrying a full lease
+reaches it first, the poll leaves the line unsent and the waiter holds at once
+(:meth:`AsyncWaker.poll_turn`; the thread face sends nothing once its turn comes,
+:meth:`SyncWaker.take_token`). How late the polls run is measured (:class:`Lateness`)
+and lengthens the waiters' liveness windows.
 """
 
 from __future__ import annotations
@@ -37,12 +42,14 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any
+from collections import deque
+from typing import Any, NamedTuple
 
 from ._link import factory, sibling_async, sibling_sync
 
 __all__ = [
-    "AsyncWaker", "Gate", "Signal", "Slots", "SyncWaker", "async_waker", "owner_id", "sync_waker",
+    "AsyncSlots", "AsyncWaker", "Gate", "Lateness", "Signal", "Slots", "SyncWaker", "Woken",
+    "async_waker", "owner_id", "sync_waker",
 ]
 
 log = logging.getLogger("lanequeue.redis")
@@ -86,6 +93,49 @@ def _keep_early(early: dict[str, int], owner: str, token: int) -> None:
     early[owner] = token
     if len(early) > 4096:
         del early[next(iter(early))]
+
+
+class Woken(NamedTuple):
+    """What a waiter's poll returns instead of the acquire script's reply when a wake-up
+    carrying a grant (a full lease, fencing token ``token``) reached the waiter while the
+    poll waited for its turn among the process's calls in flight: nothing was sent, the
+    waiter holds."""
+
+    token: int
+
+
+class Lateness:
+    """How late this process's waiters' polls run, in seconds: the largest lateness seen
+    recently, halving every :attr:`HALF_LIFE_S` seconds.
+
+    A poll is late by the time from the instant its waiter meant to send it (its wait
+    ended) to its reply, plus the time that wait overran its planned length: the wait for
+    a turn among the process's calls in flight (:class:`Slots`, :class:`AsyncSlots`), a
+    busy event loop or interpreter, a slow server. Every call's wait for that turn is
+    noted too, as it ends, so a queue that grows lengthens the windows of the polls sent
+    next, before any poll has run late. A waiter's liveness window counts it
+    (see ``RedisLaneBase._poll_plan``), so a live waiter whose polls queue behind its own
+    process's calls keeps its place in line. Safe from any thread (one tuple, replaced
+    whole)."""
+
+    HALF_LIFE_S = 10.0
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last = (0.0, 0.0)  # (lateness in s, monotonic time it was seen)
+
+    def note(self, late_s: float, now: float) -> None:
+        """A poll ran ``late_s`` seconds late, as seen at ``now`` (monotonic)."""
+        if late_s > self.value(now):
+            self._last = (late_s, now)
+
+    def value(self, now: float) -> float:
+        """The recent lateness at ``now`` (monotonic), seconds (0.0: none seen)."""
+        late, at = self._last
+        if late <= 0.0:
+            return 0.0
+        return float(late * 0.5 ** (max(0.0, now - at) / self.HALF_LIFE_S))
 
 
 def parse(message: str) -> tuple[str, int]:
@@ -294,6 +344,7 @@ class SyncWaker:
         # polls in ``slots`` a release waited up to 82 s (replay at --speed 600), keeping
         # the key or permit it was freeing, so every waiter behind it waited too.
         self.freeing = Slots(FREEING_CALLS, factory(client))
+        self.lateness = Lateness()
         self._events: dict[str, Signal] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
         self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
@@ -330,6 +381,12 @@ class SyncWaker:
     def forget(self, owner: str) -> None:
         self._events.pop(owner, None)
         self._tokens.pop(owner, None)
+
+    def take_token(self, owner: str) -> int:
+        """The fencing token of a grant a wake-up carried to ``owner`` and nobody has
+        taken yet (0: none); taken by this call."""
+        with self._lock:
+            return self._tokens.pop(owner, 0)
 
     @property
     def listening(self) -> bool:
@@ -414,11 +471,90 @@ class SyncWaker:
                         pass
 
 
+class AsyncSlots:
+    """The asyncio face's bound on script calls in flight per client: ``n`` permits,
+    handed out in the order they were asked for (``async with slots``), where a waiter's
+    poll may leave the line when its own grant overtakes it (:meth:`AsyncWaker.poll_turn`).
+    Every call from the event loop's thread."""
+
+    __slots__ = ("n", "_free", "_line", "_lateness")
+
+    #: What a place in line is given: a permit (a waiter's poll may be given a fencing
+    #: token instead, see :meth:`AsyncWaker.poll_turn`).
+    HANDED = 0
+
+    def __init__(self, n: int, lateness: Lateness | None = None) -> None:
+        self.n = n
+        self._free = n
+        self._line: deque[asyncio.Future[int]] = deque()
+        self._lateness = lateness  # told how long each call waited for its permit
+
+    @property
+    def free(self) -> int:
+        """Permits not in use now."""
+        return self._free
+
+    def locked(self) -> bool:
+        """True when no permit is free (a call would wait), as ``asyncio.Semaphore``."""
+        return self._free == 0
+
+    def try_take(self) -> bool:
+        """Take a permit if one is free now (True); never waits."""
+        if self._free > 0:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> bool:
+        """Take a permit, waiting in line for it; True (as ``asyncio.Semaphore``)."""
+        if not self.try_take():
+            await self.wait(asyncio.get_running_loop().create_future())
+        return True
+
+    async def wait(self, place: asyncio.Future[int]) -> int:
+        """Wait in line with the future ``place`` until it is given a permit (returns
+        :attr:`HANDED`: the caller releases it) or set by someone else (returns what it
+        was set to; no permit taken). Cancelled after a permit was handed: passed on.
+        The wait for a permit is noted as lateness (see :class:`Lateness`)."""
+        self._line.append(place)
+        since = time.monotonic()
+        try:
+            got = await place
+        except asyncio.CancelledError:
+            if place.done() and not place.cancelled() and place.result() == self.HANDED:
+                self.release()
+            raise
+        if got == self.HANDED and self._lateness is not None:
+            now = time.monotonic()
+            self._lateness.note(now - since, now)
+        return got
+
+    def release(self) -> None:
+        """Give a permit back: to the first in line still waiting, else free."""
+        line = self._line
+        while line:
+            place = line.popleft()
+            if not place.done():
+                place.set_result(self.HANDED)
+                return
+        self._free += 1
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+
 class AsyncWaker:
     """The asyncio face's listener for one client on one event loop."""
 
     def __init__(self, client: Any) -> None:
-        self.slots = asyncio.Semaphore(_calls(client))
+        self.lateness = Lateness()
+        self.slots = AsyncSlots(_calls(client), self.lateness)
+        # Per waiter whose poll waits in ``slots``' line: its place, which a wake-up
+        # carrying a grant fills with the fencing token (see poll_turn).
+        self._polls: dict[str, asyncio.Future[int]] = {}
         # Releases and withdrawals: a bound of their own, as in the thread face (behind
         # a backlog of acquires in ``slots``, a release kept the key it was freeing).
         self.freeing = asyncio.Semaphore(FREEING_CALLS)
@@ -445,6 +581,29 @@ class AsyncWaker:
     def forget(self, owner: str) -> None:
         self._events.pop(owner, None)
         self._tokens.pop(owner, None)
+
+    async def poll_turn(self, owner: str) -> int:
+        """Wait for the turn of ``owner``'s poll among the calls in flight: 0 once a permit
+        of ``slots`` is taken (the caller releases it); or, when a wake-up carrying a grant
+        reaches ``owner`` first (or had already), that grant's fencing token, with no
+        permit taken: the poll leaves the line at once. A poll that waited for a permit
+        while its waiter was handed the key would otherwise keep the key (or permit) idle
+        until the permit came: seconds, with a backlog of polls (replay at --speed 600)."""
+        token = self._tokens.pop(owner, 0)
+        if token:
+            return token
+        if self.slots.try_take():
+            return 0
+        place: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._polls[owner] = place
+        try:
+            got = await self.slots.wait(place)
+        finally:
+            if self._polls.get(owner) is place:
+                del self._polls[owner]
+        if got:
+            self._tokens.pop(owner, None)
+        return got
 
     @property
     def listening(self) -> bool:
@@ -495,8 +654,8 @@ class AsyncWaker:
         me = ref()
         if me is None:
             return
-        sibling, events, early, tokens, ready = (
-            me._sibling, me._events, me._early, me._tokens, me._ready
+        sibling, events, early, tokens, polls, ready = (
+            me._sibling, me._events, me._early, me._tokens, me._polls, me._ready
         )
         del me
         assert ready is not None
@@ -516,6 +675,10 @@ class AsyncWaker:
                         if ev is not None:
                             if token:
                                 tokens[owner] = token
+                                # Its poll waiting for a permit leaves the line: it holds.
+                                place = polls.get(owner)
+                                if place is not None and not place.done():
+                                    place.set_result(token)
                             ev.set()
                         else:
                             _keep_early(early, owner, token)

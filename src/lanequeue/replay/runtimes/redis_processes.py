@@ -106,7 +106,8 @@ Connections: a task or thread waiting in a Redis lane holds no connection (wake-
 over one subscription per process); the lanes bound their own script calls per process
 (releases on a bound of their own, never behind acquires). The thread driver's pool is
 sized to its share of the requests, for the arrival gate's reads; the asyncio client's
-pool opens connections as the gate's reads need them.
+pool (redis-py's default, 100) serves the lanes' calls (at most 12 at once) and the
+completion counters' (at most :data:`COUNTER_CALLS` at once).
 
 Lifetime: the workers end with the parent, however it ends (:func:`die_with_parent`);
 SIGTERM or Ctrl-C of the parent stops the run cleanly, and a run in which nothing
@@ -184,6 +185,9 @@ PREFIX_BASE = "lanequeue-replay"
 GATE_MAX_POLL_S = 0.05
 #: How a worker process drives its share: ``asyncio`` (the default) or ``threads``.
 DRIVERS = ("asyncio", "threads")
+#: Calls of an asyncio worker's completion counters in flight at once (the lanes use at
+#: most 12 connections of the client's pool of 100; see AsyncRedisCompletionCounter).
+COUNTER_CALLS = 16
 
 
 class BackendError(Exception):
@@ -328,16 +332,26 @@ class RedisCompletionCounter(_CounterKeys):
 class AsyncRedisCompletionCounter(_CounterKeys):
     """:class:`RedisCompletionCounter` for a ``redis.asyncio.Redis`` client (the same
     keys, so both faces share the counts): an
-    :class:`~lanequeue.replay.observe.AsyncCompletionCounter`."""
+    :class:`~lanequeue.replay.observe.AsyncCompletionCounter`.
+
+    At most :data:`COUNTER_CALLS` of its calls are in flight at once: every task of a
+    backlog reads or bumps a counter, and unbounded they took every connection of the
+    client's pool (100), so the lanes' own calls failed with MaxConnectionsError (a
+    release that failed so left its key held until its lease ran out)."""
+
+    def __init__(self, client: Any, prefix: str, *, ttl_s: float) -> None:
+        super().__init__(client, prefix, ttl_s=ttl_s)
+        self._calls = asyncio.Semaphore(COUNTER_CALLS)
 
     async def done(self, slot: Hashable) -> int:
-        value = await self._client.get(self.key(slot))
+        async with self._calls:
+            value = await self._client.get(self.key(slot))
         return 0 if value is None else int(value)
 
     async def finish(self, slot: Hashable) -> None:
         # Not retried, for the reason given in RedisCompletionCounter.finish.
         key = self.key(slot)
-        async with self._client.pipeline(transaction=True) as pipe:
+        async with self._calls, self._client.pipeline(transaction=True) as pipe:
             pipe.incr(key)
             pipe.pexpire(key, self._ttl_ms)
             await pipe.execute()
