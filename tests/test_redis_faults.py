@@ -586,6 +586,115 @@ def test_forked_child_cannot_renew_or_release_inherited_holds(server: RedisServe
     assert lane.manual_release("parent-manual")
 
 
+def _in_child(check: Any) -> list[str]:
+    """Fork; run ``check()`` in the child; what it found wrong (the names of its failed
+    checks, or the error it raised)."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            try:
+                out = "\n".join(check())
+            except BaseException as exc:  # reported to the parent
+                out = f"raised {type(exc).__name__}: {exc}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode()
+    os.waitpid(pid, 0)
+    return got.splitlines()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+@pytest.mark.parametrize("cls", [RedisSessionLane, RedisLane])
+def test_forked_child_starts_with_no_holder_and_no_waiter_of_its_parent(
+    server: RedisServer, cls: Any
+) -> None:
+    """A Redis lane object in a forked child counts none of the parent's holds and none
+    of the parent's waiting threads (which do not exist in the child): active_count,
+    waiting, get_active(), stuck(), stats and status() start at 0, wait_idle() and
+    drain() finish once the child's own work is done, its own grants are recorded under
+    the child's own presence connection (not the parent's), its watchdog never reports
+    the parent's holds lost, and an inherited hold dropped there warns of nothing. The
+    lane-wide view (from Redis) still shows the parent's hold, which is real."""
+    import warnings
+
+    lost: list[Any] = []
+    kw = {"max_concurrent": 1} if cls is RedisLane else {}
+    lane = cls(client_of(server), "forked", lease_s=0.6, on_lease_lost=lost.append, **kw)
+    assert lane.acquire_timeout("k", 1)  # the parent holds k (the only permit)
+    owned = lane.acquire("k2", timeout_s=0) if cls is RedisSessionLane else None
+    if owned is not None:
+        owned.__enter__()
+    granted = threading.Event()
+
+    def parent_waiter() -> None:
+        if lane.acquire_timeout("k", 20):
+            granted.set()
+            lane.manual_release("k")
+
+    t = threading.Thread(target=parent_waiter)
+    t.start()
+    wait_until(lambda: lane.waiting == 1, timeout=5)
+    parent_pres = lane._pres()
+    assert parent_pres is not None
+    parent_epoch = parent_pres.current()
+    assert parent_epoch is not None
+
+    def check() -> list[str]:
+        nonlocal owned
+        bad = []
+        if (lane.active_count, lane.waiting) != (0, 0):
+            bad.append(f"counts {lane.active_count}, {lane.waiting}")
+        if lane.get_active() != {} or lane.stuck(0) != []:
+            bad.append("get_active/stuck")
+        st, status = lane.stats, lane.status()
+        if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
+            bad.append("stats/status")
+        if not lane.wait_idle(0):
+            bad.append("wait_idle at fork")
+        if cls is RedisLane:
+            if lane.available != 1 or lane.lane_status()["active"] != 1:
+                bad.append("available / lane-wide active")
+            # The only permit is the parent's: the child's own waiter gives up.
+            if lane.acquire_timeout("own", 0.3) or lane.waiting != 0:
+                bad.append("own wait")
+        else:
+            if not lane.is_held("k"):  # lane-wide: the parent's hold is real
+                bad.append("is_held")
+            with lane.acquire("own", timeout_s=5) as mine:
+                if lane.active_count != 1 or mine._presence is None \
+                        or mine._presence.channel == parent_epoch.channel:
+                    bad.append("own hold / presence")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                owned = None  # the parent's hold object, dropped here: no warning
+                gc.collect()
+        if (lane.active_count, lane.waiting) != (0, 0) or not lane.drain(3):
+            bad.append("idle after own work")
+        try:
+            lane.manual_release("k")  # the parent's: a clear error, as before
+            bad.append("released an inherited hold")
+        except RuntimeError:
+            pass
+        time.sleep(0.8)  # past the lease: the child's watchdog never reports it lost
+        if lost or lane.leases_lost:
+            bad.append("parent's hold reported lost")
+        return bad
+
+    assert _in_child(check) == []
+    assert lane.active_count == 1 + (owned is not None) and lane.waiting == 1
+    lane.manual_release("k")
+    t.join(5)
+    assert granted.is_set()
+    assert not lost
+
+
 # -- protocol versions -----------------------------------------------------------------
 
 

@@ -207,7 +207,12 @@ holds in a zset instead of one holder)::
   on a connection the cancellation closed), grants nothing.
 - Fork. A hold belongs to the process that acquired it: a forked child never renews the
   holds it inherited (nor uses the parent's renewal connection or locks), and releasing
-  one there (``hold.release()``, ``manual_release``) raises RuntimeError.
+  one there (``hold.release()``, ``manual_release``) raises RuntimeError. A lane
+  object's view of this process starts empty in the child (``active_count``,
+  ``waiting``, ``get_active()``, ``stuck()``, ``wait_idle()``, ``drain()``: the parent's
+  holders and waiting threads are not the child's); the lane-wide views, read from
+  Redis, still show the parent's holds. The child makes its own presence connection,
+  wake-up listener and renewer.
 - Release. The script ends the hold only if the owner id matches (counting lane: after
   purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
   raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already

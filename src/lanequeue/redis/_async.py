@@ -20,6 +20,7 @@ the line in one script and passes on a grant that reached it; a task cancelled i
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -53,6 +54,17 @@ _CLEANUPS: set[asyncio.Task[Any]] = set()
 _READ_LOCK = threading.Lock()
 #: Longest wait of one such read, in seconds.
 READ_WAIT_S = 2.0
+
+
+def _after_fork() -> None:
+    """In a forked child: a fresh lock (a parent thread may have held it at the fork);
+    the parent's clean-up tasks are not the child's."""
+    global _READ_LOCK
+    _READ_LOCK = threading.Lock()
+    _CLEANUPS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 async def drive(steps: Steps[T]) -> T:
@@ -259,6 +271,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             super()._call_lost(hold)
 
     def _forked(self) -> None:
+        super()._forked()
         self._link = None
         self._renew_task = None
         self._reader = None

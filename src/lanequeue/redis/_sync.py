@@ -186,6 +186,7 @@ class _SyncFace(RedisOps[RedisHold]):
         return link.call_many(calls, wait)
 
     def _forked(self) -> None:
+        super()._forked()
         self._link = None
         self._waker = None
 
