@@ -586,6 +586,100 @@ def test_forked_child_cannot_renew_or_release_inherited_holds(server: RedisServe
     assert lane.manual_release("parent-manual")
 
 
+# -- a release answered after the lease ran out: LeaseLostError, whatever the timing ----
+
+
+def _frozen(server: RedisServer, seconds: float) -> threading.Thread:
+    """Freeze the server now (SIGSTOP); a thread resumes it after ``seconds``."""
+    assert server.proc is not None
+    proc = server.proc
+    proc.send_signal(signal.SIGSTOP)
+
+    def resume() -> None:
+        time.sleep(seconds)
+        proc.send_signal(signal.SIGCONT)
+
+    t = threading.Thread(target=resume)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("how", ["session", "counting", "acquire_all"])
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_release_answered_after_the_lease_ran_out_raises_lease_lost(
+    server: RedisServer, face: str, how: str
+) -> None:
+    """A release sent while the hold still reads held, to a server frozen past the lease:
+    the server's answer says the hold is gone, and the release raises LeaseLostError
+    (the class README gives "its Redis lease ran out"), as when the loss is noticed
+    before the release is sent; the hold reads lost, the loss is counted once, and the
+    refused release once. Both faces, both kinds, and a queue's acquire_all (whose
+    release goes on to release every hold after the one that failed)."""
+    lease = 0.5
+
+    def lanes(client: Any, session_cls: Any, counting_cls: Any) -> list[Any]:
+        out = []
+        if how != "counting":
+            out.append(session_cls(client, "fz-s", lease_s=lease))
+        if how != "session":
+            out.append(counting_cls(client, "fz-c", max_concurrent=2, lease_s=lease))
+        return out
+
+    def check(held: list[Any], err: BaseException, lanes_: list[Any]) -> None:
+        assert isinstance(err, LeaseLostError), repr(err)
+        assert "was lost" in str(err)
+        assert all(h.lost for h in held)
+        # Every hold was released, also those after the first that failed (acquire_all).
+        assert not any(h.held for h in held)
+        assert [ln.active_count for ln in lanes_] == [0] * len(lanes_)
+        assert [ln.leases_lost for ln in lanes_] == [1] * len(lanes_)
+        assert [ln.stats.unmatched_releases for ln in lanes_] == [1] * len(lanes_)
+
+    if face == "threads":
+        ls = lanes(client_of(server), RedisSessionLane, RedisLane)
+        if how == "acquire_all":
+            queue = LaneQueue()
+            for ln in ls:
+                queue.add(ln)
+            multi = queue.acquire_all("k", [ln.name for ln in ls], timeout_s=2)
+            got = multi.__enter__()
+            held = [got[ln.name] for ln in ls]
+            release: Any = multi.release
+        else:
+            held = [ls[0].acquire("k", timeout_s=2).__enter__()]
+            release = held[0].release
+        assert not any(h.lost for h in held)  # sent before any loss is known
+        resumer = _frozen(server, 2 * lease)
+        with pytest.raises(LeaseLostError) as info:
+            release()
+        resumer.join()
+        check(held, info.value, ls)
+        return
+
+    async def body() -> None:
+        ls = lanes(redis.asyncio.Redis(host=server.host, port=server.port),
+                   AsyncRedisSessionLane, AsyncRedisLane)
+        if how == "acquire_all":
+            queue = AsyncLaneQueue()
+            for ln in ls:
+                queue.add(ln)
+            multi = queue.acquire_all("k", [ln.name for ln in ls], timeout_s=2)
+            got = await multi.__aenter__()
+            held = [got[ln.name] for ln in ls]
+            release: Any = multi.release
+        else:
+            held = [await ls[0].acquire("k", timeout_s=2).__aenter__()]
+            release = held[0].release
+        assert not any(h.lost for h in held)
+        resumer = _frozen(server, 2 * lease)
+        with pytest.raises(LeaseLostError) as info:
+            await release()
+        resumer.join()
+        check(held, info.value, ls)
+
+    asyncio.run(body())
+
+
 def _in_child(check: Any) -> list[str]:
     """Fork; run ``check()`` in the child; what it found wrong (the names of its failed
     checks, or the error it raised)."""

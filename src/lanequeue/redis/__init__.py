@@ -215,8 +215,10 @@ holds in a zset instead of one holder)::
   wake-up listener and renewer.
 - Release. The script ends the hold only if the owner id matches (counting lane: after
   purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
-  raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already
-  known; also when the hold was released already, or ended by ``manual_release``);
+  raises :class:`~lanequeue.LeaseLostError` (a NotOwnerError) when the lease is gone,
+  whether that was known before the release was sent or learnt from the script's answer,
+  and plain NotOwnerError when the hold was released already, or ended by
+  ``manual_release``;
   ``manual_release(key)`` releases this lane OBJECT's own oldest hold of key and returns
   False with a warning when it has none (another client's hold is untouched).
 - Withdraw. A waiter that times out, is interrupted or cancelled leaves the line in one
@@ -232,7 +234,8 @@ holds in a zset instead of one holder)::
   reply was lost is never renewed and lapses with its lease); a release that
   raises it stops renewing, so the hold lapses within ``lease_s``. Scripts are idempotent
   per owner id, so redis-py retrying a call whose reply was lost is harmless (except that
-  a retried release may then report NotOwnerError). After a restart without persistence,
+  a retried release may then report LeaseLostError, as the script cannot tell its own
+  earlier release from a lease that ran out). After a restart without persistence,
   or a FLUSHALL, all holds are gone: a newcomer can be granted at once, and the old
   holders learn it at their next renewal (within ``lease_s/3``). That window is a limit
   of any lock kept in Redis: protect the resource with the fencing token (the newcomer's

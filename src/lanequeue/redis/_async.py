@@ -128,7 +128,8 @@ class AsyncRedisHold(RedisHoldBase):
     releases on the way out, also on cancellation. ``await hold.release()`` returns True
     when it ended the hold; it raises NotOwnerError when the hold is not this
     acquisition's (any more: never granted, released already, ended by
-    ``manual_release``, lease ran out), LeaseLostError when that loss was already known.
+    ``manual_release``), and its subclass LeaseLostError when the lease ran out (whether
+    that was known before the release was sent or learnt from the server's answer).
     Leaving the block after an early release is silent; otherwise it raises the same
     errors unless the block itself raised (then the release error is logged and the
     block's exception propagates).

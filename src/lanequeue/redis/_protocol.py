@@ -506,21 +506,19 @@ class RedisLaneBase(ABC, Generic[H]):
             )
 
     def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
+        """The error of releasing a hold whose lease is gone: the same class whether the
+        loss was noticed before the release was sent or learnt from its answer."""
         return LeaseLostError(
             f"lane {self.name!r}: the lease of key {hold.key!r} (fencing token {hold.token}) "
-            f"was lost (renewal failed or came too late); the key may belong to another "
-            f"holder; nothing was released"
-        )
-
-    def _not_owner_error(self, hold: RedisHoldBase) -> NotOwnerError:
-        return NotOwnerError(
-            f"lane {self.name!r}: key {hold.key!r} is not held by this acquisition any more "
-            f"(fencing token {hold.token}): its lease ran out and the key may belong to "
-            f"another holder; nothing was released"
+            f"was lost (it ran out, or a renewal failed or came too late); the key may "
+            f"belong to another holder; nothing was released"
         )
 
     def _release_result(self, hold: H, ok: bool) -> bool:
-        """Account for the reply of a release script; raise NotOwnerError if it failed."""
+        """Account for the reply of a release script. A refusal means the server no longer
+        has this hold (its lease ran out, or it was taken over): the hold is marked lost
+        and :class:`~lanequeue.LeaseLostError` is raised, as when the loss was known
+        before the release was sent."""
         if ok:
             with self._lock:
                 self.released += 1
@@ -528,7 +526,7 @@ class RedisLaneBase(ABC, Generic[H]):
         with self._lock:
             self.unmatched += 1
         self._notice_lost(hold)
-        raise self._not_owner_error(hold)
+        raise self._lost_error(hold)
 
     def _lost_release(self, hold: H) -> bool:
         """Release of a hold already known lost: no round trip, it is not ours."""

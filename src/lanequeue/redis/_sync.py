@@ -70,8 +70,9 @@ class RedisHold(RedisHoldBase):
     ``release()`` returns True when it ended the hold. It raises
     :class:`~lanequeue.NotOwnerError` when the hold is not this acquisition's (any more):
     never granted, released already, ended by ``manual_release(key)``, or its lease ran
-    out and the key moved on (:class:`~lanequeue.LeaseLostError`, a NotOwnerError, when
-    that loss was already known); the real owner's hold is never touched. Leaving the
+    out and the key may have moved on (:class:`~lanequeue.LeaseLostError`, a
+    NotOwnerError, whether the loss was known before the release was sent or learnt from
+    the server's answer); the real owner's hold is never touched. Leaving the
     ``with`` block after an early release is silent; otherwise it raises the same errors,
     unless the block itself raised (then the release error is logged and the block's
     exception propagates).
