@@ -200,9 +200,9 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         async with wk.slots:
             return await run_async(self._client, script, keys, args)
 
-    async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async with self._wk().slots:
-            return await fn(*args)
+    async def _memory_info(self) -> Any:
+        async with self._wk().slots:  # on a connection of the pool, as the scripts
+            return await self._client.info("memory")
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)

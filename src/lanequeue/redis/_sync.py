@@ -33,7 +33,7 @@ from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import Gate, SyncWaker, sync_waker
-from ._wire import run_sync
+from ._wire import info_sync, run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -142,11 +142,11 @@ class _SyncFace(RedisOps[RedisHold]):
         finally:
             slots.give(slot)
 
-    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _memory_info(self) -> Any:
         slots = self._wk().slots
         slot = slots.take()
         try:
-            return fn(*args)
+            return info_sync(self._client, "memory", slot.conn)
         finally:
             slots.give(slot)
 
