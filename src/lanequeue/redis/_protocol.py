@@ -49,6 +49,7 @@ from ._args import (
     check_lease,
     check_name,
     check_prefix,
+    check_script_int,
     flag_reply,
     grant_reply,
     next_block,
@@ -158,7 +159,8 @@ class RedisLaneBase(ABC, Generic[H]):
         self.lease_s = check_lease(lease_s, f"{where} 'lease_s'")
         self.prefix = check_prefix(prefix, f"{where} 'prefix'")
         self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
-        self._cap = check_count(max_concurrent, f"{where} 'max_concurrent'")
+        self._cap = check_script_int(check_count(max_concurrent, f"{where} 'max_concurrent'"),
+                                     f"{where} 'max_concurrent'")
         self._client: Any = self._check_client(client)
         self._lease_ms = max(1, round(self.lease_s * 1000))
         poll = min(MAX_POLL_S, self.lease_s / 3)

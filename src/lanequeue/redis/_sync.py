@@ -342,7 +342,8 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
     Args:
         client: a ``redis.Redis`` (or ``redis.cluster.RedisCluster``) client.
         name: the lane's name (no ``:``, ``{``, ``}``).
-        max_concurrent: permits, >= 1.
+        max_concurrent: permits, from 1 to 2**53 (Redis scripts hold numbers as doubles,
+            exact up to 2**53; a larger cap raises ValueError).
         timeout_s, lease_s, prefix, on_lease_lost, warn_after_s, on_wait, warn_hold_s:
             as on :class:`RedisSessionLane`.
 
