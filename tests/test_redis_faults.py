@@ -789,6 +789,43 @@ def test_forked_child_starts_with_no_holder_and_no_waiter_of_its_parent(
     assert not lost
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_forked_child_of_an_asyncio_process_counts_no_parent_task(server: RedisServer) -> None:
+    """The asyncio face too: forked while a task of the parent waits and the lane object
+    holds a key, the child's lane object has no holder and no waiter (``waiting``,
+    ``active_count``, ``get_active()``, ``stuck()``, ``stats``, ``status()``, and the
+    predicate ``wait_idle()``/``drain()`` wait for); the parent's are untouched."""
+
+    def check(lane: Any) -> list[str]:
+        bad = []
+        if (lane.active_count, lane.waiting) != (0, 0):
+            bad.append(f"counts {lane.active_count}, {lane.waiting}")
+        if lane.get_active() != {} or lane.stuck(0) != []:
+            bad.append("get_active/stuck")
+        st, status = lane.stats, lane.status()
+        if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
+            bad.append("stats/status")
+        if not lane._idle():
+            bad.append("not idle")
+        return bad
+
+    async def main() -> None:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = AsyncRedisSessionLane(r, "forked-a", lease_s=2)
+        assert await lane.try_acquire("k")
+        waiter = asyncio.ensure_future(lane.acquire_timeout("k", 20))
+        while lane.waiting != 1:
+            await asyncio.sleep(0.01)
+        assert _in_child(lambda: check(lane)) == []
+        assert (lane.active_count, lane.waiting) == (1, 1)
+        assert await lane.manual_release("k")
+        assert await waiter
+        assert await lane.manual_release("k")
+        await r.aclose()
+
+    asyncio.run(main())
+
+
 # -- protocol versions -----------------------------------------------------------------
 
 
