@@ -83,9 +83,9 @@ def check_lease(lease_s: object, arg: str = "lease_s") -> float:
 
 
 def check_script_int(value: int, arg: str) -> int:
-    """``value`` (an int already checked) if a Redis script holds it exactly, else a
-    ValueError naming ``arg`` (see :data:`MAX_SCRIPT_INT`)."""
-    if not -MAX_SCRIPT_INT <= value <= MAX_SCRIPT_INT:
+    """``value`` (a positive int, already checked) if a Redis script holds it exactly,
+    else a ValueError naming ``arg`` (see :data:`MAX_SCRIPT_INT`)."""
+    if value > MAX_SCRIPT_INT:
         raise ValueError(
             f"{arg} must be at most 2**53 ({MAX_SCRIPT_INT}, the largest integer Redis "
             f"scripts hold exactly), got {value}"
