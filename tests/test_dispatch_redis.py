@@ -72,6 +72,38 @@ def test_C31_across_replicas_a_webhook_runs_once(redis_client: Any, redis_prefix
         b.close()
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_a_forked_child_never_owns_its_parents_dedupe_claims(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """A dispatcher's shared dedupe window in a forked child (a worker made by fork) is
+    another claimant: an id its parent claimed is a duplicate there (else both processes
+    would run the turn), and its give-back leaves the parent's claim alone."""
+    import os
+
+    from lanequeue.dispatch._redis import RedisDedupeWindow
+
+    window = RedisDedupeWindow(redis_client, redis_prefix, 60.0)
+    assert window.claim("Ev1")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        out = "raised"
+        try:
+            window.give_back("Ev1")
+            out = f"{window.claim('Ev1')} {window.claim('Ev2')}"
+        finally:
+            os.write(w, out.encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode()
+    os.waitpid(pid, 0)
+    assert got == "False True"
+    assert window.claim("Ev1")  # still the parent's
+    assert not window.claim("Ev2")  # the child's
+
+
 def test_a_claim_is_given_back_when_the_turn_never_ran(redis_client: Any,
                                                       redis_prefix: str) -> None:
     a = ThreadDispatcher(local_lanes(), busy="reject", dedupe_redis=redis_client,

@@ -586,6 +586,246 @@ def test_forked_child_cannot_renew_or_release_inherited_holds(server: RedisServe
     assert lane.manual_release("parent-manual")
 
 
+# -- a release answered after the lease ran out: LeaseLostError, whatever the timing ----
+
+
+def _frozen(server: RedisServer, seconds: float) -> threading.Thread:
+    """Freeze the server now (SIGSTOP); a thread resumes it after ``seconds``."""
+    assert server.proc is not None
+    proc = server.proc
+    proc.send_signal(signal.SIGSTOP)
+
+    def resume() -> None:
+        time.sleep(seconds)
+        proc.send_signal(signal.SIGCONT)
+
+    t = threading.Thread(target=resume)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("how", ["session", "counting", "acquire_all"])
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_release_answered_after_the_lease_ran_out_raises_lease_lost(
+    server: RedisServer, face: str, how: str
+) -> None:
+    """A release sent while the hold still reads held, to a server frozen past the lease:
+    the server's answer says the hold is gone, and the release raises LeaseLostError
+    (the class README gives "its Redis lease ran out"), as when the loss is noticed
+    before the release is sent; the hold reads lost, the loss is counted once, and the
+    refused release once. Both faces, both kinds, and a queue's acquire_all (whose
+    release goes on to release every hold after the one that failed)."""
+    lease = 0.5
+
+    def lanes(client: Any, session_cls: Any, counting_cls: Any) -> list[Any]:
+        out = []
+        if how != "counting":
+            out.append(session_cls(client, "fz-s", lease_s=lease))
+        if how != "session":
+            out.append(counting_cls(client, "fz-c", max_concurrent=2, lease_s=lease))
+        return out
+
+    def check(held: list[Any], err: BaseException, lanes_: list[Any]) -> None:
+        assert isinstance(err, LeaseLostError), repr(err)
+        assert "was lost" in str(err)
+        assert all(h.lost for h in held)
+        # Every hold was released, also those after the first that failed (acquire_all).
+        assert not any(h.held for h in held)
+        assert [ln.active_count for ln in lanes_] == [0] * len(lanes_)
+        assert [ln.leases_lost for ln in lanes_] == [1] * len(lanes_)
+        assert [ln.stats.unmatched_releases for ln in lanes_] == [1] * len(lanes_)
+
+    if face == "threads":
+        ls = lanes(client_of(server), RedisSessionLane, RedisLane)
+        if how == "acquire_all":
+            queue = LaneQueue()
+            for ln in ls:
+                queue.add(ln)
+            multi = queue.acquire_all("k", [ln.name for ln in ls], timeout_s=2)
+            got = multi.__enter__()
+            held = [got[ln.name] for ln in ls]
+            release: Any = multi.release
+        else:
+            held = [ls[0].acquire("k", timeout_s=2).__enter__()]
+            release = held[0].release
+        assert not any(h.lost for h in held)  # sent before any loss is known
+        resumer = _frozen(server, 2 * lease)
+        with pytest.raises(LeaseLostError) as info:
+            release()
+        resumer.join()
+        check(held, info.value, ls)
+        return
+
+    async def body() -> None:
+        ls = lanes(redis.asyncio.Redis(host=server.host, port=server.port),
+                   AsyncRedisSessionLane, AsyncRedisLane)
+        if how == "acquire_all":
+            queue = AsyncLaneQueue()
+            for ln in ls:
+                queue.add(ln)
+            multi = queue.acquire_all("k", [ln.name for ln in ls], timeout_s=2)
+            got = await multi.__aenter__()
+            held = [got[ln.name] for ln in ls]
+            release: Any = multi.release
+        else:
+            held = [await ls[0].acquire("k", timeout_s=2).__aenter__()]
+            release = held[0].release
+        assert not any(h.lost for h in held)
+        resumer = _frozen(server, 2 * lease)
+        with pytest.raises(LeaseLostError) as info:
+            await release()
+        resumer.join()
+        check(held, info.value, ls)
+
+    asyncio.run(body())
+
+
+def _in_child(check: Any) -> list[str]:
+    """Fork; run ``check()`` in the child; what it found wrong (the names of its failed
+    checks, or the error it raised)."""
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            try:
+                out = "\n".join(check())
+            except BaseException as exc:  # reported to the parent
+                out = f"raised {type(exc).__name__}: {exc}"
+            os.write(w, out.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode()
+    os.waitpid(pid, 0)
+    return got.splitlines()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+@pytest.mark.parametrize("cls", [RedisSessionLane, RedisLane])
+def test_forked_child_starts_with_no_holder_and_no_waiter_of_its_parent(
+    server: RedisServer, cls: Any
+) -> None:
+    """A Redis lane object in a forked child counts none of the parent's holds and none
+    of the parent's waiting threads (which do not exist in the child): active_count,
+    waiting, get_active(), stuck(), stats and status() start at 0, wait_idle() and
+    drain() finish once the child's own work is done, its own grants are recorded under
+    the child's own presence connection (not the parent's), its watchdog never reports
+    the parent's holds lost, and an inherited hold dropped there warns of nothing. The
+    lane-wide view (from Redis) still shows the parent's hold, which is real."""
+    import warnings
+
+    lost: list[Any] = []
+    kw = {"max_concurrent": 1} if cls is RedisLane else {}
+    lane = cls(client_of(server), "forked", lease_s=0.6, on_lease_lost=lost.append, **kw)
+    assert lane.acquire_timeout("k", 1)  # the parent holds k (the only permit)
+    owned = lane.acquire("k2", timeout_s=0) if cls is RedisSessionLane else None
+    if owned is not None:
+        owned.__enter__()
+    granted = threading.Event()
+
+    def parent_waiter() -> None:
+        if lane.acquire_timeout("k", 20):
+            granted.set()
+            lane.manual_release("k")
+
+    t = threading.Thread(target=parent_waiter)
+    t.start()
+    wait_until(lambda: lane.waiting == 1, timeout=5)
+    parent_pres = lane._pres()
+    assert parent_pres is not None
+    parent_epoch = parent_pres.current()
+    assert parent_epoch is not None
+
+    def check() -> list[str]:
+        nonlocal owned
+        bad = []
+        if (lane.active_count, lane.waiting) != (0, 0):
+            bad.append(f"counts {lane.active_count}, {lane.waiting}")
+        if lane.get_active() != {} or lane.stuck(0) != []:
+            bad.append("get_active/stuck")
+        st, status = lane.stats, lane.status()
+        if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
+            bad.append("stats/status")
+        if not lane.wait_idle(0):
+            bad.append("wait_idle at fork")
+        if cls is RedisLane:
+            if lane.available != 1 or lane.lane_status()["active"] != 1:
+                bad.append("available / lane-wide active")
+            # The only permit is the parent's: the child's own waiter gives up.
+            if lane.acquire_timeout("own", 0.3) or lane.waiting != 0:
+                bad.append("own wait")
+        else:
+            if not lane.is_held("k"):  # lane-wide: the parent's hold is real
+                bad.append("is_held")
+            with lane.acquire("own", timeout_s=5) as mine:
+                if lane.active_count != 1 or mine._presence is None \
+                        or mine._presence.channel == parent_epoch.channel:
+                    bad.append("own hold / presence")
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                owned = None  # the parent's hold object, dropped here: no warning
+                gc.collect()
+        if (lane.active_count, lane.waiting) != (0, 0) or not lane.drain(3):
+            bad.append("idle after own work")
+        try:
+            lane.manual_release("k")  # the parent's: a clear error, as before
+            bad.append("released an inherited hold")
+        except RuntimeError:
+            pass
+        time.sleep(0.8)  # past the lease: the child's watchdog never reports it lost
+        if lost or lane.leases_lost:
+            bad.append("parent's hold reported lost")
+        return bad
+
+    assert _in_child(check) == []
+    assert lane.active_count == 1 + (owned is not None) and lane.waiting == 1
+    lane.manual_release("k")
+    t.join(5)
+    assert granted.is_set()
+    assert not lost
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_forked_child_of_an_asyncio_process_counts_no_parent_task(server: RedisServer) -> None:
+    """The asyncio face too: forked while a task of the parent waits and the lane object
+    holds a key, the child's lane object has no holder and no waiter (``waiting``,
+    ``active_count``, ``get_active()``, ``stuck()``, ``stats``, ``status()``, and the
+    predicate ``wait_idle()``/``drain()`` wait for); the parent's are untouched."""
+
+    def check(lane: Any) -> list[str]:
+        bad = []
+        if (lane.active_count, lane.waiting) != (0, 0):
+            bad.append(f"counts {lane.active_count}, {lane.waiting}")
+        if lane.get_active() != {} or lane.stuck(0) != []:
+            bad.append("get_active/stuck")
+        st, status = lane.stats, lane.status()
+        if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
+            bad.append("stats/status")
+        if not lane._idle():
+            bad.append("not idle")
+        return bad
+
+    async def main() -> None:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = AsyncRedisSessionLane(r, "forked-a", lease_s=2)
+        assert await lane.try_acquire("k")
+        waiter = asyncio.ensure_future(lane.acquire_timeout("k", 20))
+        while lane.waiting != 1:
+            await asyncio.sleep(0.01)
+        assert _in_child(lambda: check(lane)) == []
+        assert (lane.active_count, lane.waiting) == (1, 1)
+        assert await lane.manual_release("k")
+        assert await waiter
+        assert await lane.manual_release("k")
+        await r.aclose()
+
+    asyncio.run(main())
+
+
 # -- protocol versions -----------------------------------------------------------------
 
 

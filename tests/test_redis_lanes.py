@@ -122,6 +122,39 @@ def test_constructor_errors_name_the_public_class(
             cls(client, "x").acquire_timeout("k", 0, priority=0)
 
 
+@pytest.mark.parametrize("cap", [2**53 + 1, 2**60 + 1, 10**30])
+def test_a_cap_redis_scripts_cannot_hold_exactly_is_refused(
+    redis_client: redis.Redis, cap: int
+) -> None:
+    """Redis scripts hold numbers as doubles, exact up to 2**53: a larger
+    ``max_concurrent`` would be reported (and enforced) as another cap. It is refused at
+    the call with a ValueError naming the argument, on both faces and through a backend;
+    nothing is sent to Redis."""
+    before = redis_client.dbsize()
+    with pytest.raises(ValueError, match=r"^RedisLane\(\) argument 'max_concurrent' must be "
+                                         r"at most 2\*\*53"):
+        RedisLane(redis_client, "x", max_concurrent=cap)
+    with pytest.raises(ValueError, match=r"^AsyncRedisLane\(\) argument 'max_concurrent'"):
+        lanequeue.redis.AsyncRedisLane(redis.asyncio.Redis(), "x", max_concurrent=cap)
+    with pytest.raises(ValueError, match=r"^LaneQueue\.add_lane\(\) argument 'max_concurrent'"):
+        lanequeue.LaneQueue().add_lane("x", max_concurrent=cap,
+                                       backend=RedisBackend(redis_client))
+    assert redis_client.dbsize() == before
+
+
+def test_the_largest_cap_redis_scripts_hold_is_exact(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    """At 2**53, the largest accepted cap, the lane-wide figures read back exactly."""
+    cap = 2**53
+    lane = RedisLane(redis_client, "huge", max_concurrent=cap, prefix=redis_prefix)
+    assert lane.try_acquire("a") and lane.try_acquire("b")
+    st = lane.lane_status()
+    assert (st["max_concurrent"], st["available"], st["active"]) == (cap, cap - 2, 2)
+    assert lane.available == cap - 2
+    assert lane.manual_release("a") and lane.manual_release("b")
+
+
 def test_bad_keys_raise_at_the_call(redis_client: redis.Redis, redis_prefix: str) -> None:
     lane = RedisSessionLane(redis_client, prefix=redis_prefix)
     with pytest.raises(TypeError):

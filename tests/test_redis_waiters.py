@@ -16,7 +16,7 @@ import redis.asyncio
 from redis.cluster import RedisCluster
 from redis_server import RedisServer
 
-from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane, RedisSessionLane
+from lanequeue.redis import AsyncRedisLane, AsyncRedisSessionLane, RedisLane, RedisSessionLane
 from lanequeue.redis._wake import FREEING_CALLS, MAX_CALLS
 
 
@@ -60,11 +60,104 @@ def test_c28_ten_thousand_waiters_share_a_handful_of_connections(server: RedisSe
     errors = [x for x in results if isinstance(x, BaseException)]
     assert errors == []
     assert results.count(True) >= 1  # the hand-offs went on while the rest waited
-    # The design's bound, whatever the load: the calls in flight (MAX_CALLS), the
-    # releases and withdrawals (FREEING_CALLS: timed-out waiters withdraw at once under
-    # load), the wake-up subscription, the presence connection and the client's own pool
-    # connection of the first-use checks. Not one per waiter.
+    # The design's bound, whatever the load: the calls in flight (MAX_CALLS, the
+    # first-use checks among them), the releases and withdrawals (FREEING_CALLS: timed-out
+    # waiters withdraw at once under load), the wake-up subscription, the lane object's
+    # renewal connection (it holds k) and the presence connection. Not one per waiter.
     assert seen <= MAX_CALLS + FREEING_CALLS + 3, seen
+
+
+class PeakConnections:
+    """A sampler thread: the most connections the server had at once (CLIENT LIST every
+    2 ms, not counting its own), while in use as a context manager."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self._admin = redis.Redis(host=server.host, port=server.port)
+        self._me = self._admin.client_id()
+        self._stop = threading.Event()
+        self.peak = 0
+        self.at_peak: list[str] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            clients = [c for c in self._admin.client_list() if int(c["id"]) != self._me]
+            if len(clients) > self.peak:
+                self.peak = len(clients)
+                self.at_peak = sorted(str(c.get("cmd")) for c in clients)
+            time.sleep(0.002)
+
+    def __enter__(self) -> PeakConnections:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.05)
+        self._stop.set()
+        self._thread.join(5)
+        self._admin.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cls", [RedisSessionLane, RedisLane])
+def test_c28_threads_starting_at_once_stay_within_the_connection_bound(
+    server: RedisServer, cls: Any
+) -> None:
+    """C28, thread face: 200 threads start at once on a fresh lane object (one client),
+    so all of them run its first-use checks together, then take turns on 20 keys. The
+    server never sees more connections than the README's bound: the script calls
+    (MAX_CALLS + FREEING_CALLS, the first-use checks among them), one wake-up
+    subscription, the lane object's renewal connection and the process's presence
+    connection."""
+    kw = {"max_concurrent": 4} if cls is RedisLane else {}
+    lane = cls(redis.Redis(host=server.host, port=server.port), "burst", **kw)
+    start = threading.Barrier(200)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            start.wait()
+            for _ in range(3):
+                with lane.acquire(f"k{i % 20}", timeout_s=30):
+                    time.sleep(0.001)
+        except BaseException as exc:
+            errors.append(exc)
+
+    with PeakConnections(server) as peak:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(200)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(50)
+    assert errors == []
+    assert lane.stats.acquired == 600
+    assert peak.peak <= MAX_CALLS + FREEING_CALLS + 3, (peak.peak, peak.at_peak)
+
+
+@pytest.mark.timeout(60)
+def test_c28_tasks_starting_at_once_stay_within_the_connection_bound(
+    server: RedisServer,
+) -> None:
+    """C28, asyncio face: as above with 200 tasks on one event loop (the script calls
+    taken from the client's pool, within the same bound)."""
+
+    async def main() -> int:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = AsyncRedisSessionLane(r, "burst")
+
+        async def worker(i: int) -> None:
+            for _ in range(3):
+                async with lane.acquire(f"k{i % 20}", timeout_s=30):
+                    await asyncio.sleep(0.001)
+
+        await asyncio.gather(*(worker(i) for i in range(200)))
+        n = lane.stats.acquired
+        await r.aclose()
+        return n
+
+    with PeakConnections(server) as peak:
+        assert asyncio.run(main()) == 600
+    assert peak.peak <= MAX_CALLS + FREEING_CALLS + 3, (peak.peak, peak.at_peak)
 
 
 def test_c28_counting_lane_many_waiters_no_pool_error(server: RedisServer) -> None:

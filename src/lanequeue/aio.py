@@ -803,8 +803,9 @@ class _AsyncMultiAcquire(MultiHold):
         """A coroutine: release every hold, last taken first. Safe to call twice.
 
         Every hold is released even when one release raises (a Redis hold whose lease was
-        lost raises NotOwnerError); the first such error is raised after the loop. Raises
-        RuntimeError, releasing nothing, when not called from the lanes' event loop.
+        lost raises LeaseLostError, a NotOwnerError); the first such error is raised after
+        the loop. Raises RuntimeError, releasing nothing, when not called from the lanes'
+        event loop.
         """
         self._check_loops()
         await self._release_all_async(None)

@@ -243,7 +243,8 @@ class MultiHold:
                     else:  # ended here unless released through the view
                         _end_view(got, core, key)
                 elif got.held:  # a lane's own hold (Redis, foreign)
-                    error = error or (yield got)
+                    failed = yield got  # released even after an earlier one failed
+                    error = error or failed
             except BaseException as exc:
                 error = error or exc
         if error is not None:
@@ -342,7 +343,8 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
         """Release every hold not released yet, last taken first. Safe to call twice.
 
         Every hold is released even when one release raises (a Redis hold whose lease was
-        lost raises NotOwnerError); the first such error is raised after the loop.
+        lost raises LeaseLostError, a NotOwnerError); the first such error is raised after
+        the loop.
         """
         self._release_all(None)
 

@@ -13,6 +13,7 @@ become :class:`~lanequeue.LaneBackendError` at ``submit``.
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -50,7 +51,16 @@ class RedisDedupeWindow:
         self.client = client
         self.prefix = check_key(prefix, f"{where} 'dedupe_prefix'")
         self.ttl_ms = max(1, int(ttl_s * 1000))
-        self.owner = uuid.uuid4().hex
+        self._owner = uuid.uuid4().hex
+        self._pid = os.getpid()
+
+    @property
+    def owner(self) -> str:
+        """This dispatcher's value in the keys it claims; a new one in a forked child, so
+        the child never takes its parent's claims for its own (both would run the turn)."""
+        if self._pid != os.getpid():
+            self._owner, self._pid = uuid.uuid4().hex, os.getpid()
+        return self._owner
 
     def key(self, dedupe_id: str) -> str:
         return f"{{{self.prefix}:d:{dedupe_id}}}"

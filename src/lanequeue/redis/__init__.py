@@ -122,9 +122,9 @@ holds in a zset instead of one holder)::
   until the turn comes. The waiter at the head of the line is told (in the
   acquire reply) when the lease blocking it runs out, and polls right then. The lanes'
   calls in flight are bounded per process and client (8, or the pool's size if
-  smaller; in the thread face releases and withdrawals have 4 connections of their own,
-  so they never wait behind acquires and polls), so any number of waiters fits the
-  client's pool.
+  smaller, the first-use server check included; releases and withdrawals have 4 of
+  their own, so they never wait behind acquires and polls), so any number of waiters
+  fits the client's pool.
 - Hand-off. Release deletes the holder and, in the same script, pops waiters from the
   head (skipped when the holder carries no ``:w`` mark: a waiter marks the holder it
   joins the line behind, and a hand-off's holder is marked from the start, so an
@@ -215,11 +215,18 @@ holds in a zset instead of one holder)::
   on a connection the cancellation closed), grants nothing.
 - Fork. A hold belongs to the process that acquired it: a forked child never renews the
   holds it inherited (nor uses the parent's renewal connection or locks), and releasing
-  one there (``hold.release()``, ``manual_release``) raises RuntimeError.
+  one there (``hold.release()``, ``manual_release``) raises RuntimeError. A lane
+  object's view of this process starts empty in the child (``active_count``,
+  ``waiting``, ``get_active()``, ``stuck()``, ``wait_idle()``, ``drain()``: the parent's
+  holders and waiting threads are not the child's); the lane-wide views, read from
+  Redis, still show the parent's holds. The child makes its own presence connection,
+  wake-up listener and renewer.
 - Release. The script ends the hold only if the owner id matches (counting lane: after
   purging expired holds). A stale or foreign release changes nothing: ``hold.release()``
-  raises :class:`~lanequeue.NotOwnerError` (``LeaseLostError`` when the loss was already
-  known; also when the hold was released already, or ended by ``manual_release``);
+  raises :class:`~lanequeue.LeaseLostError` (a NotOwnerError) when the lease is gone,
+  whether that was known before the release was sent or learnt from the script's answer,
+  and plain NotOwnerError when the hold was released already, or ended by
+  ``manual_release``;
   ``manual_release(key)`` releases this lane OBJECT's own oldest hold of key and returns
   False with a warning when it has none (another client's hold is untouched).
 - Withdraw. A waiter that times out, is interrupted or cancelled leaves the line in one
@@ -235,7 +242,8 @@ holds in a zset instead of one holder)::
   reply was lost is never renewed and lapses with its lease); a release that
   raises it stops renewing, so the hold lapses within ``lease_s``. Scripts are idempotent
   per owner id, so redis-py retrying a call whose reply was lost is harmless (except that
-  a retried release may then report NotOwnerError). After a restart without persistence,
+  a retried release may then report LeaseLostError, as the script cannot tell its own
+  earlier release from a lease that ran out). After a restart without persistence,
   or a FLUSHALL, all holds are gone: a newcomer can be granted at once, and the old
   holders learn it at their next renewal (within ``lease_s/3``). That window is a limit
   of any lock kept in Redis: protect the resource with the fencing token (the newcomer's

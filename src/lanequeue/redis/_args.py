@@ -15,6 +15,7 @@ from ._keys import plain_key
 __all__ = [
     "MAX_LEASE_S",
     "MAX_POLL_S",
+    "MAX_SCRIPT_INT",
     "MIN_BLOCK_S",
     "MIN_LEASE_S",
     "REFRESHES_PER_S",
@@ -22,6 +23,7 @@ __all__ = [
     "check_lease",
     "check_name",
     "check_prefix",
+    "check_script_int",
     "flag_reply",
     "grant_reply",
     "next_block",
@@ -41,6 +43,11 @@ MAX_LEASE_S = 7 * 86400.0
 REFRESHES_PER_S = 500.0
 # Shortest wait for a wake-up.
 MIN_BLOCK_S = 0.002
+# Largest integer sent to a script: Redis scripts hold numbers as doubles (Lua 5.1),
+# exact up to 2**53 (2**53 + 1 reads as 2**53). The other integers the lanes send are
+# bounded well below it (a lease of MAX_LEASE_S is 6.0e8 ms; a fencing token is the
+# server time in microseconds, 1.8e15 today).
+MAX_SCRIPT_INT = 2**53
 
 
 def check_name(name: object, arg: str = "name") -> str:
@@ -73,6 +80,17 @@ def check_lease(lease_s: object, arg: str = "lease_s") -> float:
             f"(7 days), got {lease_s!r}"
         )
     return v
+
+
+def check_script_int(value: int, arg: str) -> int:
+    """``value`` (a positive int, already checked) if a Redis script holds it exactly,
+    else a ValueError naming ``arg`` (see :data:`MAX_SCRIPT_INT`)."""
+    if value > MAX_SCRIPT_INT:
+        raise ValueError(
+            f"{arg} must be at most 2**53 ({MAX_SCRIPT_INT}, the largest integer Redis "
+            f"scripts hold exactly), got {value}"
+        )
+    return value
 
 
 def check_callback(fn: object, arg: str) -> Any:

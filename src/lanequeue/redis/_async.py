@@ -20,6 +20,7 @@ the line in one script and passes on a grant that reached it; a task cancelled i
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -53,6 +54,17 @@ _CLEANUPS: set[asyncio.Task[Any]] = set()
 _READ_LOCK = threading.Lock()
 #: Longest wait of one such read, in seconds.
 READ_WAIT_S = 2.0
+
+
+def _after_fork() -> None:
+    """In a forked child: a fresh lock (a parent thread may have held it at the fork);
+    the parent's clean-up tasks are not the child's."""
+    global _READ_LOCK
+    _READ_LOCK = threading.Lock()
+    _CLEANUPS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 async def drive(steps: Steps[T]) -> T:
@@ -116,7 +128,8 @@ class AsyncRedisHold(RedisHoldBase):
     releases on the way out, also on cancellation. ``await hold.release()`` returns True
     when it ended the hold; it raises NotOwnerError when the hold is not this
     acquisition's (any more: never granted, released already, ended by
-    ``manual_release``, lease ran out), LeaseLostError when that loss was already known.
+    ``manual_release``), and its subclass LeaseLostError when the lease ran out (whether
+    that was known before the release was sent or learnt from the server's answer).
     Leaving the block after an early release is silent; otherwise it raises the same
     errors unless the block itself raised (then the release error is logged and the
     block's exception propagates).
@@ -196,9 +209,9 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         async with wk.slots:
             return await run_async(self._client, script, keys, args)
 
-    async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async with self._wk().slots:
-            return await fn(*args)
+    async def _memory_info(self) -> Any:
+        async with self._wk().slots:  # on a connection of the pool, as the scripts
+            return await self._client.info("memory")
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
@@ -268,6 +281,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             super()._call_lost(hold)
 
     def _forked(self) -> None:
+        super()._forked()
         self._link = None
         self._renew_task = None
         self._reader = None

@@ -69,6 +69,12 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         self._wait_zeros = 0
         self._hold_hist: Histogram | None = None
 
+    def _forked(self) -> None:
+        """In a forked child: no waiter of this process (the parent's do not exist here)."""
+        super()._forked()
+        self._ops_waiters = {}
+        self._ops_per_key = {}
+
     # -- the acquisition procedure, wrapped ----------------------------------------------
 
     def _take(self, hold: H, timeout: float | None, kept: bool = False) -> Steps[bool]:

@@ -56,6 +56,7 @@ from ._args import (
     check_lease,
     check_name,
     check_prefix,
+    check_script_int,
     flag_reply,
     grant_reply,
     next_block,
@@ -66,7 +67,7 @@ from ._hold import ENDED, HELD, PENDING, RELEASING, RedisHoldBase
 from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
-from ._presence import Epoch, presence_for
+from ._presence import Epoch, Presence, presence_for
 from ._wake import Woken
 from ._wire import StaleReply, wrap
 
@@ -100,15 +101,10 @@ _LANES: weakref.WeakSet[RedisLaneBase[Any]] = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
-    """A forked child shares nothing mutable with its parent's threads: each lane object
-    gets a fresh lock (a parent thread may have held it at the fork), no renewer, and
-    no renewal connection (its socket is the parent's). Inherited holds stay in the
-    registry, never renewed here (see ``RedisLaneBase._foreign``)."""
+    """A forked child has only the thread that forked: the threads that held or waited
+    through a lane object in the parent do not exist in it. Each lane object resets its
+    process-local state (see ``RedisLaneBase._forked``)."""
     for lane in list(_LANES):
-        lane._lock = threading.Lock()
-        lane._renewing = False
-        lane._joins = {}
-        lane._watch_at = math.inf
         lane._forked()
 
 
@@ -171,7 +167,8 @@ class RedisLaneBase(ABC, Generic[H]):
         self.lease_s = check_lease(lease_s, f"{where} 'lease_s'")
         self.prefix = check_prefix(prefix, f"{where} 'prefix'")
         self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
-        self._cap = check_count(max_concurrent, f"{where} 'max_concurrent'")
+        self._cap = check_script_int(check_count(max_concurrent, f"{where} 'max_concurrent'"),
+                                     f"{where} 'max_concurrent'")
         self._client: Any = self._check_client(client)
         self._lease_ms = max(1, round(self.lease_s * 1000))
         poll = min(MAX_POLL_S, self.lease_s / 3)
@@ -216,6 +213,8 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
+        # In a forked child: the parent's holds, per key (see _forked); never in _holds.
+        self._inherited: dict[str, list[Kept | Watched]] = {}
         # Per key, the event of this object's latest same-key request still joining.
         self._joins: dict[str, Any] = {}
         _LANES.add(self)
@@ -257,7 +256,7 @@ class RedisLaneBase(ABC, Generic[H]):
     def _acquire_call(self, hold: RedisHoldBase, wait: bool, live_ms: int = 0) -> Call:
         # The presence epoch of this request (sent with it, recorded by a grant): if it
         # dies, a grant made under it reads lost at once (see _presence.py).
-        pres = self._presence
+        pres = self._pres()
         epoch = pres.current() if pres is not None else None
         hold._presence = epoch
         return self._k.acquire(hold.owner, hold.key, wait, live_ms or self._live_ms,
@@ -274,6 +273,15 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _info_call(self, key: str | None) -> Call:
         return self._k.info(key)
+
+    def _pres(self) -> Presence | None:
+        """This process's presence connection to the server (a forked child's own, made
+        on its first use: the parent's connection and thread are not the child's, and a
+        grant recorded under the parent's channel would outlive the child)."""
+        p = self._presence
+        if p is not None and p.pid != os.getpid():
+            p = self._presence = presence_for(self._client)
+        return p
 
     # -- the face's I/O, and the procedures' one way to ask for it -----------------------
 
@@ -302,9 +310,11 @@ class RedisLaneBase(ABC, Generic[H]):
         held meanwhile)."""
 
     @abstractmethod
-    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Step: ``fn(*args)`` (a redis-py call), within the process's bound on calls in
-        flight per client (see :mod:`._wake`)."""
+    def _memory_info(self) -> Any:
+        """Step: the server's ``INFO memory`` (a dict; a cluster client's: one per node),
+        as one of the process's bounded calls in flight per client, on that bound's
+        connections (see :mod:`._wake`): the first-use check of many callers at once
+        opens no connection beyond the bound."""
 
     @abstractmethod
     def _wk(self) -> Any:
@@ -427,7 +437,12 @@ class RedisLaneBase(ABC, Generic[H]):
     def _on_drop(self, entry: Watched) -> None:
         """A caller-owned hold was garbage-collected while still registered (never
         released): it is no longer renewed, so its lease lapses (C20). Runs inside the
-        garbage collector: no lock taken here; the entry is purged later."""
+        garbage collector: no lock taken here; the entry is purged later. A hold
+        inherited through fork is the parent's (it renews it): forgotten here, silently."""
+        inherited = self._inherited.get(entry.key)
+        if inherited is not None and any(e is entry for e in inherited):
+            inherited[:] = [e for e in inherited if e is not entry]
+            return
         self._dropped.append(entry)
         warnings.warn(
             f"lane {self.name!r}: a hold of key {shown(entry.key)} (fencing token {entry.token}) "
@@ -476,7 +491,8 @@ class RedisLaneBase(ABC, Generic[H]):
         hold: H | None = None
         with self._lock:
             self._purge_dropped()
-            for entry in self._holds.get(key, ()):
+            # This process's holds first; then one inherited through fork (a clear error).
+            for entry in (*self._holds.get(key, ()), *self._inherited.get(key, ())):
                 hold = entry()
                 if hold is not None and hold._state == HELD:
                     if hold._pid == os.getpid():
@@ -505,21 +521,19 @@ class RedisLaneBase(ABC, Generic[H]):
             )
 
     def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
+        """The error of releasing a hold whose lease is gone: the same class whether the
+        loss was noticed before the release was sent or learnt from its answer."""
         return LeaseLostError(
-            f"lane {self.name!r}: the lease of key {shown(hold.key)} (fencing token {hold.token}) "
-            f"was lost (renewal failed or came too late); the key may belong to another "
-            f"holder; nothing was released"
-        )
-
-    def _not_owner_error(self, hold: RedisHoldBase) -> NotOwnerError:
-        return NotOwnerError(
-            f"lane {self.name!r}: key {shown(hold.key)} is not held by this acquisition any more "
-            f"(fencing token {hold.token}): its lease ran out and the key may belong to "
-            f"another holder; nothing was released"
+            f"lane {self.name!r}: the lease of key {shown(hold.key)} (fencing token "
+            f"{hold.token}) was lost (it ran out, or a renewal failed or came too late); "
+            f"the key may belong to another holder; nothing was released"
         )
 
     def _release_result(self, hold: H, ok: bool) -> bool:
-        """Account for the reply of a release script; raise NotOwnerError if it failed."""
+        """Account for the reply of a release script. A refusal means the server no longer
+        has this hold (its lease ran out, or it was taken over): the hold is marked lost
+        and :class:`~lanequeue.LeaseLostError` is raised, as when the loss was known
+        before the release was sent."""
         if ok:
             with self._lock:
                 self.released += 1
@@ -527,7 +541,7 @@ class RedisLaneBase(ABC, Generic[H]):
         with self._lock:
             self.unmatched += 1
         self._notice_lost(hold)
-        raise self._not_owner_error(hold)
+        raise self._lost_error(hold)
 
     def _lost_release(self, hold: H) -> bool:
         """Release of a hold already known lost: no round trip, it is not ours."""
@@ -596,14 +610,38 @@ class RedisLaneBase(ABC, Generic[H]):
         return True
 
     def _forked(self) -> None:
-        """In a forked child: the face drops what it cannot share (its renewal link)."""
+        """In a forked child: this object's process-local view starts empty, as an
+        in-process lane's does. A fresh lock (a parent thread may have held it at the
+        fork); no holder and no waiter (``active_count``, ``waiting``, ``get_active()``,
+        ``stuck()``, ``wait_idle()`` see only the child's own); no renewer, no watchdog
+        entry, no same-key line; the first use checks the server again and awaits the
+        child's own presence connection, as a new lane object's does. The parent's
+        holds stay the parent's (it renews them): they are kept aside only so that
+        releasing one here raises a clear RuntimeError (see :meth:`_foreign`), and they
+        are never renewed, watched or reported lost here. The counters keep the
+        parent's history. A face extends this (its renewal link, its listener)."""
+        self._lock = threading.Lock()
+        for entries in self._holds.values():
+            for entry in entries:
+                entry.live = False
+                self._inherited.setdefault(entry.key, []).append(entry)
+        self._holds = {}
+        self._n_live = 0
+        self._waiting = 0
+        self._dropped = deque()
+        self._renewing = False
+        self._renewer_pid = 0
+        self._idle_since = None
+        self._joins = {}
+        self._watch_at = math.inf
+        self._server_checked = False
 
     def _check_server(self) -> Steps[None]:
         """First use of this lane object: refuse a server that may evict lane keys (C22).
         Under ``maxmemory`` with any policy but ``noeviction``, Redis deletes keys to make
         room, lane keys included (they all have a TTL, so every ``volatile-*`` policy picks
         them too), and a deleted holder key lets a waiter in next to the live holder."""
-        info = yield from self._ask("check", None, self._bounded, self._client.info, "memory")
+        info = yield from self._ask("check", None, self._memory_info)
         # A cluster client answers per node: {node: {field: value}}.
         nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) \
             else [info]
@@ -663,10 +701,11 @@ class RedisLaneBase(ABC, Generic[H]):
             else:
                 prev = None
             if not self._server_checked:
-                if self._presence is not None and not self._async_face:
+                pres = self._pres()
+                if pres is not None and not self._async_face:
                     # First use: let the presence connection come up (a few ms), so the
                     # first grants are covered too (see _presence.py).
-                    self._presence.ready.wait(1.0)
+                    pres.ready.wait(1.0)
                 yield from self._check_server()
             if time.monotonic() >= self._version_due:
                 yield from self._check_version()
@@ -813,7 +852,7 @@ class RedisLaneBase(ABC, Generic[H]):
         # from its empty channel, so move the record to the current connection (or drop
         # it: the hold then lives by its lease only) before the hold is ours.
         while hold._presence is not None and hold._presence.dead:
-            pres = self._presence
+            pres = self._pres()
             epoch = pres.current() if pres is not None else None
             hold._presence = epoch
             t0 = time.monotonic()

@@ -33,7 +33,7 @@ from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import Gate, Slots, SyncWaker, Woken, _Slot, sync_waker
-from ._wire import run_sync
+from ._wire import info_sync, run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -70,8 +70,9 @@ class RedisHold(RedisHoldBase):
     ``release()`` returns True when it ended the hold. It raises
     :class:`~lanequeue.NotOwnerError` when the hold is not this acquisition's (any more):
     never granted, released already, ended by ``manual_release(key)``, or its lease ran
-    out and the key moved on (:class:`~lanequeue.LeaseLostError`, a NotOwnerError, when
-    that loss was already known); the real owner's hold is never touched. Leaving the
+    out and the key may have moved on (:class:`~lanequeue.LeaseLostError`, a
+    NotOwnerError, whether the loss was known before the release was sent or learnt from
+    the server's answer); the real owner's hold is never touched. Leaving the
     ``with`` block after an early release is silent; otherwise it raises the same errors,
     unless the block itself raised (then the release error is logged and the block's
     exception propagates).
@@ -160,12 +161,12 @@ class _SyncFace(RedisOps[RedisHold]):
             wk.lateness.note(now - since, now)
         return slot
 
-    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _memory_info(self) -> Any:
         wk = self._wk()
         slots = wk.slots
         slot = self._take_slot(wk, slots)
         try:
-            return fn(*args)
+            return info_sync(self._client, "memory", slot.conn)
         finally:
             slots.give(slot)
 
@@ -206,6 +207,7 @@ class _SyncFace(RedisOps[RedisHold]):
         return link.call_many(calls, wait)
 
     def _forked(self) -> None:
+        super()._forked()
         self._link = None
         self._waker = None
 
@@ -360,7 +362,8 @@ class RedisLane(_SyncFace, CountingLaneBase[RedisHold]):
     Args:
         client: a ``redis.Redis`` (or ``redis.cluster.RedisCluster``) client.
         name: the lane's name (no ``:``, ``{``, ``}``).
-        max_concurrent: permits, >= 1.
+        max_concurrent: permits, from 1 to 2**53 (Redis scripts hold numbers as doubles,
+            exact up to 2**53; a larger cap raises ValueError).
         timeout_s, lease_s, prefix, on_lease_lost, warn_after_s, on_wait, warn_hold_s:
             as on :class:`RedisSessionLane`.
 

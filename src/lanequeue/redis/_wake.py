@@ -67,9 +67,6 @@ def _new_token() -> None:
     _token = os.urandom(5).hex()
 
 
-os.register_at_fork(after_in_child=_new_token)
-
-
 def owner_id() -> str:
     """A fresh owner id for ONE acquisition: the process token (10 hex) + 60 random bits
     (10 hex); no ':' inside."""
@@ -701,6 +698,20 @@ _sync_lock = threading.Lock()
 _async: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Any, AsyncWaker]
 ] = weakref.WeakKeyDictionary()
+
+
+def _after_fork() -> None:
+    """In a forked child: a new process token (its own wake-up channel), a fresh lock (a
+    parent thread may have held it at the fork), and no listener of the parent's (their
+    threads, tasks, connections and registered waiters are not the child's)."""
+    global _sync_lock
+    _new_token()
+    _sync_lock = threading.Lock()
+    _sync.clear()
+    _async.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def sync_waker(client: Any) -> SyncWaker:

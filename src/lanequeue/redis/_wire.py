@@ -24,7 +24,10 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-__all__ = ["Call", "StaleReply", "new_nonce", "run_async", "run_sync", "unwrap", "wrap"]
+__all__ = [
+    "Call", "StaleReply", "info_sync", "new_nonce", "parse_info", "run_async", "run_sync", "unwrap",
+    "wrap",
+]
 
 
 #: One script call: (script, KEYS, ARGV).
@@ -98,6 +101,34 @@ def run_sync(client: Any, script: Any, keys: list[str], args: list[Any],
             conn.send_command("EVAL", script.script, len(keys), *keys, *argv)
             reply = conn.read_response()
         return unwrap(reply, nonce)
+    except BaseException as exc:
+        if not _clean(exc):
+            conn.disconnect()
+        raise
+
+
+def parse_info(reply: Any) -> dict[str, str]:
+    """The ``field: value`` lines of an ``INFO`` reply (bytes or text), as text."""
+    text = reply.decode() if isinstance(reply, bytes) else str(reply)
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not line.startswith("#"):
+            out[name.strip()] = value.strip()
+    return out
+
+
+def info_sync(client: Any, section: str, conn: Any = None) -> Any:
+    """``INFO section`` over ``conn`` (a bare connection this caller owns alone, as in
+    :func:`run_sync`): its fields as text; without one, redis-py's ``client.info`` (a
+    cluster client: one dict per node). ``conn`` is disconnected unless the call ended
+    with a clean reply."""
+    if conn is None:
+        return client.info(section)
+    try:
+        _ready(conn)
+        conn.send_command("INFO", section)
+        return parse_info(conn.read_response())
     except BaseException as exc:
         if not _clean(exc):
             conn.disconnect()
