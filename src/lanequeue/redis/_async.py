@@ -14,7 +14,8 @@ views (``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats``
 
 Cancellation: a task cancelled while waiting (or right after the server granted it) leaves
 the line in one script and passes on a grant that reached it; a task cancelled inside
-``async with`` releases on the way out.
+``async with`` releases on the way out; a task cancelled while its release script is on
+its way lets that release finish (and count) before the CancelledError propagates.
 """
 
 from __future__ import annotations
@@ -55,14 +56,28 @@ _READ_LOCK = threading.Lock()
 READ_WAIT_S = 2.0
 
 
+class _Releasing(asyncio.CancelledError):
+    """The caller was cancelled while its release script was on its way (that call runs
+    to its end in a task of its own, see :meth:`_AsyncFace._run`): the procedure's
+    clean-up (:func:`_rest`) is sent that call's reply, not the cancellation, so the
+    hold ends as the script says (counted released, or not ours) instead of as a guess."""
+
+    def __init__(self, call: asyncio.Task[Any], *args: Any) -> None:
+        super().__init__(*args)
+        self.call = call
+
+
 async def drive(steps: Steps[T]) -> T:
     """Run a core procedure to its end, awaiting each step's I/O and sending back its
     reply, or throwing in what it raised.
 
     A cancellation is thrown in too, so the procedure cleans up (leaves the line, passes
-    on a grant) before it propagates. That clean-up runs in a task of its own, shielded:
-    a second cancellation (C25) cannot stop it half way, so it never leaves an orphaned
-    grant; the caller still sees the CancelledError at once."""
+    on a grant) before it propagates; a cancellation during a release lets the release
+    run to its end instead (:class:`_Releasing`). That clean-up runs in a task of its
+    own, shielded: a second cancellation (C25) cannot stop it half way, so it never
+    leaves an orphaned grant. The caller waits for it (unless cancelled again: then it
+    goes on alone) and sees the CancelledError, whatever the clean-up returned or
+    raised."""
     send: Callable[[Any], Step] = steps.send
     reply: Any = None
     while True:
@@ -78,7 +93,13 @@ async def drive(steps: Steps[T]) -> T:
             task = asyncio.get_running_loop().create_task(_rest(steps, exc))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
-            return await asyncio.shield(task)
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as err:  # (a release that found the hold not ours)
+                raise asyncio.CancelledError(*exc.args) from err
+            raise asyncio.CancelledError(*exc.args) from None
         except BaseException as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
@@ -92,9 +113,15 @@ async def _call(slots: asyncio.Semaphore, client: Any, script: Any, keys: list[s
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
-    """The rest of a procedure after ``exc`` (its clean-up), in a task of its own."""
+    """The rest of a procedure after ``exc`` (its clean-up), in a task of its own; after
+    :class:`_Releasing`, the rest after its release's reply."""
     reply: Any = exc
     send: Callable[[Any], Step] = steps.throw
+    if isinstance(exc, _Releasing):
+        try:
+            reply, send = await exc.call, steps.send
+        except BaseException as err:
+            reply = err
     while True:
         try:
             (fn, args), reply = send(reply), None
@@ -183,7 +210,12 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
                 _call(wk.freeing, self._client, script, keys, args))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
-            return await asyncio.shield(task)
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError as exc:
+                if op == "release" and not task.cancelled():
+                    raise _Releasing(task, *exc.args) from None
+                raise
         async with wk.slots:
             return await run_async(self._client, script, keys, args)
 
