@@ -77,13 +77,27 @@ async def drive(steps: Steps[T]) -> T:
     own, shielded: a second cancellation (C25) cannot stop it half way, so it never
     leaves an orphaned grant. The caller waits for it (unless cancelled again: then it
     goes on alone) and sees the CancelledError, whatever the clean-up returned or
-    raised."""
+    raised.
+
+    A cancellation dropped below us is delivered too (Python 3.11+): before Python 3.12,
+    ``asyncio.wait_for`` (which redis-py wraps a send in when the client has a socket
+    timeout, its default) returns normally when a cancellation arrives as what it waits
+    for completes. A step that returns while the task's count of cancellation requests
+    grew is treated as cancelled."""
     send: Callable[[Any], Step] = steps.send
     reply: Any = None
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+)
     while True:
         try:
             (fn, args), reply = send(reply), None
-            reply, send = await fn(*args), steps.send
+            if cancelling is None:
+                reply, send = await fn(*args), steps.send
+            else:
+                asked = cancelling()
+                reply, send = await fn(*args), steps.send
+                if cancelling() > asked:  # a cancellation came, and was dropped
+                    reply = None
+                    raise asyncio.CancelledError
         except StopIteration as stop:
             result: T = stop.value
             return result
