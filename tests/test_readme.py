@@ -84,6 +84,9 @@ def test_the_redis_guide_agrees_with_the_readme_and_the_code() -> None:
         assert "within about 3 s" in text
         assert "holds no connection" in text
     assert f"at most {MAX_CALLS} script calls at once per client" in guide
-    assert f"the thread face {FREEING_CALLS} more for releases" in guide
+    assert f"at once per client and {FREEING_CALLS} more for releases" in guide
+    assert "never more than its `max_connections` at once" in guide
+    assert f"at most {MAX_CALLS + FREEING_CALLS} script connections" in readme
+    assert "down to `max_connections=1`" in readme
     assert "after `lease_s` seconds" not in guide
     assert "blocks one connection" not in guide

@@ -755,8 +755,8 @@ class _AsyncMultiAcquire(MultiHold):
                                                    type(lane).__name__)
                     taken.append(got)
                 return self
-            except BaseException:  # timed out, cancelled or interrupted: give back all
-                await self._release_all_async(None)
+            except BaseException as exc:  # timed out, cancelled or interrupted: give
+                await self._release_all_async(exc)  # back all (``exc`` propagates)
                 raise
         # The loop's clock, like the timers that end the waits.
         steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, None)
@@ -764,8 +764,8 @@ class _AsyncMultiAcquire(MultiHold):
             wait = next(steps, None)
             while wait is not None:
                 wait = _send(steps, await self._wait(*wait))
-        except BaseException:
-            await self.release_async()
+        except BaseException as exc:  # give back all; ``exc`` propagates
+            await self._release_all_async(exc)
             raise
         return self
 
@@ -816,15 +816,32 @@ class _AsyncMultiAcquire(MultiHold):
         await self._release_all_async(None)
 
     async def _release_all_async(self, block_error: BaseException | None) -> None:
+        """Release every hold, last taken first (see ``MultiHold._releasing``). A
+        cancellation during one release does not stop the others; it is raised once
+        they are all done (a Redis lane's release runs on to its end meanwhile), in
+        place of ``block_error`` or a release error: a cancelled task sees its
+        CancelledError."""
         steps = self._releasing(block_error)
-        hold = next(steps, None)
-        while hold is not None:
-            try:
-                await hold.release()
-            except BaseException as exc:
-                hold = _send(steps, exc)
-            else:
-                hold = _send(steps, None)
+        cancelled: asyncio.CancelledError | None = None
+        try:
+            hold = next(steps, None)
+            while hold is not None:
+                try:
+                    await hold.release()
+                except asyncio.CancelledError as exc:
+                    if cancelled is None:
+                        cancelled = exc
+                    hold = _send(steps, None)
+                except BaseException as exc:
+                    hold = _send(steps, exc)
+                else:
+                    hold = _send(steps, None)
+        except BaseException as exc:
+            if cancelled is None or isinstance(exc, asyncio.CancelledError):
+                raise
+            raise cancelled from exc
+        if cancelled is not None:
+            raise cancelled
 
 
 class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):

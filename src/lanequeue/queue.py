@@ -226,8 +226,9 @@ class MultiHold:
         Pops what was taken, last first: ends in-process tokens itself, and yields every
         other hold still held for the face to release (blocking or awaiting); the face
         sends back the exception that release raised, or None. Every hold is released
-        even when one release raises; the first error is raised at the end, unless the
-        block itself raised ``block_error`` (leaving a ``with`` block): then the block's
+        even when one release raises; the first error is raised at the end, unless
+        another exception ``block_error`` propagates (the block's own, leaving a ``with``
+        block, or what ended an ``acquire_all`` before it had every lane): then that
         exception propagates and the release error is logged and attached to it as a
         note (C27: a lost lease never replaces the block's own exception).
         """
@@ -243,7 +244,9 @@ class MultiHold:
                     else:  # ended here unless released through the view
                         _end_view(got, core, key)
                 elif got.held:  # a lane's own hold (Redis, foreign)
-                    failed = yield got  # released even after an earlier one failed
+                    # (yield first, then combine: ``error or (yield got)`` would skip
+                    # the yield, and so the release, of every hold after a failed one)
+                    failed = yield got
                     error = error or failed
             except BaseException as exc:
                 error = error or exc
@@ -268,7 +271,8 @@ def _end_view(view: Hold, core: Core, key: str) -> None:
 def _report_release_error(key: str, error: BaseException, block_error: BaseException) -> None:
     """A release failed while the block's own exception propagates: log it, and attach it
     to that exception as a note (Python 3.11+)."""
-    text = f"acquire_all({shown(key)}): release failed on leaving the block: {error}"
+    text = (f"acquire_all({shown(key)}): a release failed while "
+            f"{type(block_error).__name__} propagated: {error}")
     logging.getLogger("lanequeue").warning("%s", text)
     add_note = getattr(block_error, "add_note", None)
     if add_note is not None:
@@ -325,8 +329,8 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
             wait = next(steps, None)
             while wait is not None:
                 wait = _send(steps, self._wait(*wait))
-        except BaseException:
-            self.release()
+        except BaseException as exc:  # give back all; ``exc`` propagates
+            self._release_all(exc)
             raise
         return self
 

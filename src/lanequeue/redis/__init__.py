@@ -122,9 +122,11 @@ holds in a zset instead of one holder)::
   until the turn comes. The waiter at the head of the line is told (in the
   acquire reply) when the lease blocking it runs out, and polls right then. The lanes'
   calls in flight are bounded per process and client (8, or the pool's size if
-  smaller, the first-use server check included; releases and withdrawals have 4 of
-  their own, so they never wait behind acquires and polls), so any number of waiters
-  fits the client's pool.
+  smaller, the first-use server check included; releases and withdrawals have a bound
+  of 4 of their own, so they never wait behind acquires and polls: in the thread face on
+  connections of its own, in the asyncio face from the client's pool, both bounds
+  together never more than its ``max_connections``, see :func:`._wake.async_bounds`), so
+  any number of waiters fits the client's pool, down to a pool of one connection.
 - Hand-off. Release deletes the holder and, in the same script, pops waiters from the
   head (skipped when the holder carries no ``:w`` mark: a waiter marks the holder it
   joins the line behind, and a hand-off's holder is marked from the start, so an

@@ -14,7 +14,8 @@ views (``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats``
 
 Cancellation: a task cancelled while waiting (or right after the server granted it) leaves
 the line in one script and passes on a grant that reached it; a task cancelled inside
-``async with`` releases on the way out.
+``async with`` releases on the way out; a task cancelled while its release script is on
+its way lets that release finish (and count) before the CancelledError propagates.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from ._protocol import Call, RedisHoldBase, Step, Steps, T, renewal
 from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
-from ._wake import AsyncWaker, Woken, async_waker
+from ._wake import AsyncSlots, AsyncWaker, Woken, async_waker
 from ._wire import run_async
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
@@ -67,20 +68,48 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+class _Releasing(asyncio.CancelledError):
+    """The caller was cancelled while its release script was on its way (that call runs
+    to its end in a task of its own, see :meth:`_AsyncFace._run`): the procedure's
+    clean-up (:func:`_rest`) is sent that call's reply, not the cancellation, so the
+    hold ends as the script says (counted released, or not ours) instead of as a guess."""
+
+    def __init__(self, call: asyncio.Task[Any], *args: Any) -> None:
+        super().__init__(*args)
+        self.call = call
+
+
 async def drive(steps: Steps[T]) -> T:
     """Run a core procedure to its end, awaiting each step's I/O and sending back its
     reply, or throwing in what it raised.
 
     A cancellation is thrown in too, so the procedure cleans up (leaves the line, passes
-    on a grant) before it propagates. That clean-up runs in a task of its own, shielded:
-    a second cancellation (C25) cannot stop it half way, so it never leaves an orphaned
-    grant; the caller still sees the CancelledError at once."""
+    on a grant) before it propagates; a cancellation during a release lets the release
+    run to its end instead (:class:`_Releasing`). That clean-up runs in a task of its
+    own, shielded: a second cancellation (C25) cannot stop it half way, so it never
+    leaves an orphaned grant. The caller waits for it (unless cancelled again: then it
+    goes on alone) and sees the CancelledError, whatever the clean-up returned or
+    raised.
+
+    A cancellation dropped below us is delivered too (Python 3.11+): before Python 3.12,
+    ``asyncio.wait_for`` (which redis-py wraps a send in when the client has a socket
+    timeout, its default) returns normally when a cancellation arrives as what it waits
+    for completes. A step that returns while the task's count of cancellation requests
+    grew is treated as cancelled."""
     send: Callable[[Any], Step] = steps.send
     reply: Any = None
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)  # (Python 3.11+)
     while True:
         try:
             (fn, args), reply = send(reply), None
-            reply, send = await fn(*args), steps.send
+            if cancelling is None:
+                reply, send = await fn(*args), steps.send
+            else:
+                asked = cancelling()
+                reply, send = await fn(*args), steps.send
+                if cancelling() > asked:  # a cancellation came, and was dropped
+                    reply = None
+                    raise asyncio.CancelledError
         except StopIteration as stop:
             result: T = stop.value
             return result
@@ -90,23 +119,35 @@ async def drive(steps: Steps[T]) -> T:
             task = asyncio.get_running_loop().create_task(_rest(steps, exc))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
-            return await asyncio.shield(task)
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as err:  # (a release that found the hold not ours)
+                raise asyncio.CancelledError(*exc.args) from err
+            raise asyncio.CancelledError(*exc.args) from None
         except BaseException as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
             reply, send = exc, steps.throw
 
 
-async def _call(slots: asyncio.Semaphore, client: Any, script: Any, keys: list[str],
+async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any, keys: list[str],
                 args: list[Any]) -> Any:
     async with slots:
         return await run_async(client, script, keys, args)
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
-    """The rest of a procedure after ``exc`` (its clean-up), in a task of its own."""
+    """The rest of a procedure after ``exc`` (its clean-up), in a task of its own; after
+    :class:`_Releasing`, the rest after its release's reply."""
     reply: Any = exc
     send: Callable[[Any], Step] = steps.throw
+    if isinstance(exc, _Releasing):
+        try:
+            reply, send = await exc.call, steps.send
+        except BaseException as err:
+            reply = err
     while True:
         try:
             (fn, args), reply = send(reply), None
@@ -196,7 +237,12 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
                 _call(wk.freeing, self._client, script, keys, args))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
-            return await asyncio.shield(task)
+            try:
+                return await asyncio.shield(task)
+            except asyncio.CancelledError as exc:
+                if op == "release" and not task.cancelled():
+                    raise _Releasing(task, *exc.args) from None
+                raise
         if op == "acquire":
             # A waiter's poll leaves the line for its turn when its grant overtakes it.
             token = await wk.poll_turn(args[0])

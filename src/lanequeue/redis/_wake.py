@@ -20,16 +20,18 @@ Classic pub/sub reaches every node of a Redis Cluster, so this also works there;
 that cannot subscribe (no ``pubsub``) leaves its waiters polling.
 
 The listener also owns the process's bound on concurrent script calls per client
-(``slots``): however many threads or tasks wait, at most that many connections of the
-client's pool are in use by the lanes at once, so 10,000 waiters fit redis-py's default
-pool of 100. Releases and withdrawals have a bound of their own (``freeing``,
-:data:`FREEING_CALLS` connections, in both faces): a call that frees a key or permit never
-waits behind the acquires and polls of the waiters it would let in. A waiter's poll that
-waits for its turn is overtaken by its own grant: when a wake-up carrying a full lease
-reaches it first, the poll leaves the line unsent and the waiter holds at once
-(:meth:`AsyncWaker.poll_turn`; the thread face sends nothing once its turn comes,
-:meth:`SyncWaker.take_token`). How late the polls run is measured (:class:`Lateness`)
-and lengthens the waiters' liveness windows.
+(``slots``): however many threads or tasks wait, at most that many script calls run at
+once, so 10,000 waiters fit redis-py's default pool of 100. Releases and withdrawals
+have a bound of their own (``freeing``, :data:`FREEING_CALLS` calls, in both faces): a
+call that frees a key or permit never waits behind the acquires and polls of the
+waiters it would let in. The thread face runs its calls on connections of its own; the
+asyncio face takes them from the client's pool, so there the two bounds together never
+exceed the pool's ``max_connections`` (:func:`async_bounds`): any pool works, down to 1.
+A waiter's poll that waits for its turn is overtaken by its own grant: when a wake-up
+carrying a full lease reaches it first, the poll leaves the line unsent and the waiter
+holds at once (:meth:`AsyncWaker.poll_turn`; the thread face sends nothing once its turn
+comes, :meth:`SyncWaker.take_token`). How late the polls run is measured
+(:class:`Lateness`) and lengthens the waiters' liveness windows.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from ._link import factory, sibling_async, sibling_sync
 
 __all__ = [
     "AsyncSlots", "AsyncWaker", "Gate", "Lateness", "Signal", "Slots", "SyncWaker", "Woken",
-    "async_waker", "owner_id", "sync_waker",
+    "async_bounds", "async_waker", "owner_id", "sync_waker",
 ]
 
 log = logging.getLogger("lanequeue.redis")
@@ -77,12 +79,29 @@ def channel() -> str:
     return f"lq:wake:{_token}"
 
 
-def _calls(client: Any) -> int:
+def _pool_size(client: Any) -> int | None:
+    """The ``max_connections`` of ``client``'s pool, or None (no pool, or no bound)."""
     pool = getattr(client, "connection_pool", None)
     n = getattr(pool, "max_connections", None)
-    if isinstance(n, int) and n > 0:
-        return max(1, min(MAX_CALLS, n))
-    return MAX_CALLS
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def _calls(client: Any) -> int:
+    n = _pool_size(client)
+    return MAX_CALLS if n is None else max(1, min(MAX_CALLS, n))
+
+
+def async_bounds(pool_size: int | None) -> tuple[int, int]:
+    """(calls, freeing): the asyncio face's bounds on script calls in flight per client,
+    which take their connections from a pool of ``pool_size`` (None: unbounded). Both
+    together never exceed ``pool_size``: :data:`MAX_CALLS` and :data:`FREEING_CALLS`
+    when it has room for both, else the pool split between them (releases and
+    withdrawals at most half); a pool of 1 has one bound for every call (``freeing`` 0:
+    releases share ``calls``)."""
+    if pool_size is None or pool_size >= MAX_CALLS + FREEING_CALLS:
+        return MAX_CALLS, FREEING_CALLS
+    freeing = min(FREEING_CALLS, pool_size // 2)
+    return pool_size - freeing, freeing
 
 
 def _keep_early(early: dict[str, int], owner: str, token: int) -> None:
@@ -548,13 +567,17 @@ class AsyncWaker:
 
     def __init__(self, client: Any) -> None:
         self.lateness = Lateness()
-        self.slots = AsyncSlots(_calls(client), self.lateness)
+        # Both bounds take their connections from the client's pool: together they stay
+        # within its max_connections (else the pool raises MaxConnectionsError).
+        calls, freeing = async_bounds(_pool_size(client))
+        self.slots = AsyncSlots(calls, self.lateness)
         # Per waiter whose poll waits in ``slots``' line: its place, which a wake-up
         # carrying a grant fills with the fencing token (see poll_turn).
         self._polls: dict[str, asyncio.Future[int]] = {}
         # Releases and withdrawals: a bound of their own, as in the thread face (behind
-        # a backlog of acquires in ``slots``, a release kept the key it was freeing).
-        self.freeing = asyncio.Semaphore(FREEING_CALLS)
+        # a backlog of acquires in ``slots``, a release kept the key it was freeing);
+        # on a pool of one connection, the same bound.
+        self.freeing = asyncio.Semaphore(freeing) if freeing else self.slots
         self._events: dict[str, asyncio.Event] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
         self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
