@@ -14,7 +14,14 @@ views (``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats``
 
 Cancellation: a task cancelled while waiting (or right after the server granted it) leaves
 the line in one script and passes on a grant that reached it; a task cancelled inside
-``async with`` releases on the way out.
+``async with`` releases on the way out. That clean-up runs in a task of its own; the
+cancelled task waits for it at most :data:`CANCEL_WAIT_S` and then ends, the clean-up going
+on in the background.
+
+A frozen server: every script call waits at most the client's ``socket_timeout`` (or
+:data:`~._args.CALL_WAIT_S` when it has none) for its reply, connecting included, then
+fails (``LaneBackendError``), its connection dropped. So no call, clean-up or cancellation
+waits on the server without a bound.
 """
 
 from __future__ import annotations
@@ -22,13 +29,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any, Literal
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
@@ -53,6 +61,10 @@ _CLEANUPS: set[asyncio.Task[Any]] = set()
 _READ_LOCK = threading.Lock()
 #: Longest wait of one such read, in seconds.
 READ_WAIT_S = 2.0
+#: A cancelled task waits this long (seconds) for its clean-up (leaving the line, passing
+#: on a grant, a release) before it ends; the clean-up goes on in the background, each of
+#: its calls bounded like any other (see the module docstring).
+CANCEL_WAIT_S = 0.5
 
 
 async def drive(steps: Steps[T]) -> T:
@@ -60,9 +72,12 @@ async def drive(steps: Steps[T]) -> T:
     reply, or throwing in what it raised.
 
     A cancellation is thrown in too, so the procedure cleans up (leaves the line, passes
-    on a grant) before it propagates. That clean-up runs in a task of its own, shielded:
-    a second cancellation (C25) cannot stop it half way, so it never leaves an orphaned
-    grant; the caller still sees the CancelledError at once."""
+    on a grant) before it propagates. That clean-up runs in a task of its own, which a
+    second cancellation (C25) cannot stop half way, so it never leaves an orphaned grant.
+    The caller waits for it at most :data:`CANCEL_WAIT_S` (a second cancellation ends
+    that wait at once), then raises the CancelledError, the clean-up going on in the
+    background (a frozen server: its calls fail within their bound; a line entry it could
+    not withdraw lapses with its liveness, a grant with its lease)."""
     send: Callable[[Any], Step] = steps.send
     reply: Any = None
     while True:
@@ -78,7 +93,10 @@ async def drive(steps: Steps[T]) -> T:
             task = asyncio.get_running_loop().create_task(_rest(steps, exc))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
-            return await asyncio.shield(task)
+            await asyncio.wait((task,), timeout=CANCEL_WAIT_S)
+            if task.done():
+                return task.result()
+            raise
         except BaseException as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
@@ -86,9 +104,19 @@ async def drive(steps: Steps[T]) -> T:
 
 
 async def _call(slots: asyncio.Semaphore, client: Any, script: Any, keys: list[str],
-                args: list[Any]) -> Any:
+                args: list[Any], wait: float) -> Any:
     async with slots:
-        return await run_async(client, script, keys, args)
+        return await _within(run_async(client, script, keys, args), wait)
+
+
+async def _within(aw: Awaitable[T], wait: float) -> T:
+    """``await aw`` for at most ``wait`` seconds; past that it is cancelled (a script
+    call drops its connection, see :func:`run_async`) and redis-py's TimeoutError is
+    raised (a RedisError: the procedure sees a failed round trip)."""
+    try:
+        return await asyncio.wait_for(aw, wait)
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        raise RedisTimeoutError(f"no reply from Redis within {wait:g} s") from exc
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
@@ -180,16 +208,16 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             # release or withdraw cut short would leave a grant nobody owns. Its bound
             # is its own: it never waits behind the acquires it would let in.
             task = asyncio.get_running_loop().create_task(
-                _call(wk.freeing, self._client, script, keys, args))
+                _call(wk.freeing, self._client, script, keys, args, wk.call_wait_s))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
             return await asyncio.shield(task)
-        async with wk.slots:
-            return await run_async(self._client, script, keys, args)
+        return await _call(wk.slots, self._client, script, keys, args, wk.call_wait_s)
 
     async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async with self._wk().slots:
-            return await fn(*args)
+        wk = self._wk()
+        async with wk.slots:
+            return await _within(fn(*args), wk.call_wait_s)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)

@@ -39,6 +39,7 @@ import time
 import weakref
 from typing import Any
 
+from ._args import call_wait
 from ._link import factory, sibling_async, sibling_sync
 
 __all__ = [
@@ -289,11 +290,14 @@ class SyncWaker:
 
     def __init__(self, client: Any) -> None:
         self.pid = os.getpid()
-        self.slots = Slots(_calls(client), factory(client))
+        # Every script call waits at most ``call_wait`` for its reply, also when the
+        # client has no socket timeout: a frozen server fails the call, never hangs it.
+        wait = call_wait(client)
+        self.slots = Slots(_calls(client), factory(client, wait))
         # Releases and withdrawals have permits of their own: behind hundreds of waiters'
         # polls in ``slots`` a release waited up to 82 s (replay at --speed 600), keeping
         # the key or permit it was freeing, so every waiter behind it waited too.
-        self.freeing = Slots(FREEING_CALLS, factory(client))
+        self.freeing = Slots(FREEING_CALLS, factory(client, wait))
         self._events: dict[str, Signal] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
         self._tokens: dict[str, int] = {}  # grants carried by wake-ups, not yet taken
@@ -419,6 +423,8 @@ class AsyncWaker:
 
     def __init__(self, client: Any) -> None:
         self.slots = asyncio.Semaphore(_calls(client))
+        #: A script call's longest wait for its reply (connecting included), in seconds.
+        self.call_wait_s = call_wait(client)
         # Releases and withdrawals: a bound of their own, as in the thread face (behind
         # a backlog of acquires in ``slots``, a release kept the key it was freeing).
         self.freeing = asyncio.Semaphore(FREEING_CALLS)
