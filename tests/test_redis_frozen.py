@@ -10,6 +10,7 @@ that case (``CALL_WAIT_S``) is set to 1 s so the tests stay short.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import threading
 import time
@@ -182,3 +183,110 @@ def test_thread_call_on_a_frozen_server_fails_within_its_bound(
     assert len(out) == 1 and isinstance(out[0], LaneBackendError), out
     assert took < CALL_WAIT + SLACK
     assert left_behind(server, redis_prefix, ["k"]) == []
+
+
+# -- the dispatchers' shared dedupe window ------------------------------------------------
+
+
+def dispatch_lanes() -> Any:
+    from lanequeue import AsyncLaneQueue
+
+    q = AsyncLaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def test_async_dispatcher_submit_on_a_frozen_window_returns_at_once(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """Dispatcher(dedupe_redis=...), server frozen: ``submit(..., dedupe_id=...)``
+    returns a ticket at once and the loop keeps running (a heartbeat task ticks meanwhile);
+    the ticket ends ``failed`` with LaneBackendError once the claim's bound has passed;
+    the key's next turn (no id), submitted after it, waits for it and then runs. After
+    SIGCONT a retry of the same id runs, and the dispatcher is left idle and empty."""
+    from lanequeue import Dispatcher
+
+    async def main() -> dict[str, Any]:
+        client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+        d = Dispatcher(dispatch_lanes(), dedupe_redis=client, dedupe_prefix=redis_prefix)
+
+        async def work(x: str) -> str:
+            return x
+
+        assert await asyncio.wait_for(d.submit("c", work, "warm", dedupe_id="m0"), 5) == "warm"
+        ticks: list[float] = []
+
+        async def heartbeat() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.02)
+
+        hb = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0.1)
+        freeze(server)
+        t0 = time.monotonic()
+        first = d.submit("c", work, "first", dedupe_id="m1")
+        after = d.submit("c", work, "after")
+        submit_s = time.monotonic() - t0
+        await asyncio.wait([asyncio.ensure_future(first)], timeout=CALL_WAIT + SLACK)
+        first_s = time.monotonic() - t0
+        out: dict[str, Any] = {"submit_s": submit_s, "first_s": first_s,
+                               "first": first.state, "error": first.exception(0)
+                               if first.done() else None}
+        out["after"] = await asyncio.wait_for(after, 5)
+        ticks_during = [x for x in ticks if t0 < x < t0 + first_s]
+        out["gap"] = max((b - a for a, b in itertools.pairwise(ticks_during)), default=9.0)
+        thaw(server)
+        out["retry"] = await asyncio.wait_for(d.submit("c", work, "retry", dedupe_id="m1"), 10)
+        hb.cancel()
+        out["idle"] = await d.wait_idle(5)
+        out["keys"] = d.snapshot()["keys"]
+        s = d.stats
+        out["stats"] = (s.submitted, s.done, s.failed, s.pending)
+        return out
+
+    out = asyncio.run(main())
+    assert out["submit_s"] < CALL_WAIT / 2  # not the claim's wait: no round trip in it
+    assert out["first"] == "failed" and isinstance(out["error"], LaneBackendError), out
+    assert out["first_s"] < CALL_WAIT + SLACK
+    assert out["gap"] < CALL_WAIT / 2  # the loop ran other tasks while the claim waited
+    assert out["after"] == "after" and out["retry"] == "retry"
+    assert out["idle"] and out["keys"] == {}
+    assert out["stats"] == (4, 3, 1, 0)
+
+
+def test_thread_dispatcher_submit_on_a_frozen_window_fails_within_its_bound(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """ThreadDispatcher(dedupe_redis=...), client without a socket timeout, server
+    frozen: ``submit(..., dedupe_id=...)`` raises LaneBackendError once the claim's bound
+    has passed (it used to retry for about a minute), nothing is submitted."""
+    from lanequeue import ThreadDispatcher
+
+    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+    d = ThreadDispatcher(dispatch_lanes_threads(), dedupe_redis=client,
+                         dedupe_prefix=redis_prefix)
+    try:
+        assert d.submit("c", lambda: "warm", dedupe_id="m0").result(5) == "warm"
+        freeze(server)
+        t0 = time.monotonic()
+        with pytest.raises(LaneBackendError):
+            d.submit("c", lambda: "never", dedupe_id="m1")
+        took = time.monotonic() - t0
+        thaw(server)
+        assert took < CALL_WAIT + SLACK
+        assert d.stats.submitted == 1
+        assert d.submit("c", lambda: "retry", dedupe_id="m1").result(10) == "retry"
+    finally:
+        thaw(server)
+        d.close()
+
+
+def dispatch_lanes_threads() -> Any:
+    from lanequeue import LaneQueue
+
+    q = LaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q

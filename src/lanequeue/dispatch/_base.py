@@ -71,6 +71,8 @@ class DispatcherBase:
     _machine: Machine
     #: Whether a turn's awaitable result is awaited (asyncio) or refused (threads).
     _awaits: bool = False
+    #: See ``Face.offload``: None, the shared dedupe window is asked inline (threads).
+    offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
