@@ -69,8 +69,14 @@ class Dispatcher(DispatcherBase):
         dedupe_redis: a synchronous ``redis.Redis`` client: the dedupe window is then
             shared with every dispatcher using the same Redis and ``dedupe_prefix``
             (``SET NX PX`` on ``{prefix:d:<dedupe_id>}``, one round trip per submit with a
-            ``dedupe_id``, made from ``submit`` itself). A repeat owned by another
-            process gets a ticket already ended as ``deduped``.
+            new ``dedupe_id``, made in a thread of a small pool, never on the loop:
+            ``submit`` returns at once). Until the window answers, the ticket and every
+            later submit of its key wait (pending, ``blocked_by`` ``"dedupe"`` in
+            :meth:`snapshot`), so a key's turns stay in submit order; then a repeat owned
+            by another process ends ``deduped`` (and moves from ``submitted`` to
+            ``deduped`` in ``stats``), a failure of the window (or no answer within the
+            client's ``socket_timeout``, 5 s without one) ends it ``failed`` with
+            LaneBackendError, and an id of ours is placed with its busy policy.
         dedupe_prefix: the Redis key prefix (default the Redis lanes' ``"lanequeue"``).
 
     ``fn`` (``submit``) may be a coroutine function, awaited in the turn's task, or a plain
