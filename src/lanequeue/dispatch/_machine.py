@@ -16,8 +16,9 @@ Words
 - Per key the machine keeps ``line`` (pending tickets, in submit order) and ``job`` (the
   key's current job, if any). A face that asks the shared dedupe window off its thread
   (``Face.offload``: asyncio) also keeps ``arrivals``: a ticket whose claim is in flight
-  and every later submit of the key, placed in submit order as the claims answer. A key's next job is formed only when ``job`` is None: per
-  key, at most one job exists, so turns of a key run one at a time in submit order.
+  and every later submit of the key, placed in submit order as the claims answer. A
+  key's next job is formed only when ``job`` is None: per key, at most one job exists,
+  so turns of a key run one at a time in submit order.
 - The **gate**: with counting lanes among the dispatcher's lanes, at most ``slots`` jobs
   (the smallest ``max_concurrent`` of those lanes; on threads also at most the pool's
   workers) are admitted to the lanes at once. A job that finds the gate full waits in the
