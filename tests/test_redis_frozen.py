@@ -290,3 +290,50 @@ def dispatch_lanes_threads() -> Any:
     q.add_session_lane("session")
     q.add_lane("global", max_concurrent=4)
     return q
+
+
+def test_first_use_on_a_frozen_server_fails_within_its_bound(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """A lane object's first call checks the server (``INFO memory``) before any script:
+    with the server frozen and a client without a socket timeout, that check fails within
+    the call's bound too (thread face: plus at most 1 s waiting for the presence
+    connection), in both faces."""
+    freeze(server)
+    thread_lane = RedisSessionLane(
+        redis.Redis(host=server.host, port=server.port, socket_timeout=None),
+        prefix=redis_prefix)
+    out: list[Any] = []
+
+    def call() -> None:
+        try:
+            out.append(thread_lane.try_acquire("k"))
+        except LaneBackendError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(CALL_WAIT + 1.0 + SLACK)
+    thread_s = time.monotonic() - t0
+
+    async def first_async() -> tuple[Any, float]:
+        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
+        lane = AsyncRedisSessionLane(client, prefix=redis_prefix)
+        t0 = time.monotonic()
+        task = asyncio.create_task(lane.try_acquire("k"))
+        await asyncio.wait([task], timeout=CALL_WAIT + SLACK)
+        took = time.monotonic() - t0
+        got = task.exception() if task.done() else "pending"
+        if not task.done():
+            task.cancel()
+        return got, took
+
+    got, async_s = asyncio.run(first_async())
+    thaw(server)
+    t.join(10)
+    assert len(out) == 1 and isinstance(out[0], LaneBackendError), out
+    assert "check" in str(out[0])
+    assert thread_s < CALL_WAIT + 1.0 + SLACK
+    assert isinstance(got, LaneBackendError) and "check" in str(got), got
+    assert async_s < CALL_WAIT + SLACK

@@ -214,10 +214,10 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             return await asyncio.shield(task)
         return await _call(wk.slots, self._client, script, keys, args, wk.call_wait_s)
 
-    async def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _memory_info(self) -> Any:
         wk = self._wk()
         async with wk.slots:
-            return await _within(fn(*args), wk.call_wait_s)
+            return await _within(self._client.info("memory"), wk.call_wait_s)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)

@@ -291,9 +291,10 @@ class RedisLaneBase(ABC, Generic[H]):
         held meanwhile)."""
 
     @abstractmethod
-    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Step: ``fn(*args)`` (a redis-py call), within the process's bound on calls in
-        flight per client (see :mod:`._wake`)."""
+    def _memory_info(self) -> Any:
+        """Step: the server's ``INFO memory`` (a dict of its fields; a cluster client's
+        is per node), within the process's bound on calls in flight per client (see
+        :mod:`._wake`) and the bound on one call's wait (:func:`._args.call_wait`)."""
 
     @abstractmethod
     def _wk(self) -> Any:
@@ -591,7 +592,7 @@ class RedisLaneBase(ABC, Generic[H]):
         Under ``maxmemory`` with any policy but ``noeviction``, Redis deletes keys to make
         room, lane keys included (they all have a TTL, so every ``volatile-*`` policy picks
         them too), and a deleted holder key lets a waiter in next to the live holder."""
-        info = yield from self._ask("check", None, self._bounded, self._client.info, "memory")
+        info = yield from self._ask("check", None, self._memory_info)
         # A cluster client answers per node: {node: {field: value}}.
         nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) \
             else [info]

@@ -33,7 +33,7 @@ from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import Gate, SyncWaker, sync_waker
-from ._wire import run_sync
+from ._wire import run_info, run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -141,11 +141,13 @@ class _SyncFace(RedisOps[RedisHold]):
         finally:
             slots.give(slot)
 
-    def _bounded(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def _memory_info(self) -> Any:
         slots = self._wk().slots
         slot = slots.take()
         try:
-            return fn(*args)
+            if slot.conn is None:  # a cluster client: its own path (per node)
+                return self._client.info("memory")
+            return run_info(slot.conn, "memory")
         finally:
             slots.give(slot)
 

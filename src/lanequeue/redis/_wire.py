@@ -24,7 +24,9 @@ from typing import Any
 
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-__all__ = ["Call", "StaleReply", "new_nonce", "run_async", "run_sync", "unwrap", "wrap"]
+__all__ = [
+    "Call", "StaleReply", "new_nonce", "run_async", "run_info", "run_sync", "unwrap", "wrap",
+]
 
 
 #: One script call: (script, KEYS, ARGV).
@@ -102,6 +104,27 @@ def run_sync(client: Any, script: Any, keys: list[str], args: list[Any],
         if not _clean(exc):
             conn.disconnect()
         raise
+
+
+def run_info(conn: Any, section: str) -> dict[str, str]:
+    """``INFO section`` over ``conn`` (as :func:`run_sync`: disconnected unless the reply
+    was read in full): its ``field:value`` lines as a dict of strings."""
+    try:
+        _ready(conn)
+        conn.send_command("INFO", section)
+        reply = conn.read_response()
+    except BaseException as exc:
+        if not _clean(exc):
+            conn.disconnect()
+        raise
+    if isinstance(reply, bytes):
+        reply = reply.decode("utf-8", "replace")
+    fields = {}
+    for line in str(reply).splitlines():
+        name, sep, value = line.partition(":")
+        if sep and not name.startswith("#"):
+            fields[name.strip()] = value.strip()
+    return fields
 
 
 async def run_async(client: Any, script: Any, keys: list[str], args: list[Any]) -> Any:
