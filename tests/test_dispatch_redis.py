@@ -252,6 +252,7 @@ def test_async_claim_cancelled_in_flight_is_given_back(
     import asyncio
 
     from lanequeue import Dispatcher
+    from lanequeue.dispatch._machine import CLAIMING
 
     async def main() -> None:
         a = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
@@ -260,7 +261,10 @@ def test_async_claim_cancelled_in_flight_is_given_back(
         assert t.cancel() and t.state == "cancelled"
         key = f"{{{redis_prefix}:d:m1}}"
         deadline = time.monotonic() + WAIT
-        while redis_client.exists(key) and time.monotonic() < deadline:
+        while t._claim is CLAIMING and time.monotonic() < deadline:  # the claim answers
+            await asyncio.sleep(0.005)
+        assert t._claim is True  # ours: the SET landed, the key is ours ...
+        while redis_client.exists(key) and time.monotonic() < deadline:  # ... given back
             await asyncio.sleep(0.01)
         assert await asyncio.wait_for(b.submit("k", lambda: "b ran", dedupe_id="m1"),
                                       WAIT) == "b ran"
