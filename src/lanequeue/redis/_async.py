@@ -112,11 +112,18 @@ async def _call(slots: asyncio.Semaphore, client: Any, script: Any, keys: list[s
 async def _within(aw: Awaitable[T], wait: float) -> T:
     """``await aw`` for at most ``wait`` seconds; past that it is cancelled (a script
     call drops its connection, see :func:`run_async`) and redis-py's TimeoutError is
-    raised (a RedisError: the procedure sees a failed round trip)."""
+    raised (a RedisError: the procedure sees a failed round trip). On Python 3.11+ in the
+    caller's own task (``asyncio.timeout``: one timer, no task per call)."""
     try:
+        if _timeout is not None:
+            async with _timeout(wait):
+                return await aw
         return await asyncio.wait_for(aw, wait)
     except (asyncio.TimeoutError, TimeoutError) as exc:
         raise RedisTimeoutError(f"no reply from Redis within {wait:g} s") from exc
+
+
+_timeout: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
