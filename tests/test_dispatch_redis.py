@@ -221,3 +221,85 @@ def test_two_processes_one_conversation_run_each_turn_once_one_at_a_time(
     assert all(sum(1 for c in conv if c["proc"] == i) > 0 for i in range(2))
     print("\nwebhooks run per replica:",
           [sum(1 for c in conv if c["proc"] == i) for i in range(2)])
+
+
+# -- the asyncio dispatcher: the window is asked off the loop -----------------------------
+
+
+def async_lanes() -> Any:
+    from lanequeue import AsyncLaneQueue
+
+    q = AsyncLaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def test_async_shared_window_dedupes_across_dispatchers_in_submit_order(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """Two asyncio Dispatchers share the window. ``submit`` returns at once (the claim is
+    made in a thread); a's turns of one key run in submit order, with and without an id
+    (a turn submitted after one whose claim is in flight waits for it); b's copy of m1 ends
+    ``deduped`` and counts there, not in ``submitted``; a local repeat is the same ticket."""
+    import asyncio
+
+    from lanequeue import Dispatcher
+
+    async def main() -> None:
+        a = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        b = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        order: list[str] = []
+
+        async def turn(name: str) -> str:
+            order.append(name)
+            return name
+
+        t1 = a.submit("k", turn, "m1", dedupe_id="m1")
+        t2 = a.submit("k", turn, "plain")
+        t3 = a.submit("k", turn, "m2", dedupe_id="m2")
+        assert a.submit("k", turn, "again", dedupe_id="m1") is t1
+        assert a.pending("k") == 3 and a.snapshot()["keys"]["k"]["blocked_by"] == "dedupe"
+        assert list(await asyncio.wait_for(asyncio.gather(t1, t2, t3), WAIT)) == [
+            "m1", "plain", "m2"]
+        assert order == ["m1", "plain", "m2"]
+        copy = b.submit("k", turn, "copy", dedupe_id="m1")
+        with pytest.raises(TurnDedupedError):
+            await asyncio.wait_for(copy, WAIT)
+        assert copy.state == "deduped" and order == ["m1", "plain", "m2"]
+        assert b.stats.deduped == 1 and b.stats.submitted == 0 and b.stats.pending == 0
+        assert a.stats.submitted == 3 and a.stats.done == 3 and a.stats.deduped == 1
+        assert await a.wait_idle(WAIT) and await b.wait_idle(WAIT)
+        assert a.snapshot()["keys"] == {} and b.snapshot()["keys"] == {}
+
+    asyncio.run(main())
+
+
+def test_async_claim_cancelled_in_flight_is_given_back(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """A ticket cancelled while its claim is in flight ends ``cancelled`` at once; the
+    claim, once it answers, is given back (the id's key is gone), so another dispatcher's
+    copy runs."""
+    import asyncio
+
+    from lanequeue import Dispatcher
+    from lanequeue.dispatch._machine import CLAIMING
+
+    async def main() -> None:
+        a = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        b = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        t = a.submit("k", lambda: "a ran", dedupe_id="m1")
+        assert t.cancel() and t.state == "cancelled"
+        key = f"{{{redis_prefix}:d:m1}}"
+        deadline = time.monotonic() + WAIT
+        while t._claim is CLAIMING and time.monotonic() < deadline:  # the claim answers
+            await asyncio.sleep(0.005)
+        assert t._claim is True  # ours: the SET landed, the key is ours ...
+        while redis_client.exists(key) and time.monotonic() < deadline:  # ... given back
+            await asyncio.sleep(0.01)
+        assert await asyncio.wait_for(b.submit("k", lambda: "b ran", dedupe_id="m1"),
+                                      WAIT) == "b ran"
+        assert await a.wait_idle(WAIT) and a.snapshot()["keys"] == {}
+
+    asyncio.run(main())

@@ -12,13 +12,30 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._base import DispatcherBase
 from ._machine import _CURRENT, Job, Ticket, Timer
 
 __all__ = ["Dispatcher"]
+
+
+#: Threads that run the shared dedupe window's calls for the asyncio dispatchers of this
+#: process (each call bounded, see :mod:`._redis`); made on first use, anew after fork.
+_IO_THREADS = 8
+_io: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    global _io
+    made = _io
+    if made is None or made[0] != os.getpid():
+        made = _io = (os.getpid(), ThreadPoolExecutor(
+            _IO_THREADS, thread_name_prefix="lanequeue-dedupe"))
+    return made[1]
 
 
 class Dispatcher(DispatcherBase):
@@ -52,8 +69,14 @@ class Dispatcher(DispatcherBase):
         dedupe_redis: a synchronous ``redis.Redis`` client: the dedupe window is then
             shared with every dispatcher using the same Redis and ``dedupe_prefix``
             (``SET NX PX`` on ``{prefix:d:<dedupe_id>}``, one round trip per submit with a
-            ``dedupe_id``, made from ``submit`` itself). A repeat owned by another
-            process gets a ticket already ended as ``deduped``.
+            new ``dedupe_id``, made in a thread of a small pool, never on the loop:
+            ``submit`` returns at once). Until the window answers, the ticket and every
+            later submit of its key wait (pending, ``blocked_by`` ``"dedupe"`` in
+            :meth:`snapshot`), so a key's turns stay in submit order; then a repeat owned
+            by another process ends ``deduped`` (and moves from ``submitted`` to
+            ``deduped`` in ``stats``), a failure of the window (or no answer within the
+            client's ``socket_timeout``, 5 s without one) ends it ``failed`` with
+            LaneBackendError, and an id of ours is placed with its busy policy.
         dedupe_prefix: the Redis key prefix (default the Redis lanes' ``"lanequeue"``).
 
     ``fn`` (``submit``) may be a coroutine function, awaited in the turn's task, or a plain
@@ -158,6 +181,22 @@ class Dispatcher(DispatcherBase):
             # Cancelled before its first step (an abandoned job, or the loop shutting
             # down): the coroutine never ran, so report the end here.
             self._machine.finish(job, False, asyncio.CancelledError())
+
+    def offload(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """Call ``fn()`` (the shared dedupe window's blocking I/O) in a thread of the
+        process's small pool, never on the loop; then ``done(its result or exception)``
+        on the loop."""
+        assert self._loop is not None
+        fut = self._loop.run_in_executor(_io_pool(), fn)
+
+        def answered(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                done(asyncio.CancelledError())
+            else:
+                exc = f.exception()
+                done(exc if exc is not None else f.result())
+
+        fut.add_done_callback(answered)
 
     def interrupt(self, job: Job) -> None:
         task = job.handle

@@ -72,6 +72,8 @@ class DispatcherBase:
     _machine: Machine
     #: Whether a turn's awaitable result is awaited (asyncio) or refused (threads).
     _awaits: bool = False
+    #: See ``Face.offload``: None, the shared dedupe window is asked inline (threads).
+    offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -202,7 +204,9 @@ class DispatcherBase:
     ) -> Ticket:
         """Submit one turn of ``key``: ``fn(*args)``, run under the dispatcher's lanes.
 
-        A plain (non-async) call that returns the :class:`Ticket` at once.
+        A plain (non-async) call that returns the :class:`Ticket` at once (on
+        ``ThreadDispatcher`` with ``dedupe_redis``, after one round trip to the shared
+        window for a new ``dedupe_id``).
 
         Args:
             key: the conversation's key (non-empty ``str``).
@@ -234,8 +238,12 @@ class DispatcherBase:
         Raises:
             TypeError/ValueError: for a bad argument, naming it.
             DispatcherDrainingError: after ``drain()`` or ``close()``.
-            LaneBackendError: the shared dedupe window (``dedupe_redis``) failed; nothing
-                was submitted.
+            LaneBackendError: (``ThreadDispatcher``) the shared dedupe window
+                (``dedupe_redis``) failed or did not answer within its bound (the
+                client's ``socket_timeout``, 5 s without one); nothing was submitted. On
+                ``Dispatcher`` the window is asked off the loop after ``submit``
+                returned: such a failure ends that ticket ``failed`` with the
+                LaneBackendError.
             RuntimeError: (asyncio) outside the dispatcher's event loop.
         """
         key = check_key(key)

@@ -14,8 +14,11 @@ Words
 - A **job** is one call of ``fn``: one ticket, or several merged by ``collect``, plus the
   tickets steered into its inbox and taken by it.
 - Per key the machine keeps ``line`` (pending tickets, in submit order) and ``job`` (the
-  key's current job, if any). A key's next job is formed only when ``job`` is None: per
-  key, at most one job exists, so turns of a key run one at a time in submit order.
+  key's current job, if any). A face that asks the shared dedupe window off its thread
+  (``Face.offload``: asyncio) also keeps ``arrivals``: a ticket whose claim is in flight
+  and every later submit of the key, placed in submit order as the claims answer. A
+  key's next job is formed only when ``job`` is None: per key, at most one job exists,
+  so turns of a key run one at a time in submit order.
 - The **gate**: with counting lanes among the dispatcher's lanes, at most ``slots`` jobs
   (the smallest ``max_concurrent`` of those lanes; on threads also at most the pool's
   workers) are admitted to the lanes at once. A job that finds the gate full waits in the
@@ -105,6 +108,7 @@ priority changes nothing.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -181,6 +185,12 @@ class Face(Protocol):
 
     def cancel(self, ticket: Ticket) -> bool: ...
 
+    #: Runs blocking I/O (the shared dedupe window's calls) off the caller's thread:
+    #: ``offload(fn, done)`` calls ``fn()`` elsewhere and then ``done(its result or the
+    #: exception it raised)`` on the face's own thread (the event loop). None: the I/O runs
+    #: inline, in the caller's thread (threads: ``submit`` waits for the window's answer).
+    offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None
+
 
 @dataclass(frozen=True, slots=True)
 class DispatchStats:
@@ -232,7 +242,8 @@ class Ticket:
     __slots__ = (
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
-        "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "__weakref__",
+        "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "_claim",
+        "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
@@ -260,6 +271,9 @@ class Ticket:
         self._started = False
         self._end_req: tuple[str, str] | None = None
         self._job: Job | None = None
+        # The shared dedupe window's answer for this ticket (offloaded faces): CLAIMING
+        # until it came, then True (ours), False (another process's) or the error.
+        self._claim: Any = True
 
     @property
     def payload(self) -> Any:
@@ -538,10 +552,17 @@ class Job:
         return self.rank < other.rank
 
 
+#: A ticket's shared dedupe claim is in flight (see ``Ticket._claim``).
+CLAIMING: Any = object()
+
+
 class _Key:
-    __slots__ = ("line", "job", "timer", "timer_due")
+    __slots__ = ("arrivals", "line", "job", "timer", "timer_due")
 
     def __init__(self) -> None:
+        # Submits not placed yet (in submit order): one whose shared dedupe claim is in
+        # flight, and every later submit of the key, placed in order as claims answer.
+        self.arrivals: deque[Ticket] = deque()
         self.line: deque[Ticket] = deque()
         self.job: Job | None = None
         self.timer: Timer | None = None
@@ -629,12 +650,13 @@ class Machine:
         run_timeout = run_timeout_s
         fx = _Effects()
         shared = self.window is not None and dedupe_id is not None
+        offload = self.face.offload if shared else None
         ours = True
-        for attempt in (0, 1) if shared else (1,):
-            if attempt == 1 and shared:
+        for attempt in (0, 1) if shared and offload is None else (1,):
+            if attempt == 1 and shared and offload is None:
                 # Not in this process's table: ask the shared window (outside the lock:
                 # one round trip). Another thread may claim the same id meanwhile; the
-                # table is looked at again below.
+                # table is looked at again below. (Offloaded: asked after, see _arrive.)
                 ours = self.window.claim(dedupe_id)
             with self._lock:
                 if self.draining:
@@ -652,6 +674,10 @@ class Machine:
                 t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
                            dedupe_id, now, None if timeout is None else now + timeout,
                            run_timeout)
+                if offload is not None:
+                    # The window is asked off this thread (the event loop): the ticket
+                    # waits among the key's arrivals until it answers (see _settle).
+                    t._claim = CLAIMING
                 if not ours:
                     # Another process owns this id within the window: nothing runs here.
                     t._started = True  # nothing to give back
@@ -660,9 +686,67 @@ class Machine:
                     self._c["submitted"] += 1
                     if dedupe_id is not None:
                         self._remember(dedupe_id, t, now, fx)
-                    self._place(t, now, fx)
+                    self._arrive(t, now, fx)
         self._after(fx)
+        if offload is not None and dedupe_id is not None:
+            window = self.window
+            offload(lambda: window.claim(dedupe_id), lambda ours: self._claimed(t, ours))
         return t
+
+    def _arrive(self, t: Ticket, now: float, fx: _Effects) -> None:
+        """A new ticket: placed at once, unless its claim is in flight or the key has
+        arrivals waiting (then it waits after them: per key, submit order) (lock held)."""
+        k = self._keys.get(t.key)
+        if t._claim is CLAIMING or (k is not None and k.arrivals):
+            if k is None:
+                k = self._keys[t.key] = _Key()
+                if len(self._keys) > self._keys_high:
+                    self._keys_high = len(self._keys)
+            k.arrivals.append(t)
+            self._arm_deadline(t, now, fx)
+            return
+        self._place(t, now, fx)
+
+    def _claimed(self, t: Ticket, ours: Any) -> None:
+        """The shared window answered ``t``'s claim (offloaded): True, False, or the
+        error it raised. The key's arrivals are placed up to the next claim in flight."""
+        fx = _Effects()
+        with self._lock:
+            t._claim = ours
+            if t.state in TERMINAL:
+                # Ended while asking (cancelled, cleared, timed out): give back a claim
+                # that nobody here uses (also after an error: it may have landed).
+                seen = self._dedupe.get(t.dedupe_id or "")
+                if ours is not False and t.dedupe_id is not None and seen is None:
+                    fx.forget.append(t.dedupe_id)
+            else:
+                self._settle(t.key, fx)
+        self._after(fx)
+
+    def _settle(self, key: str, fx: _Effects) -> None:
+        """Place the key's arrivals whose claims answered, in order, up to the first one
+        still asking (lock held): another process's id ends ``deduped`` (not counted in
+        ``submitted``), a failed claim ends ``failed`` with its LaneBackendError, ours
+        is placed with its busy policy."""
+        k = self._keys.get(key)
+        if k is None:
+            return
+        now = self.face.now()
+        arrivals = k.arrivals
+        while arrivals and arrivals[0]._claim is not CLAIMING:
+            t = arrivals.popleft()
+            claim = t._claim
+            if claim is False:
+                self._c["submitted"] -= 1
+                if t.dedupe_id is not None and self._dedupe.get(t.dedupe_id, (None,))[0] is t:
+                    del self._dedupe[t.dedupe_id]
+                t._started = True  # nothing to give back
+                self._end(t, DEDUPED, "duplicate", fx)
+            elif isinstance(claim, BaseException):
+                self._end(t, FAILED, type(claim).__name__, fx, error=claim)
+            else:
+                self._place(t, now, fx)
+        self._tidy(key, k)
 
     def _place(self, t: Ticket, now: float, fx: _Effects) -> None:
         """Apply the busy policy and the line's bound to a new ticket (lock held)."""
@@ -953,7 +1037,8 @@ class Machine:
             seen = self._dedupe.get(t.dedupe_id)
             if seen is not None and seen[0] is t:
                 del self._dedupe[t.dedupe_id]
-                if self.window is not None:
+                if self.window is not None and t._claim is not CLAIMING:
+                    # (A claim in flight is given back when it answers: _claimed.)
                     fx.forget.append(t.dedupe_id)
         fx.ended.append(t)
         return True
@@ -966,6 +1051,13 @@ class Machine:
             if state == DROPPED:
                 fx.dropped.append(t)
             n += 1
+        return n
+
+    def _drop_arrivals(self, k: _Key, state: str, reason: str, fx: _Effects) -> int:
+        """End the key's arrivals (not placed yet) as ``state`` (lock held)."""
+        n = len(k.arrivals)
+        while k.arrivals:
+            self._end(k.arrivals.popleft(), state, reason, fx)
         return n
 
     def _stop_job(self, k: _Key, job: Job, before: str, running: str, reason: str,
@@ -1017,6 +1109,10 @@ class Machine:
         if k is None:
             return
         job = t._job
+        if job is None and t in k.arrivals:
+            k.arrivals.remove(t)
+            self._settle(t.key, fx)  # the arrivals after it may be placed now
+            return
         if job is None:
             try:
                 k.line.remove(t)
@@ -1092,6 +1188,7 @@ class Machine:
             if k is None:
                 return 0
             n = self._drop_line(k, CANCELLED, "cleared", fx)
+            n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
             if k.job is not None:
                 job = k.job
                 for t in job.steered:
@@ -1112,7 +1209,7 @@ class Machine:
             k = self._keys.get(key)
             if k is None:
                 return 0
-            n = len(k.line)
+            n = len(k.line) + len(k.arrivals)
             if k.job is not None:
                 n += len(k.job.steered)
                 if k.job.phase != STARTED:
@@ -1133,6 +1230,7 @@ class Machine:
             if cancel_pending:
                 for key, k in list(self._keys.items()):
                     self._drop_line(k, CANCELLED, "closed", fx)
+                    self._drop_arrivals(k, CANCELLED, "closed", fx)
                     if k.job is not None:
                         self._stop_job(k, k.job, CANCELLED, CANCELLED, "closed", fx)
                     self._advance(key, k, self.face.now(), fx)
@@ -1199,7 +1297,7 @@ class Machine:
             keys: dict[str, Any] = {}
             for key, k in self._keys.items():
                 job = k.job
-                waiting = list(k.line)
+                waiting = list(k.line) + list(k.arrivals)
                 if job is not None:
                     waiting += job.steered
                     if job.phase != STARTED:
@@ -1216,6 +1314,8 @@ class Machine:
                     blocked = self.gate_lane if job.phase == READY else "lanes"
                 elif k.line:
                     blocked = "debounce"
+                elif k.arrivals:
+                    blocked = "dedupe"
                 keys[key] = {
                     "running": job is not None and job.phase == STARTED,
                     "running_s": now - job.started_at if job and job.phase == STARTED
@@ -1239,7 +1339,7 @@ class Machine:
 
     def _tidy(self, key: str, k: _Key | None) -> None:
         # A key with no job, no line and no timer is forgotten: memory follows the work.
-        if k is not None and k.job is None and not k.line:
+        if k is not None and k.job is None and not k.line and not k.arrivals:
             if k.timer is not None:
                 k.timer.cancel()
                 k.timer = None
@@ -1255,8 +1355,13 @@ class Machine:
         """Run an operation's effects, lock released."""
         for timer in fx.timers:
             timer.cancel()
-        for dedupe_id in fx.forget:
-            self.window.give_back(dedupe_id)
+        if fx.forget:
+            offload = self.face.offload
+            for dedupe_id in fx.forget:
+                if offload is None:
+                    self.window.give_back(dedupe_id)
+                else:
+                    offload(functools.partial(self.window.give_back, dedupe_id), _ignore)
         for job in fx.interrupt:
             self.face.interrupt(job)
         for job in fx.launch:
@@ -1275,6 +1380,10 @@ class Machine:
             idle = not self._keys and self._runners == 0
         if idle:
             self.face.idle()
+
+
+def _ignore(_: Any) -> None:
+    """The ``done`` of an offloaded call whose answer nobody needs."""
 
 
 def _is_cancel(exc: Any) -> bool:

@@ -6,8 +6,14 @@ Redis lanes' ``"lanequeue"``; one hash tag per id, so ids spread over a cluster)
 ``dedupe_ttl_s``; every other dispatcher that receives the same id within the window
 answers with a ticket that has already ended as ``deduped``. A turn that ends before it
 ran gives its claim back (a compare-and-delete script: only the owner's value is
-deleted), so a genuine retry runs. Only the public redis-py client is used; its errors
-become :class:`~lanequeue.LaneBackendError` at ``submit``.
+deleted), so a genuine retry runs.
+
+Both calls are scripts (a claim is one round trip: ``SET NX PX``, else ``GET``, atomic)
+run like the Redis lanes' own: at most 8 at once per window, each on a connection of its
+own made like the client's, without retries, waiting at most the client's
+``socket_timeout`` (5 s when it has none, see :func:`lanequeue.redis._args.call_wait`) for
+its reply. A failure is a :class:`~lanequeue.LaneBackendError`: ``submit`` raises it on
+threads, the ticket ends ``failed`` with it on asyncio (see the dispatchers).
 """
 
 from __future__ import annotations
@@ -23,6 +29,18 @@ from .._validate import check_key
 __all__ = ["RedisDedupeWindow"]
 
 log = logging.getLogger("lanequeue")
+
+# KEYS[1]: the id's key; ARGV[1]: the owner's value; ARGV[2]: the window in ms. Claims the
+# id for the owner if nobody holds it. Returns 1 if the owner holds it now, else 0.
+_CLAIM = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return 1
+end
+return 0
+"""
 
 # KEYS[1]: the id's key; ARGV[1]: the owner's value. Deletes the key only if the owner
 # still holds it. Returns 1 if deleted, else 0.
@@ -48,43 +66,65 @@ class RedisDedupeWindow:
                 getattr(client, "aclose", None)):
             raise TypeError(f"{where} 'dedupe_redis' must be a synchronous redis.Redis "
                             "client (submit is a plain call), not a redis.asyncio client")
+        from ..redis._args import call_wait
+        from ..redis._link import factory
+        from ..redis._wake import MAX_CALLS, Slots
+        from ..redis._wire import wrap
+
         self.client = client
         self.prefix = check_key(prefix, f"{where} 'dedupe_prefix'")
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self._owner = uuid.uuid4().hex
         self._pid = os.getpid()
+        #: A call's longest wait for its reply, in seconds (see the module docstring).
+        self.call_wait_s = call_wait(client)
+        self._slots = Slots(MAX_CALLS, factory(client, self.call_wait_s))
+        self._claim = client.register_script(wrap(_CLAIM))
+        self._give_back = client.register_script(wrap(_GIVE_BACK))
 
     @property
     def owner(self) -> str:
         """This dispatcher's value in the keys it claims; a new one in a forked child, so
-        the child never takes its parent's claims for its own (both would run the turn)."""
+        the child never takes its parent's claims for its own (both would run the turn),
+        with connections of its own (the parent's sockets are not the child's)."""
         if self._pid != os.getpid():
+            from ..redis._link import factory
+            from ..redis._wake import MAX_CALLS, Slots
+
             self._owner, self._pid = uuid.uuid4().hex, os.getpid()
+            self._slots = Slots(MAX_CALLS, factory(self.client, self.call_wait_s))
         return self._owner
 
     def key(self, dedupe_id: str) -> str:
         return f"{{{self.prefix}:d:{dedupe_id}}}"
 
+    def _call(self, script: Any, dedupe_id: str, args: list[Any]) -> Any:
+        from ..redis._wire import run_sync
+
+        owner = self.owner  # first: in a forked child, new slots come with it
+        slot = self._slots.take()
+        try:
+            return run_sync(self.client, script, [self.key(dedupe_id)], [owner, *args],
+                            slot.conn)
+        finally:
+            self._slots.give(slot)
+
     def claim(self, dedupe_id: str) -> bool:
         """True if this dispatcher owns the id now (claimed it, or had claimed it);
-        False if another dispatcher owns it. Raises LaneBackendError if Redis fails."""
-        key = self.key(dedupe_id)
+        False if another dispatcher owns it. One round trip, at most ``call_wait_s``
+        seconds; raises LaneBackendError if Redis fails or does not answer in time."""
         try:
-            if self.client.set(key, self.owner, nx=True, px=self.ttl_ms):
-                return True
-            held = self.client.get(key)
+            return bool(self._call(self._claim, dedupe_id, [self.ttl_ms]) == 1)
         except Exception as exc:
-            raise LaneBackendError(f"dedupe window on Redis: {exc!r}") from exc
-        if held is None:  # expired between the two calls: try once more
-            return self.claim(dedupe_id)
-        if isinstance(held, bytes):
-            held = held.decode()
-        return bool(held == self.owner)
+            raise LaneBackendError(
+                f"dedupe window on Redis: claiming {shown(dedupe_id)} failed "
+                f"({type(exc).__name__}: {exc})") from exc
 
     def give_back(self, dedupe_id: str) -> None:
         """Release the claim (a turn that never ran); failures are logged, and the claim
         then lasts until its TTL."""
         try:
-            self.client.eval(_GIVE_BACK, 1, self.key(dedupe_id), self.owner)
-        except Exception:
-            log.exception("dedupe window on Redis: could not give back %s", shown(dedupe_id))
+            self._call(self._give_back, dedupe_id, [])
+        except Exception as exc:
+            log.warning("dedupe window on Redis: could not give back %s (%s: %s); it "
+                        "lasts until its TTL", shown(dedupe_id), type(exc).__name__, exc)

@@ -214,7 +214,16 @@ holds in a zset instead of one holder)::
   and every release run to their end in tasks of their own, so a second cancellation
   cannot cut them short; a withdraw leaves a tombstone (``Bx:<id>``) so that the
   acquisition's own acquire script, should it reach Redis after the withdraw (sent first
-  on a connection the cancellation closed), grants nothing.
+  on a connection the cancellation closed), grants nothing. The cancelled task waits for
+  its clean-up at most 0.5 s (``_async.CANCEL_WAIT_S``), then ends while the clean-up
+  goes on in the background.
+- A frozen server. Every script call (both faces, connecting included) waits for its
+  reply at most the client's ``socket_timeout``, or 5 s when it has none
+  (``_args.CALL_WAIT_S``; the thread face's connections are its own, the asyncio face
+  bounds the call itself), then fails (LaneBackendError) and drops its connection: no
+  caller, clean-up or cancellation waits on a frozen server without a bound. A clean-up
+  that failed so is not retried: the line entry lapses with its liveness, a grant with
+  its lease (or its presence channel).
 - Fork. A hold belongs to the process that acquired it: a forked child never renews the
   holds it inherited (nor uses the parent's renewal connection or locks), and releasing
   one there (``hold.release()``, ``manual_release``) raises RuntimeError. A lane

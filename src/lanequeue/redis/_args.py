@@ -109,6 +109,18 @@ def socket_timeout(client: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
+#: A script call's longest wait for its reply (connecting included), in seconds, when the
+#: client has no ``socket_timeout`` (redis-py's own default is 5 s).
+CALL_WAIT_S = 5.0
+
+
+def call_wait(client: Any) -> float:
+    """The longest wait of one script call of the lanes for its reply, in seconds: the
+    client's ``socket_timeout``, or :data:`CALL_WAIT_S` when it has none (a frozen server
+    must not hold a caller, or a cancelled task's clean-up, forever)."""
+    return socket_timeout(client) or CALL_WAIT_S
+
+
 def grant_reply(reply: Any) -> tuple[bool, int]:
     """Parse an acquire/withdraw reply: ``(True, fencing token)`` when granted (the reply
     is the token), else ``(False, wake)`` (the reply is ``[0, wake]``; acquire: ms until

@@ -15,7 +15,14 @@ views (``active_count``, ``available``, ``waiting``, ``get_active()``, ``stats``
 Cancellation: a task cancelled while waiting (or right after the server granted it) leaves
 the line in one script and passes on a grant that reached it; a task cancelled inside
 ``async with`` releases on the way out; a task cancelled while its release script is on
-its way lets that release finish (and count) before the CancelledError propagates.
+its way lets that release finish (and count) before the CancelledError propagates. That
+clean-up runs in a task of its own; the cancelled task waits for it at most
+:data:`CANCEL_WAIT_S` and then ends, the clean-up going on in the background.
+
+A frozen server: every script call waits at most the client's ``socket_timeout`` (or
+:data:`~._args.CALL_WAIT_S` when it has none) for its reply, connecting included, then
+fails (``LaneBackendError``), its connection dropped. So no call, clean-up or cancellation
+waits on the server without a bound.
 """
 
 from __future__ import annotations
@@ -24,13 +31,14 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any, Literal
 
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
@@ -55,6 +63,10 @@ _CLEANUPS: set[asyncio.Task[Any]] = set()
 _READ_LOCK = threading.Lock()
 #: Longest wait of one such read, in seconds.
 READ_WAIT_S = 2.0
+#: A cancelled task waits this long (seconds) for its clean-up (leaving the line, passing
+#: on a grant, a release) before it ends; the clean-up goes on in the background, each of
+#: its calls bounded like any other (see the module docstring).
+CANCEL_WAIT_S = 0.5
 
 
 def _after_fork() -> None:
@@ -86,10 +98,12 @@ async def drive(steps: Steps[T]) -> T:
     A cancellation is thrown in too, so the procedure cleans up (leaves the line, passes
     on a grant) before it propagates; a cancellation during a release lets the release
     run to its end instead (:class:`_Releasing`). That clean-up runs in a task of its
-    own, shielded: a second cancellation (C25) cannot stop it half way, so it never
-    leaves an orphaned grant. The caller waits for it (unless cancelled again: then it
-    goes on alone) and sees the CancelledError, whatever the clean-up returned or
-    raised.
+    own, which a second cancellation (C25) cannot stop half way, so it never leaves an
+    orphaned grant. The caller waits for it at most :data:`CANCEL_WAIT_S` (a second
+    cancellation ends that wait at once) and sees the CancelledError, whatever the
+    clean-up returned or raised; past that wait the clean-up goes on in the background
+    (a frozen server: its calls fail within their bound; a line entry it could not
+    withdraw lapses with its liveness, a grant with its lease).
 
     A cancellation dropped below us is delivered too (Python 3.11+): before Python 3.12,
     ``asyncio.wait_for`` (which redis-py wraps a send in when the client has a socket
@@ -119,8 +133,11 @@ async def drive(steps: Steps[T]) -> T:
             task = asyncio.get_running_loop().create_task(_rest(steps, exc))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
+            await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
+            if not task.done():  # the clean-up goes on in the background
+                raise asyncio.CancelledError(*exc.args) from None
             try:
-                await asyncio.shield(task)
+                task.result()
             except asyncio.CancelledError:
                 raise
             except BaseException as err:  # (a release that found the hold not ours)
@@ -132,10 +149,27 @@ async def drive(steps: Steps[T]) -> T:
             reply, send = exc, steps.throw
 
 
-async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any, keys: list[str],
-                args: list[Any]) -> Any:
+async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any,
+                keys: list[str], args: list[Any], wait: float) -> Any:
     async with slots:
-        return await run_async(client, script, keys, args)
+        return await _within(run_async(client, script, keys, args), wait)
+
+
+async def _within(aw: Awaitable[T], wait: float) -> T:
+    """``await aw`` for at most ``wait`` seconds; past that it is cancelled (a script
+    call drops its connection, see :func:`run_async`) and redis-py's TimeoutError is
+    raised (a RedisError: the procedure sees a failed round trip). On Python 3.11+ in the
+    caller's own task (``asyncio.timeout``: one timer, no task per call)."""
+    try:
+        if _timeout is not None:
+            async with _timeout(wait):
+                return await aw
+        return await asyncio.wait_for(aw, wait)
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        raise RedisTimeoutError(f"no reply from Redis within {wait:g} s") from exc
+
+
+_timeout: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
@@ -234,7 +268,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             # release or withdraw cut short would leave a grant nobody owns. Its bound
             # is its own: it never waits behind the acquires it would let in.
             task = asyncio.get_running_loop().create_task(
-                _call(wk.freeing, self._client, script, keys, args))
+                _call(wk.freeing, self._client, script, keys, args, wk.call_wait_s))
             _CLEANUPS.add(task)
             task.add_done_callback(_CLEANUPS.discard)
             try:
@@ -249,15 +283,16 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             if token:
                 return Woken(token)
             try:
-                return await run_async(self._client, script, keys, args)
+                return await _within(run_async(self._client, script, keys, args),
+                                     wk.call_wait_s)
             finally:
                 wk.slots.release()
-        async with wk.slots:
-            return await run_async(self._client, script, keys, args)
+        return await _call(wk.slots, self._client, script, keys, args, wk.call_wait_s)
 
     async def _memory_info(self) -> Any:
-        async with self._wk().slots:  # on a connection of the pool, as the scripts
-            return await self._client.info("memory")
+        wk = self._wk()
+        async with wk.slots:  # on a connection of the pool, as the scripts
+            return await _within(self._client.info("memory"), wk.call_wait_s)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)

@@ -24,8 +24,10 @@ from ._wire import Call, new_nonce, unwrap
 __all__ = ["AsyncLink", "SyncLink", "blocking_factory"]
 
 
-def factory(client: Any) -> Any:
-    """A maker of bare connections like the client's, or None (a cluster client)."""
+def factory(client: Any, wait: float | None = None) -> Any:
+    """A maker of bare connections like the client's, or None (a cluster client);
+    ``wait``: their socket timeout in seconds (also their connect timeout when the
+    client has none), else the client's."""
     pool = getattr(client, "connection_pool", None)
     cls = getattr(pool, "connection_class", None)
     kwargs = getattr(pool, "connection_kwargs", None)
@@ -34,6 +36,10 @@ def factory(client: Any) -> Any:
     kwargs = dict(kwargs)
     for k in ("maint_notifications_pool_handler", "retry"):
         kwargs.pop(k, None)
+    if wait is not None:
+        kwargs["socket_timeout"] = wait
+        if kwargs.get("socket_connect_timeout") is None:
+            kwargs["socket_connect_timeout"] = wait
     return lambda: cls(**kwargs)
 
 

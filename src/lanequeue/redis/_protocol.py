@@ -311,10 +311,11 @@ class RedisLaneBase(ABC, Generic[H]):
 
     @abstractmethod
     def _memory_info(self) -> Any:
-        """Step: the server's ``INFO memory`` (a dict; a cluster client's: one per node),
-        as one of the process's bounded calls in flight per client, on that bound's
-        connections (see :mod:`._wake`): the first-use check of many callers at once
-        opens no connection beyond the bound."""
+        """Step: the server's ``INFO memory`` (a dict of its fields; a cluster client's
+        is per node), as one of the process's bounded calls in flight per client, on that
+        bound's connections (see :mod:`._wake`: the first-use check of many callers at
+        once opens no connection beyond the bound), within the bound on one call's wait
+        (:func:`._args.call_wait`)."""
 
     @abstractmethod
     def _wk(self) -> Any:

@@ -47,6 +47,7 @@ import weakref
 from collections import deque
 from typing import Any, NamedTuple
 
+from ._args import call_wait
 from ._link import factory, sibling_async, sibling_sync
 
 __all__ = [
@@ -355,11 +356,14 @@ class SyncWaker:
 
     def __init__(self, client: Any) -> None:
         self.pid = os.getpid()
-        self.slots = Slots(_calls(client), factory(client))
+        # Every script call waits at most ``call_wait`` for its reply, also when the
+        # client has no socket timeout: a frozen server fails the call, never hangs it.
+        wait = call_wait(client)
+        self.slots = Slots(_calls(client), factory(client, wait))
         # Releases and withdrawals have permits of their own: behind hundreds of waiters'
         # polls in ``slots`` a release waited up to 82 s (replay at --speed 600), keeping
         # the key or permit it was freeing, so every waiter behind it waited too.
-        self.freeing = Slots(FREEING_CALLS, factory(client))
+        self.freeing = Slots(FREEING_CALLS, factory(client, wait))
         self.lateness = Lateness()
         self._events: dict[str, Signal] = {}
         self._early: dict[str, int] = {}  # wake-ups that came before their waiter
@@ -574,6 +578,8 @@ class AsyncWaker:
         # Per waiter whose poll waits in ``slots``' line: its place, which a wake-up
         # carrying a grant fills with the fencing token (see poll_turn).
         self._polls: dict[str, asyncio.Future[int]] = {}
+        #: A script call's longest wait for its reply (connecting included), in seconds.
+        self.call_wait_s = call_wait(client)
         # Releases and withdrawals: a bound of their own, as in the thread face (behind
         # a backlog of acquires in ``slots``, a release kept the key it was freeing);
         # on a pool of one connection, the same bound.

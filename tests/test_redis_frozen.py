@@ -1,0 +1,339 @@
+"""A frozen Redis server (SIGSTOP): no call of the lanes, no clean-up and no cancellation
+waits on it without a bound, in both faces, and nothing is left behind once it answers
+again (README, "A frozen server and timeouts").
+
+Each test starts a server of its own. The clients have no socket timeout
+(``socket_timeout=None``), the case that used to wait forever; the lanes' own bound for
+that case (``CALL_WAIT_S``) is set to 1 s so the tests stay short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from redis_server import RedisServer
+
+from lanequeue import LaneBackendError
+from lanequeue.redis import AsyncRedisSessionLane, RedisSessionLane, _args
+from lanequeue.redis._async import _CLEANUPS, CANCEL_WAIT_S
+
+#: The lanes' bound on one script call in these tests (the client has no socket timeout).
+CALL_WAIT = 1.0
+#: Slack for a loaded machine on top of a promised bound (never a speed figure).
+SLACK = 2.0
+LEASE = 2.0
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisServer]:
+    monkeypatch.setattr(_args, "CALL_WAIT_S", CALL_WAIT)
+    s = RedisServer(tmp_path)
+    s.start()
+    yield s
+    if s.proc is not None:
+        s.proc.send_signal(signal.SIGCONT)
+    s.stop()
+
+
+def freeze(server: RedisServer) -> None:
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGSTOP)
+
+
+def thaw(server: RedisServer) -> None:
+    assert server.proc is not None
+    server.proc.send_signal(signal.SIGCONT)
+
+
+def left_behind(server: RedisServer, prefix: str, keys: list[str]) -> list[str]:
+    """What a fresh lane object sees of ``keys`` (holders, live waiters), waiting up to
+    the lease plus a waiter's liveness window for ghosts to lapse: [] when nothing is."""
+    probe = RedisSessionLane(redis.Redis(host=server.host, port=server.port), prefix=prefix,
+                             lease_s=LEASE)
+    deadline = time.monotonic() + LEASE + 3 * LEASE / 3 + 1.0 + SLACK
+    while True:
+        seen = [f"{k}: held" for k in keys if probe.is_held(k)]
+        seen += [f"{k}: {n} waiting" for k in keys if (n := probe.waiting_for(k))]
+        if not seen or time.monotonic() > deadline:
+            return seen
+        time.sleep(0.05)
+
+
+def test_async_cancel_on_a_frozen_server_ends_at_once_and_leaks_nothing(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """README client (no socket timeout), server frozen. Four tasks: A and C in their
+    first acquire script (keys k0, k1), B queued behind A (same key, same lane object), D
+    in line for k2 behind a holder since before the freeze. All are cancelled. Expected:
+    each ends with CancelledError within CANCEL_WAIT_S (the clean-ups go on in the
+    background, each call within its bound); after SIGCONT no holder and no waiter is
+    left (a clean-up that could not run lapses: line entries by liveness, grants by
+    lease); the holder of k2 can still release it."""
+
+    async def main() -> tuple[list[str], float, list[str]]:
+        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
+        lane = AsyncRedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE)
+        async with lane.acquire("warm-up", timeout_s=1):
+            pass
+        assert await lane.try_acquire("k2")
+        d = asyncio.create_task(lane.acquire_timeout("k2", 30))
+        while await lane.waiting_for("k2") != 1:
+            await asyncio.sleep(0.01)
+        freeze(server)
+        tasks = [asyncio.create_task(lane.acquire_timeout(k, 30)) for k in ("k0", "k0", "k1")]
+        tasks.append(d)
+        await asyncio.sleep(0.3)  # A and C sent their scripts; B waits for A's answer
+        assert not any(t.done() for t in tasks)
+        t0 = time.monotonic()
+        for t in tasks:
+            t.cancel()
+        _, pending = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S + SLACK)
+        took = time.monotonic() - t0
+        outcomes = [
+            "pending" if t in pending else
+            "cancelled" if t.cancelled() else repr(t.exception() or t.result())
+            for t in tasks
+        ]
+        thaw(server)
+        # The background clean-ups end within their calls' bounds (two calls each).
+        deadline = time.monotonic() + 2 * CALL_WAIT + SLACK
+        while _CLEANUPS and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        left = [] if not _CLEANUPS else [f"{len(_CLEANUPS)} clean-ups still running"]
+        await lane.manual_release("k2")
+        await client.aclose()
+        return outcomes, took, left
+
+    outcomes, took, left = asyncio.run(main())
+    assert outcomes == ["cancelled"] * 4, outcomes
+    assert took < CANCEL_WAIT_S + SLACK
+    assert left == []
+    assert left_behind(server, redis_prefix, ["k0", "k1", "k2"]) == []
+
+
+def test_async_call_on_a_frozen_server_fails_within_its_bound(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """No cancellation: acquire_timeout(k, 0.5) from A (its script in flight) and from B
+    queued behind A on the same lane object. Expected: B returns False at its timeout; A
+    raises LaneBackendError once its call's bound (CALL_WAIT_S here) has passed, not
+    later; nothing is left behind after SIGCONT."""
+
+    async def main() -> tuple[list[Any], float]:
+        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
+        lane = AsyncRedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE)
+        async with lane.acquire("warm-up", timeout_s=1):
+            pass
+        freeze(server)
+        t0 = time.monotonic()
+        a = asyncio.create_task(lane.acquire_timeout("k", 0.5))
+        b = asyncio.create_task(lane.acquire_timeout("k", 0.5))
+        done, pending = await asyncio.wait([a, b], timeout=CALL_WAIT + SLACK)
+        took = time.monotonic() - t0
+        thaw(server)
+        out = [t.exception() or t.result() if t in done else "pending" for t in (a, b)]
+        for t in pending:
+            await t
+        await client.aclose()
+        return out, took
+
+    (a, b), took = asyncio.run(main())
+    assert isinstance(a, LaneBackendError) and "TimeoutError" in str(a), a
+    assert b is False
+    assert took < CALL_WAIT + SLACK
+    assert left_behind(server, redis_prefix, ["k"]) == []
+
+
+def test_thread_call_on_a_frozen_server_fails_within_its_bound(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """The thread face, client without a socket timeout: an acquire whose script is in
+    flight when the server froze raises LaneBackendError once its call's bound has passed
+    (it used to wait as long as the server stayed frozen); nothing is left behind."""
+    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+    lane = RedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE)
+    with lane.acquire("warm-up", timeout_s=1):
+        pass
+    freeze(server)
+    out: list[Any] = []
+
+    def call() -> None:
+        try:
+            out.append(lane.acquire_timeout("k", 0.5))
+        except LaneBackendError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(CALL_WAIT + SLACK)
+    took = time.monotonic() - t0
+    thaw(server)
+    t.join(10)
+    assert len(out) == 1 and isinstance(out[0], LaneBackendError), out
+    assert took < CALL_WAIT + SLACK
+    assert left_behind(server, redis_prefix, ["k"]) == []
+
+
+# -- the dispatchers' shared dedupe window ------------------------------------------------
+
+
+def dispatch_lanes() -> Any:
+    from lanequeue import AsyncLaneQueue
+
+    q = AsyncLaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def test_async_dispatcher_submit_on_a_frozen_window_returns_at_once(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """Dispatcher(dedupe_redis=...), server frozen: ``submit(..., dedupe_id=...)``
+    returns a ticket at once and the loop keeps running (a heartbeat task ticks meanwhile);
+    the ticket ends ``failed`` with LaneBackendError once the claim's bound has passed;
+    the key's next turn (no id), submitted after it, waits for it and then runs. After
+    SIGCONT a retry of the same id runs, and the dispatcher is left idle and empty."""
+    from lanequeue import Dispatcher
+
+    async def main() -> dict[str, Any]:
+        client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+        d = Dispatcher(dispatch_lanes(), dedupe_redis=client, dedupe_prefix=redis_prefix)
+
+        async def work(x: str) -> str:
+            return x
+
+        assert await asyncio.wait_for(d.submit("c", work, "warm", dedupe_id="m0"), 5) == "warm"
+        ticks: list[float] = []
+
+        async def heartbeat() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.02)
+
+        hb = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0.1)
+        freeze(server)
+        t0 = time.monotonic()
+        first = d.submit("c", work, "first", dedupe_id="m1")
+        after = d.submit("c", work, "after")
+        submit_s = time.monotonic() - t0
+        await asyncio.wait([asyncio.ensure_future(first)], timeout=CALL_WAIT + SLACK)
+        first_s = time.monotonic() - t0
+        out: dict[str, Any] = {"submit_s": submit_s, "first_s": first_s,
+                               "first": first.state, "error": first.exception(0)
+                               if first.done() else None}
+        out["after"] = await asyncio.wait_for(after, 5)
+        ticks_during = [x for x in ticks if t0 < x < t0 + first_s]
+        out["gap"] = max((b - a for a, b in itertools.pairwise(ticks_during)), default=9.0)
+        thaw(server)
+        out["retry"] = await asyncio.wait_for(d.submit("c", work, "retry", dedupe_id="m1"), 10)
+        hb.cancel()
+        out["idle"] = await d.wait_idle(5)
+        out["keys"] = d.snapshot()["keys"]
+        s = d.stats
+        out["stats"] = (s.submitted, s.done, s.failed, s.pending)
+        return out
+
+    out = asyncio.run(main())
+    assert out["submit_s"] < CALL_WAIT / 2  # not the claim's wait: no round trip in it
+    assert out["first"] == "failed" and isinstance(out["error"], LaneBackendError), out
+    assert out["first_s"] < CALL_WAIT + SLACK
+    assert out["gap"] < CALL_WAIT / 2  # the loop ran other tasks while the claim waited
+    assert out["after"] == "after" and out["retry"] == "retry"
+    assert out["idle"] and out["keys"] == {}
+    assert out["stats"] == (4, 3, 1, 0)
+
+
+def test_thread_dispatcher_submit_on_a_frozen_window_fails_within_its_bound(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """ThreadDispatcher(dedupe_redis=...), client without a socket timeout, server
+    frozen: ``submit(..., dedupe_id=...)`` raises LaneBackendError once the claim's bound
+    has passed (it used to retry for about a minute), nothing is submitted."""
+    from lanequeue import ThreadDispatcher
+
+    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+    d = ThreadDispatcher(dispatch_lanes_threads(), dedupe_redis=client,
+                         dedupe_prefix=redis_prefix)
+    try:
+        assert d.submit("c", lambda: "warm", dedupe_id="m0").result(5) == "warm"
+        freeze(server)
+        t0 = time.monotonic()
+        with pytest.raises(LaneBackendError):
+            d.submit("c", lambda: "never", dedupe_id="m1")
+        took = time.monotonic() - t0
+        thaw(server)
+        assert took < CALL_WAIT + SLACK
+        assert d.stats.submitted == 1
+        assert d.submit("c", lambda: "retry", dedupe_id="m1").result(10) == "retry"
+    finally:
+        thaw(server)
+        d.close()
+
+
+def dispatch_lanes_threads() -> Any:
+    from lanequeue import LaneQueue
+
+    q = LaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def test_first_use_on_a_frozen_server_fails_within_its_bound(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """A lane object's first call checks the server (``INFO memory``) before any script:
+    with the server frozen and a client without a socket timeout, that check fails within
+    the call's bound too (thread face: plus at most 1 s waiting for the presence
+    connection), in both faces."""
+    freeze(server)
+    thread_lane = RedisSessionLane(
+        redis.Redis(host=server.host, port=server.port, socket_timeout=None),
+        prefix=redis_prefix)
+    out: list[Any] = []
+
+    def call() -> None:
+        try:
+            out.append(thread_lane.try_acquire("k"))
+        except LaneBackendError as exc:
+            out.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t0 = time.monotonic()
+    t.start()
+    t.join(CALL_WAIT + 1.0 + SLACK)
+    thread_s = time.monotonic() - t0
+
+    async def first_async() -> tuple[Any, float]:
+        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
+        lane = AsyncRedisSessionLane(client, prefix=redis_prefix)
+        t0 = time.monotonic()
+        task = asyncio.create_task(lane.try_acquire("k"))
+        await asyncio.wait([task], timeout=CALL_WAIT + SLACK)
+        took = time.monotonic() - t0
+        got = task.exception() if task.done() else "pending"
+        if not task.done():
+            task.cancel()
+        return got, took
+
+    got, async_s = asyncio.run(first_async())
+    thaw(server)
+    t.join(10)
+    assert len(out) == 1 and isinstance(out[0], LaneBackendError), out
+    assert "check" in str(out[0])
+    assert thread_s < CALL_WAIT + 1.0 + SLACK
+    assert isinstance(got, LaneBackendError) and "check" in str(got), got
+    assert async_s < CALL_WAIT + SLACK
