@@ -130,6 +130,7 @@ def run_thread(name: str, target: Callable[[], object], box: dict[str, Any]) -> 
 
 import uuid as _uuid  # noqa: E402
 from collections.abc import Iterator as _Iterator  # noqa: E402
+from pathlib import Path as _Path  # noqa: E402
 
 from redis_server import RedisServer  # noqa: E402
 
@@ -140,6 +141,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> _Iterator[RedisSer
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
+    server.stop()
+
+
+@pytest.fixture
+def own_server(tmp_path: _Path) -> _Iterator[RedisServer]:
+    """A redis-server of this test alone: freezing it (SIGSTOP), reconfiguring or
+    flushing it disturbs no other test. Thawed before it stops."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.thaw()
     server.stop()
 
 

@@ -147,3 +147,13 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def freeze(self) -> None:
+        """Stop the server process (SIGSTOP): connections stay open, nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Resume a frozen server (SIGCONT); harmless on one that runs."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)

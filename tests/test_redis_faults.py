@@ -17,8 +17,6 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,13 +43,8 @@ from lanequeue.redis._wire import run_sync
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    s = RedisServer(tmp_path)
-    s.start()
-    yield s
-    if s.proc is not None:
-        s.proc.send_signal(signal.SIGCONT)
-    s.stop()
+def server(own_server: RedisServer) -> RedisServer:
+    return own_server
 
 
 def client_of(server: RedisServer, **kw: Any) -> redis.Redis:
@@ -165,7 +158,7 @@ def test_c21_frozen_server_holder_learns_by_its_deadline(server: RedisServer) ->
     time.sleep(0.5)  # the waiter is in line; the holder renewed at least once
     assert not hold.lost
     stopped = time.monotonic()
-    server.proc.send_signal(signal.SIGSTOP)
+    server.freeze()
     try:
         time.sleep(1.2)
         assert hold.lost  # within one lease of the freeze, server still frozen
@@ -173,7 +166,7 @@ def test_c21_frozen_server_holder_learns_by_its_deadline(server: RedisServer) ->
         assert lost_at[0] - stopped <= 1.0
         time.sleep(4.0 - (time.monotonic() - stopped))
     finally:
-        server.proc.send_signal(signal.SIGCONT)
+        server.thaw()
     t.join(15)
     assert "at" in box
     assert inside.violations == []

@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,24 +32,9 @@ LEASE = 2.0
 
 
 @pytest.fixture
-def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[RedisServer]:
+def server(own_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> RedisServer:
     monkeypatch.setattr(_args, "CALL_WAIT_S", CALL_WAIT)
-    s = RedisServer(tmp_path)
-    s.start()
-    yield s
-    if s.proc is not None:
-        s.proc.send_signal(signal.SIGCONT)
-    s.stop()
-
-
-def freeze(server: RedisServer) -> None:
-    assert server.proc is not None
-    server.proc.send_signal(signal.SIGSTOP)
-
-
-def thaw(server: RedisServer) -> None:
-    assert server.proc is not None
-    server.proc.send_signal(signal.SIGCONT)
+    return own_server
 
 
 def left_behind(server: RedisServer, prefix: str, keys: list[str]) -> list[str]:
@@ -89,7 +71,7 @@ def test_async_cancel_on_a_frozen_server_ends_at_once_and_leaks_nothing(
         d = asyncio.create_task(lane.acquire_timeout("k2", 30))
         while await lane.waiting_for("k2") != 1:
             await asyncio.sleep(0.01)
-        freeze(server)
+        server.freeze()
         tasks = [asyncio.create_task(lane.acquire_timeout(k, 30)) for k in ("k0", "k0", "k1")]
         tasks.append(d)
         await asyncio.sleep(0.3)  # A and C sent their scripts; B waits for A's answer
@@ -104,7 +86,7 @@ def test_async_cancel_on_a_frozen_server_ends_at_once_and_leaks_nothing(
             "cancelled" if t.cancelled() else repr(t.exception() or t.result())
             for t in tasks
         ]
-        thaw(server)
+        server.thaw()
         # The background clean-ups end within their calls' bounds (two calls each).
         deadline = time.monotonic() + 2 * CALL_WAIT + SLACK
         while _CLEANUPS and time.monotonic() < deadline:
@@ -134,13 +116,13 @@ def test_async_call_on_a_frozen_server_fails_within_its_bound(
         lane = AsyncRedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE)
         async with lane.acquire("warm-up", timeout_s=1):
             pass
-        freeze(server)
+        server.freeze()
         t0 = time.monotonic()
         a = asyncio.create_task(lane.acquire_timeout("k", 0.5))
         b = asyncio.create_task(lane.acquire_timeout("k", 0.5))
         done, pending = await asyncio.wait([a, b], timeout=CALL_WAIT + SLACK)
         took = time.monotonic() - t0
-        thaw(server)
+        server.thaw()
         out = [t.exception() or t.result() if t in done else "pending" for t in (a, b)]
         for t in pending:
             await t
@@ -164,7 +146,7 @@ def test_thread_call_on_a_frozen_server_fails_within_its_bound(
     lane = RedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE)
     with lane.acquire("warm-up", timeout_s=1):
         pass
-    freeze(server)
+    server.freeze()
     out: list[Any] = []
 
     def call() -> None:
@@ -178,7 +160,7 @@ def test_thread_call_on_a_frozen_server_fails_within_its_bound(
     t.start()
     t.join(CALL_WAIT + SLACK)
     took = time.monotonic() - t0
-    thaw(server)
+    server.thaw()
     t.join(10)
     assert len(out) == 1 and isinstance(out[0], LaneBackendError), out
     assert took < CALL_WAIT + SLACK
@@ -224,7 +206,7 @@ def test_async_dispatcher_submit_on_a_frozen_window_returns_at_once(
 
         hb = asyncio.create_task(heartbeat())
         await asyncio.sleep(0.1)
-        freeze(server)
+        server.freeze()
         t0 = time.monotonic()
         first = d.submit("c", work, "first", dedupe_id="m1")
         after = d.submit("c", work, "after")
@@ -237,7 +219,7 @@ def test_async_dispatcher_submit_on_a_frozen_window_returns_at_once(
         out["after"] = await asyncio.wait_for(after, 5)
         ticks_during = [x for x in ticks if t0 < x < t0 + first_s]
         out["gap"] = max((b - a for a, b in itertools.pairwise(ticks_during)), default=9.0)
-        thaw(server)
+        server.thaw()
         out["retry"] = await asyncio.wait_for(d.submit("c", work, "retry", dedupe_id="m1"), 10)
         hb.cancel()
         out["idle"] = await d.wait_idle(5)
@@ -269,17 +251,17 @@ def test_thread_dispatcher_submit_on_a_frozen_window_fails_within_its_bound(
                          dedupe_prefix=redis_prefix)
     try:
         assert d.submit("c", lambda: "warm", dedupe_id="m0").result(5) == "warm"
-        freeze(server)
+        server.freeze()
         t0 = time.monotonic()
         with pytest.raises(LaneBackendError):
             d.submit("c", lambda: "never", dedupe_id="m1")
         took = time.monotonic() - t0
-        thaw(server)
+        server.thaw()
         assert took < CALL_WAIT + SLACK
         assert d.stats.submitted == 1
         assert d.submit("c", lambda: "retry", dedupe_id="m1").result(10) == "retry"
     finally:
-        thaw(server)
+        server.thaw()
         d.close()
 
 
@@ -299,7 +281,7 @@ def test_first_use_on_a_frozen_server_fails_within_its_bound(
     with the server frozen and a client without a socket timeout, that check fails within
     the call's bound too (thread face: plus at most 1 s waiting for the presence
     connection), in both faces."""
-    freeze(server)
+    server.freeze()
     thread_lane = RedisSessionLane(
         redis.Redis(host=server.host, port=server.port, socket_timeout=None),
         prefix=redis_prefix)
@@ -330,7 +312,7 @@ def test_first_use_on_a_frozen_server_fails_within_its_bound(
         return got, took
 
     got, async_s = asyncio.run(first_async())
-    thaw(server)
+    server.thaw()
     t.join(10)
     assert len(out) == 1 and isinstance(out[0], LaneBackendError), out
     assert "check" in str(out[0])

@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import signal
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,13 +30,8 @@ from lanequeue.redis import AsyncRedisSessionLane, RedisLane, RedisSessionLane
 
 
 @pytest.fixture
-def server(tmp_path: Path) -> Iterator[RedisServer]:
-    s = RedisServer(tmp_path)
-    s.start()
-    yield s
-    if s.proc is not None:
-        s.proc.send_signal(signal.SIGCONT)
-    s.stop()
+def server(own_server: RedisServer) -> RedisServer:
+    return own_server
 
 
 class LatencyProxy:
@@ -342,12 +335,12 @@ def test_presence_ping_answered_during_a_late_wake_up_keeps_the_connection(
     conn.can_read = real  # type: ignore[method-assign]
     assert conn.send_command("PING") is None and conn.read_response() in (b"PONG", "PONG")
     # A server that does not answer (frozen): declared dead after PONG_TIMEOUT_S.
-    server.proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+    server.freeze()
     try:
         with pytest.raises(TimeoutError):
             _presence.Presence._ping(conn)
     finally:
-        server.proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        server.thaw()
     conn.disconnect()
 
 
