@@ -319,3 +319,55 @@ def test_first_use_on_a_frozen_server_fails_within_its_bound(
     assert thread_s < CALL_WAIT + 1.0 + SLACK
     assert isinstance(got, LaneBackendError) and "check" in str(got), got
     assert async_s < CALL_WAIT + SLACK
+
+
+def test_async_acquire_all_cancelled_while_leaving_ends_within_the_cancel_wait(
+    server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task leaving ``async with queue.acquire_all(key, ["session", "g"])`` over two Redis
+    lanes is cancelled on a frozen server, with a call bound of 4 s. Observed before: the
+    first release's clean-up waited CANCEL_WAIT_S, then the second release was awaited
+    for its whole bound (the task ended after the call bound). Expected: the task ends
+    within CANCEL_WAIT_S of the cancellation (the other releases go on in the
+    background); after SIGCONT nothing is held."""
+    from lanequeue import AsyncLaneQueue
+    from lanequeue.redis import AsyncRedisLane
+
+    monkeypatch.setattr(_args, "CALL_WAIT_S", 4.0)
+
+    async def main() -> tuple[str, float]:
+        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
+        queue = AsyncLaneQueue()
+        queue.add(AsyncRedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE))
+        queue.add(AsyncRedisLane(client, "g", max_concurrent=2, prefix=redis_prefix,
+                                 lease_s=LEASE))
+        inside = asyncio.Event()
+        leave = asyncio.Event()
+
+        async def turn() -> None:
+            async with queue.acquire_all("k", ["session", "g"], timeout_s=5):
+                inside.set()
+                await leave.wait()
+
+        task = asyncio.create_task(turn())
+        await inside.wait()
+        server.freeze()
+        leave.set()
+        await asyncio.sleep(0.2)  # the task is in its first release, waiting on the server
+        t0 = time.monotonic()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=4.0 + SLACK)
+        took = time.monotonic() - t0
+        server.thaw()
+        outcome = "pending" if not done else ("cancelled" if task.cancelled() else
+                                              repr(task.exception()))
+        deadline = time.monotonic() + 2 * 4.0 + SLACK
+        while _CLEANUPS and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await client.aclose()
+        return outcome, took
+
+    outcome, took = asyncio.run(main())
+    assert outcome == "cancelled", outcome
+    assert took < CANCEL_WAIT_S + 0.5 * SLACK, took
+    assert left_behind(server, redis_prefix, ["k"]) == []

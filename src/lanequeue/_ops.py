@@ -37,6 +37,11 @@ DEFAULT_WARN_AFTER_S = 2.0
 #: ``on_wait(lane, key, waited_s, ahead)``: called once per wait that passes warn_after_s.
 OnWait = Callable[[Any, str, float, int], object]
 
+#: A cancelled task waits this long (seconds) for its clean-up (leaving a line, passing on
+#: a grant, releases) before it ends; the clean-up goes on in the background (on Redis,
+#: each of its calls bounded like any other).
+CANCEL_WAIT_S = 0.5
+
 
 class OpsArguments(TypedDict):
     warn_after_s: float | None

@@ -53,7 +53,7 @@ from ._kinds import (
     drop_hold,
     warn_dropped,
 )
-from ._ops import poll_idle_async
+from ._ops import CANCEL_WAIT_S, log, poll_idle_async
 from ._validate import check_bool, check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _end_view, _send
@@ -817,31 +817,62 @@ class _AsyncMultiAcquire(MultiHold):
 
     async def _release_all_async(self, block_error: BaseException | None) -> None:
         """Release every hold, last taken first (see ``MultiHold._releasing``). A
-        cancellation during one release does not stop the others; it is raised once
-        they are all done (a Redis lane's release runs on to its end meanwhile), in
-        place of ``block_error`` or a release error: a cancelled task sees its
-        CancelledError."""
+        cancellation during one release does not stop the others: they are released in
+        a task of their own (a Redis lane's release also runs on to its end), which the
+        cancelled task waits for at most :data:`~lanequeue._ops.CANCEL_WAIT_S` in all,
+        counted from the start of the release that was cancelled (a frozen server must
+        not keep it for each release's bound; a second cancellation ends the wait at
+        once); then the CancelledError is raised, in place of ``block_error`` or a
+        release error: a cancelled task sees its CancelledError. What the background task
+        cannot release is logged."""
         steps = self._releasing(block_error)
-        cancelled: asyncio.CancelledError | None = None
-        try:
-            hold = next(steps, None)
-            while hold is not None:
+        hold = next(steps, None)
+        clock = asyncio.get_running_loop().time
+        while hold is not None:
+            started = clock()
+            try:
+                await hold.release()
+            except asyncio.CancelledError as cancelled:
                 try:
-                    await hold.release()
-                except asyncio.CancelledError as exc:
-                    if cancelled is None:
-                        cancelled = exc
-                    hold = _send(steps, None)
+                    hold = _send(steps, None)  # (the steps' end may raise an earlier error)
                 except BaseException as exc:
-                    hold = _send(steps, exc)
-                else:
-                    hold = _send(steps, None)
-        except BaseException as exc:
-            if cancelled is None or isinstance(exc, asyncio.CancelledError):
+                    raise cancelled from exc
+                if hold is not None:
+                    rest = asyncio.get_running_loop().create_task(_release_rest(steps, hold))
+                    _RELEASING.add(rest)
+                    rest.add_done_callback(_RELEASING.discard)
+                    # The cancelled release may have waited for its own clean-up already:
+                    # CANCEL_WAIT_S counts from the start of that release, whose wait
+                    # began after the cancellation came.
+                    left = CANCEL_WAIT_S - (clock() - started)
+                    if left > 0:
+                        await asyncio.wait((rest,), timeout=left)
                 raise
-            raise cancelled from exc
-        if cancelled is not None:
-            raise cancelled
+            except BaseException as exc:
+                hold = _send(steps, exc)
+            else:
+                hold = _send(steps, None)
+
+
+#: Releases going on after their task was cancelled (strong references until they end).
+_RELEASING: set[asyncio.Task[None]] = set()
+
+
+async def _release_rest(steps: Any, hold: Any) -> None:
+    """Release ``hold`` and the rest of ``steps`` (``MultiHold._releasing``), after the
+    task that left the block was cancelled; what fails is logged (nobody is left to
+    raise it to)."""
+    try:
+        while hold is not None:
+            try:
+                await hold.release()
+            except BaseException as exc:
+                hold = _send(steps, exc)
+            else:
+                hold = _send(steps, None)
+    except BaseException as exc:  # the first release error, raised by the steps' end
+        log.warning("acquire_all: a release after a cancellation failed: %s: %s",
+                    type(exc).__name__, exc)
 
 
 class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):

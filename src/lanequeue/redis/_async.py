@@ -42,7 +42,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
-from .._ops import poll_idle_async
+from .._ops import CANCEL_WAIT_S, poll_idle_async
 from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
@@ -63,10 +63,6 @@ _CLEANUPS: set[asyncio.Task[Any]] = set()
 _READ_LOCK = threading.Lock()
 #: Longest wait of one such read, in seconds.
 READ_WAIT_S = 2.0
-#: A cancelled task waits this long (seconds) for its clean-up (leaving the line, passing
-#: on a grant, a release) before it ends; the clean-up goes on in the background, each of
-#: its calls bounded like any other (see the module docstring).
-CANCEL_WAIT_S = 0.5
 
 
 def _after_fork() -> None:
