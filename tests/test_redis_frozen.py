@@ -371,3 +371,49 @@ def test_async_acquire_all_cancelled_while_leaving_ends_within_the_cancel_wait(
     assert outcome == "cancelled", outcome
     assert took < CANCEL_WAIT_S + 0.5 * SLACK, took
     assert left_behind(server, redis_prefix, ["k"]) == []
+
+
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_a_release_without_an_answer_is_counted_once(
+    server: RedisServer, redis_prefix: str, face: str
+) -> None:
+    """A release sent to a frozen server raises LaneBackendError once its bound passes.
+    Observed before: the hold left ``holders`` and was counted nowhere (acquired 1,
+    released + unmatched + holders 0). Expected: counted in ``unmatched_releases`` (the
+    hold is no longer renewed; its lease lapses), so every hold is counted once."""
+    from lanequeue.redis import AsyncRedisLane, RedisLane
+
+    if face == "threads":
+        lane: Any = RedisLane(redis.Redis(host=server.host, port=server.port,
+                                          socket_timeout=None),
+                              "g", max_concurrent=2, prefix=redis_prefix, lease_s=LEASE)
+        held = lane.acquire("k")
+        held.__enter__()
+        server.freeze()
+        try:
+            with pytest.raises(LaneBackendError):
+                held.release()
+        finally:
+            server.thaw()
+        stats = lane.stats
+    else:
+        async def main() -> Any:
+            client = redis.asyncio.Redis(host=server.host, port=server.port,
+                                         socket_timeout=None)
+            lane = AsyncRedisLane(client, "g", max_concurrent=2, prefix=redis_prefix,
+                                  lease_s=LEASE)
+            hold = lane.acquire("k")
+            await hold.__aenter__()
+            server.freeze()
+            try:
+                with pytest.raises(LaneBackendError):
+                    await hold.release()
+            finally:
+                server.thaw()
+            stats = lane.stats
+            await client.aclose()
+            return stats
+
+        stats = asyncio.run(main())
+    assert stats.acquired == 1 and stats.holders == 0
+    assert stats.released + stats.unmatched_releases == 1, stats

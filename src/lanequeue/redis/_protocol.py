@@ -620,12 +620,15 @@ class RedisLaneBase(ABC, Generic[H]):
         holds stay the parent's (it renews them): they are kept aside only so that
         releasing one here raises a clear RuntimeError (see :meth:`_foreign`), and they
         are never renewed, watched or reported lost here. The counters keep the
-        parent's history. A face extends this (its renewal link, its listener)."""
+        parent's history, and the holds the parent had at the fork count as released
+        (``acquired == released + holders`` holds in the child, as in-process). A face
+        extends this (its renewal link, its listener)."""
         self._lock = threading.Lock()
         for entries in self._holds.values():
             for entry in entries:
                 entry.live = False
                 self._inherited.setdefault(entry.key, []).append(entry)
+                self.released += 1
         self._holds = {}
         self._n_live = 0
         self._waiting = 0
@@ -905,16 +908,21 @@ class RedisLaneBase(ABC, Generic[H]):
         """Release a hold marked RELEASING (renewed until the script answers; then out of
         the registry: if this raises LaneBackendError, the lease lapses by itself within
         ``lease_s``)."""
+        counted = False
         try:
             if hold.lost:
                 self._notice_lost(hold)
+                counted = True
                 return self._lost_release(hold)
             reply = yield from self._script("release", hold.key, self._release_call(hold))
+            counted = True
             return self._release_result(hold, flag_reply(reply) == 1)
         finally:
             with self._lock:
                 if hold._state == RELEASING:
                     self._unlink(hold)
+                    if not counted:  # no answer (LaneBackendError): the lease lapses
+                        self.unmatched += 1
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
@@ -1143,7 +1151,10 @@ class RedisLaneBase(ABC, Generic[H]):
     def stats(self) -> LaneStats:
         """Counters of THIS lane object (this process), as a :class:`LaneStats`.
         ``holders``/``waiters`` are this object's; ``unmatched_releases`` counts
-        releases that ended nothing (not owned, lease lost, or nothing held)."""
+        releases that ended nothing (not owned, lease lost, or nothing held) and
+        releases whose answer never came (``LaneBackendError``: the hold is no longer
+        renewed and its lease lapses), so every hold that leaves ``holders`` is counted
+        once, in ``released`` or in ``unmatched_releases``."""
         with self._lock:
             return LaneStats(
                 acquired=self.acquired,
