@@ -417,3 +417,31 @@ def test_a_release_without_an_answer_is_counted_once(
         stats = asyncio.run(main())
     assert stats.acquired == 1 and stats.holders == 0
     assert stats.released + stats.unmatched_releases == 1, stats
+
+
+def test_a_lane_objects_first_waiting_call_on_a_frozen_server_takes_at_most_three_bounds(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """README: the first call of a lane object that has to wait also makes its first-use
+    server check and its wake-up subscription, each under the call bound, so on a frozen
+    server it ends within ``timeout_s`` plus three bounds (here with its key held since
+    before the freeze, so it has to wait)."""
+    holder = RedisSessionLane(redis.Redis(host=server.host, port=server.port),
+                              prefix=redis_prefix, lease_s=LEASE)
+    assert holder.try_acquire("k")
+    fresh = RedisSessionLane(redis.Redis(host=server.host, port=server.port,
+                                         socket_timeout=None),
+                             prefix=redis_prefix, lease_s=LEASE)
+    server.freeze()
+    t0 = time.monotonic()
+    try:
+        try:
+            got: Any = fresh.acquire_timeout("k", 0.2)
+        except LaneBackendError as exc:
+            got = exc
+    finally:
+        took = time.monotonic() - t0
+        server.thaw()
+    assert got is False or isinstance(got, LaneBackendError), got
+    assert took <= 0.2 + 3 * CALL_WAIT + SLACK, took
+    assert holder.manual_release("k")
