@@ -444,4 +444,4 @@ def test_a_lane_objects_first_waiting_call_on_a_frozen_server_takes_at_most_thre
         server.thaw()
     assert got is False or isinstance(got, LaneBackendError), got
     assert took <= 0.2 + 3 * CALL_WAIT + SLACK, took
-    assert holder.manual_release("k")
+    holder.manual_release("k")  # (its hold may be lost already: its presence lapsed)
