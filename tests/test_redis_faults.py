@@ -697,6 +697,23 @@ def _in_child(check: Any) -> list[str]:
     return got.splitlines()
 
 
+def _view_not_empty(lane: Any) -> list[str]:
+    """What a forked child's own view of a Redis lane shows of its parent (a list of
+    faults; [] when it starts empty): counts, get_active/stuck, stats and status, and
+    stats that disagree (the parent's holds count as released)."""
+    bad = []
+    if (lane.active_count, lane.waiting) != (0, 0):
+        bad.append(f"counts {lane.active_count}, {lane.waiting}")
+    if lane.get_active() != {} or lane.stuck(0) != []:
+        bad.append("get_active/stuck")
+    st, status = lane.stats, lane.status()
+    if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
+        bad.append("stats/status")
+    if st.acquired != st.released + st.holders:  # the parent's holds count as released
+        bad.append(f"stats disagree: {st}")
+    return bad
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
 @pytest.mark.parametrize("cls", [RedisSessionLane, RedisLane])
 def test_forked_child_starts_with_no_holder_and_no_waiter_of_its_parent(
@@ -735,16 +752,7 @@ def test_forked_child_starts_with_no_holder_and_no_waiter_of_its_parent(
 
     def check() -> list[str]:
         nonlocal owned
-        bad = []
-        if (lane.active_count, lane.waiting) != (0, 0):
-            bad.append(f"counts {lane.active_count}, {lane.waiting}")
-        if lane.get_active() != {} or lane.stuck(0) != []:
-            bad.append("get_active/stuck")
-        st, status = lane.stats, lane.status()
-        if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
-            bad.append("stats/status")
-        if st.acquired != st.released + st.holders:  # the parent's holds count as released
-            bad.append(f"stats disagree: {st}")
+        bad = _view_not_empty(lane)
         if not lane.wait_idle(0):
             bad.append("wait_idle at fork")
         if cls is RedisLane:
@@ -792,16 +800,7 @@ def test_forked_child_of_an_asyncio_process_counts_no_parent_task(server: RedisS
     predicate ``wait_idle()``/``drain()`` wait for); the parent's are untouched."""
 
     def check(lane: Any) -> list[str]:
-        bad = []
-        if (lane.active_count, lane.waiting) != (0, 0):
-            bad.append(f"counts {lane.active_count}, {lane.waiting}")
-        if lane.get_active() != {} or lane.stuck(0) != []:
-            bad.append("get_active/stuck")
-        st, status = lane.stats, lane.status()
-        if (st.holders, st.waiters, status["active"], status["waiting"]) != (0, 0, 0, 0):
-            bad.append("stats/status")
-        if st.acquired != st.released + st.holders:  # the parent's holds count as released
-            bad.append(f"stats disagree: {st}")
+        bad = _view_not_empty(lane)
         if not lane._idle():
             bad.append("not idle")
         return bad
