@@ -270,6 +270,7 @@ class Dispatcher(DispatcherBase):
         from .._validate import check_timeout
 
         timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
+        self._check_process()
         self._check_caller()
         self._machine.drain()
         return await self.wait_idle(timeout)

@@ -269,6 +269,7 @@ class ThreadDispatcher(DispatcherBase):
         then block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
         running and pending turns to end. Returns True when nothing is left."""
         timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
+        self._check_process()
         self._machine.drain()
         return self.wait_idle(timeout)
 
