@@ -277,36 +277,41 @@ def test_give_back_later_removes_a_claim_that_lands_late_and_only_ours(
     redis_server: Any, redis_prefix: str
 ) -> None:
     """``give_back_later`` tries again after ``call_wait_s`` and twice that: a claim that
-    lands after the first attempt (a frozen server's late SET) is still given back; an id
-    a ticket of ours uses (``unused()`` False), and another owner's claim, are left."""
+    lands after the first attempt (a frozen server's late SET) is still given back;
+    another owner's claim is left; an id a ticket of ours uses (``unused()`` False) is
+    claimed again if an earlier give-back took it."""
     from lanequeue.dispatch._redis import RedisDedupeWindow
 
     client = redis.Redis(port=redis_server.port, socket_timeout=ST)
     window = RedisDedupeWindow(client, redis_prefix, 60.0)
-    first = threading.Event()
     asked: list[str] = []
 
     def unused(dedupe_id: str) -> Any:
         def check() -> bool:
             asked.append(dedupe_id)
-            first.set()
             return dedupe_id != "used"
         return check
 
+    def wait_asked(late: int, used: int) -> None:
+        deadline = time.monotonic() + WAIT
+        while (asked.count("late") < late or asked.count("other") < late
+               or asked.count("used") < used) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asked.count("late") >= late and asked.count("used") >= used
+
     for dedupe_id in ("late", "used", "other"):
         window.give_back_later(dedupe_id, unused(dedupe_id))
-    assert first.wait(WAIT)
-    deadline = time.monotonic() + WAIT
-    while len(asked) < 3 and time.monotonic() < deadline:  # the first round (at once)
-        time.sleep(0.01)
-    time.sleep(0.1)  # its give-backs answered (the next round is ST later)
+    wait_asked(2, 1)  # the first round (at once): nothing to give back; "used" claimed
+    time.sleep(0.1)  # its calls answered (the next round is ST later)
     late, used, other = (window.key(i) for i in ("late", "used", "other"))
-    client.set(late, window.owner)  # the late claims land now
-    client.set(used, window.owner)
+    assert client.get(used) == window.owner.encode()
+    client.set(late, window.owner)  # a late claim lands now
+    client.delete(used)  # a late give-back took the claim of our ticket
     client.set(other, "another dispatcher")
     assert gone_within(client, [late], 2 * ST + 2.0)
-    while len(asked) < 9 and time.monotonic() < deadline:  # every attempt made
+    wait_asked(6, 3)  # every attempt made
+    deadline = time.monotonic() + WAIT
+    while client.get(used) is None and time.monotonic() < deadline:  # the last call
         time.sleep(0.01)
-    assert len(asked) == 9
     assert client.get(used) == window.owner.encode()
     assert client.get(other) == b"another dispatcher"

@@ -21,7 +21,10 @@ once it thaws): so after a failed claim the dispatcher gives the id back in the
 background, on a thread of the window, at once, after ``call_wait_s`` and after twice
 that (each attempt bounded like any call, a failed last attempt logged), as long as no
 ticket of its own uses the id. The give-back compares the owner, so it never deletes
-another dispatcher's claim.
+another dispatcher's claim. If a ticket of its own took the id meanwhile (a retry of the
+same id here), an attempt claims it again instead, since a give-back sent earlier may land
+after that ticket's claim (both carry the same owner); in the moment between such a
+give-back and the claim again, another dispatcher's copy of the id would run too.
 """
 
 from __future__ import annotations
@@ -189,6 +192,10 @@ class RedisDedupeWindow:
             try:
                 if unused():
                     self._call(self._give_back, dedupe_id, [])
+                if not unused():
+                    # A ticket of ours took the id meanwhile: its claim (same owner) may
+                    # have gone with an earlier give-back still in flight; claim it again.
+                    self._call(self._claim, dedupe_id, [self.ttl_ms])
             except Exception as exc:
                 (log.warning if left == 0 else log.debug)(
                     "dedupe window on Redis: could not give back %s after a failed claim "
