@@ -18,7 +18,7 @@ its reply; that bound is the whole wait, a free slot's included. A failure is a
 
 A claim that failed may still land (its command was sent, and a frozen server runs it
 once it thaws): so after a failed claim the dispatcher gives the id back in the
-background, on a thread of the window, at once, after ``call_wait_s`` and after twice
+background, on a few threads of the window, at once, after ``call_wait_s`` and after twice
 that (each attempt bounded like any call, a failed last attempt logged), as long as no
 ticket of its own uses the id. The give-back compares the owner, so it never deletes
 another dispatcher's claim. If a ticket of its own took the id meanwhile (a retry of the
@@ -68,6 +68,10 @@ return 0
 """
 
 
+#: Threads (per window) making the give-backs after failed claims.
+_LATER_THREADS = 4
+
+
 class RedisDedupeWindow:
     """One dispatcher's view of the shared window (thread-safe: redis-py clients are)."""
 
@@ -100,7 +104,7 @@ class RedisDedupeWindow:
         self._later: list[tuple[float, int, str, int, Callable[[], bool]]] = []
         self._later_cond = threading.Condition()
         self._later_seq = itertools.count()
-        self._later_thread: threading.Thread | None = None
+        self._later_threads = 0  # threads making them (at most _LATER_THREADS)
         self._give_back = client.register_script(wrap(_GIVE_BACK))
 
     @property
@@ -115,7 +119,7 @@ class RedisDedupeWindow:
             self._owner, self._pid = uuid.uuid4().hex, os.getpid()
             self._slots = Slots(MAX_CALLS, factory(self.client, self.call_wait_s))
             # The parent's give-backs are the parent's (its owner, its thread).
-            self._later, self._later_thread = [], None
+            self._later, self._later_threads = [], 0
             self._later_cond = threading.Condition()
         return self._owner
 
@@ -172,10 +176,11 @@ class RedisDedupeWindow:
             for i, delay in enumerate((0.0, self.call_wait_s, 2 * self.call_wait_s)):
                 heapq.heappush(self._later, (now + delay, next(self._later_seq), dedupe_id,
                                              2 - i, unused))
-            if self._later_thread is None:
-                self._later_thread = threading.Thread(
-                    target=self._give_back_loop, daemon=True, name="lanequeue-dedupe-back")
-                self._later_thread.start()
+            if self._later_threads < _LATER_THREADS:
+                # Several at once: on a frozen server each attempt waits its bound.
+                self._later_threads += 1
+                threading.Thread(target=self._give_back_loop, daemon=True,
+                                 name="lanequeue-dedupe-back").start()
             self._later_cond.notify()
 
     def _give_back_loop(self) -> None:
@@ -185,7 +190,7 @@ class RedisDedupeWindow:
                 while not heap or heap[0][0] > time.monotonic():
                     if not heap:
                         # Idle: the thread ends; the next give_back_later starts one.
-                        self._later_thread = None
+                        self._later_threads -= 1
                         return
                     cond.wait(heap[0][0] - time.monotonic())
                 _, _, dedupe_id, left, unused = heapq.heappop(heap)
