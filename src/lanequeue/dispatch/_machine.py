@@ -819,8 +819,9 @@ class Machine:
         busy = k.job is not None or bool(k.line)
         policy = t.busy
         if busy:
-            if policy == "reject":
-                self._end(t, REJECTED, "busy", fx)
+            reason = self._rejects(k, policy, t.fn)  # (also asked before claiming)
+            if reason is not None:
+                self._end(t, REJECTED, reason, fx)
                 self._tidy(t.key, k)
                 return
             job = k.job
