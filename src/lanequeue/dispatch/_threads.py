@@ -138,8 +138,10 @@ class ThreadDispatcher(DispatcherBase):
         clock: the monotonic clock of deadlines, debounce and the dedupe window
             (seconds); tests pass a fake clock.
 
-    Every method is a plain call, safe from any thread. ``drain`` and ``wait_idle``
-    block. Tickets are waited for with ``ticket.result(timeout)``.
+    Every method is a plain call, safe from any thread of the process that made the
+    dispatcher (in a forked child, ``submit``, ``cancel``, ``clear``, ``close`` and
+    ``drain`` raise RuntimeError: make a new dispatcher there). ``drain`` and
+    ``wait_idle`` block. Tickets are waited for with ``ticket.result(timeout)``.
 
     Example::
 
