@@ -76,7 +76,10 @@ class Dispatcher(DispatcherBase):
             by another process ends ``deduped`` (and moves from ``submitted`` to
             ``deduped`` in ``stats``), a failure of the window (or no answer within the
             client's ``socket_timeout``, 5 s without one) ends it ``failed`` with
-            LaneBackendError, and an id of ours is placed with its busy policy.
+            LaneBackendError (the claim, which may land later, is given back in the
+            background), and an id of ours is placed with its busy policy. A submit its
+            busy policy or ``max_pending`` rejects at once (no claim of its key in
+            flight) ends ``rejected`` without asking the window.
         dedupe_prefix: the Redis key prefix (default the Redis lanes' ``"lanequeue"``).
 
     ``fn`` (``submit``) may be a coroutine function, awaited in the turn's task, or a plain
@@ -94,8 +97,10 @@ class Dispatcher(DispatcherBase):
     queue's own check of lane names (``acquire_all``'s): KeyError for an unknown lane,
     ValueError for a lane named twice or none, TypeError for a name not a ``str``.
 
-    Use it from one event loop (the first that calls ``submit``); every method is a plain
-    call except :meth:`drain` and :meth:`wait_idle`.
+    Use it from one event loop (the first that calls ``submit``), in the process that
+    made it (in a forked child, ``submit``, ``cancel``, ``clear``, ``close`` and ``drain``
+    raise RuntimeError); every method is a plain call except :meth:`drain` and
+    :meth:`wait_idle`.
 
     Example::
 
@@ -270,6 +275,7 @@ class Dispatcher(DispatcherBase):
         from .._validate import check_timeout
 
         timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
+        self._check_process()
         self._check_caller()
         self._machine.drain()
         return await self.wait_idle(timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from threading import TIMEOUT_MAX
@@ -131,6 +132,7 @@ class DispatcherBase:
         max_wait = check_timeout(max_wait_s, f"{where} 'max_wait_s'")  # None, inf: no bound
         ageing = None if ageing_s is None else check_ageing(ageing_s, f"{where} 'ageing_s'")
         check_key(dedupe_prefix, f"{where} 'dedupe_prefix'")  # (used with dedupe_redis)
+        self._pid = os.getpid()  # the process the dispatcher belongs to (see _check_process)
         self._queue = queue
         self._lanes = names
         self._lane_objs = objs
@@ -189,6 +191,15 @@ class DispatcherBase:
     def _check_caller(self) -> None:
         """Face-specific check of the calling thread/loop (RuntimeError if wrong)."""
 
+    def _check_process(self) -> None:
+        """RuntimeError in a forked child: the dispatcher's turns, tickets, threads and
+        tasks are its parent's, and its dedupe table speaks for the parent's turns."""
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                f"this {type(self).__name__} was made in process {self._pid}, not in this "
+                f"forked child ({os.getpid()}): a dispatcher belongs to the process that "
+                "made it; make a new one in the child")
+
     # -- the common surface -----------------------------------------------------------------
 
     def submit(
@@ -219,7 +230,14 @@ class DispatcherBase:
             busy: this submit's busy policy (default: the dispatcher's): ``"enqueue"``,
                 ``"reject"``, ``"steer"``, ``"interrupt"``, ``"replace"``, ``"collect"``.
             dedupe_id: an idempotency id: a repeat within ``dedupe_ttl_s`` returns the
-                same ``Ticket`` object and runs nothing.
+                same ``Ticket`` object and runs nothing. With ``dedupe_redis``, a submit
+                that the busy policy or ``max_pending`` rejects at once (``"reject"`` on
+                a busy key, a full line under ``"reject_new"``) ends ``rejected`` without
+                claiming the id in the shared window, and a submit that raises leaves no
+                claim (a failed claim is given back in the background, see
+                :mod:`lanequeue.dispatch._redis`). Race: if the key becomes busy while
+                the claim is in flight, the turn is rejected and its claim given back; a
+                copy another dispatcher received meanwhile has ended ``deduped``.
             priority: an ``int`` in ``[-2**31, 2**31 - 1]`` (``acquire_all``'s range and
                 check); a larger value goes first among waiting turns of
                 different keys: at the dispatcher's gate, and in the line of every
@@ -238,6 +256,9 @@ class DispatcherBase:
         Raises:
             TypeError/ValueError: for a bad argument, naming it.
             DispatcherDrainingError: after ``drain()`` or ``close()``.
+            RuntimeError: in a forked child of the process that made the dispatcher
+                (also ``cancel``, ``clear``, ``close`` and ``drain``): make a new one
+                there.
             LaneBackendError: (``ThreadDispatcher``) the shared dedupe window
                 (``dedupe_redis``) failed or did not answer within its bound (the
                 client's ``socket_timeout``, 5 s without one); nothing was submitted. On
@@ -256,6 +277,7 @@ class DispatcherBase:
         if timeout_s is not LANE_DEFAULT:
             timeout_s = check_timeout(timeout_s)
         run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
+        self._check_process()
         self._check_caller()
         return self._machine.submit(key, fn, args, busy, dedupe_id, priority, timeout_s,
                                     run_timeout, LANE_DEFAULT)
@@ -266,12 +288,14 @@ class DispatcherBase:
         ends when ``fn`` returns. Returns False if the ticket had already ended."""
         if not isinstance(ticket, Ticket) or ticket._machine is not self._machine:
             raise TypeError(f"ticket must be a Ticket of this dispatcher, not {ticket!r}")
+        self._check_process()
         self._check_caller()
         return self._machine.cancel(ticket)
 
     def clear(self, key: str) -> int:
         """End every turn of ``key`` that has not started as ``cancelled`` ("cleared");
         the running turn goes on. Returns how many ended."""
+        self._check_process()
         self._check_caller()
         return self._machine.clear(key)
 
@@ -285,6 +309,7 @@ class DispatcherBase:
         ("closed") and cancel the running turns likewise (they end when ``fn``
         returns); else let them run. Does not wait: use ``wait_idle`` for that."""
         cancel_pending = check_bool(cancel_pending, "cancel_pending")
+        self._check_process()
         self._check_caller()
         self._machine.close(cancel_pending)
 

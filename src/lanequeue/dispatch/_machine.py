@@ -652,46 +652,103 @@ class Machine:
         shared = self.window is not None and dedupe_id is not None
         offload = self.face.offload if shared else None
         ours = True
-        for attempt in (0, 1) if shared and offload is None else (1,):
-            if attempt == 1 and shared and offload is None:
-                # Not in this process's table: ask the shared window (outside the lock:
-                # one round trip). Another thread may claim the same id meanwhile; the
-                # table is looked at again below. (Offloaded: asked after, see _arrive.)
-                ours = self.window.claim(dedupe_id)
-            with self._lock:
-                if self.draining:
-                    raise DispatcherDrainingError(
-                        "the dispatcher is draining or closed: it takes no new turns")
-                now = self.face.now()
-                if dedupe_id is not None:
-                    self._expire_dedupe(now)
-                    seen = self._dedupe.get(dedupe_id)
-                    if seen is not None:
-                        self._c["deduped"] += 1
-                        return seen[0]
-                if attempt == 0:
-                    continue
-                t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
-                           dedupe_id, now, None if timeout is None else now + timeout,
-                           run_timeout)
-                if offload is not None:
-                    # The window is asked off this thread (the event loop): the ticket
-                    # waits among the key's arrivals until it answers (see _settle).
-                    t._claim = CLAIMING
-                if not ours:
-                    # Another process owns this id within the window: nothing runs here.
-                    t._started = True  # nothing to give back
-                    self._end(t, DEDUPED, "duplicate", fx)
-                else:
-                    self._c["submitted"] += 1
+        claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
+        try:
+            for attempt in (0, 1) if shared and offload is None else (1,):
+                if attempt == 1 and shared and offload is None:
+                    # Not in this process's table: ask the shared window (outside the
+                    # lock: one round trip). Another thread may claim the same id
+                    # meanwhile; the table is looked at again below. (Offloaded: asked
+                    # after, see _arrive.)
+                    assert dedupe_id is not None
+                    try:
+                        ours = self.window.claim(dedupe_id)
+                    except BaseException:
+                        # It may land all the same (sent, not answered).
+                        self.window.give_back_later(
+                            dedupe_id, functools.partial(self._unused, dedupe_id))
+                        raise
+                    claimed = ours
+                with self._lock:
+                    if self.draining:
+                        raise DispatcherDrainingError(
+                            "the dispatcher is draining or closed: it takes no new turns")
+                    now = self.face.now()
                     if dedupe_id is not None:
-                        self._remember(dedupe_id, t, now, fx)
-                    self._arrive(t, now, fx)
+                        self._expire_dedupe(now)
+                        seen = self._dedupe.get(dedupe_id)
+                        if seen is not None:
+                            claimed = False  # the claim is that ticket's (one owner)
+                            self._c["deduped"] += 1
+                            return seen[0]
+                    k = self._keys.get(key)
+                    early = (self._rejects(k, policy, fn)
+                             if shared and (k is None or not k.arrivals) else None)
+                    if attempt == 0 and early is None:
+                        continue
+                    t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
+                               dedupe_id, now, None if timeout is None else now + timeout,
+                               run_timeout)
+                    if early is not None and not (attempt == 1 and offload is None
+                                                  and shared):
+                        # Rejected here whatever the window says: nothing is claimed,
+                        # so another dispatcher's copy of the id still runs.
+                        self._c["submitted"] += 1
+                        t._started = True  # nothing to give back
+                        self._end(t, REJECTED, early, fx)
+                        offload = None
+                    else:
+                        if offload is not None:
+                            # The window is asked off this thread (the event loop): the
+                            # ticket waits among the key's arrivals until it answers
+                            # (see _settle).
+                            t._claim = CLAIMING
+                        if not ours:
+                            # Another process owns this id within the window: nothing
+                            # runs here.
+                            t._started = True  # nothing to give back
+                            self._end(t, DEDUPED, "duplicate", fx)
+                        else:
+                            self._c["submitted"] += 1
+                            if dedupe_id is not None:
+                                self._remember(dedupe_id, t, now, fx)
+                            claimed = False  # the ticket's now: _end gives it back
+                            self._arrive(t, now, fx)
+                    break
+        except BaseException:
+            if claimed and dedupe_id is not None and self._unused(dedupe_id):
+                # Nothing was submitted (draining, or interrupted): the claim goes back.
+                self.window.give_back(dedupe_id)
+            raise
         self._after(fx)
         if offload is not None and dedupe_id is not None:
             window = self.window
             offload(lambda: window.claim(dedupe_id), lambda ours: self._claimed(t, ours))
         return t
+
+    def _unused(self, dedupe_id: str) -> bool:
+        """No ticket of this dispatcher uses ``dedupe_id`` (its claim may go back)."""
+        with self._lock:
+            return dedupe_id not in self._dedupe
+
+    def _rejects(self, k: _Key | None, policy: str, fn: Any) -> str | None:
+        """The reason (``"busy"``, ``"overflow"``) a new turn of key ``k`` under
+        ``policy`` is rejected before anything else happens, else None (lock held).
+        ``interrupt`` and ``replace`` are not judged here: they drop the line first."""
+        if k is None or (k.job is None and not k.line):
+            return None
+        if policy == "reject":
+            return "busy"
+        job = k.job
+        if (policy == "steer" and job is not None and not k.line
+                and job.end_req is None and not job.abandoned and job.fn == fn):
+            return None
+        if policy in ("interrupt", "replace"):
+            return None
+        if len(k.line) >= self.max_pending and (self.overflow == "reject_new"
+                                                 or not k.line):
+            return "overflow"
+        return None
 
     def _arrive(self, t: Ticket, now: float, fx: _Effects) -> None:
         """A new ticket: placed at once, unless its claim is in flight or the key has
@@ -711,6 +768,10 @@ class Machine:
         """The shared window answered ``t``'s claim (offloaded): True, False, or the
         error it raised. The key's arrivals are placed up to the next claim in flight."""
         fx = _Effects()
+        if isinstance(ours, BaseException) and t.dedupe_id is not None:
+            # A failed claim may land all the same (sent, not answered).
+            self.window.give_back_later(t.dedupe_id,
+                                        functools.partial(self._unused, t.dedupe_id))
         with self._lock:
             t._claim = ours
             if t.state in TERMINAL:
@@ -758,8 +819,9 @@ class Machine:
         busy = k.job is not None or bool(k.line)
         policy = t.busy
         if busy:
-            if policy == "reject":
-                self._end(t, REJECTED, "busy", fx)
+            reason = self._rejects(k, policy, t.fn)  # (also asked before claiming)
+            if reason is not None:
+                self._end(t, REJECTED, reason, fx)
                 self._tidy(t.key, k)
                 return
             job = k.job

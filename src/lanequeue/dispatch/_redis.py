@@ -12,15 +12,31 @@ Both calls are scripts (a claim is one round trip: ``SET NX PX``, else ``GET``, 
 run like the Redis lanes' own: at most 8 at once per window, each on a connection of its
 own made like the client's, without retries, waiting at most the client's
 ``socket_timeout`` (5 s when it has none, see :func:`lanequeue.redis._args.call_wait`) for
-its reply. A failure is a :class:`~lanequeue.LaneBackendError`: ``submit`` raises it on
-threads, the ticket ends ``failed`` with it on asyncio (see the dispatchers).
+its reply; that bound is the whole wait, a free slot's included. A failure is a
+:class:`~lanequeue.LaneBackendError`: ``submit`` raises it on threads, the ticket ends
+``failed`` with it on asyncio (see the dispatchers).
+
+A claim that failed may still land (its command was sent, and a frozen server runs it
+once it thaws): so after a failed claim the dispatcher gives the id back in the
+background, on a few threads of the window, at once, after ``call_wait_s`` and after twice
+that (each attempt bounded like any call, a failed last attempt logged), as long as no
+ticket of its own uses the id. The give-back compares the owner, so it never deletes
+another dispatcher's claim. If a ticket of its own took the id meanwhile (a retry of the
+same id here), an attempt claims it again instead, since a give-back sent earlier may land
+after that ticket's claim (both carry the same owner); in the moment between such a
+give-back and the claim again, another dispatcher's copy of the id would run too.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import os
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from .._errors import LaneBackendError, shown
@@ -52,6 +68,10 @@ return 0
 """
 
 
+#: Threads (per window) making the give-backs after failed claims.
+_LATER_THREADS = 4
+
+
 class RedisDedupeWindow:
     """One dispatcher's view of the shared window (thread-safe: redis-py clients are)."""
 
@@ -80,6 +100,11 @@ class RedisDedupeWindow:
         self.call_wait_s = call_wait(client)
         self._slots = Slots(MAX_CALLS, factory(client, self.call_wait_s))
         self._claim = client.register_script(wrap(_CLAIM))
+        # Give-backs after failed claims: (due, seq, dedupe_id, attempts left, unused).
+        self._later: list[tuple[float, int, str, int, Callable[[], bool]]] = []
+        self._later_cond = threading.Condition()
+        self._later_seq = itertools.count()
+        self._later_threads = 0  # threads making them (at most _LATER_THREADS)
         self._give_back = client.register_script(wrap(_GIVE_BACK))
 
     @property
@@ -93,6 +118,9 @@ class RedisDedupeWindow:
 
             self._owner, self._pid = uuid.uuid4().hex, os.getpid()
             self._slots = Slots(MAX_CALLS, factory(self.client, self.call_wait_s))
+            # The parent's give-backs are the parent's (its owner, its thread).
+            self._later, self._later_threads = [], 0
+            self._later_cond = threading.Condition()
         return self._owner
 
     def key(self, dedupe_id: str) -> str:
@@ -102,10 +130,18 @@ class RedisDedupeWindow:
         from ..redis._wire import run_sync
 
         owner = self.owner  # first: in a forked child, new slots come with it
-        slot = self._slots.take()
+        # One bound for the whole call, the wait for a free slot included.
+        deadline = time.monotonic() + self.call_wait_s
+        slot = self._slots.take_by(deadline)
+        if slot is None:
+            raise TimeoutError(f"no call slot of the window was free within "
+                               f"{self.call_wait_s:g} s")
         try:
+            conn = slot.conn
+            if conn is not None:
+                _bound(conn, deadline - time.monotonic())
             return run_sync(self.client, script, [self.key(dedupe_id)], [owner, *args],
-                            slot.conn)
+                            conn)
         finally:
             self._slots.give(slot)
 
@@ -128,3 +164,55 @@ class RedisDedupeWindow:
         except Exception as exc:
             log.warning("dedupe window on Redis: could not give back %s (%s: %s); it "
                         "lasts until its TTL", shown(dedupe_id), type(exc).__name__, exc)
+
+    def give_back_later(self, dedupe_id: str, unused: Callable[[], bool]) -> None:
+        """After a failed claim of ``dedupe_id`` (it may land later): give it back on the
+        window's thread at once, after ``call_wait_s`` and after twice that, each time
+        only if ``unused()`` (no ticket of this dispatcher uses the id then). Returns at
+        once; a failed last attempt is logged."""
+        self.owner  # noqa: B018 (in a forked child: a new owner, a new thread)
+        now = time.monotonic()
+        with self._later_cond:
+            for i, delay in enumerate((0.0, self.call_wait_s, 2 * self.call_wait_s)):
+                heapq.heappush(self._later, (now + delay, next(self._later_seq), dedupe_id,
+                                             2 - i, unused))
+            if self._later_threads < _LATER_THREADS:
+                # Several at once: on a frozen server each attempt waits its bound.
+                self._later_threads += 1
+                threading.Thread(target=self._give_back_loop, daemon=True,
+                                 name="lanequeue-dedupe-back").start()
+            self._later_cond.notify()
+
+    def _give_back_loop(self) -> None:
+        cond, heap = self._later_cond, self._later
+        while True:
+            with cond:
+                while not heap or heap[0][0] > time.monotonic():
+                    if not heap:
+                        # Idle: the thread ends; the next give_back_later starts one.
+                        self._later_threads -= 1
+                        return
+                    cond.wait(heap[0][0] - time.monotonic())
+                _, _, dedupe_id, left, unused = heapq.heappop(heap)
+            try:
+                if unused():
+                    self._call(self._give_back, dedupe_id, [])
+                if not unused():
+                    # A ticket of ours took the id meanwhile: its claim (same owner) may
+                    # have gone with an earlier give-back still in flight; claim it again.
+                    self._call(self._claim, dedupe_id, [self.ttl_ms])
+            except Exception as exc:
+                (log.warning if left == 0 else log.debug)(
+                    "dedupe window on Redis: could not give back %s after a failed claim "
+                    "(%s: %s)%s", shown(dedupe_id), type(exc).__name__, exc,
+                    "; if the claim landed, it lasts until its TTL" if left == 0 else "")
+
+
+def _bound(conn: Any, left: float) -> None:
+    """Make ``conn``'s next call wait at most ``left`` seconds (connect and reply)."""
+    left = max(0.001, left)
+    conn.socket_timeout = left
+    conn.socket_connect_timeout = left
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        sock.settimeout(left)

@@ -138,8 +138,10 @@ class ThreadDispatcher(DispatcherBase):
         clock: the monotonic clock of deadlines, debounce and the dedupe window
             (seconds); tests pass a fake clock.
 
-    Every method is a plain call, safe from any thread. ``drain`` and ``wait_idle``
-    block. Tickets are waited for with ``ticket.result(timeout)``.
+    Every method is a plain call, safe from any thread of the process that made the
+    dispatcher (in a forked child, ``submit``, ``cancel``, ``clear``, ``close`` and
+    ``drain`` raise RuntimeError: make a new dispatcher there). ``drain`` and
+    ``wait_idle`` block. Tickets are waited for with ``ticket.result(timeout)``.
 
     Example::
 
@@ -269,6 +271,7 @@ class ThreadDispatcher(DispatcherBase):
         then block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
         running and pending turns to end. Returns True when nothing is left."""
         timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
+        self._check_process()
         self._machine.drain()
         return self.wait_idle(timeout)
 

@@ -288,7 +288,14 @@ class Slots:
         self._free.put(slot)
 
     def take(self) -> _Slot:
-        """A permit; waits as long as all ``n`` are in use.
+        """A permit; waits as long as all ``n`` are in use (see :meth:`take_by`)."""
+        slot = self.take_by(None)
+        assert slot is not None
+        return slot
+
+    def take_by(self, deadline: float | None) -> _Slot | None:
+        """A permit, or None once ``time.monotonic()`` passes ``deadline`` (None: no
+        deadline) with all ``n`` still in use.
 
         When none is free, callers line up at a door (a lock) and only the one inside
         waits for a permit, waking every ``HEAL_S`` to heal lost ones; the others sleep
@@ -302,11 +309,19 @@ class Slots:
                 break
             except queue.Empty:
                 pass
-            if self._door.acquire(timeout=self.DOOR_S):
+            door = self.DOOR_S
+            if deadline is not None:
+                door = min(door, deadline - time.monotonic())
+                if door <= 0:
+                    return None
+            if self._door.acquire(timeout=door):
                 try:
-                    slot = self._wait()
+                    got = self._wait(deadline)
                 finally:
                     self._door.release()
+                if got is None:
+                    return None
+                slot = got
                 break
             # A long wait at the door (a long backlog, or a door lost to an interrupt):
             # heal lost permits, look for a free one, and line up again.
@@ -315,10 +330,15 @@ class Slots:
             slot.conn = self._make()
         return slot
 
-    def _wait(self) -> _Slot:
+    def _wait(self, deadline: float | None) -> _Slot | None:
         while True:
+            wait = self.HEAL_S
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    return None
             try:
-                return self._free.get(timeout=self.HEAL_S)
+                return self._free.get(timeout=wait)
             except queue.Empty:
                 self._heal()
 

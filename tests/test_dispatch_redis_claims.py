@@ -1,0 +1,317 @@
+"""The shared dedupe window (``dedupe_redis``) leaves no claim behind a submit that
+submitted nothing: not when the dispatcher drains or closes while the claim is in flight,
+not after a claim that failed on a frozen server (it lands when the server thaws: the
+dispatcher gives it back in the background), and a turn the dispatcher rejects by its own
+policy claims nothing at all. A dispatcher belongs to the process that made it: in a
+forked child its mutating calls raise RuntimeError.
+
+Real redis-server (tests/redis_server.py); a private one (``own_server``) where the test
+freezes it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from lanequeue import (
+    Dispatcher,
+    DispatcherDrainingError,
+    LaneBackendError,
+    LaneQueue,
+    ThreadDispatcher,
+)
+
+WAIT = 10.0
+ST = 0.5  # the frozen tests' socket_timeout, seconds
+
+
+def local_lanes() -> LaneQueue:
+    q = LaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def async_lanes() -> Any:
+    from lanequeue import AsyncLaneQueue
+
+    q = AsyncLaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+def gone_within(client: Any, keys: list[str], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if client.exists(*keys) == 0:
+            return True
+        time.sleep(0.02)
+    return client.exists(*keys) == 0
+
+
+@pytest.mark.parametrize("stop", ["drain", "close"])
+def test_drain_while_a_claim_is_in_flight_gives_the_claim_back(
+    redis_client: Any, redis_prefix: str, stop: str
+) -> None:
+    """The claim lands; the dispatcher drains (or closes) before the submit places the
+    ticket: the submit raises DispatcherDrainingError and the claim is gone from Redis, so
+    another dispatcher's copy of the id runs."""
+    a = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    window = a._machine.window
+    real = window.claim
+    landed, stopped = threading.Event(), threading.Event()
+
+    def claim(dedupe_id: str) -> bool:
+        ours = real(dedupe_id)  # the real SET NX PX, on the real server
+        landed.set()
+        assert stopped.wait(WAIT)
+        return ours
+
+    window.claim = claim
+    out: dict[str, BaseException] = {}
+
+    def submit() -> None:
+        try:
+            a.submit("k", lambda: "a ran", dedupe_id="m1")
+        except BaseException as exc:
+            out["error"] = exc
+
+    th = threading.Thread(target=submit)
+    th.start()
+    try:
+        assert landed.wait(WAIT)
+        key = f"{{{redis_prefix}:d:m1}}"
+        assert redis_client.exists(key) == 1  # claimed, in flight
+        a.drain() if stop == "drain" else a.close()
+        stopped.set()
+        th.join(WAIT)
+        assert isinstance(out.get("error"), DispatcherDrainingError)
+        assert redis_client.exists(key) == 0
+        assert b.submit("k", lambda: "b ran", dedupe_id="m1").result(WAIT) == "b ran"
+        assert a.stats.submitted == 0
+    finally:
+        stopped.set()
+        a.close()
+        b.close()
+
+
+def test_failed_claims_that_land_after_a_thaw_are_given_back(own_server: Any) -> None:
+    """On a frozen server, 12 concurrent submits (more than the window's 8 call slots)
+    each raise LaneBackendError within one call bound (slot wait included, so less than
+    twice socket_timeout). Their claims land when the server thaws; the dispatcher gives
+    them back in the background, except the one its own retry uses now."""
+    client = redis.Redis(port=own_server.port, socket_timeout=ST)
+    a = ThreadDispatcher(local_lanes(), dedupe_redis=client, dedupe_prefix="p")
+    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis.Redis(port=own_server.port),
+                         dedupe_prefix="p")
+    go = threading.Event()
+    try:
+        a.submit("w", lambda: None, dedupe_id="warm").result(WAIT)  # connections made
+        own_server.freeze()
+        took: dict[int, tuple[str, float]] = {}
+
+        def submit(i: int) -> None:
+            t0 = time.monotonic()
+            try:
+                a.submit(f"k{i}", lambda: None, dedupe_id=f"id{i}")
+                took[i] = ("submitted", time.monotonic() - t0)
+            except LaneBackendError:
+                took[i] = ("LaneBackendError", time.monotonic() - t0)
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(12)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(WAIT)
+        failed_at = time.monotonic()
+        assert {v[0] for v in took.values()} == {"LaneBackendError"} and len(took) == 12
+        assert max(v[1] for v in took.values()) < 2 * ST  # one bound, not slot + call
+        own_server.thaw()
+        # The retry of id0 here owns id0 now: the background give-back leaves it.
+        retry = a.submit("k0", go.wait, WAIT, dedupe_id="id0")
+        keys = [f"{{p:d:id{i}}}" for i in range(1, 12)]
+        assert gone_within(client, keys, 4 * ST + 2.0)
+        for i in range(1, 12):
+            assert b.submit(f"k{i}", lambda: "ran on b", dedupe_id=f"id{i}").result(
+                WAIT) == "ran on b"
+        while time.monotonic() < failed_at + 2 * ST + 0.3:  # past the last attempt
+            time.sleep(0.05)
+        assert client.exists("{p:d:id0}") == 1
+        assert b.submit("k0", lambda: "b ran", dedupe_id="id0").state == "deduped"
+        go.set()
+        assert retry.result(WAIT) is True
+    finally:
+        go.set()
+        own_server.thaw()
+        a.close()
+        b.close()
+
+
+def test_async_failed_claim_that_lands_after_a_thaw_is_given_back(own_server: Any) -> None:
+    """The asyncio face: the ticket ends ``failed`` (LaneBackendError); the claim, landed
+    at the thaw, is given back, so another dispatcher's copy runs."""
+    client = redis.Redis(port=own_server.port, socket_timeout=ST)
+
+    async def main() -> None:
+        a = Dispatcher(async_lanes(), dedupe_redis=client, dedupe_prefix="p")
+        b = Dispatcher(async_lanes(), dedupe_redis=redis.Redis(port=own_server.port),
+                       dedupe_prefix="p")
+        assert await asyncio.wait_for(a.submit("w", lambda: 1, dedupe_id="warm"), WAIT) == 1
+        own_server.freeze()
+        try:
+            t = a.submit("k", lambda: "a ran", dedupe_id="m1")
+            with pytest.raises(LaneBackendError):
+                await asyncio.wait_for(t, WAIT)
+            assert t.state == "failed"
+        finally:
+            own_server.thaw()
+        assert await asyncio.to_thread(gone_within, client, ["{p:d:m1}"], 4 * ST + 2.0)
+        assert await asyncio.wait_for(b.submit("k", lambda: "b ran", dedupe_id="m1"),
+                                      WAIT) == "b ran"
+        assert await a.wait_idle(WAIT) and await b.wait_idle(WAIT)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("case", ["busy", "overflow"])
+def test_a_turn_rejected_by_local_policy_claims_nothing(own_server: Any, case: str) -> None:
+    """A submit the dispatcher rejects by its own policy (busy="reject" on a busy key; a
+    full line under overflow "reject_new") does not claim the id: it answers ``rejected``
+    without asking Redis (here frozen: a claim would fail), so another dispatcher's copy
+    of the id is never told ``deduped`` for a turn that runs nowhere."""
+    client = redis.Redis(port=own_server.port, socket_timeout=ST)
+    kwargs: dict[str, Any] = ({"busy": "reject"} if case == "busy"
+                              else {"max_pending": 1, "overflow": "reject_new"})
+    a = ThreadDispatcher(local_lanes(), dedupe_redis=client, dedupe_prefix="p", **kwargs)
+    go = threading.Event()
+    try:
+        a.submit("k", go.wait, WAIT)  # k runs
+        if case == "overflow":
+            a.submit("k", go.wait, WAIT)  # and its line is full
+        own_server.freeze()
+        t = a.submit("k", lambda: None, dedupe_id="m1")
+        assert (t.state, t.reason) == ("rejected", case)
+    finally:
+        own_server.thaw()
+        go.set()
+    assert client.exists("{p:d:m1}") == 0
+    a.close()
+
+
+def test_async_turn_rejected_by_local_policy_claims_nothing(own_server: Any) -> None:
+    client = redis.Redis(port=own_server.port, socket_timeout=ST)
+
+    async def main() -> None:
+        a = Dispatcher(async_lanes(), busy="reject", dedupe_redis=client, dedupe_prefix="p")
+        go = asyncio.Event()
+        first = a.submit("k", go.wait)
+        await asyncio.sleep(0)
+        own_server.freeze()
+        try:
+            t = a.submit("k", lambda: None, dedupe_id="m1")
+            assert (t.state, t.reason) == ("rejected", "busy")
+        finally:
+            own_server.thaw()
+        go.set()
+        assert await asyncio.wait_for(first, WAIT) is True
+        assert client.exists("{p:d:m1}") == 0
+
+    asyncio.run(main())
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
+    """A dispatcher belongs to the process that made it: in a forked child, submit,
+    cancel, clear, close and drain raise RuntimeError (make a new dispatcher there); the
+    parent's dispatcher goes on."""
+    td = ThreadDispatcher(local_lanes())
+    ad = Dispatcher(async_lanes())
+    go = threading.Event()
+    ticket = td.submit("k", go.wait, WAIT)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        lines = []
+        try:
+            calls = [
+                ("submit", lambda: td.submit("k", lambda: None)),
+                ("cancel", lambda: td.cancel(ticket)),
+                ("clear", lambda: td.clear("k")),
+                ("close", lambda: td.close()),
+                ("drain", lambda: td.drain()),
+                ("async submit", lambda: ad.submit("k", lambda: None)),
+                ("async close", lambda: ad.close()),
+            ]
+            for name, call in calls:
+                try:
+                    call()
+                    lines.append(f"{name}: no error")
+                except RuntimeError as exc:
+                    lines.append(f"{name}: {'make a new one in the child' in str(exc)}")
+            fresh = ThreadDispatcher(local_lanes())
+            lines.append(f"fresh: {fresh.submit('k', lambda: 'child ran').result(WAIT)}")
+        finally:
+            os.write(w, "\n".join(lines).encode())
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        got = f.read().decode().splitlines()
+    os.waitpid(pid, 0)
+    names = ["submit", "cancel", "clear", "close", "drain", "async submit", "async close"]
+    assert got == [f"{n}: True" for n in names] + ["fresh: child ran"]
+    go.set()
+    assert ticket.result(WAIT) is True  # the parent's turn ran, in the parent
+    assert td.submit("k", lambda: "parent").result(WAIT) == "parent"
+    td.close()
+
+
+def test_give_back_later_removes_a_claim_that_lands_late_and_only_ours(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """``give_back_later`` tries again after ``call_wait_s`` and twice that: a claim that
+    lands after the first attempt (a frozen server's late SET) is still given back;
+    another owner's claim is left; an id a ticket of ours uses (``unused()`` False) is
+    claimed again if an earlier give-back took it."""
+    from lanequeue.dispatch._redis import RedisDedupeWindow
+
+    client = redis.Redis(port=redis_server.port, socket_timeout=ST)
+    window = RedisDedupeWindow(client, redis_prefix, 60.0)
+    asked: list[str] = []
+
+    def unused(dedupe_id: str) -> Any:
+        def check() -> bool:
+            asked.append(dedupe_id)
+            return dedupe_id != "used"
+        return check
+
+    def wait_asked(late: int, used: int) -> None:
+        deadline = time.monotonic() + WAIT
+        while (asked.count("late") < late or asked.count("other") < late
+               or asked.count("used") < used) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert asked.count("late") >= late and asked.count("used") >= used
+
+    for dedupe_id in ("late", "used", "other"):
+        window.give_back_later(dedupe_id, unused(dedupe_id))
+    wait_asked(2, 1)  # the first round (at once): nothing to give back; "used" claimed
+    time.sleep(0.1)  # its calls answered (the next round is ST later)
+    late, used, other = (window.key(i) for i in ("late", "used", "other"))
+    assert client.get(used) == window.owner.encode()
+    client.set(late, window.owner)  # a late claim lands now
+    client.delete(used)  # a late give-back took the claim of our ticket
+    client.set(other, "another dispatcher")
+    assert gone_within(client, [late], 2 * ST + 2.0)
+    wait_asked(6, 3)  # every attempt made
+    deadline = time.monotonic() + WAIT
+    while client.get(used) is None and time.monotonic() < deadline:  # the last call
+        time.sleep(0.01)
+    assert client.get(used) == window.owner.encode()
+    assert client.get(other) == b"another dispatcher"
