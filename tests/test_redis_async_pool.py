@@ -77,8 +77,11 @@ def test_many_turns_on_a_small_pool_never_fail(
         assert errors == []
         timed_out = sum(isinstance(r, LaneTimeoutError) for r in results)
         cancelled = sum(isinstance(r, asyncio.CancelledError) for r in results)
-        assert ran + timed_out + cancelled == 300
-        assert ran >= 200, (ran, timed_out, cancelled)
+        finished = sum(r is None for r in results)
+        assert finished + timed_out + cancelled == 300
+        # A task cancelled as it leaves its block has run too (counted in ``ran`` and
+        # ended cancelled): ``ran`` may exceed ``finished``, never the other way.
+        assert finished <= ran and ran >= 200, (ran, finished, timed_out, cancelled)
         for key in ("k0", "k1", "k2"):
             assert not await s.is_held(key)
         status = await g.lane_status()
