@@ -341,3 +341,13 @@ def test_output_into_a_closed_pipe_ends_quietly(
     proc.stdout.close()  # the reader is gone before the first byte is written
     err = proc.stderr.read()
     assert proc.wait(20) == 1 and err == b""
+
+
+def test_a_redis_that_cannot_be_read_exits_2_naming_the_url(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """README: a Redis that cannot be read exits with status 2 after one line naming the
+    URL and the error (not a usage error: no usage line)."""
+    code, out, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json")
+    assert code == 2 and out == ""
+    assert "redis://127.0.0.1:1/0" in err and "usage:" not in err
