@@ -24,6 +24,7 @@ from lanequeue import (
     LaneQueue,
     ThreadDispatcher,
     TurnDedupedError,
+    build_default_async_lanes,
     current_turn,
 )
 from lanequeue.redis import RedisLane, RedisSessionLane
@@ -226,13 +227,6 @@ def test_two_processes_one_conversation_run_each_turn_once_one_at_a_time(
 # -- the asyncio dispatcher: the window is asked off the loop -----------------------------
 
 
-def async_lanes() -> Any:
-    from lanequeue import AsyncLaneQueue
-
-    q = AsyncLaneQueue()
-    q.add_session_lane("session")
-    q.add_lane("global", max_concurrent=4)
-    return q
 
 
 def test_async_shared_window_dedupes_across_dispatchers_in_submit_order(
@@ -247,8 +241,10 @@ def test_async_shared_window_dedupes_across_dispatchers_in_submit_order(
     from lanequeue import Dispatcher
 
     async def main() -> None:
-        a = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
-        b = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        a = Dispatcher(build_default_async_lanes(),
+                       dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        b = Dispatcher(build_default_async_lanes(),
+                       dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
         order: list[str] = []
 
         async def turn(name: str) -> str:
@@ -287,8 +283,10 @@ def test_async_claim_cancelled_in_flight_is_given_back(
     from lanequeue.dispatch._machine import CLAIMING
 
     async def main() -> None:
-        a = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
-        b = Dispatcher(async_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        a = Dispatcher(build_default_async_lanes(),
+                       dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+        b = Dispatcher(build_default_async_lanes(),
+                       dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
         t = a.submit("k", lambda: "a ran", dedupe_id="m1")
         assert t.cancel() and t.state == "cancelled"
         key = f"{{{redis_prefix}:d:m1}}"

@@ -23,28 +23,17 @@ from lanequeue import (
     Dispatcher,
     DispatcherDrainingError,
     LaneBackendError,
-    LaneQueue,
     ThreadDispatcher,
+    build_default_async_lanes,
+    build_default_lanes,
 )
 
 WAIT = 10.0
 ST = 0.5  # the frozen tests' socket_timeout, seconds
 
 
-def local_lanes() -> LaneQueue:
-    q = LaneQueue()
-    q.add_session_lane("session")
-    q.add_lane("global", max_concurrent=4)
-    return q
 
 
-def async_lanes() -> Any:
-    from lanequeue import AsyncLaneQueue
-
-    q = AsyncLaneQueue()
-    q.add_session_lane("session")
-    q.add_lane("global", max_concurrent=4)
-    return q
 
 
 def gone_within(client: Any, keys: list[str], seconds: float) -> bool:
@@ -63,8 +52,10 @@ def test_drain_while_a_claim_is_in_flight_gives_the_claim_back(
     """The claim lands; the dispatcher drains (or closes) before the submit places the
     ticket: the submit raises DispatcherDrainingError and the claim is gone from Redis, so
     another dispatcher's copy of the id runs."""
-    a = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
-    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    a = ThreadDispatcher(build_default_lanes(),
+                         dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(build_default_lanes(),
+                         dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
     window = a._machine.window
     real = window.claim
     landed, stopped = threading.Event(), threading.Event()
@@ -109,8 +100,8 @@ def test_failed_claims_that_land_after_a_thaw_are_given_back(own_server: Any) ->
     twice socket_timeout). Their claims land when the server thaws; the dispatcher gives
     them back in the background, except the one its own retry uses now."""
     client = redis.Redis(port=own_server.port, socket_timeout=ST)
-    a = ThreadDispatcher(local_lanes(), dedupe_redis=client, dedupe_prefix="p")
-    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis.Redis(port=own_server.port),
+    a = ThreadDispatcher(build_default_lanes(), dedupe_redis=client, dedupe_prefix="p")
+    b = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis.Redis(port=own_server.port),
                          dedupe_prefix="p")
     go = threading.Event()
     try:
@@ -161,8 +152,8 @@ def test_async_failed_claim_that_lands_after_a_thaw_is_given_back(own_server: An
     client = redis.Redis(port=own_server.port, socket_timeout=ST)
 
     async def main() -> None:
-        a = Dispatcher(async_lanes(), dedupe_redis=client, dedupe_prefix="p")
-        b = Dispatcher(async_lanes(), dedupe_redis=redis.Redis(port=own_server.port),
+        a = Dispatcher(build_default_async_lanes(), dedupe_redis=client, dedupe_prefix="p")
+        b = Dispatcher(build_default_async_lanes(), dedupe_redis=redis.Redis(port=own_server.port),
                        dedupe_prefix="p")
         assert await asyncio.wait_for(a.submit("w", lambda: 1, dedupe_id="warm"), WAIT) == 1
         own_server.freeze()
@@ -190,7 +181,7 @@ def test_a_turn_rejected_by_local_policy_claims_nothing(own_server: Any, case: s
     client = redis.Redis(port=own_server.port, socket_timeout=ST)
     kwargs: dict[str, Any] = ({"busy": "reject"} if case == "busy"
                               else {"max_pending": 1, "overflow": "reject_new"})
-    a = ThreadDispatcher(local_lanes(), dedupe_redis=client, dedupe_prefix="p", **kwargs)
+    a = ThreadDispatcher(build_default_lanes(), dedupe_redis=client, dedupe_prefix="p", **kwargs)
     go = threading.Event()
     try:
         a.submit("k", go.wait, WAIT)  # k runs
@@ -210,7 +201,8 @@ def test_async_turn_rejected_by_local_policy_claims_nothing(own_server: Any) -> 
     client = redis.Redis(port=own_server.port, socket_timeout=ST)
 
     async def main() -> None:
-        a = Dispatcher(async_lanes(), busy="reject", dedupe_redis=client, dedupe_prefix="p")
+        a = Dispatcher(build_default_async_lanes(),
+                       busy="reject", dedupe_redis=client, dedupe_prefix="p")
         go = asyncio.Event()
         first = a.submit("k", go.wait)
         await asyncio.sleep(0)
@@ -232,8 +224,8 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
     """A dispatcher belongs to the process that made it: in a forked child, submit,
     cancel, clear, close and drain raise RuntimeError (make a new dispatcher there); the
     parent's dispatcher goes on."""
-    td = ThreadDispatcher(local_lanes())
-    ad = Dispatcher(async_lanes())
+    td = ThreadDispatcher(build_default_lanes())
+    ad = Dispatcher(build_default_async_lanes())
     go = threading.Event()
     ticket = td.submit("k", go.wait, WAIT)
     r, w = os.pipe()
@@ -256,7 +248,7 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
                     lines.append(f"{name}: no error")
                 except RuntimeError as exc:
                     lines.append(f"{name}: {'make a new one in the child' in str(exc)}")
-            fresh = ThreadDispatcher(local_lanes())
+            fresh = ThreadDispatcher(build_default_lanes())
             lines.append(f"fresh: {fresh.submit('k', lambda: 'child ran').result(WAIT)}")
         finally:
             os.write(w, "\n".join(lines).encode())

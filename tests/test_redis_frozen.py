@@ -20,7 +20,7 @@ import redis
 import redis.asyncio
 from redis_server import RedisServer
 
-from lanequeue import LaneBackendError
+from lanequeue import LaneBackendError, build_default_async_lanes, build_default_lanes
 from lanequeue.redis import AsyncRedisSessionLane, RedisSessionLane, _args
 from lanequeue.redis._async import _CLEANUPS, CANCEL_WAIT_S
 
@@ -170,13 +170,6 @@ def test_thread_call_on_a_frozen_server_fails_within_its_bound(
 # -- the dispatchers' shared dedupe window ------------------------------------------------
 
 
-def dispatch_lanes() -> Any:
-    from lanequeue import AsyncLaneQueue
-
-    q = AsyncLaneQueue()
-    q.add_session_lane("session")
-    q.add_lane("global", max_concurrent=4)
-    return q
 
 
 def test_async_dispatcher_submit_on_a_frozen_window_returns_at_once(
@@ -191,7 +184,7 @@ def test_async_dispatcher_submit_on_a_frozen_window_returns_at_once(
 
     async def main() -> dict[str, Any]:
         client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
-        d = Dispatcher(dispatch_lanes(), dedupe_redis=client, dedupe_prefix=redis_prefix)
+        d = Dispatcher(build_default_async_lanes(), dedupe_redis=client, dedupe_prefix=redis_prefix)
 
         async def work(x: str) -> str:
             return x
@@ -247,7 +240,7 @@ def test_thread_dispatcher_submit_on_a_frozen_window_fails_within_its_bound(
     from lanequeue import ThreadDispatcher
 
     client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
-    d = ThreadDispatcher(dispatch_lanes_threads(), dedupe_redis=client,
+    d = ThreadDispatcher(build_default_lanes(), dedupe_redis=client,
                          dedupe_prefix=redis_prefix)
     try:
         assert d.submit("c", lambda: "warm", dedupe_id="m0").result(5) == "warm"
@@ -265,13 +258,6 @@ def test_thread_dispatcher_submit_on_a_frozen_window_fails_within_its_bound(
         d.close()
 
 
-def dispatch_lanes_threads() -> Any:
-    from lanequeue import LaneQueue
-
-    q = LaneQueue()
-    q.add_session_lane("session")
-    q.add_lane("global", max_concurrent=4)
-    return q
 
 
 def test_first_use_on_a_frozen_server_fails_within_its_bound(
