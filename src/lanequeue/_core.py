@@ -762,10 +762,7 @@ class SessionCore(_CoreBase):
                     # The wait this hand-off ends: one append, as hold times (see
                     # ``waits_at_grant``); its commit counts ``waited``.
                     observe = True
-                    waits = self.wait_hist
-                    waits.append(now - waiter.since)
-                    if len(waits) >= HELD_BATCH:
-                        waits.fold()
+                    self.wait_hist.add(now - waiter.since)
                 # -- commit: plain stores only, then one last call --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1428,10 +1425,7 @@ class CountingCore(_CoreBase):
                         fresh = OrderedDict()
                     observe = self.waits_at_grant
                     if observe:  # the wait it ends (as in SessionCore.release)
-                        waits = self.wait_hist
-                        waits.append(now - waiter.since)
-                        if len(waits) >= HELD_BATCH:
-                            waits.fold()
+                        self.wait_hist.add(now - waiter.since)
                 # -- commit: plain stores only, then the wake-up --
                 if dropped is not None:
                     del self._dropped[0]
@@ -1479,10 +1473,7 @@ class CountingCore(_CoreBase):
         empty = in_heap and len(ranked) == 1
         observe = self.waits_at_grant
         if observe:  # the wait it ends (as in SessionCore.release)
-            waits = self.wait_hist
-            waits.append(now - waiter.since)
-            if len(waits) >= HELD_BATCH:
-                waits.fold()
+            self.wait_hist.add(now - waiter.since)
         # -- commit: plain stores only, then the wake-up --
         if dropped is not None:
             del self._dropped[0]

@@ -67,6 +67,14 @@ class Histogram(list[float]):
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
 
+    def add(self, value: float) -> None:
+        """Append ``value`` (seconds, >= 0) to the values not bucketed yet, folding them
+        once there are :data:`HELD_BATCH` (the batched :meth:`observe`; the thread holds'
+        fast steps inline these lines for speed)."""
+        self.append(value)
+        if len(self) >= HELD_BATCH:
+            self.fold()
+
     def fold(self) -> None:
         """Bucket the values appended to the list and empty it. Interrupt-safe (it runs
         inside a lane's critical section, see "Interrupts" in :mod:`lanequeue._core`):
