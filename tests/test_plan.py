@@ -463,7 +463,8 @@ def test_cli_reports_malformed_lines_with_numbers(
     assert "line 3: field 'timestamp'" in err
     assert "line 4: blank line" in err
     assert "line 5: field 'duration_s'" in err
-    assert "3 invalid lines skipped" in err
+    assert "3 invalid lines skipped (of 5 request lines)" in err
+    assert "lanequeue plan: most lines were not requests" in err  # 3 of 5
 
 
 # --------------------------------------------------------------------------------------

@@ -501,7 +501,8 @@ def test_cli_reports_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "line 2: invalid JSON" in err
     assert "line 3: blank line" in err
-    assert "2 invalid lines skipped" in err
+    assert "2 invalid lines skipped (of 4 request lines)" in err
+    assert "most lines were not requests" not in err  # half of them were
     data = json.loads(out.read_text())
     assert data["skipped_lines"] == 2 and data["requests"] == 2
 
@@ -520,7 +521,9 @@ def test_cli_reports_the_first_skipped_lines_then_counts_the_rest_as_the_readme_
     listed = [ln for ln in err if ": line " in ln]
     assert [int(ln.split(": line ")[1].split(":")[0]) for ln in listed] == list(range(2, 22))
     assert "lanequeue replay: ... and 5 more invalid lines skipped" in err
-    assert "lanequeue replay: 25 invalid lines skipped" in err
+    assert "lanequeue replay: 25 invalid lines skipped (of 27 request lines)" in err
+    assert ("lanequeue replay: most lines were not requests: is this a Mooncake or "
+            "generic trace (see --help)?") in err
     assert json.loads(out.read_text())["skipped_lines"] == 25
     assert MAX_LINE_MESSAGES == 20
     text = " ".join(README.read_text().split())

@@ -374,13 +374,16 @@ def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
 
 
 def _report_skipped(
-    skipped: Sequence[Any], source: str, err: TextIO, command: str = "replay"
+    trace: Any, err: TextIO, command: str = "replay"
 ) -> None:
-    """The first :data:`MAX_LINE_MESSAGES` skipped lines with their numbers and reasons,
-    then how many more, then the total."""
+    """The first :data:`MAX_LINE_MESSAGES` skipped lines of ``trace`` with their numbers
+    and reasons, then how many more, then the total, out of how many request lines; when
+    more than half were skipped, a hint that the file may not be a trace of a format
+    read here."""
     from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
 
-    source = printable(source, MAX_SOURCE_CHARS)
+    skipped = trace.skipped
+    source = printable(trace.source, MAX_SOURCE_CHARS)
     for s in skipped[:MAX_LINE_MESSAGES]:
         print(f"lanequeue {command}: {source}: line {s.line}: {s.reason}; skipped", file=err)
     if len(skipped) > MAX_LINE_MESSAGES:
@@ -390,7 +393,12 @@ def _report_skipped(
             file=err,
         )
     if skipped:
-        print(f"lanequeue {command}: {len(skipped)} invalid lines skipped", file=err)
+        lines = len(skipped) + len(trace.requests)
+        print(f"lanequeue {command}: {len(skipped):,} invalid lines skipped "
+              f"(of {lines:,} request lines)", file=err)
+        if len(skipped) * 2 > lines:
+            print(f"lanequeue {command}: most lines were not requests: is this a "
+                  "Mooncake or generic trace (see --help)?", file=err)
 
 
 def _lanes_of(queues: list[Any]) -> list[Any]:
@@ -441,7 +449,7 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
-    _report_skipped(trace.skipped, trace.source, err)
+    _report_skipped(trace, err)
     trace = trace.head(config.limit)
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
@@ -528,7 +536,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
-    _report_skipped(trace.skipped, trace.source, err)
+    _report_skipped(trace, err)
     trace = trace.head(config.limit)
     if not trace.requests:
         return fail(f"no valid request to replay in {trace.source}")
@@ -618,7 +626,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
-    _report_skipped(trace.skipped, trace.source, err, "plan")
+    _report_skipped(trace, err, "plan")
     if not trace.requests:
         return fail(f"no valid request to plan with in {trace.source}")
     try:

@@ -516,8 +516,9 @@ class CapacityPlan:
         )
         lines = [
             f"lanequeue plan: {printable(self.source, MAX_SOURCE_CHARS)}",
-            f"{self.requests:,} requests, {self.conversations:,} conversations; policy "
-            f"session (one lane per conversation, then the global lane); {work}",
+            f"{_count(self.requests, 'request')}, "
+            f"{_count(self.conversations, 'conversation')}; policy session (one lane per "
+            f"conversation, then the global lane); {work}",
             f"goal: {self.goal.describe()}",
             "",
         ]
@@ -645,7 +646,7 @@ class CapacityPlan:
             "requests"
         )
         lines.append(
-            f"{_count(self.simulations, 'simulation')} of {self.requests:,} requests in "
+            f"{_count(self.simulations, 'simulation')} of {_count(self.requests, 'request')} in "
             f"{self.elapsed_s:.2f} s ({self.jobs} process{'es' if self.jobs > 1 else ''})"
         )
         return "\n".join(lines)
