@@ -463,20 +463,10 @@ class QueueBase(Generic[L, CL, SL]):
                 (``LaneQueue.add_lane() argument 'max_concurrent' must be >= 1, got 0``),
                 with or without a backend, not the lane class it makes.
         """
-        call = f"{type(self).__name__}.add_lane()"
-        name = self._new_name(name, call)
-        with made_by(call):  # the lane's own argument errors name this call
-            if backend is None:
-                return self.add(self._counting(
-                    name, max_concurrent=max_concurrent, timeout_s=timeout_s,
-                    clock=time.monotonic if clock is None else clock,
-                    **self._ops,
-                ))
-            self._no_clock(clock, call)
-            _check_backend(backend, "lane", call)
-            lane = backend.lane(name, max_concurrent=max_concurrent, timeout_s=timeout_s,
-                                **self._ops)
-        return self.add(cast(L, lane))  # add() checks the face
+        return cast("CL | L", self._add_made(
+            "add_lane", "lane", name, clock, backend,
+            {"max_concurrent": max_concurrent, "timeout_s": timeout_s},
+        ))
 
     @overload
     def add_session_lane(
@@ -530,21 +520,34 @@ class QueueBase(Generic[L, CL, SL]):
                 call and the argument (``LaneQueue.add_session_lane() argument
                 'max_sessions' ...``), as ``add_lane`` does.
         """
-        call = f"{type(self).__name__}.add_session_lane()"
+        return cast("SL | L", self._add_made(
+            "add_session_lane", "session_lane", name, clock, backend,
+            {"max_sessions": max_sessions, "idle_timeout_s": idle_timeout_s,
+             "timeout_s": timeout_s},
+        ))
+
+    def _add_made(
+        self, method: str, maker: str, name: object, clock: Clock | None,
+        backend: LaneBackend | None, args: dict[str, Any],
+    ) -> L:
+        """What :meth:`add_lane` (``maker`` "lane") and :meth:`add_session_lane`
+        ("session_lane") do: check the name, make the lane with ``args`` (in process, or
+        by ``backend``'s ``maker``), register it and return it. Argument errors name the
+        public ``method`` called."""
+        call = f"{type(self).__name__}.{method}()"
         name = self._new_name(name, call)
         with made_by(call):  # the lane's own argument errors name this call
             if backend is None:
-                return self.add(self._session(
-                    name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
-                    timeout_s=timeout_s, clock=time.monotonic if clock is None else clock,
+                kind: Any = self._counting if maker == "lane" else self._session
+                made_here: L = kind(
+                    name, clock=time.monotonic if clock is None else clock, **args,
                     **self._ops,
-                ))
+                )
+                return self.add(made_here)
             self._no_clock(clock, call)
-            _check_backend(backend, "session_lane", call)
-            lane = backend.session_lane(
-                name, max_sessions=max_sessions, idle_timeout_s=idle_timeout_s,
-                timeout_s=timeout_s, **self._ops,
-            )
+            _check_backend(backend, maker, call)
+            made = backend.lane if maker == "lane" else backend.session_lane
+            lane = made(name, **args, **self._ops)
         return self.add(cast(L, lane))  # add() checks the face
 
     def _new_name(self, name: object, call: str) -> str:
