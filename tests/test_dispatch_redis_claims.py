@@ -222,12 +222,15 @@ def test_async_turn_rejected_by_local_policy_claims_nothing(own_server: Any) -> 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
 def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
     """A dispatcher belongs to the process that made it: in a forked child, submit,
-    cancel, clear, close and drain raise RuntimeError (make a new dispatcher there); the
-    parent's dispatcher goes on."""
+    cancel, clear, close and drain raise RuntimeError (make a new dispatcher there), while
+    the read-only views answer with the parent's figures as of the fork; the parent's
+    dispatcher goes on."""
     td = ThreadDispatcher(build_default_lanes())
     ad = Dispatcher(build_default_async_lanes())
     go = threading.Event()
     ticket = td.submit("k", go.wait, WAIT)
+    assert td.submit("k", lambda: None) is not None  # a second turn, pending
+    parent_snapshot, parent_stats = td.snapshot(), td.stats
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -248,6 +251,12 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
                     lines.append(f"{name}: no error")
                 except RuntimeError as exc:
                     lines.append(f"{name}: {'make a new one in the child' in str(exc)}")
+            # Read-only views answer, with the parent's figures as of the fork.
+            snap = td.snapshot()
+            lines.append(f"views: {td.pending('k')} {td.draining} "
+                         f"{snap['keys']['k']['pending']} {snap['keys']['k']['running']} "
+                         f"{snap['admitted'] == parent_snapshot['admitted']} "
+                         f"{td.stats == parent_stats}")
             fresh = ThreadDispatcher(build_default_lanes())
             lines.append(f"fresh: {fresh.submit('k', lambda: 'child ran').result(WAIT)}")
         finally:
@@ -258,7 +267,8 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
         got = f.read().decode().splitlines()
     os.waitpid(pid, 0)
     names = ["submit", "cancel", "clear", "close", "drain", "async submit", "async close"]
-    assert got == [f"{n}: True" for n in names] + ["fresh: child ran"]
+    assert got == [f"{n}: True" for n in names] + ["views: 1 False 1 True True True",
+                                                   "fresh: child ran"]
     go.set()
     assert ticket.result(WAIT) is True  # the parent's turn ran, in the parent
     assert td.submit("k", lambda: "parent").result(WAIT) == "parent"
