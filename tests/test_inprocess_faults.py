@@ -105,8 +105,9 @@ class Injector:
     """Raises KeyboardInterrupt at the ``n``-th injection point (see the module
     docstring), once; ``paused`` turns injection off around test-side helpers."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, real_points: bool = False) -> None:
         self.n = n
+        self.real_points = real_points  # face frames too: only where CPython can deliver
         self.count = 0
         self.fired: str | None = None
         self.paused = False
@@ -136,7 +137,7 @@ class Injector:
         if filename not in _TRACED or frame.f_code.co_name == "__del__":
             return None
         frame.f_trace_opcodes = True
-        local = self._core_fn if filename == _CORE else self._face_fn
+        local = self._core_fn if filename == _CORE or self.real_points else self._face_fn
         self.point(frame, "call")
         return local
 
@@ -186,11 +187,14 @@ class Injector:
             self.paused = False
 
 
-def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 5000) -> int:
+def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 5000,
+                      real_points: bool = False) -> int:
     """Call ``run_once(Injector(n))`` for n = 1, 2, ... until a run completes without an
-    injection; return how many injections were made."""
+    injection; return how many injections were made. ``real_points``: in the face
+    modules too, only where CPython can deliver an asynchronous exception (as in
+    ``_core.py``), not at every instruction."""
     for n in range(1, limit):
-        inj = Injector(n)
+        inj = Injector(n, real_points)
         run_once(inj)
         if inj.fired is None:
             assert n > 1, "the operation had no injection point: the tracer saw nothing"
@@ -415,6 +419,93 @@ def test_c18_interrupt_at_every_point_thread_lanes(
     assert points >= 10
 
 
+_ENDERS: dict[str, Callable[[Any], Any]] = {
+    "clear": lambda lane: lane.clear(KEY),
+    "drain": lambda lane: lane.drain(cancel_waiting=True),
+    "close": lambda lane: lane.close(),
+}
+
+
+@pytest.mark.parametrize("kind", list(THREAD_LANES))
+@pytest.mark.parametrize("ender", list(_ENDERS))
+def test_c18_interrupt_while_ending_waiters_strands_none(kind: str, ender: str) -> None:
+    """C18: KeyboardInterrupt at every injection point of ``clear(key)``,
+    ``drain(cancel_waiting=True)`` and ``close()`` with three waiters in line. Each
+    waiter ends up either ended (its outcome token, out of line) or still in line and
+    counted, never out of line unended (it would wait for ever): once the holder
+    releases, the ones still in line are served in turn, and the lane ends idle."""
+
+    def run_once(inj: Injector) -> None:
+        lane = THREAD_LANES[kind]()
+        core = lane._core
+        holder = core.take(KEY, True)
+        rank = getattr(lane, "test_priority", 0)
+        waiters = [_ThreadWaiter() for _ in range(3)]
+        for w in waiters:
+            assert (core.take(KEY, True, w, rank) if rank else core.take(KEY, True, w)) == 0
+        try:
+            with inj.active():
+                _ENDERS[ender](lane)
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        check_consistent(core)
+        ended = [w for w in waiters if w.token < 0]
+        assert all(w.token == 0 for w in waiters if w not in ended)
+        if inj.fired is None:
+            assert len(ended) == 3, "not interrupted: every waiter ended"
+        # The holder leaves: each waiter still in line gets the key in its turn.
+        token = holder
+        for w in waiters:
+            if w in ended:
+                continue
+            assert core.release(KEY, token) and w.token > 0, f"{w} not served ({inj.fired})"
+            token = w.token
+        assert core.release(KEY, token)
+        st = core.stats()
+        assert (st.holders, st.waiters) == (0, 0), inj.fired
+
+    assert inject_everywhere(run_once) >= 3
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("kind", list(THREAD_LANES))
+def test_c18_second_interrupt_during_the_clean_up_leaves_no_ghost_waiter(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C18, two interrupts: the first ends a parked wait, the second lands at every
+    point of the clean-up that follows (its withdraw included) where CPython can deliver
+    one (a signal's exception cannot land between entering a handler and its first
+    plain store, which is what the clean-up relies on). A waiter whose withdraw was
+    stopped may stay in line (counted) until the next release, which drops it: the
+    permit never goes to the thread that left, the holder's release leaves the lane
+    idle, and the next caller gets the key."""
+
+    def run_once(inj: Injector) -> None:
+        lane = THREAD_LANES[kind]()
+        core = lane._core
+        holder = core.take(KEY, True)
+
+        def park(waiter: _ThreadWaiter, timeout: float | None) -> bool:
+            inj.paused = False  # count injection points from the first interrupt on
+            raise KeyboardInterrupt("the first interrupt, while parked")
+
+        monkeypatch.setattr(_ThreadWaiter, "park", park)
+        inj.paused = True
+        with pytest.raises(KeyboardInterrupt), inj.active(), lane.acquire(
+            KEY, timeout_s=JOIN_S
+        ):
+            pass
+        monkeypatch.undo()
+        check_consistent(core)
+        assert core.release(KEY, holder)
+        st = core.stats()
+        assert (st.holders, st.waiters) == (0, 0), f"a ghost after {inj.fired}"
+        check_thread_lane_works(lane)
+
+    assert inject_everywhere(run_once, real_points=True) >= 3
+
+
 def _queue() -> LaneQueue:
     queue = LaneQueue()
     queue.add_session_lane("session", timeout_s=JOIN_S)
@@ -596,6 +687,55 @@ def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
             loop.close()
 
     assert inject_everywhere(run_once) >= 10
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("kind", list(ASYNC_LANES))
+def test_c18_second_interrupt_during_an_async_clean_up_leaves_no_ghost_waiter(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C18, two interrupts on the asyncio face: the first lands in a task that has just
+    joined the line (before it awaits its future), the second at every point of the
+    clean-up where CPython can deliver one. The waiter refuses grants before its
+    withdraw can be stopped: the holder's release leaves the lane idle."""
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            lane = ASYNC_LANES[kind]()
+            core = lane._core
+            holder = loop.run_until_complete(_take_now(core))
+
+            def arm(*args: Any) -> int:
+                inj.paused = False  # count injection points from the first interrupt on
+                raise KeyboardInterrupt("the first interrupt, in line")
+
+            monkeypatch.setattr(type(lane), "_arm", arm)
+            inj.paused = True
+
+            async def op() -> None:
+                async with lane.acquire(KEY, timeout_s=JOIN_S):
+                    pass
+
+            with pytest.raises(KeyboardInterrupt), inj.active():
+                loop.run_until_complete(op())
+            monkeypatch.undo()
+            _finish(loop)
+            check_consistent(core)
+            assert core.release(KEY, holder)
+            st = core.stats()
+            assert (st.holders, st.waiters) == (0, 0), f"a ghost after {inj.fired}"
+            check_async_lane_works(loop, lane)
+        finally:
+            loop.close()
+
+    assert inject_everywhere(run_once, real_points=True) >= 3
+
+
+async def _take_now(core: Any) -> int:
+    return int(core.take(KEY, True))
 
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")

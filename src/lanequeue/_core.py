@@ -111,9 +111,17 @@ The faces (thread and asyncio holds, ``acquire_all``) follow suit. A waiter is m
 the face before the call of :meth:`take` that puts it in line, and inside the ``try``
 whose handler withdraws it (a grant made meanwhile is stored in ``waiter.token`` under
 the lock, so the handler finds and passes it on): no interrupt can leave a waiter in
-line that nobody will withdraw. A token is recorded in the hold right after the core
-returns it, and a hold is marked released right before the core releases it; an
-interrupt between the two leaves that one hold held in the core, and nothing else.
+line that nobody will withdraw. A second interrupt, landing in that handler, can stop the
+withdraw itself; so the handler's first statement, a plain store (a thread waiter's
+``gone``) or a builtin call (a task waiter's ``fut.cancel()``), which nothing can
+precede, makes the waiter refuse grants (``ready()`` False): a waiter left in line that
+way is counted in ``waiters`` until the next release of its key drops it, and never
+takes a permit. Ending many waiters (``clear``, a drain's ``cancel_waiting``,
+``close``) is a loop of steps, one waiter each, out of its line and woken in one commit:
+an interrupt between two steps leaves the others in line, waiting as before. A token
+is recorded in the hold right after the core returns it, and a hold is marked released
+right before the core releases it; an interrupt between the two leaves that one hold
+held in the core, and nothing else.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
 operations (C18). The thread holds run the two commonest steps of their core themselves
 (:class:`SessionHoldSteps`, :class:`CountingHoldSteps`, in this module and under its
@@ -465,10 +473,11 @@ class _CoreBase:
 
     # -- operations (off the hot path; see lanequeue._obs) ------------------------------
 
-    # Each core: its waiters for ``key`` (None: all) taken out of line; the first waiter
+    # Each core: its waiters for ``key`` (None: all), each with the line it stands in, in
+    # line order (nothing changed); the first waiter
     # of each line; since when the hold that blocks ``key`` exists (clock seconds); every
     # hold as (key, token, since); the length of the line ``key`` joins. Lock held.
-    _pop_line: Callable[[str | None], list[Waiter]]
+    _in_line: Callable[[str | None], list[tuple[Waiter, dict[Waiter, str]]]]
     _line_heads: Callable[[], list[Waiter]]
     _blocker_since: Callable[[str], float | None]
     _hold_list: Callable[[], list[tuple[str, int, float]]]
@@ -513,13 +522,16 @@ class _CoreBase:
         or :data:`DRAINED` instead of a token, and its face raises the matching error.
         Returns how many waiters took it (they count as ``cancelled``; a cancelled task
         refuses it and counts itself when it withdraws). Holders are untouched. Each
-        waiter is one step: asked if it is ``ready()``, then plain stores, then woken."""
+        waiter is one step: asked if it is ``ready()``, then taken out of its line with
+        plain stores, then woken; an interrupt between two steps leaves the waiters not
+        reached yet in line, waiting as before."""
         outcome = CLEARED if cleared else DRAINED
         n = 0
         with self._lock:
-            for waiter in self._pop_line(key):
+            for waiter, line in self._in_line(key):
                 ready = waiter.ready()
                 # -- commit: plain stores only, then the wake-up --
+                del line[waiter]
                 self._waiting -= 1
                 if ready:
                     waiter.token = outcome
@@ -812,14 +824,9 @@ class SessionCore(_CoreBase):
         entry = self._entries.get(key)
         return None if entry is None else entry.line
 
-    def _pop_line(self, key: str | None) -> list[Waiter]:
+    def _in_line(self, key: str | None) -> list[tuple[Waiter, dict[Waiter, str]]]:
         entries = self._entries.values() if key is None else [self._entries.get(key)]
-        out: list[Waiter] = []
-        for entry in entries:
-            if entry is not None and entry.line is not None:
-                out.extend(entry.line)
-                entry.line = None
-        return out
+        return [(w, e.line) for e in entries if e is not None and e.line for w in e.line]
 
     def _line_heads(self) -> list[Waiter]:
         return [next(iter(e.line)) for e in self._entries.values() if e.line]
@@ -1494,17 +1501,10 @@ class CountingCore(_CoreBase):
     def _line_of(self, key: str, waiter: Waiter) -> dict[Waiter, str] | None:
         return self._ranked if waiter in self._ranked else self._line
 
-    def _pop_line(self, key: str | None) -> list[Waiter]:
-        line, ranked = self._line, self._ranked
-        out = [w for w, k in line.items() if key is None or k == key]
-        out_ranked = [w for w, k in ranked.items() if key is None or k == key]
-        for w in out:
-            del line[w]
-        for w in out_ranked:
-            del ranked[w]  # its heap entry is now dead
-        if out_ranked and not ranked:
-            self._heap = []
-        return out + out_ranked
+    def _in_line(self, key: str | None) -> list[tuple[Waiter, dict[Waiter, str]]]:
+        # (A prioritised waiter taken out of ``_ranked`` leaves a dead heap entry.)
+        return [(w, line) for line in (self._line, self._ranked)
+                for w, k in line.items() if key is None or k == key]
 
     def _line_heads(self) -> list[Waiter]:
         # The FIFO's head is its longest waiter; any prioritised waiter may be older.

@@ -398,7 +398,12 @@ class _AsyncFace:
             return token
         except BaseException:
             # Cancelled in line, or after the grant but before resuming: withdraw tells
-            # which; a permit already ours is passed on at once.
+            # which; a permit already ours is passed on at once. First, refuse grants
+            # (``ready()`` is False once the future is done; a future already done, the
+            # usual case, is left as it is): if an interrupt (KeyboardInterrupt) stops
+            # the withdraw below, the next releaser drops this waiter instead of handing
+            # it the permit. The call's own check comes after it is done.
+            fut.cancel()
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)

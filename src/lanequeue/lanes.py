@@ -42,13 +42,20 @@ _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot 
 
 
 class _ThreadWaiter(Waiter):
-    """A thread in line: parks on its own lock, which the granting releaser unlocks."""
+    """A thread in line: parks on its own lock, which the granting releaser unlocks.
 
-    __slots__ = ("_parking",)
+    ``gone`` is set by the waiting thread, as the first store of its clean-up, when
+    its wait ends by an exception (an interrupt, a clear, a drain): from then on it
+    refuses grants (:meth:`ready` is False), so if a second interrupt stops the
+    clean-up before it withdraws, the next releaser drops it from the line instead of
+    handing the permit to a thread that no longer waits."""
+
+    __slots__ = ("_parking", "gone")
 
     def __init__(self) -> None:
         self.token = 0
         self.left = False
+        self.gone = False
         parking = threading.Lock()
         parking.acquire()
         self._parking = parking
@@ -57,6 +64,9 @@ class _ThreadWaiter(Waiter):
         # (``__exit__``: ``release`` that accepts, and ignores, the argument of
         # ``wake(None)``; typeshed names three parameters, CPython takes any).
         self.wake = parking.__exit__  # type: ignore[assignment]
+
+    def ready(self) -> bool:
+        return not self.gone
 
     def park(self, timeout: float | None) -> bool:
         """Block until granted (True) or until ``timeout`` seconds pass (False).
@@ -207,7 +217,11 @@ class _ThreadFace:
         except BaseException:
             # Interrupted (KeyboardInterrupt, an async exception), or ended by clear or a
             # drain: leave no ghost in line; if the permit was handed over meanwhile, pass
-            # it on.
+            # it on. First a plain store, which no interrupt can precede here (entering a
+            # handler checks nothing): refuse grants from now on, so that a second
+            # interrupt stopping the withdraw below leaves a waiter the next releaser
+            # drops, not one it hands the permit to.
+            waiter.gone = True
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
