@@ -538,7 +538,13 @@ class _CoreBase:
                     self.cancelled += 1
                     n += 1
                     waiter.wake(None)
+            self._tidy_lines()
         return n
+
+    def _tidy_lines(self) -> None:
+        """After :meth:`end_waiters` took waiters out of line (lock held): drop what
+        only served the waiters now gone (interrupted before it, nothing is wrong, only
+        untidy)."""
 
     def oldest_wait_since(self) -> float | None:
         """When the longest waiter now in line started waiting (face clock), or None."""
@@ -1505,6 +1511,10 @@ class CountingCore(_CoreBase):
         # (A prioritised waiter taken out of ``_ranked`` leaves a dead heap entry.)
         return [(w, line) for line in (self._line, self._ranked)
                 for w, k in line.items() if key is None or k == key]
+
+    def _tidy_lines(self) -> None:
+        if not self._ranked:
+            self._heap = []  # no live entry left: drop the dead ones at once
 
     def _line_heads(self) -> list[Waiter]:
         # The FIFO's head is its longest waiter; any prioritised waiter may be older.
