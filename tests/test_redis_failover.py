@@ -21,6 +21,7 @@ import redis
 
 from lanequeue.redis import RedisLane, RedisSessionLane
 from lanequeue.redis._presence import GRACE_S
+from lanequeue.redis._status import StatusReader
 
 KEY = "room-1"
 
@@ -226,3 +227,68 @@ def test_hand_off_carries_the_grant_no_confirm_round_trip(
         assert got["token"] > first.fencing_token
         assert calls.acquires[got["owner"]] == 1  # no confirm round trip
         assert got["left"] > 25  # a full lease of 30 s, not a claim of a few seconds
+
+
+def _frozen_waiter(port: int, prefix: str, out: str) -> None:
+    """Wait for KEY (lease_s=2); once in, record the time, token and ``lost`` at entry.
+    The wake-up listener hands each wake-up on 0.5 s late, so that on resuming from a
+    freeze the waiting thread's poll (due by then) runs before the old grant is read."""
+    from lanequeue.redis._wake import SyncWaker
+
+    woken = SyncWaker._woken
+
+    def late(self: Any, owner: str, token: int) -> None:
+        time.sleep(0.5)
+        woken(self, owner, token)
+
+    SyncWaker._woken = late  # type: ignore[method-assign]
+    lane = RedisSessionLane(redis.Redis(port=port), "w", prefix=prefix, lease_s=2.0)
+    with lane.acquire(KEY, timeout_s=60) as hold:
+        entered = time.time()
+        Path(out).write_text(json.dumps({"at": entered, "lost": hold.lost,
+                                         "token": hold.fencing_token}))
+
+
+def test_a_waiter_frozen_while_its_grant_lapses_does_not_enter_over_the_next_holder(
+    redis_server: Any, redis_client: Any, redis_prefix: str, tmp_path: Path
+) -> None:
+    """A process frozen (SIGSTOP) while in line is handed the key (its connections are
+    alive), its lease runs out while it is frozen, and the next waiter is granted. Once
+    resumed it must not enter on that old grant (which it reads only after a poll of its
+    own said the key is not its): it waits its turn again, and enters after the next
+    holder has released, with a newer fencing token."""
+    port = redis_server.port
+    first = RedisSessionLane(redis_client, "w", prefix=redis_prefix, lease_s=2.0)
+    assert first.try_acquire(KEY)
+    out = str(tmp_path / "entered.json")
+    proc = mp.get_context("spawn").Process(target=_frozen_waiter,
+                                           args=(port, redis_prefix, out))
+    proc.start()
+    try:
+        reader = StatusReader(redis_client, redis_prefix)
+        deadline = time.monotonic() + 20
+        while reader.read()["lanes"][0]["lines"].get(KEY, 0) < 1:  # in line in Redis
+            assert time.monotonic() < deadline, "the waiter never joined the line"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(2.5)  # longer than lease_s: the waiter's poll is due when it wakes
+            assert first.manual_release(KEY)  # handed to the frozen waiter
+            nxt = RedisSessionLane(redis.Redis(port=port), "w", prefix=redis_prefix,
+                                   lease_s=2.0)
+            t = time.monotonic()
+            with nxt.acquire(KEY, timeout_s=20) as hold:  # after the frozen one's lease
+                assert time.monotonic() - t < 10
+                os.kill(proc.pid, signal.SIGCONT)
+                time.sleep(2.0)  # the resumed process wakes, polls, reads its old grant
+                assert not os.path.exists(out), "entered while the next holder held"
+                assert not hold.lost
+                mine, released = hold.fencing_token, time.time()
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.join(20)
+        got = json.loads(Path(out).read_text())
+        assert got["at"] >= released and got["token"] > mine and got["lost"] is False
+    finally:
+        if proc.is_alive():
+            proc.kill()

@@ -749,6 +749,11 @@ class RedisLaneBase(ABC, Generic[H]):
             expecting = True
             wake = value
             lateness = self._wk().lateness
+            # Set once a poll (an acquire re-run while in line) answered "not granted":
+            # from then on a wake-up's grant may be older than that answer (made before
+            # it, read only after it: a process frozen in line whose grant lapsed and
+            # went to the next waiter), so it is confirmed with the server first.
+            polled = False
             while True:
                 start = time.monotonic()
                 block = next_block(poll, wake, deadline, start)
@@ -757,8 +762,10 @@ class RedisLaneBase(ABC, Generic[H]):
                 token = yield self._wait_wake, (owner, block)
                 if token:
                     # The wake-up carried a grant of a full lease, made by a script that
-                    # ran after our last acquire was sent (at t0): ours at once.
-                    granted, value, t0 = yield from self._fresh(hold, int(token), t0)
+                    # ran after our first acquire was sent (at t0): ours at once, unless
+                    # a poll said otherwise since (then confirmed: see ``polled``).
+                    granted, value, t0 = yield from self._fresh(
+                        hold, int(token), -math.inf if polled else t0)
                     if granted:
                         return self._granted(hold, value, t0, kept)
                 # Woken (or the bounded wait ran out): re-run acquire, which confirms a
@@ -774,7 +781,8 @@ class RedisLaneBase(ABC, Generic[H]):
                     # process's calls in flight: nothing was sent, so the grant ran
                     # after the last acquire that was (at ``sent``).
                     t0 = sent
-                    granted, value, t0 = yield from self._fresh(hold, reply.token, t0)
+                    granted, value, t0 = yield from self._fresh(
+                        hold, reply.token, -math.inf if polled else t0)
                     if granted:
                         return self._granted(hold, value, t0, kept)
                     wake = -1
@@ -788,6 +796,7 @@ class RedisLaneBase(ABC, Generic[H]):
                     granted, value, t0 = yield from self._fresh(hold, value, t0)
                 if granted:
                     return self._granted(hold, value, t0, kept)
+                polled = True
                 wake = value
             # Out of time. A hand-off may have reached us meanwhile: withdraw settles it.
             t0 = time.monotonic()
