@@ -284,3 +284,63 @@ def test_signal_wake_ups_are_taken_once() -> None:
     sig.set()
     assert sig.take(0.01)
     assert not sig.take(0.01)
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+@pytest.mark.parametrize("when", ["before the send", "after the send"])
+@pytest.mark.parametrize("form", ["with", "manual_release"])
+def test_an_interrupted_release_keeps_the_hold_visible_and_releasable(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    kind: Any, when: str, form: str,
+) -> None:
+    """A KeyboardInterrupt while a release is on the wire (before its script was sent, or
+    after, with the reply unread): the KeyboardInterrupt propagates and the hold stays
+    in the lane object, as an interrupted in-process release leaves it: shown by
+    ``get_active()`` and ended by ``manual_release(key)``, never left held in Redis,
+    unseen, for a whole lease. (Sent already, the server may have run the script: the
+    ``manual_release`` then finds the hold gone: False, and the key is free all the
+    same.)"""
+    extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
+    lane = kind(redis_client, "r", prefix=redis_prefix, lease_s=30.0, **extra)
+    other = kind(redis.Redis(port=redis_client.connection_pool.connection_kwargs["port"]),
+                 "r", prefix=redis_prefix, lease_s=30.0, **extra)
+    real_send, real_read = Connection.send_command, Connection.read_response
+    armed = {"on": False, "read": False}
+
+    def send_command(self: Any, *args: Any, **kw: Any) -> Any:
+        if armed["on"] and args[:1] in (("EVALSHA",), ("EVAL",)):  # the release script
+            armed["on"] = False
+            if when == "before the send":
+                raise KeyboardInterrupt
+            real_send(self, *args, **kw)
+            armed["read"] = True  # its reply is the next read on this thread
+            return None
+        return real_send(self, *args, **kw)
+
+    def read_response(self: Any, *a: Any, **kw: Any) -> Any:
+        if armed["read"]:
+            armed["read"] = False
+            raise KeyboardInterrupt
+        return real_read(self, *a, **kw)
+
+    monkeypatch.setattr(Connection, "send_command", send_command)
+    monkeypatch.setattr(Connection, "read_response", read_response)
+    hold = lane.acquire("k")
+    hold.__enter__()
+    armed["on"] = True
+    with pytest.raises(KeyboardInterrupt):
+        if form == "with":
+            hold.__exit__(None, None, None)
+        else:
+            lane.manual_release("k")
+    assert not armed["on"] and not armed["read"], "the interrupt was not injected"
+    assert "k" in lane.get_active() and hold.held
+    if when == "before the send":
+        assert lane.manual_release("k")
+    else:
+        # Sent, then the connection dropped unread: the server may have run the script
+        # (the release then finds the hold gone: False, with a warning) or not (True).
+        assert lane.manual_release("k") in (True, False)
+    assert "k" not in lane.get_active() and not hold.held
+    assert other.try_acquire("k")  # free lane-wide at once, not after the lease
+    assert other.manual_release("k")

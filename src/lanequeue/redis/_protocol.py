@@ -916,8 +916,13 @@ class RedisLaneBase(ABC, Generic[H]):
     def _finish(self, hold: H) -> Steps[bool]:
         """Release a hold marked RELEASING (renewed until the script answers; then out of
         the registry: if this raises LaneBackendError, the lease lapses by itself within
-        ``lease_s``)."""
+        ``lease_s``). Stopped by an interrupt (KeyboardInterrupt, any exception that is
+        not an ``Exception``) before the answer, the hold goes back to HELD: still
+        renewed, shown by ``get_active()`` and ended by ``manual_release(key)`` or
+        ``hold.release()``, as an interrupted in-process release leaves it (if the
+        script had run, the next renewal finds the hold gone and drops it)."""
         counted = False
+        interrupted = False
         try:
             if hold.lost:
                 self._notice_lost(hold)
@@ -926,12 +931,18 @@ class RedisLaneBase(ABC, Generic[H]):
             reply = yield from self._script("release", hold.key, self._release_call(hold))
             counted = True
             return self._release_result(hold, flag_reply(reply) == 1)
+        except BaseException as exc:
+            interrupted = not isinstance(exc, Exception)
+            raise
         finally:
             with self._lock:
                 if hold._state == RELEASING:
-                    self._unlink(hold)
-                    if not counted:  # no answer (LaneBackendError): the lease lapses
-                        self.unmatched += 1
+                    if interrupted and not counted:
+                        hold._state = HELD  # maybe still held: kept, as in process
+                    else:
+                        self._unlink(hold)
+                        if not counted:  # no answer (LaneBackendError): the lease lapses
+                            self.unmatched += 1
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
