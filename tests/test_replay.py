@@ -529,7 +529,9 @@ def test_cli_reports_the_first_skipped_lines_then_counts_the_rest_as_the_readme_
     text = " ".join(README.read_text().split())
     assert (
         "input lines skipped as malformed (the first 20 are reported on stderr with their "
-        "line numbers and reasons, then a count of the rest)"
+        "line numbers and reasons, then a count of the rest, then the total out of the "
+        "lines read; when more than half were skipped, a hint that the file may not be a "
+        "trace of either format)"
     ) in text
 
 
