@@ -64,6 +64,17 @@ def test_cli_metrics_port_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--limit", "5", "--metrics-port", "0",
                  "--backend", "redis://127.0.0.1:1/0"]) == 2
     assert "in-process lanes" in capsys.readouterr().err
+    # A port another process listens on: exit 2 naming the option, no traceback.
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["replay", "--limit", "5", "--metrics-port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lanequeue replay: error: argument --metrics-port: cannot listen "
+                          f"on 127.0.0.1:{port}: ") and "Traceback" not in err
 
 
 @pytest.mark.timeout(60)

@@ -233,6 +233,27 @@ def test_json_needs_no_rich_the_table_does(
     assert code == 2 and "lanequeue[cli]" in err and out == ""
 
 
+def test_without_redis_py_status_says_so_and_usage_errors_stay_usage_errors(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Installed without the ``[redis]`` extra (``pip install '.[cli]'``): ``status`` exits
+    with status 2 and one line naming the extra, not a traceback; a usage error is still
+    refused with the usage line first, and ``--prefix`` is read without redis-py."""
+    import sys
+
+    for name in [m for m in sys.modules
+                 if m == "redis" or m.startswith(("redis.", "lanequeue.redis"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "redis", None)  # import redis -> ImportError
+    code, out, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json",
+                          "--prefix", "app")
+    assert (code, out) == (2, "")
+    assert err == ("lanequeue status: lanequeue.redis needs redis-py: "
+                   "pip install 'lanequeue[redis]'\n")
+    _, _, err = _usage_error(capsys, "--backend", "redis://127.0.0.1:1/0", "--interval", "1")
+    assert "argument --interval: only with --watch" in err
+
+
 def test_table_shows_values_from_redis_literally(
     capsys: pytest.CaptureFixture[str], redis_server: Any, redis_client: Any,
     redis_prefix: str,

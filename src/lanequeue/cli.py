@@ -549,7 +549,11 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     on_queue = queues.append if args.backend is None else None
     server = None
     if args.metrics_port is not None:
-        server, on_queue = _serve_metrics(args.metrics_port, queues, err)
+        try:
+            server, on_queue = _serve_metrics(args.metrics_port, queues, err)
+        except OSError as exc:  # the port is taken, or not ours to listen on
+            return fail(f"argument --metrics-port: cannot listen on 127.0.0.1:"
+                        f"{args.metrics_port}: {exc.strerror or exc}")
     bar = _progress_bar(len(trace.requests), not args.no_progress, err)
     try:
         if bar is not None:
@@ -699,8 +703,10 @@ def _add_status_parser(sub: Any) -> None:
 def _status_prefix(text: str) -> str:
     """``--prefix``: a prefix a Redis lane can have (non-empty, no ``{`` or ``}``): one
     no lane can have would only show an empty table."""
-    from lanequeue.redis._args import check_prefix
-
+    try:
+        from lanequeue.redis._args import check_prefix
+    except ImportError:  # no redis-py: the command says so once the arguments are read
+        return text
     try:
         return check_prefix(text, "a lane prefix")
     except ValueError as exc:
@@ -748,11 +754,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("lanequeue plan: interrupted", file=sys.stderr)
             return 130
     if args.command == "status":
-        from lanequeue.redis._status import run_status
-
         refused = _status_usage(args)
         if refused:
             args.usage_error(refused)  # exits with status 2, after the usage line
+        try:
+            from lanequeue.redis._status import run_status
+        except ImportError as exc:  # redis-py is not installed
+            print(f"lanequeue status: {exc}", file=sys.stderr)
+            return 2
         if args.interval is None:
             args.interval = STATUS_DEFAULT_INTERVAL_S
         return run_status(args, sys.stdout, sys.stderr)
