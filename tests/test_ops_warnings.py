@@ -213,7 +213,16 @@ def test_asyncio_wait_without_timeout_is_logged_when_it_ends(
         loop.call_soon(lane.manual_release_nowait, "k")
         loop.settle()
         assert out == [True, True] and seen[1] == (lane, "k", 3.5, 1)  # 1 was ahead
-        assert len(slow_waits(caplog)) == 2
+        logged = slow_waits(caplog)
+        assert len(logged) == 2
+        # Logged at the end: the age of the hold it waited behind, not of its own grant
+        # (the first was first in line, behind the hold taken at 0 and handed over at
+        # 3.0; the second had a waiter ahead of it).
+        first, second = (r.getMessage() for r in logged)
+        assert first.endswith("(0 waiters were ahead when it joined; logged as the wait "
+                              "ended; the hold it waited behind had lasted 3.000 s)")
+        assert second.endswith("(1 waiters were ahead when it joined; logged as the wait "
+                               "ended; the holds ahead of it have ended)")
     finally:
         loop.shutdown()
 

@@ -566,6 +566,12 @@ class _CoreBase:
         with self._lock:
             return self._line_len(key)
 
+    def queued_behind(self, key: str) -> tuple[int, float | None]:
+        """:meth:`queued`, and since when (clock seconds) the hold that a waiter for
+        ``key`` waits behind exists (None: none), read together."""
+        with self._lock:
+            return self._line_len(key), self._blocker_since(key)
+
     def hold_list(self) -> list[tuple[str, int, float]]:
         """Every hold now as (key, token, seconds held)."""
         self._settle()

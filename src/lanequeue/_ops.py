@@ -127,15 +127,25 @@ class LaneOps:
 
     # -- written once -----------------------------------------------------------------------
 
-    def _slow_wait(self, key: str, waited_s: float, ahead: int) -> None:
+    def _slow_wait(self, key: str, waited_s: float, ahead: int, *, ended: bool = False,
+                   behind_s: float | None = None) -> None:
         """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
-        ``ahead``: the waiters that were ahead of it in line when it joined."""
-        holder_age = self._holder_age(key)
+        ``ahead``: the waiters that were ahead of it in line when it joined. ``ended``:
+        logged as the wait ended (an asyncio wait without a timeout, which has no timer):
+        the current holder may be this very waiter, so the log gives ``behind_s``, how
+        long the hold it waited behind had lasted when that hold was handed to it (None:
+        not known, as when other waiters were ahead)."""
+        if ended:
+            holder = ("logged as the wait ended; " + (
+                "the holds ahead of it have ended" if behind_s is None
+                else f"the hold it waited behind had lasted {behind_s:.3f} s"))
+        else:
+            holder_age = self._holder_age(key)
+            holder = (self._no_holder_age if holder_age is None
+                      else f"the current holder has held for {holder_age:.3f} s")
         log.warning(
             "lane %r: key %s has waited %.3f s for a permit (%d waiters were ahead when it "
-            "joined; %s)", self.name, shown(key), waited_s, ahead,
-            self._no_holder_age if holder_age is None
-            else f"the current holder has held for {holder_age:.3f} s",
+            "joined; %s)", self.name, shown(key), waited_s, ahead, holder,
         )
         if self.warn_hold_s is not None:
             self._check_holds(self._hold_list())

@@ -367,6 +367,7 @@ class _AsyncFace:
         waiter.wake = fut.set_result
         waiter.since = start = clock()
         ahead = -1
+        behind: float | None = None  # since when the hold ahead at the join exists
         observed = False
         try:
             # The waiter exists before the take that may put it in line, and this try
@@ -380,7 +381,7 @@ class _AsyncFace:
             if token:  # free by now: granted at once (not a wait)
                 return token
             if timeout is not None or self.warn_after_s is not None:
-                ahead = self._arm(key, waiter, start, timeout)
+                ahead, behind = self._arm(key, waiter, start, timeout)
             await fut
             # Granted, ended by clear/drain (a negative outcome), or resumed by the timer
             # (then withdrawn already, and this is 0).
@@ -392,7 +393,11 @@ class _AsyncFace:
                 warn = self.warn_after_s
                 waited = clock() - start
                 if warn is not None and waited >= warn:
-                    self._slow_wait(key, waited, ahead)
+                    # Logged now, at its end: the hold it waited behind has just been
+                    # handed over (known when nobody was ahead), maybe to this waiter.
+                    self._slow_wait(key, waited, ahead, ended=True, behind_s=(
+                        self._core._clock() - behind
+                        if ahead == 0 and behind is not None and token > 0 else None))
             if token < 0:
                 raise ended_error(self.name, key, token)
             return token
@@ -414,17 +419,20 @@ class _AsyncFace:
             raise
 
     def _arm(self, key: str, waiter: _TaskWaiter, start: float, timeout: float | None
-             ) -> int:
+             ) -> tuple[int, float | None]:
         """For :meth:`_park`, a waiter just in line with a timeout or a slow-wait warning
         (or both): push its first deadline (``warn_after_s`` when it comes first, else
         the timeout) on the lane's :class:`_Deadlines`. Returns the waiters ahead of it
-        when a slow wait may be logged, else -1."""
+        when a slow wait may be logged, else -1, and since when the hold it waits behind
+        exists (core clock; None: not asked, or none)."""
         warn = self.warn_after_s
         ahead = -1
+        behind = None
         first = timeout
         what = _EXPIRE
         if warn is not None and (timeout is None or timeout > warn):
-            ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
+            queued, behind = self._core.queued_behind(key)
+            ahead = queued - 1  # joined at the end: the rest are ahead
             first = warn
             what = _WARN
         if timeout is not None and first is not None:
@@ -433,7 +441,7 @@ class _AsyncFace:
             if dl is None or dl.loop is not loop:
                 dl = self._deadlines_of(cast(asyncio.AbstractEventLoop, loop))
             dl.add(start + first, waiter, key, what, timeout, ahead)
-        return ahead
+        return ahead, behind
 
     def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
         """The lane's deadlines on ``loop`` (new after the lane moved to another loop)."""
