@@ -71,6 +71,8 @@ def test_replay_busy_rejects_a_bad_policy() -> None:
     (["--runtime", "threads"], "--runtime", "runtime 'threads'"),
     (["--backend", "redis://127.0.0.1:1/0"], "--backend", "backend"),
     (["--metrics-port", "0"], "--metrics-port", "--metrics-port"),
+    (["--json", "out.json"], "argument --json", "out.json would not be written"),
+    (["--plot", "out.png"], "argument --plot", "out.png would not be written"),
 ])
 def test_replay_busy_refuses_what_it_would_ignore(
         extra: list[str], option: str, names: str) -> None:

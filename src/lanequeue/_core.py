@@ -1119,7 +1119,8 @@ class MultiHoldSteps:
     def __enter__(self) -> Any:
         if self._entered:
             raise RuntimeError(
-                "this acquire_all(...) is already entered (single use); call acquire_all again")
+                "this acquire_all(...) was entered already (single use, even after a "
+                "timeout); call acquire_all again")
         self._entered = True  # type: ignore[misc]  # (a slot of MultiHold, the host)
         taken = self._taken
         cores = self._plan.cores

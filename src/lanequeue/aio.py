@@ -733,7 +733,8 @@ class _AsyncMultiAcquire(MultiHold):
     async def __aenter__(self) -> MultiHold:
         if self._entered:
             raise RuntimeError(
-                "this acquire_all(...) is already entered (single use); call acquire_all again")
+                "this acquire_all(...) was entered already (single use, even after a "
+                "timeout); call acquire_all again")
         self._check_loops()
         self._entered = True
         plan = self._plan

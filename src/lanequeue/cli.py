@@ -440,9 +440,10 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except ValueError as exc:
         return fail(_refused(exc, args.options))
     policies = config.busy_policies  # checked by ReplayConfig, with what busy excludes
-    for path in (args.json_path, args.plot_path):
+    for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
         if path is not None:
-            return fail(f"--busy prints a table only: {path} would not be written")
+            return fail(f"argument {option}: not with --busy, which prints a table only "
+                        f"({path} would not be written)")
     if args.metrics_port is not None:
         return fail("--busy cannot be combined with --metrics-port: it serves no metrics")
     try:
