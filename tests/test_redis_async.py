@@ -301,3 +301,33 @@ def redis_sync_client(server: Any) -> Any:
     import redis
 
     return redis.Redis(host=server.host, port=server.port)
+
+
+def test_a_client_used_on_a_closed_event_loop_is_refused_clearly(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """A redis.asyncio client (and its lanes) used in one ``asyncio.run`` and again in
+    a second one: its pooled connections belong to the first loop, now closed. The
+    second use raises a RuntimeError that says so and what to do (redis-py alone failed
+    with a bare "Event loop is closed"); a client made in the second run works."""
+    made: dict[str, Any] = {}
+
+    async def first() -> None:
+        made["lane"] = AsyncRedisLane(aredis.Redis(port=redis_server.port), "loopy",
+                                      prefix=redis_prefix)
+        assert await made["lane"].try_acquire("a")
+        assert await made["lane"].manual_release("a")
+
+    async def again() -> bool:
+        return bool(await made["lane"].try_acquire("b"))
+
+    async def fresh() -> bool:
+        lane = AsyncRedisLane(aredis.Redis(port=redis_server.port), "loopy",
+                              prefix=redis_prefix)
+        return bool(await lane.try_acquire("b")) and bool(await lane.manual_release("b"))
+
+    asyncio.run(first())
+    with pytest.raises(RuntimeError, match="used by a lane on an event loop that is closed "
+                       "now; its connections belong to that loop: make the client"):
+        asyncio.run(again())
+    assert asyncio.run(fresh())

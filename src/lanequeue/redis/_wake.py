@@ -774,13 +774,29 @@ def sync_waker(client: Any) -> SyncWaker:
     return w
 
 
+#: The event loop each redis.asyncio client was last used on by a lane (see async_waker).
+_client_loop: weakref.WeakKeyDictionary[Any, weakref.ref[asyncio.AbstractEventLoop]] = (
+    weakref.WeakKeyDictionary())
+
+
 def async_waker(client: Any) -> AsyncWaker:
-    """The running loop's listener for ``client`` (made on first use)."""
+    """The running loop's listener for ``client`` (made on first use). Raises
+    RuntimeError when ``client`` was used on another event loop that is closed now (a
+    second ``asyncio.run``): its pooled connections belong to that loop, and redis-py
+    would fail later with a bare "Event loop is closed"."""
     loop = asyncio.get_running_loop()
     per_loop = _async.get(loop)
     if per_loop is None:
         per_loop = _async[loop] = weakref.WeakKeyDictionary()
     w = per_loop.get(client)
     if w is None:
+        seen = _client_loop.get(client)
+        old = None if seen is None else seen()
+        if old is not None and old is not loop and old.is_closed():
+            raise RuntimeError(
+                "this redis.asyncio client was used by a lane on an event loop that is "
+                "closed now; its connections belong to that loop: make the client and its "
+                "lanes in the event loop that uses them (one per asyncio.run)")
+        _client_loop[client] = weakref.ref(loop)
         w = per_loop[client] = AsyncWaker(client)
     return w
