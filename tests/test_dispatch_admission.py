@@ -457,13 +457,15 @@ def test_steered_and_queued_turns_share_the_bound(
 # -- 4. admission before any destructive step ---------------------------------------------
 
 
+@pytest.mark.parametrize("overflow", ["reject_new", "drop_oldest"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_a_rejected_turn_changes_nothing(make: Callable[..., Face], policy: str) -> None:
-    """``max_pending=0``: no turn may wait. Whatever the policy, a busy key's new turn is
-    rejected at once and the running turn goes on untouched (interrupt cancels nothing,
-    replace drops nothing)."""
+def test_a_rejected_turn_changes_nothing(make: Callable[..., Face], policy: str,
+                                         overflow: str) -> None:
+    """``max_pending=0``: no turn may wait. Whatever the policy and the overflow rule
+    (none pending: nothing to drop), a busy key's new turn is rejected at once and the
+    running turn goes on untouched (interrupt cancels nothing, replace drops nothing)."""
     dropped: list[list[Ticket]] = []
-    h = make(max_pending=0, on_drop=dropped.append)
+    h = make(max_pending=0, overflow=overflow, on_drop=dropped.append)
     reply = h.fn(("gate", "reply"))
     old = h.submit("conv", reply, "old", busy="enqueue")
     h.reached("reply")
@@ -560,3 +562,22 @@ def test_a_steered_ticket_not_taken_runs_under_its_own_run_timeout(
     h.go("reply-b")
     assert kind(h, b) == ("timed_out", "run timeout")
     assert h.started() == ["a", "b"]
+
+
+def test_a_merged_call_runs_under_the_smallest_run_timeout_of_its_tickets(
+        make: Callable[..., Face]) -> None:
+    h = make(busy="collect")
+    work = h.fn(("gate", "go-*"))
+    h.submit("k", work, "k0", busy="enqueue")
+    h.reached("go-k0")
+    a = h.submit("k", work, "a", run_timeout_s=10.0)
+    b = h.submit("k", work, "b", run_timeout_s=4.0)
+    h.go("go-k0")
+    h.reached("go-a+b")  # one call for a and b, from now
+    h.advance(3.5)
+    assert not h.turns[("a", "b")].cancelled
+    h.advance(0.5)
+    h.cancelled(("a", "b"))
+    h.go("go-a+b")
+    assert kind(h, a) == kind(h, b) == ("timed_out", "run timeout")
+    h.books()
