@@ -12,7 +12,9 @@ Words
 =====
 - A **ticket** is one ``submit``. It ends exactly once, in one terminal state.
 - A **job** is one call of ``fn``: one ticket, or several merged by ``collect``, plus the
-  tickets steered into its inbox and taken by it.
+  tickets steered into its inbox and taken by it. A merged ticket may end before the job
+  starts (cancel, start timeout): the call's arguments, its priority at the gate and the
+  ``merged`` count follow the tickets still in the job when it starts.
 - Per key the machine keeps ``line`` (pending tickets, in submit order) and ``job`` (the
   key's current job, if any). A face that asks the shared dedupe window off its thread
   (``Face.offload``: asyncio) also keeps ``arrivals``: a ticket whose claim is in flight
@@ -422,8 +424,11 @@ class Inbox:
     """The payloads steered into a running turn (busy policy ``steer``).
 
     ``take()`` returns the payloads not taken yet, in submit order, and binds their tickets
-    to this turn: they end with the turn's result. Payloads never taken when the turn ends
-    run as normal turns next. ``len(inbox)`` counts payloads waiting. Thread-safe.
+    to this turn: they end with the turn's result, and a taken ticket's ``run_timeout_s``
+    (counted from the take) may shorten the turn's run bound, never lengthen it. Payloads
+    never taken when the turn ends run as normal turns next. Until taken they are pending
+    turns of the key (``pending(key)``, ``max_pending``). ``len(inbox)`` counts payloads
+    waiting. Thread-safe.
     """
 
     __slots__ = ("_job",)
@@ -1297,10 +1302,7 @@ class Machine:
             n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
             if k.job is not None:
                 job = k.job
-                for t in job.steered:
-                    self._end(t, CANCELLED, "cleared", fx)
-                    n += 1
-                job.steered = []
+                n += self._drop_steered(job, CANCELLED, "cleared", fx)
                 if job.phase != STARTED:
                     n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
             self._advance(key, k, self.face.now(), fx)
