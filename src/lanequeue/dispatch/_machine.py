@@ -521,7 +521,8 @@ def current_turn() -> Turn:
 
 class Job:
     """One call of ``fn`` for one key (see the module docstring). Faces read ``key``,
-    ``fn``, ``args``, ``turn`` and keep their run handle in ``handle``."""
+    ``fn``, ``args`` (set by :meth:`Machine.start`), ``turn`` and keep their run handle
+    in ``handle``."""
 
     __slots__ = (
         "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
