@@ -1,9 +1,10 @@
 """A hypothesis state machine over the asyncio Dispatcher on a stepped fake-clock loop:
 random submits (every busy policy, priorities, start and run timeouts, dedupe ids),
 cancels, clears, drains, closes and clock advances. After every step: every ticket is in
-one state and a terminal state never changes; the books balance; no key ever runs two
-turns at once; each key's turns begin in submit order. At the end every ticket has ended
-exactly once (one done-callback each)."""
+one state and a terminal state never changes; the books balance; no key keeps more
+pending turns than ``max_pending``; no key ever runs two turns at once; each key's turns
+begin in submit order. At the end every ticket has ended exactly once (one done-callback
+each)."""
 
 from __future__ import annotations
 
@@ -176,6 +177,13 @@ class DispatcherModel(RuleBasedStateMachine):
         assert s.failed == 0  # work() never raises
         for t in self.tickets:
             assert self.callbacks[id(t)] == (1 if t.done() else 0)
+
+    @invariant()
+    def pending_turns_stay_within_max_pending(self) -> None:
+        # The line and the steered payloads not taken (the current turn not counted).
+        for k in self.d._machine._keys.values():
+            steered = k.job.steered if k.job is not None else []
+            assert len(k.line) + len(steered) <= 3, (list(k.line), steered)
 
     @invariant()
     def one_turn_per_key_in_submit_order(self) -> None:

@@ -48,11 +48,16 @@ class Dispatcher(DispatcherBase):
         busy: what a submit does when its key has a running or pending turn:
             ``"enqueue"`` (default), ``"reject"``, ``"steer"``, ``"interrupt"``,
             ``"replace"`` or ``"collect"`` (see the README's policy table).
-        max_pending: pending turns kept per key, >= 0; the key's current turn (running,
-            or admitted and waiting for the lanes) is not counted.
+        max_pending: pending turns kept per key, >= 0: those in the key's line and those
+            steered into its current turn and not taken; the current turn (running, or
+            admitted and waiting for the lanes) is not counted. Admission is decided
+            before the busy policy acts (a rejected turn drops and cancels nothing);
+            ``interrupt`` and ``replace`` leave their new turn the one pending turn, so
+            only ``max_pending=0`` rejects them.
         overflow: a submit beyond ``max_pending``: ``"reject_new"`` (the new ticket ends
-            ``rejected``, reason "overflow") or ``"drop_oldest"`` (the oldest pending
-            ends ``dropped``, reason "overflow").
+            ``rejected``, reason "overflow") or ``"drop_oldest"`` (the oldest pending,
+            a steered one first, ends ``dropped``, reason "overflow"; with none pending
+            the new ticket is rejected).
         on_drop: called with the list of tickets a submit dropped (overflow, interrupt,
             replace), after they ended; exceptions are logged.
         dedupe_ttl_s: seconds a ``dedupe_id`` is remembered from its submit.

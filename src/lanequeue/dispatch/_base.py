@@ -248,7 +248,10 @@ class DispatcherBase:
                 Past it the ticket ends ``timed_out`` ("start timeout").
             run_timeout_s: seconds the turn may run (None: no limit); past it the turn
                 is cancelled (its cancel event set; an asyncio turn's task cancelled) and
-                the ticket ends ``timed_out`` ("run timeout") once ``fn`` returns.
+                the ticket ends ``timed_out`` ("run timeout") once ``fn`` returns. A turn
+                carrying several tickets (merged, or steered and taken) ends at the
+                earliest of their bounds, a steered ticket's counted from when the turn
+                took it from its inbox.
 
         Returns:
             the new :class:`Ticket`, or the original one for a repeated ``dedupe_id``.

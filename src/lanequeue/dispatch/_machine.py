@@ -12,7 +12,9 @@ Words
 =====
 - A **ticket** is one ``submit``. It ends exactly once, in one terminal state.
 - A **job** is one call of ``fn``: one ticket, or several merged by ``collect``, plus the
-  tickets steered into its inbox and taken by it.
+  tickets steered into its inbox and taken by it. A merged ticket may end before the job
+  starts (cancel, start timeout): the call's arguments, its priority at the gate and the
+  ``merged`` count follow the tickets still in the job when it starts.
 - Per key the machine keeps ``line`` (pending tickets, in submit order) and ``job`` (the
   key's current job, if any). A face that asks the shared dedupe window off its thread
   (``Face.offload``: asyncio) also keeps ``arrivals``: a ticket whose claim is in flight
@@ -422,8 +424,11 @@ class Inbox:
     """The payloads steered into a running turn (busy policy ``steer``).
 
     ``take()`` returns the payloads not taken yet, in submit order, and binds their tickets
-    to this turn: they end with the turn's result. Payloads never taken when the turn ends
-    run as normal turns next. ``len(inbox)`` counts payloads waiting. Thread-safe.
+    to this turn: they end with the turn's result, and a taken ticket's ``run_timeout_s``
+    (counted from the take) may shorten the turn's run bound, never lengthen it. Payloads
+    never taken when the turn ends run as normal turns next. Until taken they are pending
+    turns of the key (``pending(key)``, ``max_pending``). ``len(inbox)`` counts payloads
+    waiting. Thread-safe.
     """
 
     __slots__ = ("_job",)
@@ -516,24 +521,23 @@ def current_turn() -> Turn:
 
 class Job:
     """One call of ``fn`` for one key (see the module docstring). Faces read ``key``,
-    ``fn``, ``args``, ``turn`` and keep their run handle in ``handle``."""
+    ``fn``, ``args`` (set by :meth:`Machine.start`), ``turn`` and keep their run handle
+    in ``handle``."""
 
     __slots__ = (
         "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
         "handle", "abandoned", "rank", "run_timer", "started_at", "end_req", "seq",
-        "reported", "formed_at",
+        "reported", "formed_at", "run_due",
     )
 
     def __init__(self, machine: Machine, key: str, tickets: list[Ticket], seq: int) -> None:
         self.machine = machine
         self.key = key
         self.tickets = tickets
-        head = tickets[0]
-        self.fn = head.fn
-        if head.busy == "collect":
-            self.args: tuple[Any, ...] = ([t.payload for t in tickets],)
-        else:
-            self.args = head.args
+        self.fn = tickets[0].fn
+        # The call's arguments, made by Machine.start from the tickets still in the job
+        # then (a merged ticket may end before the call starts: its payload is not passed).
+        self.args: tuple[Any, ...] = ()
         self.steered: list[Ticket] = []
         self.taken: list[Ticket] = []
         self.phase = READY
@@ -547,6 +551,7 @@ class Job:
         self.seq = seq
         self.reported = False  # finish() was called for it
         self.formed_at = 0.0  # when the job was formed (the dispatcher's clock)
+        self.run_due = math.inf  # when the run timer fires (the dispatcher's clock)
 
     def __lt__(self, other: Job) -> bool:
         return self.rank < other.rank
@@ -682,7 +687,7 @@ class Machine:
                             self._c["deduped"] += 1
                             return seen[0]
                     k = self._keys.get(key)
-                    early = (self._rejects(k, policy, fn)
+                    early = (self._rejects(k, policy)
                              if shared and (k is None or not k.arrivals) else None)
                     if attempt == 0 and early is None:
                         continue
@@ -731,24 +736,31 @@ class Machine:
         with self._lock:
             return dedupe_id not in self._dedupe
 
-    def _rejects(self, k: _Key | None, policy: str, fn: Any) -> str | None:
+    def _rejects(self, k: _Key | None, policy: str) -> str | None:
         """The reason (``"busy"``, ``"overflow"``) a new turn of key ``k`` under
-        ``policy`` is rejected before anything else happens, else None (lock held).
-        ``interrupt`` and ``replace`` are not judged here: they drop the line first."""
+        ``policy`` is rejected, else None (lock held). Decided before anything is dropped
+        or interrupted, so a rejected turn changes nothing.
+
+        ``max_pending`` bounds the key's pending turns (:meth:`_waiting`) once the new
+        one is placed: it is rejected when the turns that stay pending already fill the
+        bound and none may go for it (``reject_new``, or ``drop_oldest`` with none
+        pending). ``interrupt`` and ``replace`` keep none of the pending turns: only
+        ``max_pending=0`` rejects them."""
         if k is None or (k.job is None and not k.line):
             return None
         if policy == "reject":
             return "busy"
-        job = k.job
-        if (policy == "steer" and job is not None and not k.line
-                and job.end_req is None and not job.abandoned and job.fn == fn):
-            return None
-        if policy in ("interrupt", "replace"):
-            return None
-        if len(k.line) >= self.max_pending and (self.overflow == "reject_new"
-                                                 or not k.line):
+        kept = 0 if policy in ("interrupt", "replace") else self._waiting(k)
+        if kept >= self.max_pending and (self.overflow == "reject_new" or kept == 0):
             return "overflow"
         return None
+
+    @staticmethod
+    def _waiting(k: _Key) -> int:
+        """The key's pending turns that ``max_pending`` bounds: its line and the
+        payloads steered into its current job and not taken (the current job itself,
+        running or not started, is not counted; arrivals are placed after) (lock held)."""
+        return len(k.line) + (len(k.job.steered) if k.job is not None else 0)
 
     def _arrive(self, t: Ticket, now: float, fx: _Effects) -> None:
         """A new ticket: placed at once, unless its claim is in flight or the key has
@@ -819,11 +831,27 @@ class Machine:
         busy = k.job is not None or bool(k.line)
         policy = t.busy
         if busy:
-            reason = self._rejects(k, policy, t.fn)  # (also asked before claiming)
+            # Admission first: a rejected turn drops, interrupts and steers nothing.
+            reason = self._rejects(k, policy)  # (also asked before claiming)
             if reason is not None:
                 self._end(t, REJECTED, reason, fx)
                 self._tidy(t.key, k)
                 return
+            job = k.job
+            if policy in ("interrupt", "replace"):
+                # Every pending turn goes: the line and what was steered, not taken.
+                self._drop_line(k, DROPPED, "superseded", fx)
+                if job is not None:
+                    self._drop_steered(job, DROPPED, "superseded", fx)
+                    if policy == "interrupt":
+                        self._stop_job(k, job, DROPPED, CANCELLED, "superseded", fx)
+            elif self._waiting(k) >= self.max_pending:
+                # drop_oldest (reject_new was rejected above). Steered tickets are older
+                # than every ticket in the line (steering needs an empty line).
+                steered = job.steered if job is not None else None
+                old = steered.pop(0) if steered else k.line.popleft()
+                self._end(old, DROPPED, "overflow", fx)
+                fx.dropped.append(old)
             job = k.job
             # Steer only past an empty line: a payload steered past pending turns would be
             # seen before them, and per-key submit order would break.
@@ -833,20 +861,6 @@ class Machine:
                 t._job = job
                 self._arm_deadline(t, now, fx)
                 return
-            if policy == "interrupt":
-                self._drop_line(k, DROPPED, "superseded", fx)
-                if job is not None:
-                    self._stop_job(k, job, DROPPED, CANCELLED, "superseded", fx)
-            elif policy == "replace":
-                self._drop_line(k, DROPPED, "superseded", fx)
-            if len(k.line) >= self.max_pending:
-                if self.overflow == "reject_new" or not k.line:
-                    self._end(t, REJECTED, "overflow", fx)
-                    self._tidy(t.key, k)
-                    return
-                old = k.line.popleft()
-                self._end(old, DROPPED, "overflow", fx)
-                fx.dropped.append(old)
         k.line.append(t)
         self._arm_deadline(t, now, fx)
         if k.job is None:
@@ -933,7 +947,6 @@ class Machine:
                         k.timer = self.face.call_later(due - now, lambda: self._wake(key))
                     return
             tickets = [line.popleft() for _ in range(n)]
-            self._c["merged"] += n - 1
         else:
             tickets = [line.popleft()]
         if k.timer is not None:
@@ -947,13 +960,18 @@ class Machine:
         if self.slots is None:
             self._admit(job, fx)
             return
-        prio = max(t.priority for t in tickets)
+        self._rank(job)
+        heapq.heappush(self._ready, job)
+        self._fill_gate(fx)
+
+    def _rank(self, job: Job) -> None:
+        """Set the job's place at the gate from the priority of the tickets it carries
+        (the largest) and when it was formed (lock held)."""
+        prio = max(t.priority for t in job.tickets)
         if self.ageing_s is None:
             job.rank = (-float(prio), job.seq)
         else:
-            job.rank = (now - prio * self.ageing_s, job.seq)
-        heapq.heappush(self._ready, job)
-        self._fill_gate(fx)
+            job.rank = (job.formed_at - prio * self.ageing_s, job.seq)
 
     def _admit(self, job: Job, fx: _Effects) -> None:
         job.phase = ADMITTING
@@ -1011,19 +1029,36 @@ class Machine:
             job.phase = STARTED
             now = self.face.now()
             job.started_at = now
-            run_timeout: float | None = None
-            for t in job.tickets:
+            tickets = job.tickets
+            head = tickets[0]
+            if head.busy == "collect":
+                # The payloads of the tickets the call carries now: a merged ticket that
+                # ended before the start (cancelled, timed out) is not in it any more.
+                job.args = ([t.payload for t in tickets],)
+                self._c["merged"] += len(tickets) - 1
+            else:
+                job.args = head.args
+            for t in tickets:
                 t.state = RUNNING
                 t._started = True
                 self._disarm(t)
-                if t.run_timeout_s is not None:
-                    run_timeout = t.run_timeout_s if run_timeout is None else min(
-                        run_timeout, t.run_timeout_s)
-            self._c["running"] += len(job.tickets)
-            if run_timeout is not None:
-                job.run_timer = self.face.call_later(run_timeout, lambda: self._run_timeout(job))
+            self._c["running"] += len(tickets)
+            self._bound_run(job, tickets, now, fx)
         self._after(fx)
         return True
+
+    def _bound_run(self, job: Job, tickets: list[Ticket], now: float, fx: _Effects) -> None:
+        """``tickets`` join the running job (at its start, or taken from its inbox at
+        ``now``): the job's run timer fires at the earliest ``now + run_timeout_s`` of
+        every ticket it carries (lock held)."""
+        due = min((now + t.run_timeout_s for t in tickets if t.run_timeout_s is not None),
+                  default=math.inf)
+        if due >= job.run_due:
+            return
+        if job.run_timer is not None:
+            fx.timers.append(job.run_timer)
+        job.run_due = due
+        job.run_timer = self.face.call_later(due - now, lambda: self._run_timeout(job, due))
 
     def finish(self, job: Job, ok: bool, value: Any) -> None:
         """The runner returned (lanes released): ``ok`` with ``fn``'s value, or not ok with
@@ -1128,13 +1163,7 @@ class Machine:
         (the job is abandoned), else the job is asked to end as ``running`` (it ends when
         its runner returns). Steered tickets not taken end as ``before``. Returns how
         many tickets that had not started were ended (lock held)."""
-        n = 0
-        for t in job.steered:
-            self._end(t, before, reason, fx)
-            if before == DROPPED:
-                fx.dropped.append(t)
-            n += 1
-        job.steered = []
+        n = self._drop_steered(job, before, reason, fx)
         if job.phase == STARTED:
             if job.end_req is None:
                 job.end_req = (running, reason)
@@ -1148,6 +1177,16 @@ class Machine:
             n += 1
         self._abandon(k, job, fx)
         return n
+
+    def _drop_steered(self, job: Job, state: str, reason: str, fx: _Effects) -> int:
+        """End the tickets steered into ``job`` and not taken as ``state``; returns how
+        many (lock held)."""
+        steered, job.steered = job.steered, []
+        for t in steered:
+            self._end(t, state, reason, fx)
+            if state == DROPPED:
+                fx.dropped.append(t)
+        return len(steered)
 
     def _abandon(self, k: _Key, job: Job, fx: _Effects) -> None:
         """A job left without tickets before it started: it never calls ``fn``. A READY
@@ -1186,14 +1225,22 @@ class Machine:
             job.steered.remove(t)
             return
         if t in job.tickets and job.phase != STARTED:
+            # (The call's arguments are made at the start from the tickets left then.)
             job.tickets.remove(t)
             if not job.tickets:
                 self._abandon(k, job, fx)
                 self._advance(t.key, k, self.face.now(), fx)
+            elif job.phase == READY:
+                rank = job.rank
+                self._rank(job)  # the job's priority is that of the tickets left
+                if job.rank != rank:
+                    heapq.heapify(self._ready)
 
-    def _run_timeout(self, job: Job) -> None:
+    def _run_timeout(self, job: Job, due: float) -> None:
         fx = _Effects()
         with self._lock:
+            if due != job.run_due:
+                return  # a timer replaced by an earlier one (cancelled too late)
             job.run_timer = None
             if job.phase == STARTED and job.end_req is None:
                 job.end_req = (TIMED_OUT, "run timeout")
@@ -1202,6 +1249,7 @@ class Machine:
         self._after(fx)
 
     def _take_inbox(self, job: Job) -> list[Any]:
+        fx = _Effects()
         with self._lock:
             if job.phase != STARTED or job.end_req is not None:
                 return []
@@ -1213,7 +1261,9 @@ class Machine:
             job.taken.extend(taken)
             self._c["running"] += len(taken)
             self._c["steered"] += len(taken)
-            return [t.payload for t in taken]
+            self._bound_run(job, taken, self.face.now(), fx)
+        self._after(fx)
+        return [t.payload for t in taken]
 
     # -- control --------------------------------------------------------------------------
 
@@ -1253,10 +1303,7 @@ class Machine:
             n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
             if k.job is not None:
                 job = k.job
-                for t in job.steered:
-                    self._end(t, CANCELLED, "cleared", fx)
-                    n += 1
-                job.steered = []
+                n += self._drop_steered(job, CANCELLED, "cleared", fx)
                 if job.phase != STARTED:
                     n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
             self._advance(key, k, self.face.now(), fx)
