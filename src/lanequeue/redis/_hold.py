@@ -42,13 +42,17 @@ class RedisHoldBase(Hold):
 
     __slots__ = (
         "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
-        "_pid", "_presence", "__weakref__",
+        "_pid", "_presence", "_releaser", "__weakref__",
     )
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
         super().__init__(lane, key, timeout_s, 0)
         self.owner = owner_id()
         self._state = PENDING
+        # The release call that set RELEASING (an object of its own): only it finishes
+        # the release; a release interrupted before its end leaves the hold RELEASING,
+        # and a later release of it takes it over (see RedisLaneBase._detach).
+        self._releaser: object = None
         self._lost = False
         self._since = 0.0  # monotonic time the grant was asked for
         # The holder's own deadline (monotonic): the lease counted from BEFORE the request

@@ -386,30 +386,37 @@ class RedisLaneBase(ABC, Generic[H]):
         its caller does (weak entry: see :mod:`._lease`)."""
         with self._lock:
             self._purge_dropped()
-            hold.token = token
-            hold._state = HELD
-            hold._since = t0
-            hold._expires = t0 + self.lease_s - self._guard_s
-            hold._renew_at = t0 + self._renew_s
-            hold._pid = pid = os.getpid()
+            # Calls first (an interrupt among them leaves the hold PENDING, unrecorded:
+            # the acquire's handler then passes the grant on), then plain stores, the
+            # hold HELD last but one and the registry's append, a builtin, last: a hold
+            # is HELD only once it is in the registry, shown and releasable.
+            pid = os.getpid()
+            expires = t0 + self.lease_s - self._guard_s
+            hold._token = token  # (read by the entry)
             entry: Kept | Watched = Kept(hold) if kept else Watched(hold, self._on_drop)
-            hold._entry = entry
             entries = self._holds.get(hold.key)
-            if entries is None:
-                self._holds[hold.key] = [entry]
-            else:
-                entries.append(entry)
+            start = not (self._renewing and self._renewer_pid == pid)
+            watch = expires < self._watch_at
+            # -- commit: plain stores, then one last builtin --
+            hold._since = t0
+            hold._expires = expires
+            hold._renew_at = t0 + self._renew_s
+            hold._pid = pid
+            hold._entry = entry
             self._n_live += 1
             self.acquired += 1
-            start = not (self._renewing and self._renewer_pid == pid)
             if start:
                 # No renewer (never started, exited idle, or we are in a forked child).
                 self._renewing = True
                 self._renewer_pid = pid
                 self._idle_since = None
-            watch = hold._expires < self._watch_at
             if watch:
-                self._watch_at = hold._expires
+                self._watch_at = expires
+            hold._state = HELD
+            if entries is None:
+                self._holds[hold.key] = [entry]
+            else:
+                entries.append(entry)
         if watch:
             watchdog.watch(self, hold._expires)
         epoch = hold._presence
@@ -468,49 +475,67 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._n_live -= 1
 
     def _unlink(self, hold: H) -> None:
-        """Lock held: drop ``hold`` from the registry and mark it ENDED."""
-        hold._state = ENDED
-        entry, hold._entry = hold._entry, None
+        """Lock held: drop ``hold`` from the registry and mark it ENDED. The one call
+        (``len``) comes before the stores and the list's ``remove``, a builtin, last, so
+        an interrupt leaves the hold either as it was or fully unlinked."""
+        entry = hold._entry
         entries = self._holds[hold.key]
-        entries.remove(entry)
-        if not entries:
-            del self._holds[hold.key]
+        last = len(entries) == 1
+        # -- commit: plain stores, then one last builtin --
+        hold._state = ENDED
+        hold._entry = None
         if entry.live:
             entry.live = False
             self._n_live -= 1
+        if last:
+            del self._holds[hold.key]
+        else:
+            entries.remove(entry)
 
-    def _detach(self, hold: H) -> bool:
-        """Take ``hold`` out of the registry before releasing it; False if it is not held
-        (never granted, or already released)."""
+    def _detach(self, hold: H) -> object:
+        """Mark ``hold`` RELEASING before releasing it; return this release's mark (what
+        :meth:`_finish` is given), or None if it is not held (never granted, or released
+        already). A hold left RELEASING by a release that an interrupt stopped before its
+        end (nobody finishes it) is taken over: the mark is this call's from now on."""
+        me = object()
         with self._lock:
-            if hold._state != HELD:
-                return False
+            if not HELD <= hold._state <= RELEASING:
+                return None
+            # -- commit: plain stores --
             hold._state = RELEASING
-            return True
+            hold._releaser = me
+            return me
 
-    def _detach_oldest(self, key: str) -> H | None:
+    def _detach_oldest(self, key: str) -> tuple[H, object] | None:
+        """:meth:`_detach` for ``manual_release(key)``: this object's oldest hold of
+        ``key`` and this release's mark, or None (logged) when there is none."""
         hold: H | None = None
+        me = object()
         with self._lock:
             self._purge_dropped()
-            # This process's holds first; then one inherited through fork (a clear error).
-            for entry in (*self._holds.get(key, ()), *self._inherited.get(key, ())):
-                hold = entry()
-                if hold is not None and hold._state == HELD:
-                    if hold._pid == os.getpid():
-                        hold._state = RELEASING
-                    break
-            else:
-                hold = None
+            # This process's holds first; then one inherited through fork (a clear error);
+            # a hold left RELEASING by a stopped release (see _detach) only when no hold
+            # of the key is HELD.
+            found = [h for h in (e() for e in (*self._holds.get(key, ()),
+                                               *self._inherited.get(key, ())))
+                     if h is not None and HELD <= h._state <= RELEASING]
+            held = [h for h in found if h._state == HELD]
+            hold = (held or found or [None])[0]
+            if hold is not None and hold._pid == os.getpid():
+                # -- commit: plain stores --
+                hold._state = RELEASING
+                hold._releaser = me
+            elif hold is None:
                 self.unmatched += 1
         if hold is not None:
             self._foreign(hold)  # a hold inherited through fork: a clear error
-        if hold is None:
-            log.warning(
-                "lane %r: manual_release(%s): key is not held by this client (this lane "
-                "object holds nothing for it); nothing released",
-                self.name, shown(key),
-            )
-        return hold
+            return hold, me
+        log.warning(
+            "lane %r: manual_release(%s): key is not held by this client (this lane "
+            "object holds nothing for it); nothing released",
+            self.name, shown(key),
+        )
+        return None
 
     def _foreign(self, hold: RedisHoldBase) -> None:
         """Raise if ``hold`` was granted in another process (we are a forked child)."""
@@ -544,10 +569,14 @@ class RedisLaneBase(ABC, Generic[H]):
         self._notice_lost(hold)
         raise self._lost_error(hold)
 
-    def _lost_release(self, hold: H) -> bool:
-        """Release of a hold already known lost: no round trip, it is not ours."""
+    def _lost_release(self, hold: H, freed: bool) -> bool:
+        """Release of a hold known lost before its release was answered: LeaseLostError;
+        counted released if the server still had it (``freed``), else unmatched."""
         with self._lock:
-            self.unmatched += 1
+            if freed:
+                self.released += 1
+            else:
+                self.unmatched += 1
         raise self._lost_error(hold)
 
     def _notice_lost(self, hold: H) -> None:
@@ -822,8 +851,12 @@ class RedisLaneBase(ABC, Generic[H]):
         except BaseException:
             # Interrupted (KeyboardInterrupt, an async exception, a cancelled task) at
             # any point, maybe after the server queued or granted us: leave no ghost in
-            # line, pass on a grant.
-            yield from self._abandon(hold)
+            # line, pass on a grant. A grant already recorded (HELD: in the registry, so
+            # shown by get_active() and ended by manual_release, as an interrupted
+            # in-process acquire leaves its hold) stays: passing it on would leave a
+            # registry entry for a hold Redis no longer has.
+            if hold._state != HELD:
+                yield from self._abandon(hold)
             raise
         finally:
             if in_line:
@@ -909,11 +942,12 @@ class RedisLaneBase(ABC, Generic[H]):
         """``hold.release()``: False if it is not held, else see :meth:`_finish`."""
         if hold._state == HELD:
             self._foreign(hold)
-        if not self._detach(hold):
+        me = self._detach(hold)
+        if me is None:
             return False
-        return (yield from self._finish(hold))
+        return (yield from self._finish(hold, me))
 
-    def _finish(self, hold: H) -> Steps[bool]:
+    def _finish(self, hold: H, me: object) -> Steps[bool]:
         """Release a hold marked RELEASING (renewed until the script answers; then out of
         the registry: if this raises LaneBackendError, the lease lapses by itself within
         ``lease_s``). Stopped by an interrupt (KeyboardInterrupt, any exception that is
@@ -926,8 +960,17 @@ class RedisLaneBase(ABC, Generic[H]):
         try:
             if hold.lost:
                 self._notice_lost(hold)
+                # Lost by our own clock or presence, the server may still have it (the
+                # release script checks the owner): free the key now rather than after
+                # the server's expiry. What it answers, the holder hears LeaseLostError.
+                try:
+                    reply = yield from self._script("release", hold.key,
+                                                    self._release_call(hold))
+                    freed = flag_reply(reply) == 1
+                except LaneBackendError:
+                    freed = False
                 counted = True
-                return self._lost_release(hold)
+                return self._lost_release(hold, freed)
             reply = yield from self._script("release", hold.key, self._release_call(hold))
             counted = True
             return self._release_result(hold, flag_reply(reply) == 1)
@@ -936,13 +979,14 @@ class RedisLaneBase(ABC, Generic[H]):
             raise
         finally:
             with self._lock:
-                if hold._state == RELEASING:
+                # (Not ours any more: a later release took it over, see _detach.)
+                if hold._state == RELEASING and hold._releaser is me:
                     if interrupted and not counted:
                         hold._state = HELD  # maybe still held: kept, as in process
                     else:
-                        self._unlink(hold)
                         if not counted:  # no answer (LaneBackendError): the lease lapses
                             self.unmatched += 1
+                        self._unlink(hold)
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
@@ -994,11 +1038,11 @@ class RedisLaneBase(ABC, Generic[H]):
         is none or it is not ours any more."""
         if key.__class__ is not str or not key or not key.isascii():
             key = plain_key(key)
-        hold = self._detach_oldest(key)
-        if hold is None:
+        found = self._detach_oldest(key)
+        if found is None:
             return False
         try:
-            return (yield from self._finish(hold))
+            return (yield from self._finish(*found))
         except NotOwnerError as err:
             log.warning("lane %r: manual_release(%s): %s", self.name, shown(key), err)
             return False
