@@ -243,7 +243,7 @@ class Ticket:
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
         "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "_claim",
-        "__weakref__",
+        "_number", "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
@@ -274,6 +274,8 @@ class Ticket:
         # The shared dedupe window's answer for this ticket (offloaded faces): CLAIMING
         # until it came, then True (ours), False (another process's) or the error.
         self._claim: Any = True
+        # The number of its claim in the shared window (its give-back carries it).
+        self._number = 0
 
     @property
     def payload(self) -> Any:
@@ -575,7 +577,7 @@ class _Effects:
     __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "forget")
 
     def __init__(self) -> None:
-        self.forget: list[str] = []
+        self.forget: list[tuple[str, int]] = []  # (dedupe_id, claim number) to give back
         self.ended: list[Ticket] = []
         self.dropped: list[Ticket] = []
         self.launch: list[Job] = []
@@ -653,6 +655,7 @@ class Machine:
         offload = self.face.offload if shared else None
         ours = True
         claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
+        number = 0  # its number
         try:
             for attempt in (0, 1) if shared and offload is None else (1,):
                 if attempt == 1 and shared and offload is None:
@@ -661,12 +664,12 @@ class Machine:
                     # meanwhile; the table is looked at again below. (Offloaded: asked
                     # after, see _arrive.)
                     assert dedupe_id is not None
+                    number = self.window.number()
                     try:
-                        ours = self.window.claim(dedupe_id)
+                        ours = self.window.claim(dedupe_id, number)
                     except BaseException:
                         # It may land all the same (sent, not answered).
-                        self.window.give_back_later(
-                            dedupe_id, functools.partial(self._unused, dedupe_id))
+                        self.window.give_back_later(dedupe_id, number)
                         raise
                     claimed = ours
                 with self._lock:
@@ -678,7 +681,12 @@ class Machine:
                         self._expire_dedupe(now)
                         seen = self._dedupe.get(dedupe_id)
                         if seen is not None:
-                            claimed = False  # the claim is that ticket's (one owner)
+                            if claimed and seen[0]._number < number:
+                                # Another thread's claim of the id came first here but
+                                # ours is the newer value (Redis keeps the larger
+                                # number): that ticket's give-back must carry ours.
+                                seen[0]._number = number
+                            claimed = False  # the claim is that ticket's now
                             self._c["deduped"] += 1
                             return seen[0]
                     k = self._keys.get(key)
@@ -703,6 +711,8 @@ class Machine:
                             # ticket waits among the key's arrivals until it answers
                             # (see _settle).
                             t._claim = CLAIMING
+                            number = self.window.number()
+                        t._number = number
                         if not ours:
                             # Another process owns this id within the window: nothing
                             # runs here.
@@ -716,20 +726,16 @@ class Machine:
                             self._arrive(t, now, fx)
                     break
         except BaseException:
-            if claimed and dedupe_id is not None and self._unused(dedupe_id):
+            if claimed and dedupe_id is not None:
                 # Nothing was submitted (draining, or interrupted): the claim goes back.
-                self.window.give_back(dedupe_id)
+                self.window.give_back(dedupe_id, number)
             raise
         self._after(fx)
         if offload is not None and dedupe_id is not None:
             window = self.window
-            offload(lambda: window.claim(dedupe_id), lambda ours: self._claimed(t, ours))
+            offload(functools.partial(window.claim, dedupe_id, t._number),
+                    lambda ours: self._claimed(t, ours))
         return t
-
-    def _unused(self, dedupe_id: str) -> bool:
-        """No ticket of this dispatcher uses ``dedupe_id`` (its claim may go back)."""
-        with self._lock:
-            return dedupe_id not in self._dedupe
 
     def _rejects(self, k: _Key | None, policy: str, fn: Any) -> str | None:
         """The reason (``"busy"``, ``"overflow"``) a new turn of key ``k`` under
@@ -770,16 +776,15 @@ class Machine:
         fx = _Effects()
         if isinstance(ours, BaseException) and t.dedupe_id is not None:
             # A failed claim may land all the same (sent, not answered).
-            self.window.give_back_later(t.dedupe_id,
-                                        functools.partial(self._unused, t.dedupe_id))
+            self.window.give_back_later(t.dedupe_id, t._number)
         with self._lock:
             t._claim = ours
             if t.state in TERMINAL:
-                # Ended while asking (cancelled, cleared, timed out): give back a claim
-                # that nobody here uses (also after an error: it may have landed).
-                seen = self._dedupe.get(t.dedupe_id or "")
-                if ours is not False and t.dedupe_id is not None and seen is None:
-                    fx.forget.append(t.dedupe_id)
+                # Ended while asking (cancelled, cleared, timed out): give its claim
+                # back (also after an error: it may have landed). Its value is its own,
+                # so a retry's claim of the id is never taken with it.
+                if ours is not False and t.dedupe_id is not None:
+                    fx.forget.append((t.dedupe_id, t._number))
             else:
                 self._settle(t.key, fx)
         self._after(fx)
@@ -1101,7 +1106,7 @@ class Machine:
                 del self._dedupe[t.dedupe_id]
                 if self.window is not None and t._claim is not CLAIMING:
                     # (A claim in flight is given back when it answers: _claimed.)
-                    fx.forget.append(t.dedupe_id)
+                    fx.forget.append((t.dedupe_id, t._number))
         fx.ended.append(t)
         return True
 
@@ -1419,11 +1424,12 @@ class Machine:
             timer.cancel()
         if fx.forget:
             offload = self.face.offload
-            for dedupe_id in fx.forget:
+            for dedupe_id, number in fx.forget:
                 if offload is None:
-                    self.window.give_back(dedupe_id)
+                    self.window.give_back(dedupe_id, number)
                 else:
-                    offload(functools.partial(self.window.give_back, dedupe_id), _ignore)
+                    offload(functools.partial(self.window.give_back, dedupe_id, number),
+                            _ignore)
         for job in fx.interrupt:
             self.face.interrupt(job)
         for job in fx.launch:
