@@ -182,7 +182,7 @@ class Dispatcher(DispatcherBase):
 
     def _reap(self, task: asyncio.Task[None], job: Job) -> None:
         self._tasks.discard(task)
-        if not job.reported:
+        if not job.reported and job.runner in (None, task):
             # Cancelled before its first step (an abandoned job, or the loop shutting
             # down): the coroutine never ran, so report the end here.
             self._machine.finish(job, False, asyncio.CancelledError())
@@ -216,6 +216,8 @@ class Dispatcher(DispatcherBase):
     async def _run(self, job: Job) -> None:
         """One turn: hold the lanes, call ``fn``, release; report to the machine."""
         machine = self._machine
+        if not machine.enter(job, asyncio.current_task()):
+            return  # a launch repeated after an interrupt: the first runner has it
         ok, value = False, None
         try:
             # All inside the try, as on threads (see ThreadDispatcher._run): whatever

@@ -121,6 +121,7 @@ from typing import Any, Protocol
 
 from .._errors import (
     DispatcherDrainingError,
+    LaneBackendError,
     TurnCancelledError,
     TurnDedupedError,
     TurnDroppedError,
@@ -243,7 +244,7 @@ class Ticket:
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
         "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "_claim",
-        "_number", "__weakref__",
+        "_number", "_forget", "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
@@ -276,6 +277,7 @@ class Ticket:
         self._claim: Any = True
         # The number of its claim in the shared window (its give-back carries it).
         self._number = 0
+        self._forget = False  # its claim is to be given back (when its end is told)
 
     @property
     def payload(self) -> Any:
@@ -353,7 +355,7 @@ class Ticket:
         with self._machine._lock:
             if self._event is None:
                 self._event = threading.Event()
-                if self._callbacks is None:  # ended already
+                if self.state in TERMINAL:  # ended already (its end may be being told)
                     self._event.set()
             return self._event
 
@@ -523,7 +525,7 @@ class Job:
     __slots__ = (
         "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
         "handle", "abandoned", "rank", "run_timer", "started_at", "end_req", "seq",
-        "reported", "formed_at",
+        "reported", "formed_at", "runner", "outcome",
     )
 
     def __init__(self, machine: Machine, key: str, tickets: list[Ticket], seq: int) -> None:
@@ -549,6 +551,8 @@ class Job:
         self.seq = seq
         self.reported = False  # finish() was called for it
         self.formed_at = 0.0  # when the job was formed (the dispatcher's clock)
+        self.runner: Any = None  # the runner that entered it (Machine.enter)
+        self.outcome: tuple[bool, Any, bool] | None = None  # finish's (ok, value, started)
 
     def __lt__(self, other: Job) -> bool:
         return self.rank < other.rank
@@ -574,10 +578,13 @@ class _Key:
 class _Effects:
     """What an operation does after releasing the lock."""
 
-    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "forget")
+    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "claims", "open",
+                 "n_ended", "n_launched", "n_claims")
 
     def __init__(self) -> None:
-        self.forget: list[tuple[str, int]] = []  # (dedupe_id, claim number) to give back
+        self.open = True  # not all run yet (see Machine._after)
+        self.claims: list[Ticket] = []  # tickets whose shared claim is to be sent (offload)
+        self.n_claims = self.n_ended = self.n_launched = 0  # how many of each were run
         self.ended: list[Ticket] = []
         self.dropped: list[Ticket] = []
         self.launch: list[Job] = []
@@ -629,6 +636,8 @@ class Machine:
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
         self._dedupe_timer: Timer | None = None
+        # Every ticket not ended yet, by id (see _repair).
+        self._live: dict[int, Ticket] = {}
         # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
         self._deadlines: list[tuple[float, int, Ticket]] = []
         self._deadline_timer: Timer | None = None
@@ -694,47 +703,58 @@ class Machine:
                              if shared and (k is None or not k.arrivals) else None)
                     if attempt == 0 and early is None:
                         continue
+                    rejected = early is not None and not (attempt == 1 and offload is None
+                                                          and shared)
+                    if offload is not None and not rejected:
+                        number = self.window.number()
                     t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
                                dedupe_id, now, None if timeout is None else now + timeout,
                                run_timeout)
-                    if early is not None and not (attempt == 1 and offload is None
-                                                  and shared):
+                    # Counted and registered with plain stores right away: an interrupt
+                    # from here on finds it (see _repair).
+                    self._c["submitted"] += 1
+                    self._live[t.id] = t
+                    t._number = number
+                    if rejected:
                         # Rejected here whatever the window says: nothing is claimed,
                         # so another dispatcher's copy of the id still runs.
-                        self._c["submitted"] += 1
                         t._started = True  # nothing to give back
                         self._end(t, REJECTED, early, fx)
-                        offload = None
                     else:
                         if offload is not None:
-                            # The window is asked off this thread (the event loop): the
-                            # ticket waits among the key's arrivals until it answers
-                            # (see _settle).
+                            # The window is asked off this thread (the event loop), once
+                            # the lock is released: the ticket waits among the key's
+                            # arrivals until it answers (see _settle).
                             t._claim = CLAIMING
-                            number = self.window.number()
-                        t._number = number
+                            fx.claims.append(t)
                         if not ours:
                             # Another process owns this id within the window: nothing
                             # runs here.
                             t._started = True  # nothing to give back
                             self._end(t, DEDUPED, "duplicate", fx)
                         else:
-                            self._c["submitted"] += 1
                             if dedupe_id is not None:
                                 self._remember(dedupe_id, t, now, fx)
                             claimed = False  # the ticket's now: _end gives it back
                             self._arrive(t, now, fx)
                     break
-        except BaseException:
-            if claimed and dedupe_id is not None:
-                # Nothing was submitted (draining, or interrupted): the claim goes back.
-                self.window.give_back(dedupe_id, number)
+        except BaseException as exc:
+            try:
+                if not isinstance(exc, (DispatcherDrainingError, LaneBackendError)):
+                    # Interrupted (those two leave nothing changed): see _repair.
+                    self._repair(fx)
+            finally:
+                if claimed and dedupe_id is not None:
+                    # Nothing was submitted (draining, or interrupted): the claim goes
+                    # back.
+                    self.window.give_back(dedupe_id, number)
             raise
-        self._after(fx)
-        if offload is not None and dedupe_id is not None:
-            window = self.window
-            offload(functools.partial(window.claim, dedupe_id, t._number),
-                    lambda ours: self._claimed(t, ours))
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return t
 
     def _rejects(self, k: _Key | None, policy: str, fn: Any) -> str | None:
@@ -777,17 +797,27 @@ class Machine:
         if isinstance(ours, BaseException) and t.dedupe_id is not None:
             # A failed claim may land all the same (sent, not answered).
             self.window.give_back_later(t.dedupe_id, t._number)
-        with self._lock:
-            t._claim = ours
-            if t.state in TERMINAL:
-                # Ended while asking (cancelled, cleared, timed out): give its claim
-                # back (also after an error: it may have landed). Its value is its own,
-                # so a retry's claim of the id is never taken with it.
-                if ours is not False and t.dedupe_id is not None:
-                    fx.forget.append((t.dedupe_id, t._number))
-            else:
-                self._settle(t.key, fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                t._claim = ours
+                if t.state in TERMINAL:
+                    # Ended while asking (cancelled, cleared, timed out): give its claim
+                    # back (also after an error: it may have landed). Its value is its own,
+                    # so a retry's claim of the id is never taken with it.
+                    if ours is not False and t.dedupe_id is not None:
+                        t._forget = True
+                        fx.ended.append(t)  # (told again: only the give-back is left)
+                else:
+                    self._settle(t.key, fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def _settle(self, key: str, fx: _Effects) -> None:
         """Place the key's arrivals whose claims answered, in order, up to the first one
@@ -803,7 +833,6 @@ class Machine:
             t = arrivals.popleft()
             claim = t._claim
             if claim is False:
-                self._c["submitted"] -= 1
                 if t.dedupe_id is not None and self._dedupe.get(t.dedupe_id, (None,))[0] is t:
                     del self._dedupe[t.dedupe_id]
                 t._started = True  # nothing to give back
@@ -892,24 +921,33 @@ class Machine:
     def _deadlines_due(self) -> None:
         """The deadline timer fired: end every pending ticket whose deadline passed."""
         fx = _Effects()
-        with self._lock:
-            self._deadline_timer = None
-            now = self.face.now()
-            heap = self._deadlines
-            while heap and (heap[0][0] <= now or not heap[0][2]._armed):
-                t = heapq.heappop(heap)[2]
-                if not t._armed:
-                    self._stale -= 1
-                    continue
-                t._armed = False
-                self._detach(t, fx)
-                self._end(t, TIMED_OUT, "start timeout", fx)
-                self._tidy(t.key, self._keys.get(t.key))
-            if heap:
-                self._deadline_due = heap[0][0]
-                self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
-                                                            self._deadlines_due)
-        self._after(fx)
+        try:
+            with self._lock:
+                self._deadline_timer = None
+                now = self.face.now()
+                heap = self._deadlines
+                while heap and (heap[0][0] <= now or not heap[0][2]._armed):
+                    t = heapq.heappop(heap)[2]
+                    if not t._armed:
+                        self._stale -= 1
+                        continue
+                    t._armed = False
+                    self._detach(t, fx)
+                    self._end(t, TIMED_OUT, "start timeout", fx)
+                    self._tidy(t.key, self._keys.get(t.key))
+                if heap:
+                    self._deadline_due = heap[0][0]
+                    self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
+                                                                self._deadlines_due)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     # -- forming and admitting jobs -------------------------------------------------------
 
@@ -969,12 +1007,21 @@ class Machine:
 
     def _wake(self, key: str) -> None:
         fx = _Effects()
-        with self._lock:
-            k = self._keys.get(key)
-            if k is not None:
-                k.timer = None
-                self._advance(key, k, self.face.now(), fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                k = self._keys.get(key)
+                if k is not None:
+                    k.timer = None
+                    self._advance(key, k, self.face.now(), fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def budget(self, job: Job) -> float | None:
         """Seconds the job's runner may wait for the lanes: up to the latest deadline of
@@ -1010,58 +1057,85 @@ class Machine:
         """The runner holds the lanes: start the job. False if it was abandoned meanwhile
         (the runner then releases and never calls ``fn``)."""
         fx = _Effects()
-        with self._lock:
-            if job.abandoned:
-                return False
-            job.phase = STARTED
-            now = self.face.now()
-            job.started_at = now
-            run_timeout: float | None = None
-            for t in job.tickets:
-                t.state = RUNNING
-                t._started = True
-                self._disarm(t)
-                if t.run_timeout_s is not None:
-                    run_timeout = t.run_timeout_s if run_timeout is None else min(
-                        run_timeout, t.run_timeout_s)
-            self._c["running"] += len(job.tickets)
-            if run_timeout is not None:
-                job.run_timer = self.face.call_later(run_timeout, lambda: self._run_timeout(job))
-        self._after(fx)
+        try:
+            with self._lock:
+                if job.abandoned:
+                    return False
+                job.phase = STARTED
+                now = self.face.now()
+                job.started_at = now
+                run_timeout: float | None = None
+                for t in job.tickets:
+                    t.state = RUNNING
+                    t._started = True
+                    self._c["running"] += 1
+                    self._disarm(t)
+                    if t.run_timeout_s is not None:
+                        run_timeout = t.run_timeout_s if run_timeout is None else min(
+                            run_timeout, t.run_timeout_s)
+                if run_timeout is not None:
+                    job.run_timer = self.face.call_later(run_timeout,
+                                                         lambda: self._run_timeout(job))
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return True
 
     def finish(self, job: Job, ok: bool, value: Any) -> None:
         """The runner returned (lanes released): ``ok`` with ``fn``'s value, or not ok with
         the exception raised (by ``fn``, by the lanes while admitting, or a cancellation)."""
         fx = _Effects()
-        with self._lock:
-            if job.reported:
-                return
-            job.reported = True
-            self._runners -= 1
-            if self.slots is not None and job.phase != READY:
-                self._admitted -= 1
-            started = job.phase == STARTED
-            job.phase = ENDED
-            if job.run_timer is not None:
-                fx.timers.append(job.run_timer)
-                job.run_timer = None
-            if not job.abandoned:
-                for t in job.tickets + job.taken:
-                    end = t._end_req or job.end_req
-                    if end is not None:
-                        self._end(t, end[0], end[1], fx)
-                    elif ok:
-                        self._end(t, DONE, None, fx, value=value)
-                    elif not started and isinstance(value, TimeoutError):
-                        self._end(t, TIMED_OUT, "start timeout", fx)
-                    elif _is_cancel(value):
-                        self._end(t, CANCELLED, "cancelled", fx)
-                    else:
-                        self._end(t, FAILED, type(value).__name__, fx, error=value)
-                self._release_key(job, fx)
-            self._fill_gate(fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                if job.reported:
+                    return
+                # -- commit: plain stores (the counters and the outcome together) --
+                job.outcome = (ok, value, job.phase == STARTED)
+                job.reported = True
+                self._runners -= 1
+                if self.slots is not None and job.phase != READY:
+                    self._admitted -= 1
+                job.phase = ENDED
+                self._conclude(job, fx)
+        except BaseException:
+            self._repair(fx, job=job)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
+
+    def _conclude(self, job: Job, fx: _Effects) -> None:
+        """End a reported job's tickets with its outcome, free its key and the gate
+        (lock held). Repeatable: what is done already is skipped (see _repair)."""
+        assert job.outcome is not None
+        ok, value, started = job.outcome
+        if job.run_timer is not None:
+            fx.timers.append(job.run_timer)
+            job.run_timer = None
+        if not job.abandoned:
+            for t in job.tickets + job.taken:
+                end = t._end_req or job.end_req
+                if end is not None:
+                    self._end(t, end[0], end[1], fx)
+                elif ok:
+                    self._end(t, DONE, None, fx, value=value)
+                elif not started and isinstance(value, TimeoutError):
+                    self._end(t, TIMED_OUT, "start timeout", fx)
+                elif _is_cancel(value):
+                    self._end(t, CANCELLED, "cancelled", fx)
+                else:
+                    self._end(t, FAILED, type(value).__name__, fx, error=value)
+            self._release_key(job, fx)
+        self._fill_gate(fx)
 
     def _release_key(self, job: Job, fx: _Effects) -> None:
         """The key's job is over: steered payloads never taken go first in line; the key
@@ -1069,12 +1143,68 @@ class Machine:
         k = self._keys.get(job.key)
         if k is None or k.job is not job:
             return
-        k.job = None
-        for t in reversed(job.steered):
-            t._job = None
-            k.line.appendleft(t)
+        steered = job.steered
+        line = k.line
+        if steered:
+            line = deque(steered)
+            line.extend(k.line)
+        # -- commit: plain stores --
+        k.line = line
         job.steered = []
+        k.job = None
+        for t in steered:
+            t._job = None
         self._advance(job.key, k, self.face.now(), fx)
+
+    def enter(self, job: Job, runner: Any) -> bool:
+        """A runner of ``job`` begins: True for the first (it runs the job and reports),
+        False for another (a launch repeated after an interrupt: it returns at once)."""
+        with self._lock:
+            if job.runner is not None or job.reported:
+                return False
+            job.runner = runner
+            return True
+
+    def _repair(self, fx: _Effects, cancelled: Ticket | None = None,
+                job: Job | None = None) -> None:
+        """Make the state whole again after an exception interrupted a locked block (a
+        ``KeyboardInterrupt`` from a signal handler, say): see "Interrupts". ``cancelled``:
+        the ticket a cancel was ending; ``job``: the job a runner was reporting."""
+        with self._lock:
+            now = self.face.now()
+            if cancelled is not None and cancelled.state == PENDING:
+                self._detach(cancelled, fx)
+                self._end(cancelled, CANCELLED, "cancelled", fx)
+            if job is not None and job.outcome is not None:
+                self._conclude(job, fx)  # the report's rest
+            placed: set[int] = set()
+            queued = {id(j) for j in self._ready}
+            for k in list(self._keys.values()):
+                for t in k.line:
+                    t._job = None
+                    placed.add(t.id)
+                placed.update(t.id for t in k.arrivals)
+                j = k.job
+                if j is not None:
+                    placed.update(t.id for t in j.tickets + j.steered + j.taken)
+                    if j.outcome is not None:
+                        self._conclude(j, fx)
+                    elif j.phase in (READY, ADMITTING) and not j.tickets:
+                        self._abandon(k, j, fx)
+                    elif j.phase == READY and id(j) not in queued and not j.abandoned:
+                        heapq.heappush(self._ready, j)  # popped, never admitted
+            for t in list(self._live.values()):
+                if t.state == RUNNING and t._job is not None and t._job.outcome is not None:
+                    self._conclude(t._job, fx)
+                elif t.state == PENDING and t.id not in placed:
+                    # Taken out of its line and not put anywhere: it cannot run.
+                    self._end(t, CANCELLED, "interrupted", fx)
+            for key, k in list(self._keys.items()):
+                if k.job is None:
+                    if k.arrivals and k.arrivals[0]._claim is not CLAIMING:
+                        self._settle(key, fx)
+                    self._advance(key, k, now, fx)
+            self._fill_gate(fx)
 
     def _fill_gate(self, fx: _Effects) -> None:
         ready = self._ready
@@ -1087,9 +1217,20 @@ class Machine:
 
     def _end(self, t: Ticket, state: str, reason: str | None, fx: _Effects,
              value: Any = None, error: BaseException | None = None) -> bool:
-        """The ONE place a ticket ends (lock held). False if it had ended already."""
+        """The ONE place a ticket ends (lock held). False if it had ended already.
+
+        Interrupt-safe (see "Interrupts"): the one lookup first, then plain stores, then
+        ``fx.ended.append`` (a builtin: once it returned the end will be told); the
+        deadline heap's entry is marked stale last (left unmarked, it is dropped when
+        due)."""
         if t.state in TERMINAL:
             return False
+        mine = False
+        if not t._started and t.dedupe_id is not None:
+            # A turn that never ran is forgotten, so a genuine retry runs.
+            seen = self._dedupe.get(t.dedupe_id)
+            mine = seen is not None and seen[0] is t
+        # -- commit: plain stores, then one builtin --
         if t.state == RUNNING:
             self._c["running"] -= 1
         t.state = state
@@ -1098,16 +1239,16 @@ class Machine:
         t._error = error
         t._job = None
         self._c[state] += 1
-        self._disarm(t)
-        if not t._started and t.dedupe_id is not None:
-            # A turn that never ran is forgotten, so a genuine retry runs.
-            seen = self._dedupe.get(t.dedupe_id)
-            if seen is not None and seen[0] is t:
-                del self._dedupe[t.dedupe_id]
-                if self.window is not None and t._claim is not CLAIMING:
-                    # (A claim in flight is given back when it answers: _claimed.)
-                    fx.forget.append((t.dedupe_id, t._number))
+        if state == DEDUPED:
+            self._c["submitted"] -= 1  # a duplicate is counted in deduped only
+        if t.id in self._live:
+            del self._live[t.id]
+        if mine:
+            del self._dedupe[t.dedupe_id]  # type: ignore[arg-type]
+            # (A claim in flight is given back when it answers: _claimed.)
+            t._forget = self.window is not None and t._claim is not CLAIMING
         fx.ended.append(t)
+        self._disarm(t)
         return True
 
     def _drop_line(self, k: _Key, state: str, reason: str, fx: _Effects) -> int:
@@ -1198,26 +1339,35 @@ class Machine:
 
     def _run_timeout(self, job: Job) -> None:
         fx = _Effects()
-        with self._lock:
-            job.run_timer = None
-            if job.phase == STARTED and job.end_req is None:
-                job.end_req = (TIMED_OUT, "run timeout")
-                job.turn._signal()
-                fx.interrupt.append(job)
-        self._after(fx)
+        try:
+            with self._lock:
+                job.run_timer = None
+                if job.phase == STARTED and job.end_req is None:
+                    job.end_req = (TIMED_OUT, "run timeout")
+                    job.turn._signal()
+                    fx.interrupt.append(job)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def _take_inbox(self, job: Job) -> list[Any]:
         with self._lock:
             if job.phase != STARTED or job.end_req is not None:
                 return []
             taken, job.steered = job.steered, []
+            job.taken.extend(taken)  # (first: finish ends what it took)
             for t in taken:
                 t.state = RUNNING
                 t._started = True
+                self._c["running"] += 1
+                self._c["steered"] += 1
                 self._disarm(t)
-            job.taken.extend(taken)
-            self._c["running"] += len(taken)
-            self._c["steered"] += len(taken)
             return [t.payload for t in taken]
 
     # -- control --------------------------------------------------------------------------
@@ -1227,22 +1377,31 @@ class Machine:
         to end (when every ticket of the call asked, the call is interrupted; the ticket
         ends when ``fn`` returns). False if it had ended already."""
         fx = _Effects()
-        with self._lock:
-            if t.state in TERMINAL:
-                return False
-            if t.state == PENDING:
-                self._detach(t, fx)
-                self._end(t, CANCELLED, "cancelled", fx)
-                self._tidy(t.key, self._keys.get(t.key))
-            else:
-                job = t._job
-                t._end_req = (CANCELLED, "cancelled")
-                if job is not None and job.end_req is None and all(
-                        x._end_req is not None for x in job.tickets + job.taken):
-                    job.end_req = (CANCELLED, "cancelled")
-                    job.turn._signal()
-                    fx.interrupt.append(job)
-        self._after(fx)
+        try:
+            with self._lock:
+                if t.state in TERMINAL:
+                    return False
+                if t.state == PENDING:
+                    self._detach(t, fx)
+                    self._end(t, CANCELLED, "cancelled", fx)
+                    self._tidy(t.key, self._keys.get(t.key))
+                else:
+                    job = t._job
+                    t._end_req = (CANCELLED, "cancelled")
+                    if job is not None and job.end_req is None and all(
+                            x._end_req is not None for x in job.tickets + job.taken):
+                        job.end_req = (CANCELLED, "cancelled")
+                        job.turn._signal()
+                        fx.interrupt.append(job)
+        except BaseException:
+            self._repair(fx, t)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return True
 
     def clear(self, key: str) -> int:
@@ -1250,22 +1409,31 @@ class Machine:
         the running turn goes on. Returns how many ended."""
         key = check_key(key)
         fx = _Effects()
-        with self._lock:
-            k = self._keys.get(key)
-            if k is None:
-                return 0
-            n = self._drop_line(k, CANCELLED, "cleared", fx)
-            n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
-            if k.job is not None:
-                job = k.job
-                for t in job.steered:
-                    self._end(t, CANCELLED, "cleared", fx)
-                    n += 1
-                job.steered = []
-                if job.phase != STARTED:
-                    n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
-            self._advance(key, k, self.face.now(), fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                k = self._keys.get(key)
+                if k is None:
+                    return 0
+                n = self._drop_line(k, CANCELLED, "cleared", fx)
+                n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
+                if k.job is not None:
+                    job = k.job
+                    for t in job.steered:
+                        self._end(t, CANCELLED, "cleared", fx)
+                        n += 1
+                    job.steered = []
+                    if job.phase != STARTED:
+                        n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
+                self._advance(key, k, self.face.now(), fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return n
 
     def pending(self, key: str) -> int:
@@ -1291,17 +1459,26 @@ class Machine:
         """Refuse new turns; with ``cancel_pending`` end every turn not started as
         cancelled ("closed") and ask the running ones to end likewise."""
         fx = _Effects()
-        with self._lock:
-            self.draining = True
-            self.closed = True
-            if cancel_pending:
-                for key, k in list(self._keys.items()):
-                    self._drop_line(k, CANCELLED, "closed", fx)
-                    self._drop_arrivals(k, CANCELLED, "closed", fx)
-                    if k.job is not None:
-                        self._stop_job(k, k.job, CANCELLED, CANCELLED, "closed", fx)
-                    self._advance(key, k, self.face.now(), fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                self.draining = True
+                self.closed = True
+                if cancel_pending:
+                    for key, k in list(self._keys.items()):
+                        self._drop_line(k, CANCELLED, "closed", fx)
+                        self._drop_arrivals(k, CANCELLED, "closed", fx)
+                        if k.job is not None:
+                            self._stop_job(k, k.job, CANCELLED, CANCELLED, "closed", fx)
+                        self._advance(key, k, self.face.now(), fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def is_idle(self) -> bool:
         """No key has work, and every runner launched has returned."""
@@ -1417,37 +1594,72 @@ class Machine:
                     # Dicts never shrink: drop the table a burst of keys grew.
                     self._keys = {}
                     self._keys_high = 0
+                    if not self._live:
+                        self._live = {}
 
     def _after(self, fx: _Effects) -> None:
-        """Run an operation's effects, lock released."""
-        for timer in fx.timers:
-            timer.cancel()
-        if fx.forget:
-            offload = self.face.offload
-            for dedupe_id, number in fx.forget:
-                if offload is None:
-                    self.window.give_back(dedupe_id, number)
-                else:
-                    offload(functools.partial(self.window.give_back, dedupe_id, number),
-                            _ignore)
-        for job in fx.interrupt:
-            self.face.interrupt(job)
-        for job in fx.launch:
-            self.face.launch(job)
+        """Run an operation's effects, lock released. Each effect is marked done only
+        once it returned and may run again (see "Interrupts"): a caller whose call of
+        ``_after`` was interrupted calls it again while ``fx.open``, and the rest runs.
+        A repeated launch is refused by :meth:`enter`; a give-back, a timer's cancel or
+        a task's cancel repeated changes nothing."""
+        face = self.face
+        timers = fx.timers
+        while timers:
+            timers[-1].cancel()
+            timers.pop()
+        while fx.interrupt:
+            face.interrupt(fx.interrupt[-1])
+            fx.interrupt.pop()
+        while fx.n_launched < len(fx.launch):
+            face.launch(fx.launch[fx.n_launched])
+            fx.n_launched += 1
+        if fx.claims:
+            offload, window = face.offload, self.window
+            assert offload is not None
+            while fx.n_claims < len(fx.claims):
+                t = fx.claims[fx.n_claims]
+                offload(functools.partial(window.claim, t.dedupe_id, t._number),
+                        functools.partial(self._claimed, t))
+                fx.n_claims += 1
         if fx.dropped and self.on_drop is not None:
-            _call(self.on_drop, fx.dropped)
-        for t in fx.ended:
-            with self._lock:
-                callbacks, t._callbacks = t._callbacks, None
-                event = t._event
-            if event is not None:
-                event.set()
-            for cb in callbacks or ():
-                _call(cb, t)
+            dropped, fx.dropped = fx.dropped, []
+            _call(self.on_drop, dropped)
+        while fx.n_ended < len(fx.ended):
+            self._tell(fx.ended[fx.n_ended])
+            fx.n_ended += 1
         with self._lock:
             idle = not self._keys and self._runners == 0
         if idle:
-            self.face.idle()
+            face.idle()
+        fx.open = False
+
+    def _tell(self, t: Ticket) -> None:
+        """Tell an ended ticket's end: give its claim back, wake its waiters, call its
+        callbacks (each is dropped once it returned; see _after)."""
+        if t._forget:
+            assert t.dedupe_id is not None
+            if self.face.offload is None:
+                self.window.give_back(t.dedupe_id, t._number)
+            else:
+                self.face.offload(functools.partial(self.window.give_back, t.dedupe_id,
+                                                    t._number), _ignore)
+            t._forget = False
+        with self._lock:
+            event = t._event
+            callbacks = t._callbacks
+            if not callbacks:
+                t._callbacks = None
+        if event is not None:
+            event.set()
+        while callbacks:
+            cb = callbacks[0]
+            _call(cb, t)
+            with self._lock:
+                if callbacks and callbacks[0] is cb:
+                    del callbacks[0]
+                if not callbacks:
+                    t._callbacks = None
 
 
 def _ignore(_: Any) -> None:

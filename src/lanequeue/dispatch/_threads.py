@@ -229,6 +229,8 @@ class ThreadDispatcher(DispatcherBase):
         the launch and any instant here (the job is abandoned): an abandoned job does not
         go to the lanes, and one abandoned later is refused by ``start``."""
         machine = self._machine
+        if not machine.enter(job, object()):
+            return  # a launch repeated after an interrupt: the first runner has it
         ok, value = False, None
         try:
             if not job.abandoned:
