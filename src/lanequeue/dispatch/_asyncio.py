@@ -242,7 +242,11 @@ class Dispatcher(DispatcherBase):
                             _CURRENT.reset(token)
         except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
             ok, value = False, exc
-        machine.finish(job, ok, value)
+        try:
+            machine.finish(job, ok, value)
+        finally:
+            if not job.reported:  # interrupted at its entry (see "Interrupts")
+                machine.finish(job, ok, value)
         if isinstance(value, (KeyboardInterrupt, SystemExit)):
             raise value
 

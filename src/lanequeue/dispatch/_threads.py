@@ -257,7 +257,11 @@ class ThreadDispatcher(DispatcherBase):
                             _CURRENT.reset(token)
         except BaseException as exc:  # fn's error, or a lane timeout
             ok, value = False, exc
-        machine.finish(job, ok, value)
+        try:
+            machine.finish(job, ok, value)
+        finally:
+            if not job.reported:  # interrupted at its entry (see "Interrupts")
+                machine.finish(job, ok, value)
 
     # -- waiting ------------------------------------------------------------------------
 
