@@ -173,7 +173,10 @@ def test_interrupt_at_every_point_of_submit_leaves_the_dispatcher_whole(case: st
             tickets.append(d.submit("conv", go.wait, WAIT))  # running: the key is busy
             if case == "collect":
                 tickets.append(d.submit("conv", len, [1], busy="collect"))
-        fn = (lambda *a: "reply")
+
+        def fn(*a: Any) -> str:
+            return "reply"
+
         try:
             with inj.active():
                 tickets.append(d.submit("conv", fn, busy="collect" if case == "collect"

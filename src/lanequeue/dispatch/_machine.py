@@ -1455,9 +1455,12 @@ class Machine:
         with self._lock:
             self.draining = True
 
-    def close(self, cancel_pending: bool) -> None:
+    def close(self, cancel_pending: bool, reason: str = "closed",
+              at_once: bool = False) -> None:
         """Refuse new turns; with ``cancel_pending`` end every turn not started as
-        cancelled ("closed") and ask the running ones to end likewise."""
+        cancelled (``reason``) and ask the running ones to end likewise. ``at_once``
+        (the event loop shuts down, so a running turn may never report): the running
+        turns' tickets end now too, and their runners' reports change nothing."""
         fx = _Effects()
         try:
             with self._lock:
@@ -1465,10 +1468,14 @@ class Machine:
                 self.closed = True
                 if cancel_pending:
                     for key, k in list(self._keys.items()):
-                        self._drop_line(k, CANCELLED, "closed", fx)
-                        self._drop_arrivals(k, CANCELLED, "closed", fx)
-                        if k.job is not None:
-                            self._stop_job(k, k.job, CANCELLED, CANCELLED, "closed", fx)
+                        self._drop_line(k, CANCELLED, reason, fx)
+                        self._drop_arrivals(k, CANCELLED, reason, fx)
+                        job = k.job
+                        if job is not None:
+                            self._stop_job(k, job, CANCELLED, CANCELLED, reason, fx)
+                            if at_once and job.phase == STARTED:
+                                for t in job.tickets + job.taken:
+                                    self._end(t, CANCELLED, reason, fx)
                         self._advance(key, k, self.face.now(), fx)
         except BaseException:
             self._repair(fx)
