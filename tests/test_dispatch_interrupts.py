@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import dis
 import functools
+import random
+import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -145,7 +148,8 @@ def _check_whole(d: ThreadDispatcher, tickets: list[Any], inj: Injector) -> None
     assert s.submitted == (s.done + s.failed + s.cancelled + s.dropped + s.rejected
                            + s.timed_out), (inj.fired, s)
     assert d.snapshot()["admitted"] == 0, inj.fired
-    assert d.submit("fresh", lambda: "fresh").result(WAIT) == "fresh", inj.fired
+    if not d.draining:
+        assert d.submit("fresh", lambda: "fresh").result(WAIT) == "fresh", inj.fired
     assert d.drain(WAIT), inj.fired
     d.close()
 
@@ -197,6 +201,8 @@ def test_interrupt_at_every_point_of_cancel_leaves_the_dispatcher_whole() -> Non
         first = d.submit("conv", go.wait, WAIT)
         victim = d.submit("conv", str, "victim")
         after = d.submit("conv", str, "after")
+        told: list[Any] = []
+        victim.add_done_callback(told.append)
         try:
             with inj.active():
                 d.cancel(victim)
@@ -207,12 +213,15 @@ def test_interrupt_at_every_point_of_cancel_leaves_the_dispatcher_whole() -> Non
         assert _ended(victim) in ("cancelled", "done"), inj.fired
         if victim.state == "cancelled":
             assert victim.reason == "cancelled"
+        assert told and told[0] is victim, inj.fired  # its callback ran (maybe twice)
         _check_whole(d, [first, victim, after], inj)
 
     assert inject_everywhere(run_once) > 10
 
 
-def test_interrupt_at_every_point_of_clear_leaves_the_dispatcher_whole() -> None:
+@pytest.mark.parametrize("op", ["clear", "close"])
+def test_interrupt_at_every_point_of_clear_or_close_leaves_the_dispatcher_whole(
+        op: str) -> None:
     def run_once(inj: Injector) -> None:
         d = _dispatcher()
         go = threading.Event()
@@ -220,7 +229,10 @@ def test_interrupt_at_every_point_of_clear_leaves_the_dispatcher_whole() -> None
         rest = [d.submit("conv", str, i) for i in range(3)]
         try:
             with inj.active():
-                d.clear("conv")
+                if op == "clear":
+                    d.clear("conv")
+                else:
+                    d.close()
         except KeyboardInterrupt:
             assert inj.fired is not None
         go.set()
@@ -255,3 +267,47 @@ def test_interrupt_at_every_point_of_a_runners_report_leaves_the_dispatcher_whol
         _check_whole(d, [first, nxt, other], inj)
 
     assert inject_everywhere(run_once) > 10
+
+
+def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher() -> None:
+    """The attack's fuzz: a timer raises KeyboardInterrupt after 10-300 us, over and over,
+    while the main thread submits (with dedupe ids) and cancels on five keys behind a
+    global lane of one. Afterwards the dispatcher drains to True, its counters are
+    whole, and a fresh turn runs."""
+    d = _dispatcher()
+    armed = [False]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    assert threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    outer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's own alarm, if any
+    rng = random.Random(3)
+    interrupts = completed = 0
+    deadline = time.monotonic() + 3.0
+    try:
+        n = 0
+        while interrupts < 300 and time.monotonic() < deadline:
+            try:
+                armed[0] = True
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(10e-6, 300e-6))
+                for _ in range(50):
+                    n += 1
+                    t = d.submit(f"k{n % 5}", str, n, dedupe_id=f"e{n % 40}")
+                    if n % 3 == 0:
+                        d.cancel(t)
+                    completed += 1
+                armed[0] = False
+            except KeyboardInterrupt:
+                armed[0] = False  # first: no call (no check for signals) before it
+                interrupts += 1
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *outer)
+    assert interrupts >= 50 and completed > 0, (interrupts, completed)
+    _check_whole(d, [], Injector(0))

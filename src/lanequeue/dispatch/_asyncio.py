@@ -114,6 +114,13 @@ class Dispatcher(DispatcherBase):
     raise RuntimeError); every method is a plain call except :meth:`drain` and
     :meth:`wait_idle`.
 
+    When the loop shuts down with work left (its tasks cancelled: ``asyncio.run``'s end,
+    Ctrl-C included), the dispatcher closes itself: every ticket still pending or running
+    ends at once as ``cancelled``, reason ``"loop shut down"``, and no turn starts any
+    more. While it has work, one task of its own (``"lanequeue-dispatch-watch"``) waits
+    for that; it ends when the dispatcher is idle. A loop closed without cancelling its
+    tasks tells it nothing: call :meth:`close` first there.
+
     Example::
 
         queue = build_default_async_lanes()

@@ -65,6 +65,35 @@ a ticket already ended: every ticket ends exactly once, and the counters (``stat
 bumped at that one place, so ``submitted`` always equals the sum of the six terminal
 counts plus the tickets still pending or running.
 
+Interrupts
+==========
+A ``KeyboardInterrupt`` raised by a signal handler (Ctrl-C), or any asynchronous
+exception, may land anywhere in ``submit``, ``cancel``, ``clear``, ``close`` or a runner's
+report (``finish``), at any point where CPython checks for one (see "Interrupts" in
+``lanequeue._core``). Whatever the point, the dispatcher stays whole: a ticket that was
+made either ends (``cancelled``, reason ``"interrupted"`` for a new ticket taken out of
+its line and put nowhere; the cancel asked for, for a ticket being cancelled) or runs to
+its end; no gate slot or runner count is lost; the counters agree; ``drain`` can reach
+True. The interrupted call itself raises the exception. How:
+
+- A locked block runs inside a ``try`` whose handler calls :meth:`Machine._repair`: under
+  the lock it ends the work a report was ending (the job's outcome is stored with the
+  counters in one run of plain stores), clears stale job links of tickets in a line,
+  abandons a job left without tickets, puts back a job popped from the gate's heap and
+  never admitted, ends every live ticket (``_live``: registered by a plain store as it is
+  made) that is pending but in no line, arrival list or job, and forms each free key's
+  next job and fills the gate. A ticket is counted in ``submitted`` and registered by
+  plain stores right after it is made, and :meth:`_end` does its one lookup first, then
+  plain stores, then ``fx.ended.append`` (its end will be told).
+- The effects run in a ``finally``, and once more if ``_after`` was interrupted (``fx.open``
+  is still True): each effect is marked done only once it returned, so an interrupted run
+  leaves the rest to the second. A repeated effect changes nothing: a launch is refused
+  by :meth:`enter` (the first runner has the job), a give-back carries its claim's own
+  value, a timer or task cancelled twice stays cancelled. A done-callback is dropped only
+  once it returned: under an interrupt it may be called twice, never not at all
+  (``await ticket`` copes). ``on_drop`` is called at most once per batch.
+- A runner whose report was interrupted at its very entry reports again (``job.reported``).
+
 Ending, and who decides
 =======================
 - A ticket that never started ends at once (its waiters are woken at once).
@@ -232,7 +261,9 @@ class Ticket:
     ``"failed"``, ``"cancelled"``, ``"dropped"``, ``"rejected"``, ``"timed_out"``,
     ``"deduped"``; ``reason`` says why a non-done state was reached (``"busy"``,
     ``"overflow"``, ``"superseded"``, ``"cancelled"``, ``"cleared"``, ``"closed"``,
-    ``"start timeout"``, ``"run timeout"``, ...), None otherwise.
+    ``"start timeout"``, ``"run timeout"``, ``"interrupted"`` (an interrupt in ``submit``
+    left it in no line), ``"loop shut down"`` (asyncio: the event loop shut down), ...),
+    None otherwise.
 
     Waiting: ``await ticket`` (asyncio) or ``ticket.result(timeout)`` (any thread) returns
     ``fn``'s value for ``done``, re-raises ``fn``'s exception for ``failed``, and raises the
@@ -265,7 +296,7 @@ class Ticket:
         self._value: Any = None
         self._error: BaseException | None = None
         # Made on first wait (most tickets are awaited through a callback, or not at all).
-        self._event: threading.Event | None = None
+        self._event: _Signal | None = None
         self._callbacks: list[Callable[[Ticket], Any]] | None = []
         self._machine = machine
         self._armed = False  # in the machine's deadline heap, not started or ended yet
@@ -300,7 +331,9 @@ class Ticket:
 
     def add_done_callback(self, fn: Callable[[Ticket], Any]) -> None:
         """Call ``fn(ticket)`` once the ticket ends (at once if it has), from the thread
-        that ends it. Exceptions from ``fn`` are logged and ignored.
+        that ends it. Exceptions from ``fn`` are logged and ignored. If an interrupt (a
+        ``KeyboardInterrupt``) lands in the dispatcher right after ``fn`` returned, ``fn``
+        may be called a second time (never not at all).
 
         Raises:
             TypeError: ``fn`` is not callable (checked here, not when the ticket ends)."""
@@ -351,10 +384,10 @@ class Ticket:
                 f"ticket {self.id} of key {shown(self.key)} still {self.state} after {timeout} s")
         return self._outcome()
 
-    def _wait_event(self) -> threading.Event:
+    def _wait_event(self) -> _Signal:
         with self._machine._lock:
             if self._event is None:
-                self._event = threading.Event()
+                self._event = _Signal()
                 if self.state in TERMINAL:  # ended already (its end may be being told)
                     self._event.set()
             return self._event
@@ -402,6 +435,34 @@ class Ticket:
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
         return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
+
+
+class _Signal:
+    """A one-way flag threads wait for, like ``threading.Event`` but entered through a
+    plain lock (a C-level ``__enter__``): an interrupt in :meth:`set` cannot leave a lock
+    held (``Event.set`` enters a ``Condition``, whose ``__enter__`` is Python code), and a
+    :meth:`set` cut short is made whole by setting it again (see "Interrupts")."""
+
+    __slots__ = ("_lock", "_cond", "_flag")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._flag = False
+
+    def set(self) -> None:
+        with self._lock:
+            self._flag = True
+            self._cond.notify_all()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if not self._flag:
+                self._cond.wait_for(lambda: self._flag, timeout)
+            return self._flag
 
 
 def _on_loop(loop: Any) -> bool:

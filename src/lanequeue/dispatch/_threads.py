@@ -200,7 +200,11 @@ class ThreadDispatcher(DispatcherBase):
         assert slots is not None
         self._pool = ThreadPoolExecutor(slots, thread_name_prefix="lanequeue-dispatch")
         self._timers = _Timers(clock, None if clock is time.monotonic else 0.005)
-        self._idle_cond = threading.Condition()
+        # Entered through the plain lock (a C-level ``__enter__``): an interrupt cannot
+        # leave it held (``Condition.__enter__`` is Python code; see "Interrupts" in
+        # lanequeue._core).
+        self._idle_lock = threading.Lock()
+        self._idle_cond = threading.Condition(self._idle_lock)
 
     # -- the face -----------------------------------------------------------------------
 
@@ -214,7 +218,7 @@ class ThreadDispatcher(DispatcherBase):
         job.handle = self._pool.submit(self._run, job)
 
     def idle(self) -> None:
-        with self._idle_cond:
+        with self._idle_lock:
             self._idle_cond.notify_all()
         if self._machine.closed:
             self._timers.stop()
@@ -269,7 +273,7 @@ class ThreadDispatcher(DispatcherBase):
         """Block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no
         turn is running or pending. Returns True when idle, False when time ran out."""
         timeout = check_timeout(timeout_s)
-        with self._idle_cond:
+        with self._idle_lock:
             return self._idle_cond.wait_for(self._machine.is_idle, timeout)
 
     def drain(self, timeout_s: float | None = 0.0) -> bool:
