@@ -315,4 +315,10 @@ def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher
         if outer[0] > 0:
             signal.setitimer(signal.ITIMER_REAL, *outer)
     assert interrupts >= 50 and completed > 0, (interrupts, completed)
-    _check_whole(d, [], Injector(0))
+    # The timer thread still serves (an interrupt in call_later once left its lock held).
+    go = threading.Event()
+    blocker = d.submit("t", go.wait, WAIT)
+    late = d.submit("t", str, "late", timeout_s=0.01)
+    assert _ended(late) == "timed_out" and late.reason == "start timeout"
+    go.set()
+    _check_whole(d, [blocker], Injector(0))

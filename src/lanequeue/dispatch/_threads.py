@@ -58,7 +58,11 @@ class _Timers:
         self._clock = clock
         self._poll_s = poll_s
         self._heap: list[tuple[float, int, _Handle]] = []
-        self._cond = threading.Condition()
+        # Entered through the plain lock (a C-level ``__enter__``): an interrupt in
+        # call_later or a cancel cannot leave it held and the timer thread stuck (see
+        # "Interrupts" in lanequeue.dispatch._machine).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -66,7 +70,7 @@ class _Timers:
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> _Handle:
         handle = _Handle(fn, self)
-        with self._cond:
+        with self._lock:
             heapq.heappush(self._heap, (self._clock() + delay, next(self._seq), handle))
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -76,7 +80,7 @@ class _Timers:
         return handle
 
     def _cancelled(self) -> None:
-        with self._cond:
+        with self._lock:
             self._dead += 1
             # Like asyncio: rebuild once most of the heap is cancelled (amortised O(1)).
             if self._dead > 64 and self._dead * 2 > len(self._heap):
@@ -85,14 +89,14 @@ class _Timers:
                 self._dead = 0
 
     def stop(self) -> None:
-        with self._cond:
+        with self._lock:
             self._stopped = True
             self._cond.notify()
 
     def _loop(self) -> None:
         heap = self._heap
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     heap = self._heap
                     if self._stopped:
