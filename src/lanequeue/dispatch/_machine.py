@@ -93,6 +93,13 @@ True. The interrupted call itself raises the exception. How:
   once it returned: under an interrupt it may be called twice, never not at all
   (``await ticket`` copes). ``on_drop`` is called at most once per batch.
 - A runner whose report was interrupted at its very entry reports again (``job.reported``).
+- The locks that threads wait on are entered through a plain ``threading.Lock`` (a C-level
+  ``__enter__``, see ``lanequeue._core``): a ticket's wait (:class:`_Signal`, not
+  ``threading.Event``, whose ``set`` enters a ``Condition`` in Python code), the thread
+  face's idle notice and its timer thread's heap. Limit: ``Turn.cancel_event`` is a
+  ``threading.Event`` (its documented type); an interrupt inside its ``set`` may leave
+  that event's own lock held, so a ``fn`` that blocks in ``cancel_event.wait()`` (rather
+  than polling ``is_set()``) could then wait out its timeout.
 
 Ending, and who decides
 =======================
