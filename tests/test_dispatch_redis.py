@@ -85,14 +85,15 @@ def test_a_forked_child_never_owns_its_parents_dedupe_claims(
     from lanequeue.dispatch._redis import RedisDedupeWindow
 
     window = RedisDedupeWindow(redis_client, redis_prefix, 60.0)
-    assert window.claim("Ev1")
+    first = window.number()
+    assert window.claim("Ev1", first)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         out = "raised"
         try:
-            window.give_back("Ev1")
-            out = f"{window.claim('Ev1')} {window.claim('Ev2')}"
+            window.give_back("Ev1", first)
+            out = f"{window.claim('Ev1', first)} {window.claim('Ev2', window.number())}"
         finally:
             os.write(w, out.encode())
             os._exit(0)
@@ -101,8 +102,8 @@ def test_a_forked_child_never_owns_its_parents_dedupe_claims(
         got = f.read().decode()
     os.waitpid(pid, 0)
     assert got == "False True"
-    assert window.claim("Ev1")  # still the parent's
-    assert not window.claim("Ev2")  # the child's
+    assert window.claim("Ev1", first)  # still the parent's
+    assert not window.claim("Ev2", window.number())  # the child's
 
 
 def test_a_claim_is_given_back_when_the_turn_never_ran(redis_client: Any,

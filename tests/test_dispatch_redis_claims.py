@@ -60,8 +60,8 @@ def test_drain_while_a_claim_is_in_flight_gives_the_claim_back(
     real = window.claim
     landed, stopped = threading.Event(), threading.Event()
 
-    def claim(dedupe_id: str) -> bool:
-        ours = real(dedupe_id)  # the real SET NX PX, on the real server
+    def claim(dedupe_id: str, number: int) -> bool:
+        ours = real(dedupe_id, number)  # the real SET NX PX, on the real server
         landed.set()
         assert stopped.wait(WAIT)
         return ours
@@ -275,45 +275,184 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
     td.close()
 
 
-def test_give_back_later_removes_a_claim_that_lands_late_and_only_ours(
+def test_give_back_later_removes_a_claim_that_lands_late_and_only_that_claim(
     redis_server: Any, redis_prefix: str
 ) -> None:
     """``give_back_later`` tries again after ``call_wait_s`` and twice that: a claim that
     lands after the first attempt (a frozen server's late SET) is still given back;
-    another owner's claim is left; an id a ticket of ours uses (``unused()`` False) is
-    claimed again if an earlier give-back took it."""
+    another owner's claim, and a later claim of ours of the same id (a retry: another
+    claim number), are left."""
     from lanequeue.dispatch._redis import RedisDedupeWindow
 
     client = redis.Redis(port=redis_server.port, socket_timeout=ST)
     window = RedisDedupeWindow(client, redis_prefix, 60.0)
-    asked: list[str] = []
-
-    def unused(dedupe_id: str) -> Any:
-        def check() -> bool:
-            asked.append(dedupe_id)
-            return dedupe_id != "used"
-        return check
-
-    def wait_asked(late: int, used: int) -> None:
-        deadline = time.monotonic() + WAIT
-        while (asked.count("late") < late or asked.count("other") < late
-               or asked.count("used") < used) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert asked.count("late") >= late and asked.count("used") >= used
-
-    for dedupe_id in ("late", "used", "other"):
-        window.give_back_later(dedupe_id, unused(dedupe_id))
-    wait_asked(2, 1)  # the first round (at once): nothing to give back; "used" claimed
-    time.sleep(0.1)  # its calls answered (the next round is ST later)
-    late, used, other = (window.key(i) for i in ("late", "used", "other"))
-    assert client.get(used) == window.owner.encode()
-    client.set(late, window.owner)  # a late claim lands now
-    client.delete(used)  # a late give-back took the claim of our ticket
+    failed = {i: window.number() for i in ("late", "retried", "other")}
+    for dedupe_id, number in failed.items():
+        window.give_back_later(dedupe_id, number)
+    late, retried, other = (window.key(i) for i in ("late", "retried", "other"))
+    deadline = time.monotonic() + WAIT
+    while window._later and window._later[0][0] <= time.monotonic() and (
+            time.monotonic() < deadline):  # the first round (at once) was taken
+        time.sleep(0.01)
+    # A late claim lands now; a retry of ours claimed "retried" anew; another owner
+    # claimed "other".
+    assert window.claim("late", failed["late"])
+    assert window.claim("retried", failed["retried"])
+    assert window.claim("retried", window.number())  # replaces the older claim
     client.set(other, "another dispatcher")
     assert gone_within(client, [late], 2 * ST + 2.0)
-    wait_asked(6, 3)  # every attempt made
     deadline = time.monotonic() + WAIT
-    while client.get(used) is None and time.monotonic() < deadline:  # the last call
-        time.sleep(0.01)
-    assert client.get(used) == window.owner.encode()
+    while (window._later or window._later_threads) and time.monotonic() < deadline:
+        time.sleep(0.01)  # every attempt made
+    assert client.get(retried) is not None  # the retry's claim stays
     assert client.get(other) == b"another dispatcher"
+
+
+class _HeldGiveBacks:
+    """Wraps a window's ``give_back`` so each one waits for ``release`` before it goes
+    to Redis (it runs on the thread that sends it: the window's pool on asyncio, the
+    cancelling thread on threads); ``sent`` is set once one has been answered."""
+
+    def __init__(self, window: Any) -> None:
+        self.real = window.give_back
+        self.entered, self.release, self.sent = (threading.Event(), threading.Event(),
+                                                 threading.Event())
+        window.give_back = self
+
+    def __call__(self, dedupe_id: str, number: int) -> None:
+        self.entered.set()
+        assert self.release.wait(WAIT)
+        self.real(dedupe_id, number)
+        self.sent.set()
+
+
+@pytest.mark.parametrize("order", ["claim_first", "give_back_first"])
+def test_async_give_back_of_a_cancelled_ticket_never_removes_its_retrys_claim(
+    redis_client: Any, redis_prefix: str, order: str
+) -> None:
+    """A cancelled ticket's give-back and its retry's claim (same dispatcher, same
+    ``dedupe_id``) reach Redis in either order: the retry keeps the id, so another
+    dispatcher's copy ends ``deduped`` (README: "a duplicate owned by another process
+    ends as ``deduped``")."""
+    from lanequeue.dispatch._machine import CLAIMING
+
+    async def answered(t: Any) -> None:
+        # The claim's answer comes back to the loop through the thread pool.
+        deadline = time.monotonic() + WAIT
+        while t._claim is CLAIMING and time.monotonic() < deadline:
+            await asyncio.sleep(0)
+        assert t._claim is True
+
+    async def main() -> None:
+        a = Dispatcher(build_default_async_lanes(), dedupe_redis=redis_client,
+                       dedupe_prefix=redis_prefix)
+        b = Dispatcher(build_default_async_lanes(), dedupe_redis=redis_client,
+                       dedupe_prefix=redis_prefix)
+        held = _HeldGiveBacks(a._machine.window)
+        gate = asyncio.Event()
+
+        async def handle(evt: str) -> str:
+            return evt
+
+        a.submit("conv", gate.wait)  # the key is busy: the tickets below stay pending
+        first = a.submit("conv", handle, "e", dedupe_id="e")
+        await answered(first)
+        assert first.cancel()  # its give-back is held
+        assert await asyncio.to_thread(held.entered.wait, WAIT)
+        if order == "give_back_first":
+            held.release.set()
+            assert await asyncio.to_thread(held.sent.wait, WAIT)
+        retry = a.submit("conv", handle, "e", dedupe_id="e")
+        assert retry is not first
+        await answered(retry)
+        held.release.set()
+        assert await asyncio.to_thread(held.sent.wait, WAIT)
+        assert redis_client.get(a._machine.window.key("e")) is not None
+        copy = b.submit("elsewhere", handle, "e", dedupe_id="e")
+        await answered_or_ended(copy)
+        assert copy.state == "deduped" and retry.state == "pending"
+        gate.set()
+        assert await asyncio.wait_for(retry, WAIT) == "e"
+        assert await a.drain(WAIT) and await b.drain(WAIT)
+
+    async def answered_or_ended(t: Any) -> None:
+        deadline = time.monotonic() + WAIT
+        while not t.done() and time.monotonic() < deadline:
+            await asyncio.sleep(0)
+
+    asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
+
+
+@pytest.mark.parametrize("order", ["claim_first", "give_back_first"])
+def test_thread_give_back_of_a_cancelled_ticket_never_removes_its_retrys_claim(
+    redis_client: Any, redis_prefix: str, order: str
+) -> None:
+    """The same on ThreadDispatcher: the give-back runs in the cancelling thread, the
+    retry's claim in the submitting one, in either order."""
+    a = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                         dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                         dedupe_prefix=redis_prefix)
+    held = _HeldGiveBacks(a._machine.window)
+    gate = threading.Event()
+    a.submit("conv", gate.wait, WAIT)
+    first = a.submit("conv", str, "e", dedupe_id="e")
+    canceller = threading.Thread(target=first.cancel)
+    canceller.start()
+    assert held.entered.wait(WAIT)
+    if order == "give_back_first":
+        held.release.set()
+        assert held.sent.wait(WAIT)
+    retry = a.submit("conv", str, "e", dedupe_id="e")
+    assert retry is not first and retry.state == "pending"
+    held.release.set()
+    canceller.join(WAIT)
+    assert held.sent.is_set() and first.state == "cancelled"
+    assert redis_client.get(a._machine.window.key("e")) is not None
+    copy = b.submit("elsewhere", str, "e", dedupe_id="e")
+    assert copy.state == "deduped" and retry.state == "pending"
+    gate.set()
+    assert retry.result(WAIT) == "e"
+    assert a.drain(WAIT) and b.drain(WAIT)
+    a.close()
+    b.close()
+
+
+def test_two_threads_claiming_one_id_leave_a_claim_the_ticket_gives_back(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """Two threads submit the same new id at once: both claims answer "ours"; the ticket
+    that wins takes the newer claim's number, so its give-back (it never ran) frees the
+    id for another dispatcher."""
+    a = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                         dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                         dedupe_prefix=redis_prefix)
+    window = a._machine.window
+    real = window.claim
+    both = threading.Barrier(2, timeout=WAIT)
+
+    def claim(dedupe_id: str, number: int) -> bool:
+        ours = real(dedupe_id, number)
+        both.wait()  # both claims landed before either submit goes on
+        return ours
+
+    window.claim = claim
+    gate = threading.Event()
+    a.submit("conv", gate.wait, WAIT)
+    got: list[Any] = []
+    threads = [threading.Thread(target=lambda: got.append(
+        a.submit("conv", str, "e", dedupe_id="e"))) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(WAIT)
+    assert len(got) == 2 and got[0] is got[1]
+    window.claim = real
+    assert got[0].cancel()
+    assert gone_within(redis_client, [window.key("e")], WAIT)
+    gate.set()
+    assert b.submit("k", str, "b ran", dedupe_id="e").result(WAIT) == "b ran"
+    assert a.drain(WAIT) and b.drain(WAIT)
+    a.close()
+    b.close()

@@ -22,6 +22,18 @@ from ._machine import _CURRENT, Job, Ticket, Timer
 
 __all__ = ["Dispatcher"]
 
+#: The reason of the tickets ended by the event loop's shutdown.
+LOOP_SHUT_DOWN = "loop shut down"
+
+
+def _cancelled_from_outside() -> bool:
+    """The current task was cancelled by a ``cancel()`` call (3.11+: ``cancelling()``),
+    not by a CancelledError that ``fn`` raised itself. False on 3.10 (the watch task
+    still sees the shutdown)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return callable(cancelling) and bool(cancelling())
+
 
 #: Threads that run the shared dedupe window's calls for the asyncio dispatchers of this
 #: process (each call bounded, see :mod:`._redis`); made on first use, anew after fork.
@@ -107,6 +119,13 @@ class Dispatcher(DispatcherBase):
     raise RuntimeError); every method is a plain call except :meth:`drain` and
     :meth:`wait_idle`.
 
+    When the loop shuts down with work left (its tasks cancelled: ``asyncio.run``'s end,
+    Ctrl-C included), the dispatcher closes itself: every ticket still pending or running
+    ends at once as ``cancelled``, reason ``"loop shut down"``, and no turn starts any
+    more. While it has work, one task of its own (``"lanequeue-dispatch-watch"``) waits
+    for that; it ends when the dispatcher is idle. A loop closed without cancelling its
+    tasks tells it nothing: call :meth:`close` first there.
+
     Example::
 
         queue = build_default_async_lanes()
@@ -152,6 +171,14 @@ class Dispatcher(DispatcherBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle_waiters: set[asyncio.Future[None]] = set()
+        # The watch over the loop's shutdown: a task of the loop while work is left
+        # (see _watch), and the future that ends it when the dispatcher is idle.
+        self._watch_end: asyncio.Future[None] | None = None
+        self._shut = False  # the loop shut down: every ticket ended, nothing starts
+
+    def _submitted(self, ticket: Ticket) -> None:
+        if not ticket.done():
+            self._watch_loop()
 
     def _check_caller(self) -> None:
         try:
@@ -176,8 +203,8 @@ class Dispatcher(DispatcherBase):
 
     def launch(self, job: Job) -> None:
         assert self._loop is not None
-        if self._loop.is_closed():
-            # The loop is gone (shut down with turns still pending): nothing can run.
+        if self._shut or self._loop.is_closed():
+            # The loop shuts down or is gone: nothing may start (its tickets ended).
             self._machine.finish(job, False, asyncio.CancelledError())
             return
         task = self._loop.create_task(self._run(job))
@@ -187,7 +214,9 @@ class Dispatcher(DispatcherBase):
 
     def _reap(self, task: asyncio.Task[None], job: Job) -> None:
         self._tasks.discard(task)
-        if not job.reported:
+        if task.cancelled() and not job.abandoned and job.end_req is None:
+            self._loop_shut_down()  # cancelled by nobody here: the loop's shutdown
+        if not job.reported and job.runner in (None, task):
             # Cancelled before its first step (an abandoned job, or the loop shutting
             # down): the coroutine never ran, so report the end here.
             self._machine.finish(job, False, asyncio.CancelledError())
@@ -213,7 +242,44 @@ class Dispatcher(DispatcherBase):
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 
+    # -- the loop's shutdown --------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        """Make sure a watch task runs while the dispatcher has work (loop thread)."""
+        if self._watch_end is None and not self._shut:
+            assert self._loop is not None
+            end = self._watch_end = self._loop.create_future()
+            self._loop.create_task(self._watch(end), name="lanequeue-dispatch-watch")
+
+    async def _watch(self, end: asyncio.Future[None]) -> None:
+        """Wait until the dispatcher is idle (``idle`` ends the wait). Cancelled first,
+        the loop shuts down (``asyncio.run`` cancels every task when its main coroutine
+        returns or raises, Ctrl-C included): see :meth:`_loop_shut_down`."""
+        try:
+            await end
+        except asyncio.CancelledError:
+            if end.cancelled():  # (ended by idle: set_result; so this is a task cancel)
+                self._loop_shut_down()
+            raise
+        finally:
+            if self._watch_end is end:
+                self._watch_end = None
+
+    def _loop_shut_down(self) -> None:
+        """The loop's tasks are being cancelled: every ticket still pending or running
+        ends now as ``cancelled`` (reason "loop shut down"), and no turn starts any more
+        (a turn's task that was not cancelled with the others is cancelled now)."""
+        if self._shut:
+            return
+        self._shut = True
+        self._machine.close(True, reason=LOOP_SHUT_DOWN, at_once=True)
+
     def idle(self) -> None:
+        end = self._watch_end
+        if end is not None:
+            self._watch_end = None
+            if not end.done():
+                end.set_result(None)
         for fut in self._idle_waiters:
             if not fut.done():
                 fut.set_result(None)
@@ -221,6 +287,8 @@ class Dispatcher(DispatcherBase):
     async def _run(self, job: Job) -> None:
         """One turn: hold the lanes, call ``fn``, release; report to the machine."""
         machine = self._machine
+        if not machine.enter(job, asyncio.current_task()):
+            return  # a launch repeated after an interrupt: the first runner has it
         ok, value = False, None
         try:
             # All inside the try, as on threads (see ThreadDispatcher._run): whatever
@@ -245,7 +313,16 @@ class Dispatcher(DispatcherBase):
                             _CURRENT.reset(token)
         except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
             ok, value = False, exc
-        machine.finish(job, ok, value)
+            if (isinstance(exc, asyncio.CancelledError) and not job.abandoned
+                    and job.end_req is None and _cancelled_from_outside()):
+                # Nobody here cancelled the task (that leaves end_req or abandoned):
+                # the loop's shutdown did.
+                self._loop_shut_down()
+        try:
+            machine.finish(job, ok, value)
+        finally:
+            if not job.reported:  # interrupted at its entry (see "Interrupts")
+                machine.finish(job, ok, value)
         if isinstance(value, (KeyboardInterrupt, SystemExit)):
             raise value
 

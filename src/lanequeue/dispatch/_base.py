@@ -282,8 +282,13 @@ class DispatcherBase:
         run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
         self._check_process()
         self._check_caller()
-        return self._machine.submit(key, fn, args, busy, dedupe_id, priority, timeout_s,
-                                    run_timeout, LANE_DEFAULT)
+        ticket = self._machine.submit(key, fn, args, busy, dedupe_id, priority, timeout_s,
+                                      run_timeout, LANE_DEFAULT)
+        self._submitted(ticket)
+        return ticket
+
+    def _submitted(self, ticket: Ticket) -> None:
+        """The face's look at a new ticket (asyncio: watch the loop's shutdown)."""
 
     def cancel(self, ticket: Ticket) -> bool:
         """End ``ticket`` as ``cancelled``: at once if it has not started; if it runs, its

@@ -67,6 +67,42 @@ a ticket already ended: every ticket ends exactly once, and the counters (``stat
 bumped at that one place, so ``submitted`` always equals the sum of the six terminal
 counts plus the tickets still pending or running.
 
+Interrupts
+==========
+A ``KeyboardInterrupt`` raised by a signal handler (Ctrl-C), or any asynchronous
+exception, may land anywhere in ``submit``, ``cancel``, ``clear``, ``close`` or a runner's
+report (``finish``), at any point where CPython checks for one (see "Interrupts" in
+``lanequeue._core``). Whatever the point, the dispatcher stays whole: a ticket that was
+made either ends (``cancelled``, reason ``"interrupted"`` for a new ticket taken out of
+its line and put nowhere; the cancel asked for, for a ticket being cancelled) or runs to
+its end; no gate slot or runner count is lost; the counters agree; ``drain`` can reach
+True. The interrupted call itself raises the exception. How:
+
+- A locked block runs inside a ``try`` whose handler calls :meth:`Machine._repair`: under
+  the lock it ends the work a report was ending (the job's outcome is stored with the
+  counters in one run of plain stores), clears stale job links of tickets in a line,
+  abandons a job left without tickets, puts back a job popped from the gate's heap and
+  never admitted, ends every live ticket (``_live``: registered by a plain store as it is
+  made) that is pending but in no line, arrival list or job, and forms each free key's
+  next job and fills the gate. A ticket is counted in ``submitted`` and registered by
+  plain stores right after it is made, and :meth:`_end` does its one lookup first, then
+  plain stores, then ``fx.ended.append`` (its end will be told).
+- The effects run in a ``finally``, and once more if ``_after`` was interrupted (``fx.open``
+  is still True): each effect is marked done only once it returned, so an interrupted run
+  leaves the rest to the second. A repeated effect changes nothing: a launch is refused
+  by :meth:`enter` (the first runner has the job), a give-back carries its claim's own
+  value, a timer or task cancelled twice stays cancelled. A done-callback is dropped only
+  once it returned: under an interrupt it may be called twice, never not at all
+  (``await ticket`` copes). ``on_drop`` is called at most once per batch.
+- A runner whose report was interrupted at its very entry reports again (``job.reported``).
+- The locks that threads wait on are entered through a plain ``threading.Lock`` (a C-level
+  ``__enter__``, see ``lanequeue._core``): a ticket's wait (:class:`_Signal`, not
+  ``threading.Event``, whose ``set`` enters a ``Condition`` in Python code), the thread
+  face's idle notice and its timer thread's heap. Limit: ``Turn.cancel_event`` is a
+  ``threading.Event`` (its documented type); an interrupt inside its ``set`` may leave
+  that event's own lock held, so a ``fn`` that blocks in ``cancel_event.wait()`` (rather
+  than polling ``is_set()``) could then wait out its timeout.
+
 Ending, and who decides
 =======================
 - A ticket that never started ends at once (its waiters are woken at once).
@@ -123,6 +159,7 @@ from typing import Any, Protocol
 
 from .._errors import (
     DispatcherDrainingError,
+    LaneBackendError,
     TurnCancelledError,
     TurnDedupedError,
     TurnDroppedError,
@@ -233,7 +270,9 @@ class Ticket:
     ``"failed"``, ``"cancelled"``, ``"dropped"``, ``"rejected"``, ``"timed_out"``,
     ``"deduped"``; ``reason`` says why a non-done state was reached (``"busy"``,
     ``"overflow"``, ``"superseded"``, ``"cancelled"``, ``"cleared"``, ``"closed"``,
-    ``"start timeout"``, ``"run timeout"``, ...), None otherwise.
+    ``"start timeout"``, ``"run timeout"``, ``"interrupted"`` (an interrupt in ``submit``
+    left it in no line), ``"loop shut down"`` (asyncio: the event loop shut down), ...),
+    None otherwise.
 
     Waiting: ``await ticket`` (asyncio) or ``ticket.result(timeout)`` (any thread) returns
     ``fn``'s value for ``done``, re-raises ``fn``'s exception for ``failed``, and raises the
@@ -245,7 +284,7 @@ class Ticket:
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
         "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "_claim",
-        "__weakref__",
+        "_number", "_forget", "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
@@ -266,7 +305,7 @@ class Ticket:
         self._value: Any = None
         self._error: BaseException | None = None
         # Made on first wait (most tickets are awaited through a callback, or not at all).
-        self._event: threading.Event | None = None
+        self._event: _Signal | None = None
         self._callbacks: list[Callable[[Ticket], Any]] | None = []
         self._machine = machine
         self._armed = False  # in the machine's deadline heap, not started or ended yet
@@ -276,6 +315,9 @@ class Ticket:
         # The shared dedupe window's answer for this ticket (offloaded faces): CLAIMING
         # until it came, then True (ours), False (another process's) or the error.
         self._claim: Any = True
+        # The number of its claim in the shared window (its give-back carries it).
+        self._number = 0
+        self._forget = False  # its claim is to be given back (when its end is told)
 
     @property
     def payload(self) -> Any:
@@ -298,7 +340,9 @@ class Ticket:
 
     def add_done_callback(self, fn: Callable[[Ticket], Any]) -> None:
         """Call ``fn(ticket)`` once the ticket ends (at once if it has), from the thread
-        that ends it. Exceptions from ``fn`` are logged and ignored.
+        that ends it. Exceptions from ``fn`` are logged and ignored. If an interrupt (a
+        ``KeyboardInterrupt``) lands in the dispatcher right after ``fn`` returned, ``fn``
+        may be called a second time (never not at all).
 
         Raises:
             TypeError: ``fn`` is not callable (checked here, not when the ticket ends)."""
@@ -349,11 +393,11 @@ class Ticket:
                 f"ticket {self.id} of key {shown(self.key)} still {self.state} after {timeout} s")
         return self._outcome()
 
-    def _wait_event(self) -> threading.Event:
+    def _wait_event(self) -> _Signal:
         with self._machine._lock:
             if self._event is None:
-                self._event = threading.Event()
-                if self._callbacks is None:  # ended already
+                self._event = _Signal()
+                if self.state in TERMINAL:  # ended already (its end may be being told)
                     self._event.set()
             return self._event
 
@@ -400,6 +444,34 @@ class Ticket:
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
         return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
+
+
+class _Signal:
+    """A one-way flag threads wait for, like ``threading.Event`` but entered through a
+    plain lock (a C-level ``__enter__``): an interrupt in :meth:`set` cannot leave a lock
+    held (``Event.set`` enters a ``Condition``, whose ``__enter__`` is Python code), and a
+    :meth:`set` cut short is made whole by setting it again (see "Interrupts")."""
+
+    __slots__ = ("_lock", "_cond", "_flag")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._flag = False
+
+    def set(self) -> None:
+        with self._lock:
+            self._flag = True
+            self._cond.notify_all()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            if not self._flag:
+                self._cond.wait_for(lambda: self._flag, timeout)
+            return self._flag
 
 
 def _on_loop(loop: Any) -> bool:
@@ -527,7 +599,7 @@ class Job:
     __slots__ = (
         "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
         "handle", "abandoned", "rank", "run_timer", "started_at", "end_req", "seq",
-        "reported", "formed_at", "run_due",
+        "reported", "formed_at", "run_due", "runner", "outcome",
     )
 
     def __init__(self, machine: Machine, key: str, tickets: list[Ticket], seq: int) -> None:
@@ -552,6 +624,8 @@ class Job:
         self.reported = False  # finish() was called for it
         self.formed_at = 0.0  # when the job was formed (the dispatcher's clock)
         self.run_due = math.inf  # when the run timer fires (the dispatcher's clock)
+        self.runner: Any = None  # the runner that entered it (Machine.enter)
+        self.outcome: tuple[bool, Any, bool] | None = None  # finish's (ok, value, started)
 
     def __lt__(self, other: Job) -> bool:
         return self.rank < other.rank
@@ -577,10 +651,13 @@ class _Key:
 class _Effects:
     """What an operation does after releasing the lock."""
 
-    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "forget")
+    __slots__ = ("ended", "dropped", "launch", "interrupt", "timers", "claims", "open",
+                 "n_ended", "n_launched", "n_claims")
 
     def __init__(self) -> None:
-        self.forget: list[str] = []
+        self.open = True  # not all run yet (see Machine._after)
+        self.claims: list[Ticket] = []  # tickets whose shared claim is to be sent (offload)
+        self.n_claims = self.n_ended = self.n_launched = 0  # how many of each were run
         self.ended: list[Ticket] = []
         self.dropped: list[Ticket] = []
         self.launch: list[Job] = []
@@ -632,6 +709,8 @@ class Machine:
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
         self._dedupe_timer: Timer | None = None
+        # Every ticket not ended yet, by id (see _repair).
+        self._live: dict[int, Ticket] = {}
         # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
         self._deadlines: list[tuple[float, int, Ticket]] = []
         self._deadline_timer: Timer | None = None
@@ -658,6 +737,7 @@ class Machine:
         offload = self.face.offload if shared else None
         ours = True
         claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
+        number = 0  # its number
         try:
             for attempt in (0, 1) if shared and offload is None else (1,):
                 if attempt == 1 and shared and offload is None:
@@ -666,12 +746,12 @@ class Machine:
                     # meanwhile; the table is looked at again below. (Offloaded: asked
                     # after, see _arrive.)
                     assert dedupe_id is not None
+                    number = self.window.number()
                     try:
-                        ours = self.window.claim(dedupe_id)
+                        ours = self.window.claim(dedupe_id, number)
                     except BaseException:
                         # It may land all the same (sent, not answered).
-                        self.window.give_back_later(
-                            dedupe_id, functools.partial(self._unused, dedupe_id))
+                        self.window.give_back_later(dedupe_id, number)
                         raise
                     claimed = ours
                 with self._lock:
@@ -683,7 +763,12 @@ class Machine:
                         self._expire_dedupe(now)
                         seen = self._dedupe.get(dedupe_id)
                         if seen is not None:
-                            claimed = False  # the claim is that ticket's (one owner)
+                            if claimed and seen[0]._number < number:
+                                # Another thread's claim of the id came first here but
+                                # ours is the newer value (Redis keeps the larger
+                                # number): that ticket's give-back must carry ours.
+                                seen[0]._number = number
+                            claimed = False  # the claim is that ticket's now
                             self._c["deduped"] += 1
                             return seen[0]
                     k = self._keys.get(key)
@@ -691,50 +776,59 @@ class Machine:
                              if shared and (k is None or not k.arrivals) else None)
                     if attempt == 0 and early is None:
                         continue
+                    rejected = early is not None and not (attempt == 1 and offload is None
+                                                          and shared)
+                    if offload is not None and not rejected:
+                        number = self.window.number()
                     t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
                                dedupe_id, now, None if timeout is None else now + timeout,
                                run_timeout)
-                    if early is not None and not (attempt == 1 and offload is None
-                                                  and shared):
+                    # Counted and registered with plain stores right away: an interrupt
+                    # from here on finds it (see _repair).
+                    self._c["submitted"] += 1
+                    self._live[t.id] = t
+                    t._number = number
+                    if rejected:
                         # Rejected here whatever the window says: nothing is claimed,
                         # so another dispatcher's copy of the id still runs.
-                        self._c["submitted"] += 1
                         t._started = True  # nothing to give back
                         self._end(t, REJECTED, early, fx)
-                        offload = None
                     else:
                         if offload is not None:
-                            # The window is asked off this thread (the event loop): the
-                            # ticket waits among the key's arrivals until it answers
-                            # (see _settle).
+                            # The window is asked off this thread (the event loop), once
+                            # the lock is released: the ticket waits among the key's
+                            # arrivals until it answers (see _settle).
                             t._claim = CLAIMING
+                            fx.claims.append(t)
                         if not ours:
                             # Another process owns this id within the window: nothing
                             # runs here.
                             t._started = True  # nothing to give back
                             self._end(t, DEDUPED, "duplicate", fx)
                         else:
-                            self._c["submitted"] += 1
                             if dedupe_id is not None:
                                 self._remember(dedupe_id, t, now, fx)
                             claimed = False  # the ticket's now: _end gives it back
                             self._arrive(t, now, fx)
                     break
-        except BaseException:
-            if claimed and dedupe_id is not None and self._unused(dedupe_id):
-                # Nothing was submitted (draining, or interrupted): the claim goes back.
-                self.window.give_back(dedupe_id)
+        except BaseException as exc:
+            try:
+                if not isinstance(exc, (DispatcherDrainingError, LaneBackendError)):
+                    # Interrupted (those two leave nothing changed): see _repair.
+                    self._repair(fx)
+            finally:
+                if claimed and dedupe_id is not None:
+                    # Nothing was submitted (draining, or interrupted): the claim goes
+                    # back.
+                    self.window.give_back(dedupe_id, number)
             raise
-        self._after(fx)
-        if offload is not None and dedupe_id is not None:
-            window = self.window
-            offload(lambda: window.claim(dedupe_id), lambda ours: self._claimed(t, ours))
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return t
-
-    def _unused(self, dedupe_id: str) -> bool:
-        """No ticket of this dispatcher uses ``dedupe_id`` (its claim may go back)."""
-        with self._lock:
-            return dedupe_id not in self._dedupe
 
     def _rejects(self, k: _Key | None, policy: str) -> str | None:
         """The reason (``"busy"``, ``"overflow"``) a new turn of key ``k`` under
@@ -782,19 +876,28 @@ class Machine:
         fx = _Effects()
         if isinstance(ours, BaseException) and t.dedupe_id is not None:
             # A failed claim may land all the same (sent, not answered).
-            self.window.give_back_later(t.dedupe_id,
-                                        functools.partial(self._unused, t.dedupe_id))
-        with self._lock:
-            t._claim = ours
-            if t.state in TERMINAL:
-                # Ended while asking (cancelled, cleared, timed out): give back a claim
-                # that nobody here uses (also after an error: it may have landed).
-                seen = self._dedupe.get(t.dedupe_id or "")
-                if ours is not False and t.dedupe_id is not None and seen is None:
-                    fx.forget.append(t.dedupe_id)
-            else:
-                self._settle(t.key, fx)
-        self._after(fx)
+            self.window.give_back_later(t.dedupe_id, t._number)
+        try:
+            with self._lock:
+                t._claim = ours
+                if t.state in TERMINAL:
+                    # Ended while asking (cancelled, cleared, timed out): give its claim
+                    # back (also after an error: it may have landed). Its value is its own,
+                    # so a retry's claim of the id is never taken with it.
+                    if ours is not False and t.dedupe_id is not None:
+                        t._forget = True
+                        fx.ended.append(t)  # (told again: only the give-back is left)
+                else:
+                    self._settle(t.key, fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def _settle(self, key: str, fx: _Effects) -> None:
         """Place the key's arrivals whose claims answered, in order, up to the first one
@@ -810,7 +913,6 @@ class Machine:
             t = arrivals.popleft()
             claim = t._claim
             if claim is False:
-                self._c["submitted"] -= 1
                 if t.dedupe_id is not None and self._dedupe.get(t.dedupe_id, (None,))[0] is t:
                     del self._dedupe[t.dedupe_id]
                 t._started = True  # nothing to give back
@@ -901,24 +1003,33 @@ class Machine:
     def _deadlines_due(self) -> None:
         """The deadline timer fired: end every pending ticket whose deadline passed."""
         fx = _Effects()
-        with self._lock:
-            self._deadline_timer = None
-            now = self.face.now()
-            heap = self._deadlines
-            while heap and (heap[0][0] <= now or not heap[0][2]._armed):
-                t = heapq.heappop(heap)[2]
-                if not t._armed:
-                    self._stale -= 1
-                    continue
-                t._armed = False
-                self._detach(t, fx)
-                self._end(t, TIMED_OUT, "start timeout", fx)
-                self._tidy(t.key, self._keys.get(t.key))
-            if heap:
-                self._deadline_due = heap[0][0]
-                self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
-                                                            self._deadlines_due)
-        self._after(fx)
+        try:
+            with self._lock:
+                self._deadline_timer = None
+                now = self.face.now()
+                heap = self._deadlines
+                while heap and (heap[0][0] <= now or not heap[0][2]._armed):
+                    t = heapq.heappop(heap)[2]
+                    if not t._armed:
+                        self._stale -= 1
+                        continue
+                    t._armed = False
+                    self._detach(t, fx)
+                    self._end(t, TIMED_OUT, "start timeout", fx)
+                    self._tidy(t.key, self._keys.get(t.key))
+                if heap:
+                    self._deadline_due = heap[0][0]
+                    self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
+                                                                self._deadlines_due)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     # -- forming and admitting jobs -------------------------------------------------------
 
@@ -982,12 +1093,21 @@ class Machine:
 
     def _wake(self, key: str) -> None:
         fx = _Effects()
-        with self._lock:
-            k = self._keys.get(key)
-            if k is not None:
-                k.timer = None
-                self._advance(key, k, self.face.now(), fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                k = self._keys.get(key)
+                if k is not None:
+                    k.timer = None
+                    self._advance(key, k, self.face.now(), fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def budget(self, job: Job) -> float | None:
         """Seconds the job's runner may wait for the lanes: up to the latest deadline of
@@ -1023,28 +1143,37 @@ class Machine:
         """The runner holds the lanes: start the job. False if it was abandoned meanwhile
         (the runner then releases and never calls ``fn``)."""
         fx = _Effects()
-        with self._lock:
-            if job.abandoned:
-                return False
-            job.phase = STARTED
-            now = self.face.now()
-            job.started_at = now
-            tickets = job.tickets
-            head = tickets[0]
-            if head.busy == "collect":
-                # The payloads of the tickets the call carries now: a merged ticket that
-                # ended before the start (cancelled, timed out) is not in it any more.
-                job.args = ([t.payload for t in tickets],)
-                self._c["merged"] += len(tickets) - 1
-            else:
-                job.args = head.args
-            for t in tickets:
-                t.state = RUNNING
-                t._started = True
-                self._disarm(t)
-            self._c["running"] += len(tickets)
-            self._bound_run(job, tickets, now, fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                if job.abandoned:
+                    return False
+                job.phase = STARTED
+                now = self.face.now()
+                job.started_at = now
+                tickets = job.tickets
+                head = tickets[0]
+                if head.busy == "collect":
+                    # The payloads of the tickets the call carries now: a merged ticket
+                    # that ended before the start (cancelled, timed out) is not in it.
+                    job.args = ([t.payload for t in tickets],)
+                    self._c["merged"] += len(tickets) - 1
+                else:
+                    job.args = head.args
+                for t in tickets:
+                    t.state = RUNNING
+                    t._started = True
+                    self._c["running"] += 1
+                    self._disarm(t)
+                self._bound_run(job, tickets, now, fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return True
 
     def _bound_run(self, job: Job, tickets: list[Ticket], now: float, fx: _Effects) -> None:
@@ -1064,34 +1193,51 @@ class Machine:
         """The runner returned (lanes released): ``ok`` with ``fn``'s value, or not ok with
         the exception raised (by ``fn``, by the lanes while admitting, or a cancellation)."""
         fx = _Effects()
-        with self._lock:
-            if job.reported:
-                return
-            job.reported = True
-            self._runners -= 1
-            if self.slots is not None and job.phase != READY:
-                self._admitted -= 1
-            started = job.phase == STARTED
-            job.phase = ENDED
-            if job.run_timer is not None:
-                fx.timers.append(job.run_timer)
-                job.run_timer = None
-            if not job.abandoned:
-                for t in job.tickets + job.taken:
-                    end = t._end_req or job.end_req
-                    if end is not None:
-                        self._end(t, end[0], end[1], fx)
-                    elif ok:
-                        self._end(t, DONE, None, fx, value=value)
-                    elif not started and isinstance(value, TimeoutError):
-                        self._end(t, TIMED_OUT, "start timeout", fx)
-                    elif _is_cancel(value):
-                        self._end(t, CANCELLED, "cancelled", fx)
-                    else:
-                        self._end(t, FAILED, type(value).__name__, fx, error=value)
-                self._release_key(job, fx)
-            self._fill_gate(fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                if job.reported:
+                    return
+                # -- commit: plain stores (the counters and the outcome together) --
+                job.outcome = (ok, value, job.phase == STARTED)
+                job.reported = True
+                self._runners -= 1
+                if self.slots is not None and job.phase != READY:
+                    self._admitted -= 1
+                job.phase = ENDED
+                self._conclude(job, fx)
+        except BaseException:
+            self._repair(fx, job=job)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
+
+    def _conclude(self, job: Job, fx: _Effects) -> None:
+        """End a reported job's tickets with its outcome, free its key and the gate
+        (lock held). Repeatable: what is done already is skipped (see _repair)."""
+        assert job.outcome is not None
+        ok, value, started = job.outcome
+        if job.run_timer is not None:
+            fx.timers.append(job.run_timer)
+            job.run_timer = None
+        if not job.abandoned:
+            for t in job.tickets + job.taken:
+                end = t._end_req or job.end_req
+                if end is not None:
+                    self._end(t, end[0], end[1], fx)
+                elif ok:
+                    self._end(t, DONE, None, fx, value=value)
+                elif not started and isinstance(value, TimeoutError):
+                    self._end(t, TIMED_OUT, "start timeout", fx)
+                elif _is_cancel(value):
+                    self._end(t, CANCELLED, "cancelled", fx)
+                else:
+                    self._end(t, FAILED, type(value).__name__, fx, error=value)
+            self._release_key(job, fx)
+        self._fill_gate(fx)
 
     def _release_key(self, job: Job, fx: _Effects) -> None:
         """The key's job is over: steered payloads never taken go first in line; the key
@@ -1099,12 +1245,68 @@ class Machine:
         k = self._keys.get(job.key)
         if k is None or k.job is not job:
             return
-        k.job = None
-        for t in reversed(job.steered):
-            t._job = None
-            k.line.appendleft(t)
+        steered = job.steered
+        line = k.line
+        if steered:
+            line = deque(steered)
+            line.extend(k.line)
+        # -- commit: plain stores --
+        k.line = line
         job.steered = []
+        k.job = None
+        for t in steered:
+            t._job = None
         self._advance(job.key, k, self.face.now(), fx)
+
+    def enter(self, job: Job, runner: Any) -> bool:
+        """A runner of ``job`` begins: True for the first (it runs the job and reports),
+        False for another (a launch repeated after an interrupt: it returns at once)."""
+        with self._lock:
+            if job.runner is not None or job.reported:
+                return False
+            job.runner = runner
+            return True
+
+    def _repair(self, fx: _Effects, cancelled: Ticket | None = None,
+                job: Job | None = None) -> None:
+        """Make the state whole again after an exception interrupted a locked block (a
+        ``KeyboardInterrupt`` from a signal handler, say): see "Interrupts". ``cancelled``:
+        the ticket a cancel was ending; ``job``: the job a runner was reporting."""
+        with self._lock:
+            now = self.face.now()
+            if cancelled is not None and cancelled.state == PENDING:
+                self._detach(cancelled, fx)
+                self._end(cancelled, CANCELLED, "cancelled", fx)
+            if job is not None and job.outcome is not None:
+                self._conclude(job, fx)  # the report's rest
+            placed: set[int] = set()
+            queued = {id(j) for j in self._ready}
+            for k in list(self._keys.values()):
+                for t in k.line:
+                    t._job = None
+                    placed.add(t.id)
+                placed.update(t.id for t in k.arrivals)
+                j = k.job
+                if j is not None:
+                    placed.update(t.id for t in j.tickets + j.steered + j.taken)
+                    if j.outcome is not None:
+                        self._conclude(j, fx)
+                    elif j.phase in (READY, ADMITTING) and not j.tickets:
+                        self._abandon(k, j, fx)
+                    elif j.phase == READY and id(j) not in queued and not j.abandoned:
+                        heapq.heappush(self._ready, j)  # popped, never admitted
+            for t in list(self._live.values()):
+                if t.state == RUNNING and t._job is not None and t._job.outcome is not None:
+                    self._conclude(t._job, fx)
+                elif t.state == PENDING and t.id not in placed:
+                    # Taken out of its line and not put anywhere: it cannot run.
+                    self._end(t, CANCELLED, "interrupted", fx)
+            for key, k in list(self._keys.items()):
+                if k.job is None:
+                    if k.arrivals and k.arrivals[0]._claim is not CLAIMING:
+                        self._settle(key, fx)
+                    self._advance(key, k, now, fx)
+            self._fill_gate(fx)
 
     def _fill_gate(self, fx: _Effects) -> None:
         ready = self._ready
@@ -1117,9 +1319,20 @@ class Machine:
 
     def _end(self, t: Ticket, state: str, reason: str | None, fx: _Effects,
              value: Any = None, error: BaseException | None = None) -> bool:
-        """The ONE place a ticket ends (lock held). False if it had ended already."""
+        """The ONE place a ticket ends (lock held). False if it had ended already.
+
+        Interrupt-safe (see "Interrupts"): the one lookup first, then plain stores, then
+        ``fx.ended.append`` (a builtin: once it returned the end will be told); the
+        deadline heap's entry is marked stale last (left unmarked, it is dropped when
+        due)."""
         if t.state in TERMINAL:
             return False
+        mine = False
+        if not t._started and t.dedupe_id is not None:
+            # A turn that never ran is forgotten, so a genuine retry runs.
+            seen = self._dedupe.get(t.dedupe_id)
+            mine = seen is not None and seen[0] is t
+        # -- commit: plain stores, then one builtin --
         if t.state == RUNNING:
             self._c["running"] -= 1
         t.state = state
@@ -1128,16 +1341,16 @@ class Machine:
         t._error = error
         t._job = None
         self._c[state] += 1
-        self._disarm(t)
-        if not t._started and t.dedupe_id is not None:
-            # A turn that never ran is forgotten, so a genuine retry runs.
-            seen = self._dedupe.get(t.dedupe_id)
-            if seen is not None and seen[0] is t:
-                del self._dedupe[t.dedupe_id]
-                if self.window is not None and t._claim is not CLAIMING:
-                    # (A claim in flight is given back when it answers: _claimed.)
-                    fx.forget.append(t.dedupe_id)
+        if state == DEDUPED:
+            self._c["submitted"] -= 1  # a duplicate is counted in deduped only
+        if t.id in self._live:
+            del self._live[t.id]
+        if mine:
+            del self._dedupe[t.dedupe_id]  # type: ignore[arg-type]
+            # (A claim in flight is given back when it answers: _claimed.)
+            t._forget = self.window is not None and t._claim is not CLAIMING
         fx.ended.append(t)
+        self._disarm(t)
         return True
 
     def _drop_line(self, k: _Key, state: str, reason: str, fx: _Effects) -> int:
@@ -1238,32 +1451,50 @@ class Machine:
 
     def _run_timeout(self, job: Job, due: float) -> None:
         fx = _Effects()
-        with self._lock:
-            if due != job.run_due:
-                return  # a timer replaced by an earlier one (cancelled too late)
-            job.run_timer = None
-            if job.phase == STARTED and job.end_req is None:
-                job.end_req = (TIMED_OUT, "run timeout")
-                job.turn._signal()
-                fx.interrupt.append(job)
-        self._after(fx)
+        try:
+            with self._lock:
+                if due != job.run_due:
+                    return  # a timer replaced by an earlier one (cancelled too late)
+                job.run_timer = None
+                if job.phase == STARTED and job.end_req is None:
+                    job.end_req = (TIMED_OUT, "run timeout")
+                    job.turn._signal()
+                    fx.interrupt.append(job)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def _take_inbox(self, job: Job) -> list[Any]:
         fx = _Effects()
-        with self._lock:
-            if job.phase != STARTED or job.end_req is not None:
-                return []
-            taken, job.steered = job.steered, []
-            for t in taken:
-                t.state = RUNNING
-                t._started = True
-                self._disarm(t)
-            job.taken.extend(taken)
-            self._c["running"] += len(taken)
-            self._c["steered"] += len(taken)
-            self._bound_run(job, taken, self.face.now(), fx)
-        self._after(fx)
-        return [t.payload for t in taken]
+        try:
+            with self._lock:
+                if job.phase != STARTED or job.end_req is not None:
+                    return []
+                taken, job.steered = job.steered, []
+                job.taken.extend(taken)  # (first: finish ends what it took)
+                for t in taken:
+                    t.state = RUNNING
+                    t._started = True
+                    self._c["running"] += 1
+                    self._c["steered"] += 1
+                    self._disarm(t)
+                self._bound_run(job, taken, self.face.now(), fx)
+                return [t.payload for t in taken]
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     # -- control --------------------------------------------------------------------------
 
@@ -1272,22 +1503,31 @@ class Machine:
         to end (when every ticket of the call asked, the call is interrupted; the ticket
         ends when ``fn`` returns). False if it had ended already."""
         fx = _Effects()
-        with self._lock:
-            if t.state in TERMINAL:
-                return False
-            if t.state == PENDING:
-                self._detach(t, fx)
-                self._end(t, CANCELLED, "cancelled", fx)
-                self._tidy(t.key, self._keys.get(t.key))
-            else:
-                job = t._job
-                t._end_req = (CANCELLED, "cancelled")
-                if job is not None and job.end_req is None and all(
-                        x._end_req is not None for x in job.tickets + job.taken):
-                    job.end_req = (CANCELLED, "cancelled")
-                    job.turn._signal()
-                    fx.interrupt.append(job)
-        self._after(fx)
+        try:
+            with self._lock:
+                if t.state in TERMINAL:
+                    return False
+                if t.state == PENDING:
+                    self._detach(t, fx)
+                    self._end(t, CANCELLED, "cancelled", fx)
+                    self._tidy(t.key, self._keys.get(t.key))
+                else:
+                    job = t._job
+                    t._end_req = (CANCELLED, "cancelled")
+                    if job is not None and job.end_req is None and all(
+                            x._end_req is not None for x in job.tickets + job.taken):
+                        job.end_req = (CANCELLED, "cancelled")
+                        job.turn._signal()
+                        fx.interrupt.append(job)
+        except BaseException:
+            self._repair(fx, t)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return True
 
     def clear(self, key: str) -> int:
@@ -1295,19 +1535,28 @@ class Machine:
         the running turn goes on. Returns how many ended."""
         key = check_key(key)
         fx = _Effects()
-        with self._lock:
-            k = self._keys.get(key)
-            if k is None:
-                return 0
-            n = self._drop_line(k, CANCELLED, "cleared", fx)
-            n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
-            if k.job is not None:
-                job = k.job
-                n += self._drop_steered(job, CANCELLED, "cleared", fx)
-                if job.phase != STARTED:
-                    n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
-            self._advance(key, k, self.face.now(), fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                k = self._keys.get(key)
+                if k is None:
+                    return 0
+                n = self._drop_line(k, CANCELLED, "cleared", fx)
+                n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
+                if k.job is not None:
+                    job = k.job
+                    n += self._drop_steered(job, CANCELLED, "cleared", fx)
+                    if job.phase != STARTED:
+                        n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
+                self._advance(key, k, self.face.now(), fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
         return n
 
     def pending(self, key: str) -> int:
@@ -1329,21 +1578,37 @@ class Machine:
         with self._lock:
             self.draining = True
 
-    def close(self, cancel_pending: bool) -> None:
+    def close(self, cancel_pending: bool, reason: str = "closed",
+              at_once: bool = False) -> None:
         """Refuse new turns; with ``cancel_pending`` end every turn not started as
-        cancelled ("closed") and ask the running ones to end likewise."""
+        cancelled (``reason``) and ask the running ones to end likewise. ``at_once``
+        (the event loop shuts down, so a running turn may never report): the running
+        turns' tickets end now too, and their runners' reports change nothing."""
         fx = _Effects()
-        with self._lock:
-            self.draining = True
-            self.closed = True
-            if cancel_pending:
-                for key, k in list(self._keys.items()):
-                    self._drop_line(k, CANCELLED, "closed", fx)
-                    self._drop_arrivals(k, CANCELLED, "closed", fx)
-                    if k.job is not None:
-                        self._stop_job(k, k.job, CANCELLED, CANCELLED, "closed", fx)
-                    self._advance(key, k, self.face.now(), fx)
-        self._after(fx)
+        try:
+            with self._lock:
+                self.draining = True
+                self.closed = True
+                if cancel_pending:
+                    for key, k in list(self._keys.items()):
+                        self._drop_line(k, CANCELLED, reason, fx)
+                        self._drop_arrivals(k, CANCELLED, reason, fx)
+                        job = k.job
+                        if job is not None:
+                            self._stop_job(k, job, CANCELLED, CANCELLED, reason, fx)
+                            if at_once and job.phase == STARTED:
+                                for t in job.tickets + job.taken:
+                                    self._end(t, CANCELLED, reason, fx)
+                        self._advance(key, k, self.face.now(), fx)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def is_idle(self) -> bool:
         """No key has work, and every runner launched has returned."""
@@ -1459,36 +1724,72 @@ class Machine:
                     # Dicts never shrink: drop the table a burst of keys grew.
                     self._keys = {}
                     self._keys_high = 0
+                    if not self._live:
+                        self._live = {}
 
     def _after(self, fx: _Effects) -> None:
-        """Run an operation's effects, lock released."""
-        for timer in fx.timers:
-            timer.cancel()
-        if fx.forget:
-            offload = self.face.offload
-            for dedupe_id in fx.forget:
-                if offload is None:
-                    self.window.give_back(dedupe_id)
-                else:
-                    offload(functools.partial(self.window.give_back, dedupe_id), _ignore)
-        for job in fx.interrupt:
-            self.face.interrupt(job)
-        for job in fx.launch:
-            self.face.launch(job)
+        """Run an operation's effects, lock released. Each effect is marked done only
+        once it returned and may run again (see "Interrupts"): a caller whose call of
+        ``_after`` was interrupted calls it again while ``fx.open``, and the rest runs.
+        A repeated launch is refused by :meth:`enter`; a give-back, a timer's cancel or
+        a task's cancel repeated changes nothing."""
+        face = self.face
+        timers = fx.timers
+        while timers:
+            timers[-1].cancel()
+            timers.pop()
+        while fx.interrupt:
+            face.interrupt(fx.interrupt[-1])
+            fx.interrupt.pop()
+        while fx.n_launched < len(fx.launch):
+            face.launch(fx.launch[fx.n_launched])
+            fx.n_launched += 1
+        if fx.claims:
+            offload, window = face.offload, self.window
+            assert offload is not None
+            while fx.n_claims < len(fx.claims):
+                t = fx.claims[fx.n_claims]
+                offload(functools.partial(window.claim, t.dedupe_id, t._number),
+                        functools.partial(self._claimed, t))
+                fx.n_claims += 1
         if fx.dropped and self.on_drop is not None:
-            _call(self.on_drop, fx.dropped)
-        for t in fx.ended:
-            with self._lock:
-                callbacks, t._callbacks = t._callbacks, None
-                event = t._event
-            if event is not None:
-                event.set()
-            for cb in callbacks or ():
-                _call(cb, t)
+            dropped, fx.dropped = fx.dropped, []
+            _call(self.on_drop, dropped)
+        while fx.n_ended < len(fx.ended):
+            self._tell(fx.ended[fx.n_ended])
+            fx.n_ended += 1
         with self._lock:
             idle = not self._keys and self._runners == 0
         if idle:
-            self.face.idle()
+            face.idle()
+        fx.open = False
+
+    def _tell(self, t: Ticket) -> None:
+        """Tell an ended ticket's end: give its claim back, wake its waiters, call its
+        callbacks (each is dropped once it returned; see _after)."""
+        if t._forget:
+            assert t.dedupe_id is not None
+            if self.face.offload is None:
+                self.window.give_back(t.dedupe_id, t._number)
+            else:
+                self.face.offload(functools.partial(self.window.give_back, t.dedupe_id,
+                                                    t._number), _ignore)
+            t._forget = False
+        with self._lock:
+            event = t._event
+            callbacks = t._callbacks
+            if not callbacks:
+                t._callbacks = None
+        if event is not None:
+            event.set()
+        while callbacks:
+            cb = callbacks[0]
+            _call(cb, t)
+            with self._lock:
+                if callbacks and callbacks[0] is cb:
+                    del callbacks[0]
+                if not callbacks:
+                    t._callbacks = None
 
 
 def _ignore(_: Any) -> None:

@@ -2,11 +2,20 @@
 
 Each ``dedupe_id`` claims the key ``{P:d:<dedupe_id>}`` (``P`` the prefix, by default the
 Redis lanes' ``"lanequeue"``; one hash tag per id, so ids spread over a cluster) with
-``SET key owner NX PX ttl``: the first dispatcher to claim it owns it for
+``SET key value NX PX ttl``: the first dispatcher to claim it owns it for
 ``dedupe_ttl_s``; every other dispatcher that receives the same id within the window
-answers with a ticket that has already ended as ``deduped``. A turn that ends before it
-ran gives its claim back (a compare-and-delete script: only the owner's value is
-deleted), so a genuine retry runs.
+answers with a ticket that has already ended as ``deduped``. Each claim carries a value
+of its own, ``<owner>:<n>`` (``n`` a number that grows with every claim this dispatcher
+makes), and a turn that ends before it ran gives back exactly
+its own claim (a compare-and-delete script: only that value is deleted), so a genuine
+retry runs. A claim finding an older claim of the same dispatcher (a smaller ``n``: a
+ticket that ended, whose give-back may still be in flight) replaces it and answers "ours";
+a claim finding a newer one of the same dispatcher leaves it and answers "ours". So a
+give-back and a retry's claim of the same id may reach Redis in either order: the
+give-back never removes the retry's claim (it deletes only the value of the ticket
+that ended, which no live ticket relies on). When two threads of one ThreadDispatcher
+claim the same id at once, the ticket that wins takes the larger of the two numbers, the
+one Redis keeps.
 
 Both calls are scripts (a claim is one round trip: ``SET NX PX``, else ``GET``, atomic)
 run like the Redis lanes' own: at most 8 at once per window, each on a connection of its
@@ -17,14 +26,11 @@ its reply; that bound is the whole wait, a free slot's included. A failure is a
 ``failed`` with it on asyncio (see the dispatchers).
 
 A claim that failed may still land (its command was sent, and a frozen server runs it
-once it thaws): so after a failed claim the dispatcher gives the id back in the
+once it thaws): so after a failed claim the dispatcher gives that claim's value back in the
 background, on a few threads of the window, at once, after ``call_wait_s`` and after twice
-that (each attempt bounded like any call, a failed last attempt logged), as long as no
-ticket of its own uses the id. The give-back compares the owner, so it never deletes
-another dispatcher's claim. If a ticket of its own took the id meanwhile (a retry of the
-same id here), an attempt claims it again instead, since a give-back sent earlier may land
-after that ticket's claim (both carry the same owner); in the moment between such a
-give-back and the claim again, another dispatcher's copy of the id would run too.
+that (each attempt bounded like any call, a failed last attempt logged). Since each value
+is one claim's, these give-backs never remove another claim, this dispatcher's or
+another's.
 """
 
 from __future__ import annotations
@@ -36,7 +42,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from .._errors import LaneBackendError, shown
@@ -46,20 +51,28 @@ __all__ = ["RedisDedupeWindow"]
 
 log = logging.getLogger("lanequeue")
 
-# KEYS[1]: the id's key; ARGV[1]: the owner's value; ARGV[2]: the window in ms. Claims the
-# id for the owner if nobody holds it. Returns 1 if the owner holds it now, else 0.
+# KEYS[1]: the id's key; ARGV[1]: the owner's prefix ("<owner>:"); ARGV[2]: the window in
+# ms; ARGV[3]: the claim's number n. Claims the id with the value "<owner>:<n>" if nobody
+# holds it; an older claim of the same owner (a smaller n, or not a number) is replaced, a
+# newer one kept. Returns 1 if the owner holds it now, else 0.
 _CLAIM = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local value = ARGV[1] .. ARGV[3]
+if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
   return 1
 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+  local n = tonumber(string.sub(held, #ARGV[1] + 1))
+  if n == nil or n < tonumber(ARGV[3]) then
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+  end
   return 1
 end
 return 0
 """
 
-# KEYS[1]: the id's key; ARGV[1]: the owner's value. Deletes the key only if the owner
-# still holds it. Returns 1 if deleted, else 0.
+# KEYS[1]: the id's key; ARGV[1]: the claim's value ("<owner>:<n>"). Deletes the key only
+# if that very claim still holds it. Returns 1 if deleted, else 0.
 _GIVE_BACK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -100,11 +113,12 @@ class RedisDedupeWindow:
         self.call_wait_s = call_wait(client)
         self._slots = Slots(MAX_CALLS, factory(client, self.call_wait_s))
         self._claim = client.register_script(wrap(_CLAIM))
-        # Give-backs after failed claims: (due, seq, dedupe_id, attempts left, unused).
-        self._later: list[tuple[float, int, str, int, Callable[[], bool]]] = []
+        # Give-backs after failed claims: (due, seq, dedupe_id, claim number, attempts left).
+        self._later: list[tuple[float, int, str, int, int]] = []
         self._later_cond = threading.Condition()
         self._later_seq = itertools.count()
         self._later_threads = 0  # threads making them (at most _LATER_THREADS)
+        self._numbers = itertools.count(1)  # claim numbers (see the module docstring)
         self._give_back = client.register_script(wrap(_GIVE_BACK))
 
     @property
@@ -126,10 +140,14 @@ class RedisDedupeWindow:
     def key(self, dedupe_id: str) -> str:
         return f"{{{self.prefix}:d:{dedupe_id}}}"
 
+    def number(self) -> int:
+        """A new claim number: each claim (and its give-back) carries one of its own."""
+        return next(self._numbers)
+
     def _call(self, script: Any, dedupe_id: str, args: list[Any]) -> Any:
         from ..redis._wire import run_sync
 
-        owner = self.owner  # first: in a forked child, new slots come with it
+        owner = self.owner + ":"  # first: in a forked child, new slots come with it
         # One bound for the whole call, the wait for a free slot included.
         deadline = time.monotonic() + self.call_wait_s
         slot = self._slots.take_by(deadline)
@@ -140,42 +158,45 @@ class RedisDedupeWindow:
             conn = slot.conn
             if conn is not None:
                 _bound(conn, deadline - time.monotonic())
-            return run_sync(self.client, script, [self.key(dedupe_id)], [owner, *args],
-                            conn)
+            # A give-back sends the claim's whole value; a claim, the owner's prefix.
+            args = ([owner + str(args[0])] if script is self._give_back
+                    else [owner, *args])
+            return run_sync(self.client, script, [self.key(dedupe_id)], args, conn)
         finally:
             self._slots.give(slot)
 
-    def claim(self, dedupe_id: str) -> bool:
-        """True if this dispatcher owns the id now (claimed it, or had claimed it);
-        False if another dispatcher owns it. One round trip, at most ``call_wait_s``
-        seconds; raises LaneBackendError if Redis fails or does not answer in time."""
+    def claim(self, dedupe_id: str, number: int) -> bool:
+        """Claim ``dedupe_id`` with the value of claim ``number`` (from :meth:`number`).
+        True if this dispatcher owns the id now (claimed it, or had claimed it); False if
+        another dispatcher owns it. One round trip, at most ``call_wait_s`` seconds;
+        raises LaneBackendError if Redis fails or does not answer in time."""
         try:
-            return bool(self._call(self._claim, dedupe_id, [self.ttl_ms]) == 1)
+            return bool(self._call(self._claim, dedupe_id, [self.ttl_ms, number]) == 1)
         except Exception as exc:
             raise LaneBackendError(
                 f"dedupe window on Redis: claiming {shown(dedupe_id)} failed "
                 f"({type(exc).__name__}: {exc})") from exc
 
-    def give_back(self, dedupe_id: str) -> None:
-        """Release the claim (a turn that never ran); failures are logged, and the claim
-        then lasts until its TTL."""
+    def give_back(self, dedupe_id: str, number: int) -> None:
+        """Release claim ``number`` of ``dedupe_id`` (a turn that never ran) if it still
+        holds the id (a later claim of the id is left alone); failures are logged, and the
+        claim then lasts until its TTL."""
         try:
-            self._call(self._give_back, dedupe_id, [])
+            self._call(self._give_back, dedupe_id, [number])
         except Exception as exc:
             log.warning("dedupe window on Redis: could not give back %s (%s: %s); it "
                         "lasts until its TTL", shown(dedupe_id), type(exc).__name__, exc)
 
-    def give_back_later(self, dedupe_id: str, unused: Callable[[], bool]) -> None:
-        """After a failed claim of ``dedupe_id`` (it may land later): give it back on the
-        window's thread at once, after ``call_wait_s`` and after twice that, each time
-        only if ``unused()`` (no ticket of this dispatcher uses the id then). Returns at
-        once; a failed last attempt is logged."""
+    def give_back_later(self, dedupe_id: str, number: int) -> None:
+        """After claim ``number`` of ``dedupe_id`` failed (it may land later): give it
+        back on the window's threads at once, after ``call_wait_s`` and after twice that.
+        Returns at once; a failed last attempt is logged."""
         self.owner  # noqa: B018 (in a forked child: a new owner, a new thread)
         now = time.monotonic()
         with self._later_cond:
             for i, delay in enumerate((0.0, self.call_wait_s, 2 * self.call_wait_s)):
                 heapq.heappush(self._later, (now + delay, next(self._later_seq), dedupe_id,
-                                             2 - i, unused))
+                                             number, 2 - i))
             if self._later_threads < _LATER_THREADS:
                 # Several at once: on a frozen server each attempt waits its bound.
                 self._later_threads += 1
@@ -193,14 +214,9 @@ class RedisDedupeWindow:
                         self._later_threads -= 1
                         return
                     cond.wait(heap[0][0] - time.monotonic())
-                _, _, dedupe_id, left, unused = heapq.heappop(heap)
+                _, _, dedupe_id, number, left = heapq.heappop(heap)
             try:
-                if unused():
-                    self._call(self._give_back, dedupe_id, [])
-                if not unused():
-                    # A ticket of ours took the id meanwhile: its claim (same owner) may
-                    # have gone with an earlier give-back still in flight; claim it again.
-                    self._call(self._claim, dedupe_id, [self.ttl_ms])
+                self._call(self._give_back, dedupe_id, [number])
             except Exception as exc:
                 (log.warning if left == 0 else log.debug)(
                     "dedupe window on Redis: could not give back %s after a failed claim "

@@ -58,7 +58,11 @@ class _Timers:
         self._clock = clock
         self._poll_s = poll_s
         self._heap: list[tuple[float, int, _Handle]] = []
-        self._cond = threading.Condition()
+        # Entered through the plain lock (a C-level ``__enter__``): an interrupt in
+        # call_later or a cancel cannot leave it held and the timer thread stuck (see
+        # "Interrupts" in lanequeue.dispatch._machine).
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
@@ -66,7 +70,7 @@ class _Timers:
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> _Handle:
         handle = _Handle(fn, self)
-        with self._cond:
+        with self._lock:
             heapq.heappush(self._heap, (self._clock() + delay, next(self._seq), handle))
             if self._thread is None and not self._stopped:
                 self._thread = threading.Thread(target=self._loop, daemon=True,
@@ -76,7 +80,7 @@ class _Timers:
         return handle
 
     def _cancelled(self) -> None:
-        with self._cond:
+        with self._lock:
             self._dead += 1
             # Like asyncio: rebuild once most of the heap is cancelled (amortised O(1)).
             if self._dead > 64 and self._dead * 2 > len(self._heap):
@@ -85,14 +89,14 @@ class _Timers:
                 self._dead = 0
 
     def stop(self) -> None:
-        with self._cond:
+        with self._lock:
             self._stopped = True
             self._cond.notify()
 
     def _loop(self) -> None:
         heap = self._heap
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     heap = self._heap
                     if self._stopped:
@@ -200,7 +204,11 @@ class ThreadDispatcher(DispatcherBase):
         assert slots is not None
         self._pool = ThreadPoolExecutor(slots, thread_name_prefix="lanequeue-dispatch")
         self._timers = _Timers(clock, None if clock is time.monotonic else 0.005)
-        self._idle_cond = threading.Condition()
+        # Entered through the plain lock (a C-level ``__enter__``): an interrupt cannot
+        # leave it held (``Condition.__enter__`` is Python code; see "Interrupts" in
+        # lanequeue._core).
+        self._idle_lock = threading.Lock()
+        self._idle_cond = threading.Condition(self._idle_lock)
 
     # -- the face -----------------------------------------------------------------------
 
@@ -214,7 +222,7 @@ class ThreadDispatcher(DispatcherBase):
         job.handle = self._pool.submit(self._run, job)
 
     def idle(self) -> None:
-        with self._idle_cond:
+        with self._idle_lock:
             self._idle_cond.notify_all()
         if self._machine.closed:
             self._timers.stop()
@@ -229,6 +237,8 @@ class ThreadDispatcher(DispatcherBase):
         the launch and any instant here (the job is abandoned): an abandoned job does not
         go to the lanes, and one abandoned later is refused by ``start``."""
         machine = self._machine
+        if not machine.enter(job, object()):
+            return  # a launch repeated after an interrupt: the first runner has it
         ok, value = False, None
         try:
             if not job.abandoned:
@@ -255,7 +265,11 @@ class ThreadDispatcher(DispatcherBase):
                             _CURRENT.reset(token)
         except BaseException as exc:  # fn's error, or a lane timeout
             ok, value = False, exc
-        machine.finish(job, ok, value)
+        try:
+            machine.finish(job, ok, value)
+        finally:
+            if not job.reported:  # interrupted at its entry (see "Interrupts")
+                machine.finish(job, ok, value)
 
     # -- waiting ------------------------------------------------------------------------
 
@@ -263,7 +277,7 @@ class ThreadDispatcher(DispatcherBase):
         """Block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no
         turn is running or pending. Returns True when idle, False when time ran out."""
         timeout = check_timeout(timeout_s)
-        with self._idle_cond:
+        with self._idle_lock:
             return self._idle_cond.wait_for(self._machine.is_idle, timeout)
 
     def drain(self, timeout_s: float | None = 0.0) -> bool:

@@ -1,0 +1,324 @@
+"""Interrupts in the dispatcher: a ``KeyboardInterrupt`` (a signal handler's, Ctrl-C)
+landing anywhere in ``submit``, ``cancel``, ``clear`` or a runner's report leaves the
+dispatcher consistent (see "Interrupts" in ``lanequeue.dispatch._machine``).
+
+The injector raises ``KeyboardInterrupt`` at the N-th point where CPython can deliver an
+asynchronous exception inside the dispatcher's modules, for N = 1, 2, ... until the
+operation completes with no injection left: at the entry of a function (``call``), after
+a Python callee returns (``return``), after a builtin returns (``c_return``) and at a
+backward jump. After each injection (injection paused) the dispatcher must reach
+``drain() -> True``: every ticket the test can reach has ended or runs to its end, the
+counters agree (``submitted`` = the terminal counts, nothing pending or running), no gate
+slot is lost (a fresh turn runs), and the interrupted submit's ticket, if it was made, is
+either the one a retry of its ``dedupe_id`` gets (and it ended: ``done``, or ``cancelled``
+with reason ``"interrupted"``) or gone (the retry runs).
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import pytest
+
+import lanequeue.dispatch as dispatch_pkg
+from lanequeue import LaneQueue, ThreadDispatcher, TurnError
+
+WAIT = 10.0
+_PKG = Path(dispatch_pkg.__file__).resolve().parent
+_TRACED = {str(_PKG / f) for f in ("_machine.py", "_threads.py", "_base.py")}
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+
+
+@functools.cache
+def _backward_jumps(code: CodeType) -> frozenset[int]:
+    return frozenset(
+        ins.offset for ins in dis.get_instructions(code)
+        if ins.opcode in _JUMPS and isinstance(ins.argval, int) and ins.argval < ins.offset
+        and "NO_INTERRUPT" not in ins.opname
+    )
+
+
+class Injector:
+    """Raises KeyboardInterrupt at the ``n``-th injection point, once."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.count = 0
+        self.fired: str | None = None
+        self.on = False
+        self.scope: str | None = None  # only inside this function (and its callees)
+        self._trace_fn = self.trace
+        self._local_fn = self.local
+        self._profile_fn = self.profile
+
+    def point(self, frame: FrameType, what: str) -> None:
+        if not self.on or self.fired is not None:
+            return
+        self.count += 1
+        if self.count == self.n:
+            self.fired = (f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} "
+                          f"{frame.f_code.co_name} {what}")
+            raise KeyboardInterrupt(self.fired)
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename not in _TRACED:
+            return None
+        frame.f_trace_opcodes = True
+        if self.scope is not None and frame.f_code.co_name == self.scope and (
+                self.fired is None):
+            self.on = True
+        self.point(frame, "call")
+        return self._local_fn
+
+    def local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode" and frame.f_lasti in _backward_jumps(frame.f_code):
+            self.point(frame, "backward jump")
+        elif event == "return":
+            self.point(frame, "return")
+            if self.scope is not None and frame.f_code.co_name == self.scope:
+                self.on = False
+        return self._local_fn
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_return" and frame.f_code.co_filename in _TRACED:
+            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
+
+    def install(self) -> None:
+        """Trace the calling thread (from its next new frame on)."""
+        sys.setprofile(self._profile_fn)
+        sys.settrace(self._trace_fn)
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        self.install()
+        self.on = True
+        try:
+            yield
+        finally:
+            self.on = False
+            sys.settrace(None)
+            sys.setprofile(None)
+
+
+def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 3000) -> int:
+    for n in range(1, limit):
+        inj = Injector(n)
+        run_once(inj)
+        if inj.fired is None:
+            assert n > 1, "the operation had no injection point: the tracer saw nothing"
+            return n - 1
+    raise AssertionError(f"more than {limit} injection points")
+
+
+def _dispatcher(**kw: Any) -> ThreadDispatcher:
+    q = LaneQueue()
+    q.add_session_lane("session", timeout_s=None)
+    q.add_lane("global", max_concurrent=1, timeout_s=None)  # one gate slot
+    return ThreadDispatcher(q, **kw)
+
+
+def _ended(t: Any) -> str:
+    try:
+        t.result(WAIT)
+    except TurnError:
+        pass
+    assert t.done(), t
+    return str(t.state)
+
+
+def _check_whole(d: ThreadDispatcher, tickets: list[Any], inj: Injector) -> None:
+    """The dispatcher reaches drain() -> True with every ticket ended and the counters
+    whole, and a fresh turn still runs (no gate slot lost)."""
+    for t in tickets:
+        _ended(t)
+    assert d.wait_idle(WAIT), (inj.fired, d.stats, d.snapshot())
+    s = d.stats
+    assert s.pending == 0 and s.running == 0, (inj.fired, s)
+    assert s.submitted == (s.done + s.failed + s.cancelled + s.dropped + s.rejected
+                           + s.timed_out), (inj.fired, s)
+    assert d.snapshot()["admitted"] == 0, inj.fired
+    if not d.draining:
+        assert d.submit("fresh", lambda: "fresh").result(WAIT) == "fresh", inj.fired
+    assert d.drain(WAIT), inj.fired
+    d.close()
+
+
+def _retry_outcome(d: ThreadDispatcher, key: str, fn: Any, dedupe_id: str) -> None:
+    """The interrupted submit left its ticket ended or running to its end (a retry of
+    its dedupe id gets it), or left nothing (the retry is a new turn, and runs)."""
+    retry = d.submit(key, fn, dedupe_id=dedupe_id)
+    state = _ended(retry)
+    assert state == "done" or (state == "cancelled" and retry.reason == "interrupted"), (
+        retry, retry.reason)
+
+
+@pytest.mark.parametrize("case", ["idle_key", "busy_key", "busy_interrupt", "collect"])
+def test_interrupt_at_every_point_of_submit_leaves_the_dispatcher_whole(case: str) -> None:
+    """The attack's input: a Ctrl-C inside ``submit`` (at the entry of the machine's
+    ``_after``, among every other point) once wedged the dispatcher for good."""
+
+    def run_once(inj: Injector) -> None:
+        d = _dispatcher(busy="interrupt" if case == "busy_interrupt" else "enqueue")
+        go = threading.Event()
+        tickets = []
+        busy = case != "idle_key"
+        if busy:
+            tickets.append(d.submit("conv", go.wait, WAIT))  # running: the key is busy
+            if case == "collect":
+                tickets.append(d.submit("conv", len, [1], busy="collect"))
+
+        def fn(*a: Any) -> str:
+            return "reply"
+
+        try:
+            with inj.active():
+                tickets.append(d.submit("conv", fn, busy="collect" if case == "collect"
+                                        else None, dedupe_id="evt"))
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        go.set()
+        _retry_outcome(d, "conv", fn, "evt")
+        _check_whole(d, tickets, inj)
+
+    assert inject_everywhere(run_once) > 20
+
+
+def test_interrupt_at_every_point_of_cancel_leaves_the_dispatcher_whole() -> None:
+    def run_once(inj: Injector) -> None:
+        d = _dispatcher()
+        go = threading.Event()
+        first = d.submit("conv", go.wait, WAIT)
+        victim = d.submit("conv", str, "victim")
+        after = d.submit("conv", str, "after")
+        told: list[Any] = []
+        victim.add_done_callback(told.append)
+        try:
+            with inj.active():
+                d.cancel(victim)
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        go.set()
+        assert _ended(after) == "done", inj.fired
+        assert _ended(victim) in ("cancelled", "done"), inj.fired
+        if victim.state == "cancelled":
+            assert victim.reason == "cancelled"
+        assert told and told[0] is victim, inj.fired  # its callback ran (maybe twice)
+        _check_whole(d, [first, victim, after], inj)
+
+    assert inject_everywhere(run_once) > 10
+
+
+@pytest.mark.parametrize("op", ["clear", "close"])
+def test_interrupt_at_every_point_of_clear_or_close_leaves_the_dispatcher_whole(
+        op: str) -> None:
+    def run_once(inj: Injector) -> None:
+        d = _dispatcher()
+        go = threading.Event()
+        first = d.submit("conv", go.wait, WAIT)
+        rest = [d.submit("conv", str, i) for i in range(3)]
+        try:
+            with inj.active():
+                if op == "clear":
+                    d.clear("conv")
+                else:
+                    d.close()
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        go.set()
+        for t in rest:
+            assert _ended(t) in ("cancelled", "done"), inj.fired
+        _check_whole(d, [first, *rest], inj)
+
+    assert inject_everywhere(run_once) > 10
+
+
+def test_interrupt_at_every_point_of_a_runners_report_leaves_the_dispatcher_whole() -> None:
+    """The report (``finish``) that ends a turn and launches the key's next one, in the
+    runner's thread (traced from inside ``fn``)."""
+
+    def run_once(inj: Injector) -> None:
+        d = _dispatcher()
+        reported = threading.Event()
+
+        def traced() -> str:
+            inj.scope = "finish"  # this worker thread, inside its report only
+            inj.install()
+            return "first"
+
+        first = d.submit("conv", traced)
+        nxt = d.submit("conv", str, "next")
+        other = d.submit("other", str, "other")
+        first.add_done_callback(lambda _: reported.set())
+        assert _ended(nxt) == "done", inj.fired
+        assert _ended(other) == "done", inj.fired
+        assert reported.wait(WAIT)
+        assert _ended(first) == "done", inj.fired
+        _check_whole(d, [first, nxt, other], inj)
+
+    assert inject_everywhere(run_once) > 10
+
+
+def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher() -> None:
+    """The attack's fuzz: a timer raises KeyboardInterrupt after 10-300 us, over and over,
+    while the main thread submits (with dedupe ids) and cancels on five keys behind a
+    global lane of one. Afterwards the dispatcher drains to True, its counters are
+    whole, and a fresh turn runs."""
+    d = _dispatcher()
+    armed = [False]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if armed[0]:
+            raise KeyboardInterrupt
+
+    assert threading.current_thread() is threading.main_thread()
+    # An interrupt that lands in a finalizer is only reported: keep those reports out of
+    # pytest's own hook meanwhile.
+    swallowed: list[Any] = []
+    previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed.append
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    outer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's own alarm, if any
+    rng = random.Random(3)
+    interrupts = completed = 0
+    deadline = time.monotonic() + 3.0
+    try:
+        n = 0
+        while interrupts < 300 and time.monotonic() < deadline:
+            try:
+                armed[0] = True
+                signal.setitimer(signal.ITIMER_REAL, rng.uniform(10e-6, 300e-6))
+                for _ in range(50):
+                    n += 1
+                    t = d.submit(f"k{n % 5}", str, n, dedupe_id=f"e{n % 40}")
+                    if n % 3 == 0:
+                        d.cancel(t)
+                    completed += 1
+                armed[0] = False
+            except KeyboardInterrupt:
+                armed[0] = False  # first: no call (no check for signals) before it
+                interrupts += 1
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        sys.unraisablehook = previous_hook
+        if outer[0] > 0:
+            signal.setitimer(signal.ITIMER_REAL, *outer)
+    assert interrupts >= 50 and completed > 0, (interrupts, completed)
+    # The timer thread still serves (an interrupt in call_later once left its lock held).
+    go = threading.Event()
+    blocker = d.submit("t", go.wait, WAIT)
+    late = d.submit("t", str, "late", timeout_s=0.01)
+    assert _ended(late) == "timed_out" and late.reason == "start timeout"
+    go.set()
+    _check_whole(d, [blocker], Injector(0))

@@ -1,0 +1,159 @@
+"""The asyncio Dispatcher when its event loop shuts down with work left: every ticket
+still pending or running ends ``cancelled`` with reason ``"loop shut down"``, and no turn
+starts any more (README, "Shutdown"). ``asyncio.run`` cancels every task of the loop when
+its main coroutine returns or raises (Ctrl-C included); the dispatcher's own watch task
+and the turns' tasks are among them, in an order the test chooses here."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from lanequeue import AsyncLaneQueue, Dispatcher, TurnCancelledError
+
+WAIT = 5.0
+
+
+def _queue() -> AsyncLaneQueue:
+    q = AsyncLaneQueue()
+    q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    return q
+
+
+async def _reply(x: Any) -> Any:
+    await asyncio.Event().wait()  # never returns by itself
+    return x
+
+
+def _check_ended(d: Dispatcher, tickets: list[Any]) -> None:
+    assert [(t.state, t.reason) for t in tickets] == [("cancelled", "loop shut down")] * len(
+        tickets)
+    s = d.stats
+    assert s.pending == 0 and s.running == 0 and s.cancelled == len(tickets)
+    # A thread waiting for a ticket gets its end (the attack's sync caller hung here).
+    got: list[Any] = []
+
+    def wait() -> None:
+        try:
+            tickets[-1].result(WAIT)
+        except TurnCancelledError as exc:
+            got.append(exc.reason)
+
+    th = threading.Thread(target=wait)
+    th.start()
+    th.join(WAIT)
+    assert got == ["loop shut down"]
+
+
+def test_asyncio_run_returning_with_turns_left_ends_every_ticket() -> None:
+    """The attack's input: main returns without drain while a key has a running turn and
+    three pending ones."""
+    tickets: list[Any] = []
+    holder: dict[str, Dispatcher] = {}
+
+    async def main() -> None:
+        d = holder["d"] = Dispatcher(_queue())
+        tickets.extend(d.submit("conv", _reply, i) for i in range(4))
+        tickets.append(d.submit("other", _reply, "x"))
+        while not tickets[0].running():
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    _check_ended(holder["d"], tickets)
+
+
+def test_ctrl_c_under_asyncio_run_ends_every_ticket() -> None:
+    """Ctrl-C: asyncio.run cancels the main task, then every task, and raises
+    KeyboardInterrupt; the tickets have ended by then."""
+    tickets: list[Any] = []
+    holder: dict[str, Dispatcher] = {}
+
+    async def main() -> None:
+        d = holder["d"] = Dispatcher(_queue())
+        tickets.extend(d.submit("conv", _reply, i) for i in range(3))
+        while not tickets[0].running():
+            await asyncio.sleep(0)
+        signal.raise_signal(signal.SIGINT)  # asyncio.run's handler cancels main
+        await asyncio.Event().wait()
+
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        pytest.skip("SIGINT is not Python's default handler here")  # pragma: no cover
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(main())
+    _check_ended(holder["d"], tickets)
+
+
+@pytest.mark.parametrize("first", ["turn", "watch"])
+def test_loop_shutdown_in_either_order_starts_nothing_and_ends_everything(first: str) -> None:
+    """asyncio.run's shutdown, step by step: every task of the loop is cancelled (the
+    running turn's task first, or the dispatcher's watch first), the loop runs until they
+    are done, and is closed without running again: the key's next turn is never started
+    (its task would be destroyed pending) and every ticket has ended."""
+    loop = asyncio.new_event_loop()
+    try:
+        async def setup() -> tuple[Dispatcher, list[Any]]:
+            d = Dispatcher(_queue())
+            ts = [d.submit("conv", _reply, i) for i in range(3)]
+            while not ts[0].running():
+                await asyncio.sleep(0)
+            return d, ts
+
+        d, tickets = loop.run_until_complete(setup())
+        tasks = list(asyncio.all_tasks(loop))
+        watch = [t for t in tasks if t.get_name() == "lanequeue-dispatch-watch"]
+        turns = [t for t in tasks if t not in watch]
+        assert len(watch) == 1 and len(turns) == 1
+        for task in (turns + watch if first == "turn" else watch + turns):
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        if sys.version_info >= (3, 11):
+            # (3.10 has no Task.cancelling(): a turn's task cannot tell the shutdown's
+            # cancel from fn's own CancelledError, so the key's next turn may get a task
+            # before the watch sees the shutdown; that task is cancelled and its tickets
+            # end all the same, checked below.)
+            assert not [t for t in asyncio.all_tasks(loop) if not t.done()]  # none started
+        assert d.snapshot()["keys"] == {} and d._machine.is_idle()
+    finally:
+        loop.close()
+    _check_ended(d, tickets)
+
+
+def test_after_the_loop_shut_down_the_dispatcher_takes_no_turn() -> None:
+    holder: dict[str, Any] = {}
+
+    async def main() -> None:
+        d = holder["d"] = Dispatcher(_queue())
+        holder["t"] = d.submit("conv", _reply, 0)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    d = holder["d"]
+    assert d.draining and d.snapshot()["closed"]
+    assert holder["t"].reason == "loop shut down"
+
+
+def test_an_idle_dispatcher_leaves_no_task_behind() -> None:
+    """The watch lives only while work is left: a loop closed without cancelling its
+    tasks (no asyncio.run) finds none of the dispatcher's pending."""
+    loop = asyncio.new_event_loop()
+    try:
+        async def main() -> Any:
+            d = Dispatcher(_queue())
+
+            async def quick(x: int) -> int:
+                return x
+
+            assert await d.submit("k", quick, 1) == 1
+            assert await d.wait_idle(WAIT)
+            await asyncio.sleep(0)  # the watch's last step
+            return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+        assert loop.run_until_complete(main()) == []
+    finally:
+        loop.close()
