@@ -344,3 +344,104 @@ def test_an_interrupted_release_keeps_the_hold_visible_and_releasable(
     assert "k" not in lane.get_active() and not hold.held
     assert other.try_acquire("k")  # free lane-wide at once, not after the lease
     assert other.manual_release("k")
+
+
+def _in_redis(lane: Any, key: str) -> bool:
+    """``key`` held lane-wide (any process)."""
+    return bool(lane.is_held(key)) if isinstance(lane, RedisSessionLane) else lane.holds_of(key) > 0
+
+
+def _lanes(kind: Any, client: Any, prefix: str) -> tuple[Any, Any]:
+    extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
+    port = client.connection_pool.connection_kwargs["port"]
+    return (kind(client, "r", prefix=prefix, lease_s=30.0, **extra),
+            kind(redis.Redis(port=port), "r", prefix=prefix, lease_s=30.0, **extra))
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+@pytest.mark.parametrize("form", ["hold.release", "manual_release"])
+def test_a_release_stopped_before_it_began_is_taken_over_by_the_next(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    kind: Any, form: str,
+) -> None:
+    """A KeyboardInterrupt that lands after a release marked its hold RELEASING and
+    before the release's own clean-up could run (the first instruction of ``_finish``, a
+    point where CPython delivers signals): the hold is still shown by ``get_active()``,
+    and ``manual_release(key)`` takes the stopped release over and ends it (it was
+    renewed for ever, and no release could end it)."""
+    from lanequeue.redis._protocol import RedisLaneBase
+
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    hold = lane.acquire("k")
+    hold.__enter__()
+
+    def stopped(self: Any, hold: Any, me: object) -> Any:
+        raise KeyboardInterrupt  # as at the generator's first instruction
+        yield  # (a generator, as _finish is)
+
+    monkeypatch.setattr(RedisLaneBase, "_finish", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        if form == "hold.release":
+            hold.release()
+        else:
+            lane.manual_release("k")
+    monkeypatch.undo()
+    assert "k" in lane.get_active() and _in_redis(other, "k")
+    assert lane.manual_release("k")
+    assert "k" not in lane.get_active() and not hold.held
+    assert other.try_acquire("k") and other.manual_release("k")  # free at once
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_an_interrupt_while_a_grant_is_recorded_passes_it_on(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+) -> None:
+    """A KeyboardInterrupt inside the recording of a grant (making its registry entry):
+    the hold is not HELD, nowhere in the registry, and the acquire's clean-up passes the
+    grant on, so the key is free at once (it stayed held in Redis, unseen, for a lease)."""
+    from lanequeue.redis import _lease
+
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+    real = _lease.Kept.__init__
+    armed = {"on": True}
+
+    def init(self: Any, hold: Any) -> None:
+        if armed["on"]:
+            armed["on"] = False
+            raise KeyboardInterrupt
+        real(self, hold)
+
+    monkeypatch.setattr(_lease.Kept, "__init__", init)
+    with pytest.raises(KeyboardInterrupt):
+        lane.try_acquire("k")
+    monkeypatch.undo()
+    assert not armed["on"]
+    assert lane.get_active() == {} and lane.stats.holders == 0
+    assert not _in_redis(other, "k")
+    assert other.try_acquire("k") and other.manual_release("k")
+
+
+def test_a_hold_lost_through_its_presence_is_still_released_in_redis(
+    redis_client: Any, redis_prefix: str,
+) -> None:
+    """The presence connection dies (CLIENT KILL TYPE pubsub): the hold reads lost at
+    once, by our own side, while the server still has it under its owner id. Leaving
+    the block raises LeaseLostError and still sends the release (the script checks the
+    owner), so the key is free at once, not after the presence grace."""
+    from lanequeue import LeaseLostError
+
+    lane, other = _lanes(RedisSessionLane, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")  # presence is up
+    hold = lane.acquire("k")
+    hold.__enter__()
+    assert hold._presence is not None  # granted under the presence connection
+    redis_client.client_kill_filter(_type="pubsub")
+    deadline = time.monotonic() + 5
+    while not hold.lost and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hold.lost
+    with pytest.raises(LeaseLostError):
+        hold.__exit__(None, None, None)
+    assert other.try_acquire("k"), "the key was not released in Redis"
+    assert other.manual_release("k")
