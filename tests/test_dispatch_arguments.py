@@ -394,3 +394,57 @@ def test_a_str_subclass_key_is_its_plain_value_in_the_dispatcher() -> None:
         assert seen == [["a"]] and seen[0][0].__class__ is str
     finally:
         d.close()
+
+
+@pytest.mark.parametrize(("kw", "error", "arg"), [
+    ({"priority": 2**31}, ValueError, "priority"),
+    ({"priority": 1.5}, TypeError, "priority"),
+    ({"timeout_s": -1}, ValueError, "timeout_s"),
+    ({"run_timeout_s": "x"}, TypeError, "run_timeout_s"),
+    ({"dedupe_id": ""}, ValueError, "dedupe_id"),  # empty: a value out of range
+    ({"dedupe_id": 7}, TypeError, "dedupe_id"),
+    ({"busy": "nope"}, ValueError, "busy"),
+])
+def test_submit_argument_errors_name_the_call(
+        kw: dict[str, Any], error: type[Exception], arg: str) -> None:
+    """As the README's dispatcher-arguments row says: the error names the call and the
+    argument, on both faces (the asyncio one through its own loop)."""
+    d = ThreadDispatcher(thread_queue())
+    try:
+        with pytest.raises(error, match=rf"^ThreadDispatcher\.submit\(\) argument '{arg}' "):
+            d.submit("k", lambda: None, **kw)
+        ticket = d.submit("k", lambda: None)
+        for method in ("result", "exception"):
+            with pytest.raises(ValueError, match=rf"^Ticket\.{method}\(\) argument 'timeout' "):
+                getattr(ticket, method)(-1)
+    finally:
+        d.close()
+    h = Stepped()
+    try:
+        with pytest.raises(error, match=rf"^Dispatcher\.submit\(\) argument '{arg}' "):
+            h.submit("k", lambda: None, **kw)
+        assert h.d.stats.submitted == 0
+    finally:
+        h.close()
+
+
+def test_a_dedupe_id_redis_cannot_take_is_refused_at_the_call(
+        redis_server: Any, redis_prefix: str) -> None:
+    """With a shared window, a ``dedupe_id`` that cannot be sent as UTF-8 (a lone
+    surrogate) is a ValueError at the call, as for a Redis lane's key, not a backend
+    failure (threads) or a failed ticket with a stray give-back warning (asyncio); a
+    local window takes any non-empty ``str``."""
+    client = redis.Redis(port=redis_server.port)
+    d = ThreadDispatcher(thread_queue(), dedupe_redis=client, dedupe_prefix=redis_prefix)
+    try:
+        with pytest.raises(ValueError, match=r"argument 'dedupe_id' must be encodable as "
+                           r"UTF-8 \(it contains a lone surrogate at index 1\)"):
+            d.submit("k", lambda: None, dedupe_id="a\ud800")
+        assert d.stats.submitted == 0
+    finally:
+        d.close()
+    local = ThreadDispatcher(thread_queue())
+    try:
+        assert local.submit("k", lambda: 1, dedupe_id="a\ud800").result(5) == 1
+    finally:
+        local.close()

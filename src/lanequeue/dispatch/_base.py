@@ -270,22 +270,37 @@ class DispatcherBase:
                 LaneBackendError.
             RuntimeError: (asyncio) outside the dispatcher's event loop.
         """
-        key = check_key(key)
+        where = f"{type(self).__name__}.submit() argument"
+        key = check_key(key, f"{where} 'key'")
         check_fn(fn, self._awaits)
         if busy is not None:
-            busy = check_busy(busy, "busy")
-        if dedupe_id is not None and (not isinstance(dedupe_id, str) or not dedupe_id):
-            raise TypeError(f"dedupe_id must be a non-empty str or None, not {shown(dedupe_id)}")
-        priority = check_priority(priority)
+            busy = check_busy(busy, f"{where} 'busy'")
+        if dedupe_id is not None:
+            dedupe_id = self._check_dedupe_id(dedupe_id, f"{where} 'dedupe_id'")
+        priority = check_priority(priority, f"{where} 'priority'")
         if timeout_s is not LANE_DEFAULT:
-            timeout_s = check_timeout(timeout_s)
-        run_timeout = check_timeout(run_timeout_s, "run_timeout_s")
+            timeout_s = check_timeout(timeout_s, f"{where} 'timeout_s'")
+        run_timeout = check_timeout(run_timeout_s, f"{where} 'run_timeout_s'")
         self._check_process()
         self._check_caller()
         ticket = self._machine.submit(key, fn, args, busy, dedupe_id, priority, timeout_s,
                                       run_timeout, LANE_DEFAULT)
         self._submitted(ticket)
         return ticket
+
+    def _check_dedupe_id(self, dedupe_id: object, name: str) -> str:
+        """``dedupe_id`` as a plain ``str``: TypeError if it is not a ``str``, ValueError if
+        it is empty or, with a shared window (``dedupe_redis``), cannot be sent as UTF-8
+        (a lone surrogate), at the call, as a Redis lane refuses such a key."""
+        checked = check_key(dedupe_id, name)
+        if self._machine.window is not None and not checked.isascii():
+            try:
+                checked.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(
+                    f"{name} must be encodable as UTF-8 (it contains a lone surrogate at "
+                    f"index {exc.start}): {shown(checked)}") from None
+        return checked
 
     def _submitted(self, ticket: Ticket) -> None:
         """The face's look at a new ticket (asyncio: watch the loop's shutdown)."""

@@ -379,7 +379,7 @@ class Ticket:
         call that may wait (``timeout`` other than 0) raises RuntimeError at once: the
         turn runs on that loop, which a blocking wait would freeze, so it could never end
         in time. Use ``await ticket`` there (``result(0)`` still polls)."""
-        return self._result(check_timeout(timeout, "timeout"))
+        return self._result(check_timeout(timeout, "Ticket.result() argument 'timeout'"))
 
     def _result(self, timeout: float | None) -> Any:
         if timeout != 0 and _on_loop(getattr(self._machine.face, "_loop", None)):
@@ -406,7 +406,7 @@ class Ticket:
         ``done``). ``timeout`` as for :meth:`result` (checked first: a bad value raises,
         it is never returned as the ticket's exception; on the dispatcher's loop thread a
         wait raises RuntimeError, as for :meth:`result`)."""
-        wait = check_timeout(timeout, "timeout")
+        wait = check_timeout(timeout, "Ticket.exception() argument 'timeout'")
         try:
             self._result(wait)
         except TurnError as exc:
