@@ -75,8 +75,14 @@ def test_stress_100k_turns_1k_keys_interrupt_and_collect() -> None:
         def footprint() -> dict[str, int]:
             """The dispatcher's memory: its live objects by type, and its tables' sizes."""
             m = d._machine
+            # This dispatcher's own objects (another test's leftovers, alive until their
+            # threads end or a collection runs, are not this one's footprint).
+            mine = {id(k) for k in m._keys.values()}
             live = Counter(type(o).__name__ for o in gc.get_objects()
-                           if isinstance(o, (Ticket, Job, Turn, _Key)))
+                           if (isinstance(o, Ticket) and o._machine is m)
+                           or (isinstance(o, Job) and o.machine is m)
+                           or (isinstance(o, Turn) and o._job.machine is m)
+                           or (isinstance(o, _Key) and id(o) in mine))
             return {
                 **{f"live {name}": live[name] for name in ("Ticket", "Job", "Turn", "_Key")},
                 "keys table B": sys.getsizeof(m._keys),
