@@ -445,3 +445,28 @@ def test_a_hold_lost_through_its_presence_is_still_released_in_redis(
         hold.__exit__(None, None, None)
     assert other.try_acquire("k"), "the key was not released in Redis"
     assert other.manual_release("k")
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_an_interrupt_after_the_grant_before_it_is_recorded_passes_it_on(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+) -> None:
+    """A KeyboardInterrupt after the acquire script granted and before the grant was
+    recorded (the hold still has token 0): the clean-up's withdraw answers the grant's
+    token and the release goes out under that token, so the key is free at once and
+    nothing is left in this lane object."""
+    from lanequeue.redis._protocol import RedisLaneBase
+
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+
+    def granted(self: Any, hold: Any, token: int, t0: float, kept: bool) -> bool:
+        raise KeyboardInterrupt  # the grant came back; nothing recorded yet
+
+    monkeypatch.setattr(RedisLaneBase, "_granted", granted)
+    with pytest.raises(KeyboardInterrupt):
+        lane.try_acquire("k")
+    monkeypatch.undo()
+    assert lane.get_active() == {} and lane.stats.holders == 0
+    assert not _in_redis(other, "k")
+    assert other.try_acquire("k") and other.manual_release("k")

@@ -932,9 +932,13 @@ class RedisLaneBase(ABC, Generic[H]):
             self._count_outcome(cancelled=True)
         try:
             call = self._withdraw_call(hold)
-            granted, _ = grant_reply((yield from self._script("withdraw", hold.key, call)))
+            granted, token = grant_reply((yield from self._script("withdraw", hold.key, call)))
             if granted:
-                yield from self._script("release", hold.key, self._release_call(hold))
+                # Released under the token the withdraw answered: the hold itself may not
+                # have recorded it (interrupted before the grant was registered: token 0,
+                # which the release script would not match).
+                yield from self._script("release", hold.key,
+                                        self._k.release(hold.owner, token, hold.key))
         except Exception as exc:
             log.debug("lane %r: clean-up after an abandoned wait failed: %s", self.name, exc)
 
