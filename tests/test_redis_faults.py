@@ -458,6 +458,34 @@ def test_c20_dropped_hold_lapses_with_a_resource_warning(server: RedisServer) ->
     assert lane.active_count == 0
 
 
+@pytest.mark.parametrize("how", ["with", "acquire_all"])
+def test_a_dropped_hold_is_released_by_the_renewer_before_its_lease(
+    server: RedisServer, how: str
+) -> None:
+    """A hold garbage-collected without a release (also the holds of an ``acquire_all``
+    whose ``__exit__`` never ran: an interrupt at its entry) is released by the lane
+    object's renewer at its next round (every ``lease_s/3`` at most), not left to lapse:
+    with ``lease_s=30`` another client gets the key within a few seconds."""
+    r = client_of(server)
+    lane = RedisSessionLane(r, "d", lease_s=3.0)
+    other = RedisSessionLane(client_of(server), "d", lease_s=3.0)
+    if how == "with":
+        hold: Any = lane.acquire("k").__enter__()
+    else:
+        queue = LaneQueue()
+        queue.add(lane)
+        hold = queue.acquire_all("k", ["d"])
+        hold.__enter__()
+    with pytest.warns(ResourceWarning, match="'k'"):
+        hold = None
+        gc.collect()
+    dropped = time.monotonic()
+    assert other.acquire_timeout("k", 2.5)  # before the 3 s lease would lapse
+    assert time.monotonic() - dropped < 2.5
+    assert other.manual_release("k")
+    assert lane.active_count == 0
+
+
 # -- bounds ------------------------------------------------------------------------------
 
 

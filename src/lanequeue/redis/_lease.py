@@ -35,12 +35,13 @@ __all__ = ["Kept", "Watched", "watchdog"]
 class Kept:
     """Registry entry of a hold the lane object owns (strong)."""
 
-    __slots__ = ("hold", "key", "token", "live")
+    __slots__ = ("hold", "key", "token", "owner", "live")
 
     def __init__(self, hold: Any) -> None:
         self.hold = hold
         self.key: str = hold.key
         self.token: int = hold.token
+        self.owner: str = hold.owner
         self.live = True  # counted among the lane object's live holds
 
     def __call__(self) -> Any:
@@ -50,12 +51,13 @@ class Kept:
 class Watched(weakref.ref):  # type: ignore[type-arg]
     """Registry entry of a hold its caller owns (weak; see the module docstring)."""
 
-    __slots__ = ("key", "token", "live")
+    __slots__ = ("key", "token", "owner", "live")
 
     def __init__(self, hold: Any, on_drop: Any) -> None:
         super().__init__(hold, on_drop)  # type: ignore[call-arg]
         self.key: str = hold.key
         self.token: int = hold.token
+        self.owner: str = hold.owner  # what its release names, once the hold is gone
         self.live = True
 
 

@@ -213,6 +213,8 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
+        # (owner, token, key) of dropped holds to release: the renewer sends them.
+        self._to_release: list[tuple[str, int, str]] = []
         # In a forked child: the parent's holds, per key (see _forked); never in _holds.
         self._inherited: dict[str, list[Kept | Watched]] = {}
         # Per key, the event of this object's latest same-key request still joining.
@@ -426,6 +428,22 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._notice_lost(hold)
         return start
 
+    def _keep(self, hold: H) -> None:
+        """An acquire interrupted after its grant was recorded: its caller never got the
+        hold (the hold object may be dropped at once), so the lane object keeps it (a
+        strong registry entry): shown by ``get_active()``, renewed, ended by
+        ``manual_release(key)``, as an interrupted in-process acquire leaves its hold."""
+        kept = Kept(hold)
+        with self._lock:
+            entry = hold._entry
+            entries = self._holds.get(hold.key)
+            if isinstance(entry, Kept) or entries is None or entry not in entries:
+                return
+            kept.live = entry.live
+            # -- commit: plain stores --
+            entries[entries.index(entry)] = kept
+            hold._entry = kept
+
     def _presence_lost(self, epoch: Epoch) -> int:
         """The presence connection ``epoch`` died (called by its thread): every hold
         granted under it is lost now, before the server may give it to a waiter. Returns
@@ -454,14 +472,16 @@ class RedisLaneBase(ABC, Generic[H]):
         self._dropped.append(entry)
         warnings.warn(
             f"lane {self.name!r}: a hold of key {shown(entry.key)} (fencing token {entry.token}) "
-            f"was garbage-collected without release; it is no longer renewed and its "
-            f"lease lapses within {self.lease_s} s",
+            f"was garbage-collected without release; it is no longer renewed, and it is "
+            f"released by this lane object's renewer (else it lapses within {self.lease_s} s)",
             ResourceWarning,
             stacklevel=2,
         )
 
     def _purge_dropped(self) -> None:
-        """Lock held: forget the entries of dropped holds."""
+        """Lock held: forget the entries of dropped holds; the live ones are released by
+        the renewer's next round (:meth:`_renew_round`), so their keys come free before
+        their leases would lapse."""
         while self._dropped:
             entry = self._dropped.popleft()
             entries = self._holds.get(entry.key)
@@ -473,6 +493,7 @@ class RedisLaneBase(ABC, Generic[H]):
             if entry.live:
                 entry.live = False
                 self._n_live -= 1
+                self._to_release.append((entry.owner, entry.token, entry.key))
 
     def _unlink(self, hold: H) -> None:
         """Lock held: drop ``hold`` from the registry and mark it ENDED. The one call
@@ -662,6 +683,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self._n_live = 0
         self._waiting = 0
         self._dropped = deque()
+        self._to_release = []  # (the parent's dropped holds are the parent's to release)
         self._renewing = False
         self._renewer_pid = 0
         self._idle_since = None
@@ -857,6 +879,8 @@ class RedisLaneBase(ABC, Generic[H]):
             # registry entry for a hold Redis no longer has.
             if hold._state != HELD:
                 yield from self._abandon(hold)
+            else:
+                self._keep(hold)
             raise
         finally:
             if in_line:
@@ -1133,6 +1157,22 @@ class RedisLaneBase(ABC, Generic[H]):
         answered after its hold's deadline does not revive it. The holder's deadline
         never depends on this I/O."""
         plan = self._renewal_due(time.monotonic())
+        with self._lock:
+            dropped, self._to_release = self._to_release, []
+        if dropped:
+            # Holds garbage-collected without release (their finalizer could not do I/O):
+            # released now, each only if still its owner's, in one round trip.
+            freed = 0
+            try:
+                replies = yield self._renew_many_io, (
+                    [self._k.release(o, t, k) for o, t, k in dropped], self._renew_timeout_s)
+                freed = sum(1 for r in replies if r == 1)
+            except Exception as exc:  # they lapse with their leases
+                log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
+                            self.name, len(dropped), exc)
+            with self._lock:
+                self.released += freed
+                self.unmatched += len(dropped) - freed
         if plan is None:
             return None
         due, sleep = plan
@@ -1184,7 +1224,9 @@ class RedisLaneBase(ABC, Generic[H]):
     def active_count(self) -> int:
         """Holds of THIS lane object now (not lost): on a per-key lane, the keys it
         holds."""
-        return self._n_live
+        with self._lock:
+            self._purge_dropped()  # (dropped holds are not held any more)
+            return self._n_live
 
     @property
     def waiting(self) -> int:
@@ -1222,8 +1264,10 @@ class RedisLaneBase(ABC, Generic[H]):
         releases that ended nothing (not owned, lease lost, or nothing held) and
         releases whose answer never came (``LaneBackendError``: the hold is no longer
         renewed and its lease lapses), so every hold that leaves ``holders`` is counted
-        once, in ``released`` or in ``unmatched_releases``."""
+        once, in ``released`` or in ``unmatched_releases`` (a hold garbage-collected
+        without release: once its renewer's release has answered)."""
         with self._lock:
+            self._purge_dropped()
             return LaneStats(
                 acquired=self.acquired,
                 released=self.released,
@@ -1243,6 +1287,7 @@ class RedisLaneBase(ABC, Generic[H]):
     def _local_active(self) -> dict[str, float]:
         now = time.monotonic()
         with self._lock:
+            self._purge_dropped()
             out: dict[str, float] = {}
             for key, entries in self._holds.items():
                 for entry in entries:

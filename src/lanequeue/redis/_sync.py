@@ -46,8 +46,13 @@ def drive(steps: Steps[T]) -> T:
     reply: Any = None
     while True:
         try:
-            (fn, args), reply = send(reply), None
-            reply, send = fn(*args), steps.send
+            # The loop of steps is inside the try: its back-edge checks for signals, and
+            # an interrupt there (after a step's I/O, its reply in hand) must be thrown
+            # in too, not escape with the procedure left suspended (a grant it just got
+            # would be nobody's until its lease ran out).
+            while True:
+                (fn, args), reply = send(reply), None
+                reply, send = fn(*args), steps.send
         except StopIteration as stop:
             result: T = stop.value
             return result
