@@ -322,3 +322,29 @@ def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher
     assert _ended(late) == "timed_out" and late.reason == "start timeout"
     go.set()
     _check_whole(d, [blocker], Injector(0))
+
+
+def test_interrupt_at_every_point_of_clear_of_a_job_waiting_at_the_gate() -> None:
+    """``clear`` of a key whose turn is formed and waits for the gate (another key holds
+    the one slot) and carries three merged tickets: an interrupt in the middle of
+    ending them once left the job holding tickets already ended, which its later start
+    ran again (``stats.cancelled`` too high, ``stats.pending`` below zero)."""
+
+    def run_once(inj: Injector) -> None:
+        d = _dispatcher()
+        go = threading.Event()
+        first = d.submit("other", go.wait, WAIT)  # holds the one gate slot
+        merged = [d.submit("conv", len, [i], busy="collect") for i in range(3)]
+        try:
+            with inj.active():
+                d.clear("conv")
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        go.set()
+        states = [_ended(t) for t in merged]
+        assert all(s in ("cancelled", "done") for s in states), (inj.fired, states)
+        _check_whole(d, [first, *merged], inj)
+        s = d.stats
+        assert s.cancelled == states.count("cancelled"), (inj.fired, s, states)
+
+    assert inject_everywhere(run_once) > 10

@@ -1288,6 +1288,12 @@ class Machine:
                 placed.update(t.id for t in k.arrivals)
                 j = k.job
                 if j is not None:
+                    if j.phase in (READY, ADMITTING):
+                        # An interrupted stop may have ended some of a job's tickets
+                        # without taking them out of it: a job not started carries
+                        # only live tickets (start would run them again).
+                        j.tickets = [t for t in j.tickets if t.state not in TERMINAL]
+                        j.steered = [t for t in j.steered if t.state not in TERMINAL]
                     placed.update(t.id for t in j.tickets + j.steered + j.taken)
                     if j.outcome is not None:
                         self._conclude(j, fx)
