@@ -207,8 +207,10 @@ holds in a zset instead of one holder)::
   returns False and logs).
 - Dropped holds. The registry refers weakly to the holds a caller owns (``with
   lane.acquire(key)``, ``acquire_all``): a hold garbage-collected without a release is
-  no longer renewed, its lease lapses within ``lease_s``, and a ``ResourceWarning`` names
-  it. Holds taken with ``try_acquire``/``acquire_timeout`` belong to the lane object
+  no longer renewed, the lane object's renewer releases it at its next round (within
+  ``lease_s/3``; else its lease lapses within ``lease_s``), and a ``ResourceWarning``
+  names it. An acquire interrupted after its grant was recorded leaves its hold to the
+  lane object (a strong entry: shown, renewed, ended by ``manual_release(key)``). Holds taken with ``try_acquire``/``acquire_timeout`` belong to the lane object
   until ``manual_release(key)``.
 - Cancellation (asyncio). The clean-up of a cancelled acquire (withdraw, pass on a grant)
   and every release run to their end in tasks of their own, so a second cancellation
