@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -231,9 +232,22 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
     ticket = td.submit("k", go.wait, WAIT)
     assert td.submit("k", lambda: None) is not None  # a second turn, pending
     parent_snapshot, parent_stats = td.snapshot(), td.stats
+    # Another thread holds the dispatcher's lock at the fork (as a worker may): in the
+    # child that thread does not exist, and the views must not wait for it.
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with td._machine._lock:
+            held.set()
+            release.wait(WAIT)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    assert held.wait(WAIT)
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
+        signal.alarm(10)  # a child stuck on the parent's lock dies, and the test fails
         lines = []
         try:
             calls = [
@@ -262,6 +276,8 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
         finally:
             os.write(w, "\n".join(lines).encode())
             os._exit(0)
+    release.set()
+    holder.join(WAIT)
     os.close(w)
     with os.fdopen(r, "rb") as f:
         got = f.read().decode().splitlines()

@@ -150,7 +150,9 @@ import functools
 import heapq
 import itertools
 import math
+import os
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -665,6 +667,23 @@ class _Effects:
         self.timers: list[Timer] = []
 
 
+#: Every machine of this process, for :func:`_after_fork`.
+_MACHINES: weakref.WeakSet[Machine] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    """In a forked child: each machine gets a fresh lock. Another thread of the parent
+    may have held it at the fork, and that thread does not exist here: without this, the
+    read-only views (``pending``, ``snapshot``, ``stats``) the child may still call would
+    block for ever (its mutating calls refuse: see ``_check_process``)."""
+    for machine in list(_MACHINES):
+        machine._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
 class Machine:
     """The dispatcher's state (see the module docstring). Thread-safe."""
 
@@ -702,6 +721,7 @@ class Machine:
         self.max_wait_s = max_wait_s
         self.ageing_s = ageing_s
         self._lock = threading.Lock()
+        _MACHINES.add(self)  # (a forked child gets a fresh lock: _after_fork)
         self._keys: dict[str, _Key] = {}
         self._keys_high = 0  # most keys alive at once since the table was last rebuilt
         self._ready: list[Job] = []  # the gate's heap (abandoned jobs skipped when popped)

@@ -210,8 +210,9 @@ holds in a zset instead of one holder)::
   no longer renewed, the lane object's renewer releases it at its next round (within
   ``lease_s/3``; else its lease lapses within ``lease_s``), and a ``ResourceWarning``
   names it. An acquire interrupted after its grant was recorded leaves its hold to the
-  lane object (a strong entry: shown, renewed, ended by ``manual_release(key)``). Holds taken with ``try_acquire``/``acquire_timeout`` belong to the lane object
-  until ``manual_release(key)``.
+  lane object (a strong entry: shown, renewed, ended by ``manual_release(key)``). Holds
+  taken with ``try_acquire``/``acquire_timeout`` belong to the lane object until
+  ``manual_release(key)``.
 - Cancellation (asyncio). The clean-up of a cancelled acquire (withdraw, pass on a grant)
   and every release run to their end in tasks of their own, so a second cancellation
   cannot cut them short; a withdraw leaves a tombstone (``Bx:<id>``) so that the
