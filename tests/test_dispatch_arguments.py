@@ -404,15 +404,17 @@ def test_a_str_subclass_key_is_its_plain_value_in_the_dispatcher() -> None:
     ({"dedupe_id": ""}, ValueError, "dedupe_id"),  # empty: a value out of range
     ({"dedupe_id": 7}, TypeError, "dedupe_id"),
     ({"busy": "nope"}, ValueError, "busy"),
+    ({"fn": 5}, TypeError, "fn"),
 ])
 def test_submit_argument_errors_name_the_call(
         kw: dict[str, Any], error: type[Exception], arg: str) -> None:
     """As the README's dispatcher-arguments row says: the error names the call and the
     argument, on both faces (the asyncio one through its own loop)."""
+    rest = {k: v for k, v in kw.items() if k != "fn"}
     d = ThreadDispatcher(thread_queue())
     try:
         with pytest.raises(error, match=rf"^ThreadDispatcher\.submit\(\) argument '{arg}' "):
-            d.submit("k", lambda: None, **kw)
+            d.submit("k", kw.get("fn", lambda: None), **rest)
         ticket = d.submit("k", lambda: None)
         for method in ("result", "exception"):
             with pytest.raises(ValueError, match=rf"^Ticket\.{method}\(\) argument 'timeout' "):
@@ -422,7 +424,7 @@ def test_submit_argument_errors_name_the_call(
     h = Stepped()
     try:
         with pytest.raises(error, match=rf"^Dispatcher\.submit\(\) argument '{arg}' "):
-            h.submit("k", lambda: None, **kw)
+            h.submit("k", kw.get("fn", lambda: None), **rest)
         assert h.d.stats.submitted == 0
     finally:
         h.close()

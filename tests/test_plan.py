@@ -437,6 +437,8 @@ def test_cli_plan_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
         main(["plan", str(tokens), "--p99-wait-s", "1", "--min-global", "5", "--max-global", "2"])
         == 2
     )
+    assert ("argument --min-global: min_global (5) > max_global (2)"
+            in capsys.readouterr().err)
     assert main(["plan", str(tokens), "--p99-wait-s", "-1"]) == 2
     assert (
         "argument --p99-wait-s: p99_wait_s must be a number of seconds from 0 to 1e+09, got -1"

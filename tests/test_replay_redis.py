@@ -181,7 +181,7 @@ def test_cli_replay_on_redis_with_two_workers(
 
 def test_cli_backend_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--workers", "2"]) == 2
-    assert "workers > 1 needs a shared backend" in capsys.readouterr().err
+    assert "argument --workers: workers > 1 needs a shared backend" in capsys.readouterr().err
 
     assert main(["replay", "--backend", "redis://127.0.0.1:1/0", "--workers", "0"]) == 2
     assert "workers must be an integer from 1 to 1,024, got 0" in capsys.readouterr().err

@@ -52,18 +52,19 @@ def check_int(value: object, name: str, least: int) -> int:
     return value
 
 
-def check_fn(fn: object, awaits: bool) -> None:
+def check_fn(fn: object, awaits: bool, name: str = "fn") -> None:
     """``fn`` must be callable; a dispatcher that does not await (``awaits`` False, the
     thread face) refuses a coroutine function (calling it would only make a coroutine
-    that never runs), and neither face takes an async generator function."""
+    that never runs), and neither face takes an async generator function. ``name``:
+    how the errors name the argument (with the call, e.g. ``"X.submit() argument 'fn'"``)."""
     if not callable(fn):
-        raise TypeError(f"fn must be callable, not {fn!r}")
+        raise TypeError(f"{name} must be callable, not {fn!r}")
     call = getattr(fn, "__call__", None)  # noqa: B004 (an object with an async __call__)
     if inspect.isasyncgenfunction(fn) or inspect.isasyncgenfunction(call):
-        raise TypeError(f"fn must not be an async generator function: {fn!r}")
+        raise TypeError(f"{name} must not be an async generator function: {fn!r}")
     if not awaits and (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)):
-        raise TypeError(f"fn must be a plain function on ThreadDispatcher, not the coroutine "
-                        f"function {fn!r} (use Dispatcher on asyncio to await it)")
+        raise TypeError(f"{name} must be a plain function on ThreadDispatcher, not the "
+                        f"coroutine function {fn!r} (use Dispatcher on asyncio to await it)")
 
 
 class DispatcherBase:
@@ -272,7 +273,7 @@ class DispatcherBase:
         """
         where = f"{type(self).__name__}.submit() argument"
         key = check_key(key, f"{where} 'key'")
-        check_fn(fn, self._awaits)
+        check_fn(fn, self._awaits, f"{where} 'fn'")
         if busy is not None:
             busy = check_busy(busy, f"{where} 'busy'")
         if dedupe_id is not None:

@@ -92,6 +92,7 @@ from typing import Any
 
 from lanequeue.replay._checks import (
     MAX_PROCESSES,
+    SettingError,
     check_count,
     check_seconds,
     check_speed,
@@ -728,7 +729,8 @@ def check_plan_arguments(
     if max_global is not None:
         check_count(max_global, "max_global")
         if min_global > max_global:
-            raise ValueError(f"min_global ({min_global}) > max_global ({max_global})")
+            raise SettingError("min_global",
+                               f"min_global ({min_global}) > max_global ({max_global})")
     if jobs is not None:
         check_count(jobs, "jobs", maximum=MAX_PROCESSES)
     if speed is not None:

@@ -145,9 +145,9 @@ class ReplayConfig:
             )
         self._check_busy()
         if self.backend is None and self.workers != 1:
-            raise ValueError(
-                "workers > 1 needs a shared backend: worker processes share lanes only "
-                "through one (e.g. backend='redis://127.0.0.1:6379/0')"
+            raise SettingError(
+                "workers", "workers > 1 needs a shared backend: worker processes share "
+                "lanes only through one (e.g. backend='redis://127.0.0.1:6379/0')"
             )
         if self.backend is not None and self.runtime not in DRIVERS:
             raise ValueError(
