@@ -30,6 +30,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import pytest
+from interrupt_timer import sigalrm_interrupts
 
 import lanequeue.dispatch as dispatch_pkg
 from lanequeue import LaneQueue, ThreadDispatcher, TurnError
@@ -275,23 +276,10 @@ def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher
     global lane of one. Afterwards the dispatcher drains to True, its counters are
     whole, and a fresh turn runs."""
     d = _dispatcher()
-    armed = [False]
-
-    def interrupt(signum: int, frame: Any) -> None:
-        if armed[0]:
-            raise KeyboardInterrupt
-
-    assert threading.current_thread() is threading.main_thread()
-    # An interrupt that lands in a finalizer is only reported: keep those reports out of
-    # pytest's own hook meanwhile.
-    swallowed: list[Any] = []
-    previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed.append
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    outer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's own alarm, if any
     rng = random.Random(3)
     interrupts = completed = 0
     deadline = time.monotonic() + 3.0
-    try:
+    with sigalrm_interrupts() as armed:
         n = 0
         while interrupts < 300 and time.monotonic() < deadline:
             try:
@@ -307,13 +295,6 @@ def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher
             except KeyboardInterrupt:
                 armed[0] = False  # first: no call (no check for signals) before it
                 interrupts += 1
-    finally:
-        armed[0] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.unraisablehook = previous_hook
-        if outer[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *outer)
     assert interrupts >= 50 and completed > 0, (interrupts, completed)
     # The timer thread still serves (an interrupt in call_later once left its lock held).
     go = threading.Event()

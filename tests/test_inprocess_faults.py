@@ -61,6 +61,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 import pytest
+from interrupt_timer import sigalrm_interrupts
 
 import lanequeue
 from lanequeue import (
@@ -819,25 +820,10 @@ def test_c18_random_timer_interrupts_never_wedge_the_lane() -> None:
     pass`` in a loop while a timer raises KeyboardInterrupt after 10-300 us, over and
     over. Expected: ``get_active()`` returns, the counters agree, and the lane works."""
     lane = SessionLane("s", timeout_s=0.5)
-    armed = [False]
-
-    def interrupt(signum: int, frame: Any) -> None:
-        if armed[0]:
-            # Again soon, in case this one lands in a finalizer (which only reports it).
-            signal.setitimer(signal.ITIMER_REAL, 1e-3)
-            raise KeyboardInterrupt
-
-    assert threading.current_thread() is threading.main_thread()
-    # An interrupt that lands in a finalizer is only reported (and may land in the
-    # reporting hook itself): keep those reports out of pytest's own hook meanwhile.
-    swallowed: list[Any] = []
-    previous_hook, sys.unraisablehook = sys.unraisablehook, swallowed.append
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    outer = signal.setitimer(signal.ITIMER_REAL, 0)  # pytest-timeout's own alarm, if any
     rng = random.Random(18)
     interrupts = completed = 0
     deadline = time.monotonic() + 3.0
-    try:
+    with sigalrm_interrupts(again_s=1e-3) as armed:
         while interrupts < 500 and time.monotonic() < deadline:
             try:
                 armed[0] = True
@@ -852,13 +838,6 @@ def test_c18_random_timer_interrupts_never_wedge_the_lane() -> None:
                 # An interrupt inside the hold's enter or exit may leave that one hold.
                 if KEY in in_thread(lane.get_active):
                     assert in_thread(lambda: lane.manual_release(KEY))
-    finally:
-        armed[0] = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        sys.unraisablehook = previous_hook
-        if outer[0] > 0:
-            signal.setitimer(signal.ITIMER_REAL, *outer)
     assert interrupts >= 100 and completed > 0, (interrupts, completed)
     assert in_thread(lane.get_active) == {}
     check_consistent(lane._core)
