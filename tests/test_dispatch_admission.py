@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -581,3 +582,26 @@ def test_a_merged_call_runs_under_the_smallest_run_timeout_of_its_tickets(
     h.go("go-a+b")
     assert kind(h, a) == kind(h, b) == ("timed_out", "run timeout")
     h.books()
+
+
+def test_pending_counts_the_turn_admitted_and_waiting_for_its_lanes() -> None:
+    """As the README's Views say: ``pending(key)`` counts the turns not started, the one
+    admitted and waiting for its lanes included, which ``max_pending`` does not count."""
+    q = LaneQueue()
+    q.add_session_lane("session", timeout_s=None)
+    glob = q.add_lane("global", max_concurrent=1, timeout_s=None)
+    assert glob.try_acquire("elsewhere")  # the lanes are busy: the turn waits for them
+    d = ThreadDispatcher(q, max_pending=0)
+    try:
+        first = d.submit("k", lambda: "first")
+        deadline = time.monotonic() + WAIT
+        while d.snapshot()["keys"]["k"]["blocked_by"] != "lanes":
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert d.pending("k") == 1
+        assert isinstance(d.submit("k", lambda: "second").exception(WAIT), TurnRejectedError)
+        assert glob.manual_release("elsewhere")
+        assert first.result(WAIT) == "first"
+        assert d.pending("k") == 0
+    finally:
+        d.close()

@@ -470,3 +470,29 @@ def test_an_interrupt_after_the_grant_before_it_is_recorded_passes_it_on(
     assert lane.get_active() == {} and lane.stats.holders == 0
     assert not _in_redis(other, "k")
     assert other.try_acquire("k") and other.manual_release("k")
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_an_acquire_interrupted_after_its_grant_was_recorded_leaves_it_to_the_lane(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+) -> None:
+    """A KeyboardInterrupt after the grant was recorded (here: as the renewer is
+    started) of a ``with lane.acquire(key)``, whose hold object the caller never got and
+    drops: the lane object keeps the hold (a strong entry), so ``get_active()`` shows it
+    and ``manual_release(key)`` ends it, as an interrupted in-process acquire leaves its
+    hold; it is not left to lapse unseen."""
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+
+    def start_renewer(self: Any, needed: bool) -> None:
+        raise KeyboardInterrupt  # the grant is recorded: HELD, in the registry
+
+    monkeypatch.setattr(kind, "_start_renewer", start_renewer)
+    with pytest.raises(KeyboardInterrupt), lane.acquire("k"):
+        pass
+    monkeypatch.undo()
+    gc.collect()  # the caller's hold object is gone
+    assert "k" in lane.get_active() and lane.active_count == 1
+    assert _in_redis(other, "k")
+    assert lane.manual_release("k")
+    assert lane.get_active() == {} and not _in_redis(other, "k")
