@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from threading import TIMEOUT_MAX
 from typing import Any
 
-from .._errors import shown
 from .._kinds import LANE_DEFAULT
 from .._validate import (
     check_ageing,
@@ -293,15 +292,11 @@ class DispatcherBase:
         """``dedupe_id`` as a plain ``str``: TypeError if it is not a ``str``, ValueError if
         it is empty or, with a shared window (``dedupe_redis``), cannot be sent as UTF-8
         (a lone surrogate), at the call, as a Redis lane refuses such a key."""
-        checked = check_key(dedupe_id, name)
-        if self._machine.window is not None and not checked.isascii():
-            try:
-                checked.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise ValueError(
-                    f"{name} must be encodable as UTF-8 (it contains a lone surrogate at "
-                    f"index {exc.start}): {shown(checked)}") from None
-        return checked
+        if self._machine.window is not None:  # (redis-py is installed: it made the window)
+            from ..redis._keys import plain_key  # the Redis lanes' own check of a key
+
+            return plain_key(dedupe_id, name)
+        return check_key(dedupe_id, name)
 
     def _submitted(self, ticket: Ticket) -> None:
         """The face's look at a new ticket (asyncio: watch the loop's shutdown)."""
