@@ -305,6 +305,36 @@ def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher
     _check_whole(d, [blocker], Injector(0))
 
 
+def test_random_timer_interrupts_while_turns_launch_never_wedge_the_workers() -> None:
+    """Every submit launches a turn (four keys, four worker threads, turns that end at
+    once), while a timer raises KeyboardInterrupt after 5-300 us, over and over: the
+    launch path must hold up too, not only the dispatcher's own code. (Launched through
+    the standard library's ThreadPoolExecutor, an interrupt inside its submit once left
+    its idle semaphore's lock held: the next launch, and drain, waited for ever.)"""
+    q = LaneQueue()
+    q.add_session_lane("session", timeout_s=None)
+    q.add_lane("global", max_concurrent=4, timeout_s=None)
+    rng = random.Random(5)
+    interrupts = rounds = 0
+    deadline = time.monotonic() + 3.0
+    with sigalrm_interrupts() as armed:
+        while time.monotonic() < deadline:
+            d = ThreadDispatcher(q, max_workers=4)
+            rounds += 1
+            for i in range(100):
+                try:
+                    armed[0] = True
+                    signal.setitimer(signal.ITIMER_REAL, rng.uniform(5e-6, 300e-6))
+                    d.submit(f"k{i % 4}", str, i)
+                    armed[0] = False
+                except KeyboardInterrupt:
+                    armed[0] = False  # first: no call (no check for signals) before it
+                    interrupts += 1
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            _check_whole(d, [], Injector(0))
+    assert interrupts >= 50 and rounds > 1, (interrupts, rounds)
+
+
 def test_interrupt_at_every_point_of_clear_of_a_job_waiting_at_the_gate() -> None:
     """``clear`` of a key whose turn is formed and waits for the gate (another key holds
     the one slot) and carries three merged tickets: an interrupt in the middle of

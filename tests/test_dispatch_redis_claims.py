@@ -228,8 +228,14 @@ def test_a_dispatcher_refuses_use_in_a_forked_child() -> None:
     dispatcher goes on."""
     td = ThreadDispatcher(build_default_lanes())
     ad = Dispatcher(build_default_async_lanes())
-    go = threading.Event()
-    ticket = td.submit("k", go.wait, WAIT)
+    go, started = threading.Event(), threading.Event()
+
+    def first() -> bool:
+        started.set()
+        return go.wait(WAIT)
+
+    ticket = td.submit("k", first)
+    assert started.wait(WAIT)  # running
     assert td.submit("k", lambda: None) is not None  # a second turn, pending
     parent_snapshot, parent_stats = td.snapshot(), td.stats
     # Another thread holds the dispatcher's lock at the fork (as a worker may): in the

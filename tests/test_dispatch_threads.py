@@ -5,6 +5,7 @@ timeouts); every wait is bounded."""
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import random
 import threading
 import time
@@ -59,9 +60,11 @@ def test_interrupt_keeps_the_lanes_until_the_thread_returns() -> None:
     saw_cancel = threading.Event()
     may_return = threading.Event()
     second_started = threading.Event()
+    first_started = threading.Event()
 
     def first() -> str:
         turn = current_turn()
+        first_started.set()
         assert turn.cancel_event.wait(WAIT)  # a thread turn polls its cancel event
         saw_cancel.set()
         assert may_return.wait(WAIT)
@@ -73,6 +76,7 @@ def test_interrupt_keeps_the_lanes_until_the_thread_returns() -> None:
 
     try:
         t1 = d.submit("k", first)
+        assert first_started.wait(WAIT)  # running: the second turn interrupts it
         t2 = d.submit("k", second)
         assert saw_cancel.wait(WAIT)
         # The interrupted thread still runs: it keeps the key's lane, the next waits.
@@ -499,3 +503,23 @@ def test_random_concurrent_operations_on_threads() -> None:
         assert s.failed == 0 and s.pending == 0 and s.running == 0
     finally:
         d.close()
+
+
+def test_a_dispatcher_dropped_without_close_ends_its_threads() -> None:
+    """The service thread and the workers of a ThreadDispatcher that is dropped without
+    close() end once it is collected (cancelled timers keep nothing alive)."""
+    def ours() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("lanequeue-dispatch")]
+
+    before = set(ours())
+    d = ThreadDispatcher(lanes(), max_workers=2)
+    assert d.submit("k", str, "a").result(WAIT) == "a"
+    later = d.submit("k", str, "b", timeout_s=60.0)  # its start timer is cancelled
+    assert later.result(WAIT) == "b"
+    assert len(set(ours()) - before) >= 2  # the service thread and a worker
+    del d, later
+    gc.collect()
+    deadline = time.monotonic() + WAIT
+    while set(ours()) - before:
+        assert time.monotonic() < deadline, sorted(t.name for t in set(ours()) - before)
+        time.sleep(0.01)

@@ -14,11 +14,11 @@ import inspect
 import math
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._base import DispatcherBase
 from ._machine import _CURRENT, Job, Ticket, Timer
+from ._workers import Service
 
 __all__ = ["Dispatcher"]
 
@@ -38,15 +38,14 @@ def _cancelled_from_outside() -> bool:
 #: Threads that run the shared dedupe window's calls for the asyncio dispatchers of this
 #: process (each call bounded, see :mod:`._redis`); made on first use, anew after fork.
 _IO_THREADS = 8
-_io: tuple[int, ThreadPoolExecutor] | None = None
+_io: tuple[int, Service] | None = None
 
 
-def _io_pool() -> ThreadPoolExecutor:
+def _io_service() -> Service:
     global _io
     made = _io
     if made is None or made[0] != os.getpid():
-        made = _io = (os.getpid(), ThreadPoolExecutor(
-            _IO_THREADS, thread_name_prefix="lanequeue-dedupe"))
+        made = _io = (os.getpid(), Service(max_threads=_IO_THREADS, name="lanequeue-dedupe"))
     return made[1]
 
 
@@ -224,18 +223,23 @@ class Dispatcher(DispatcherBase):
     def offload(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
         """Call ``fn()`` (the shared dedupe window's blocking I/O) in a thread of the
         process's small pool, never on the loop; then ``done(its result or exception)``
-        on the loop."""
-        assert self._loop is not None
-        fut = self._loop.run_in_executor(_io_pool(), fn)
+        on the loop (not at all once the loop is closed: nobody waits for it then). The
+        hand-over to the pool is one put (see :mod:`._workers`): a KeyboardInterrupt on
+        the loop's thread cannot wedge it."""
+        loop = self._loop
+        assert loop is not None
 
-        def answered(f: asyncio.Future[Any]) -> None:
-            if f.cancelled():
-                done(asyncio.CancelledError())
-            else:
-                exc = f.exception()
-                done(exc if exc is not None else f.result())
+        def call(_: None) -> None:
+            try:
+                answer = fn()
+            except BaseException as exc:
+                answer = exc
+            try:
+                loop.call_soon_threadsafe(done, answer)
+            except RuntimeError:  # the loop is closed
+                pass
 
-        fut.add_done_callback(answered)
+        _io_service().submit(call, None)
 
     def interrupt(self, job: Job) -> None:
         task = job.handle

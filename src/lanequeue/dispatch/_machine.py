@@ -2,7 +2,7 @@
 
 Both dispatchers (asyncio tasks in :mod:`lanequeue.dispatch._asyncio`, a thread pool in
 :mod:`lanequeue.dispatch._threads`) drive the :class:`Machine` below. A face only knows
-how a turn is *run* (a task or a pool thread that enters ``acquire_all``, calls ``fn`` and
+how a turn is *run* (a task or a worker thread that enters ``acquire_all``, calls ``fn`` and
 releases), how it is *interrupted* (cancel the task; a thread only sees the cancel event),
 how a *timer* is set, and how a caller *waits*. Every decision (which turn runs next for a
 key, which policy applies, what is dropped, merged, steered, deduplicated, timed out, and
@@ -97,8 +97,10 @@ True. The interrupted call itself raises the exception. How:
 - A runner whose report was interrupted at its very entry reports again (``job.reported``).
 - The locks that threads wait on are entered through a plain ``threading.Lock`` (a C-level
   ``__enter__``, see ``lanequeue._core``): a ticket's wait (:class:`_Signal`, not
-  ``threading.Event``, whose ``set`` enters a ``Condition`` in Python code), the thread
-  face's idle notice and its timer thread's heap. Limit: ``Turn.cancel_event`` is a
+  ``threading.Event``, whose ``set`` enters a ``Condition`` in Python code) and the thread
+  face's idle notice. Turns, timers and the shared window's calls go to the faces'
+  threads by one put on a ``SimpleQueue`` (:mod:`._workers`), never through a lock taken
+  in Python code. Limit: ``Turn.cancel_event`` is a
   ``threading.Event`` (its documented type); an interrupt inside its ``set`` may leave
   that event's own lock held, so a ``fn`` that blocks in ``cancel_event.wait()`` (rather
   than polling ``is_set()``) could then wait out its timeout.
@@ -638,7 +640,7 @@ CLAIMING: Any = object()
 
 
 class _Key:
-    __slots__ = ("arrivals", "line", "job", "timer", "timer_due")
+    __slots__ = ("arrivals", "line", "job", "timer", "timer_due", "advancing")
 
     def __init__(self) -> None:
         # Submits not placed yet (in submit order): one whose shared dedupe claim is in
@@ -646,6 +648,9 @@ class _Key:
         self.arrivals: deque[Ticket] = deque()
         self.line: deque[Ticket] = deque()
         self.job: Job | None = None
+        # The head tickets being moved from the line into the key's next job (None when
+        # no move is under way): see Machine._advance and _repair.
+        self.advancing: list[Ticket] | None = None
         self.timer: Timer | None = None
         self.timer_due = 0.0
 
@@ -1077,9 +1082,14 @@ class Machine:
                         k.timer_due = due
                         k.timer = self.face.call_later(due - now, lambda: self._wake(key))
                     return
-            tickets = [line.popleft() for _ in range(n)]
         else:
-            tickets = [line.popleft()]
+            n = 1
+        # Recorded before the line is touched (a copy, one plain store): an interrupt
+        # between the pops and the job's link leaves these tickets in no line and no
+        # job, and _repair puts them back at the head of the line, where they were.
+        k.advancing = tickets = list(itertools.islice(line, n))
+        for _ in tickets:
+            line.popleft()
         if k.timer is not None:
             fx.timers.append(k.timer)
             k.timer = None
@@ -1088,6 +1098,7 @@ class Machine:
         for t in tickets:
             t._job = job
         k.job = job
+        k.advancing = None
         if self.slots is None:
             self._admit(job, fx)
             return
@@ -1299,6 +1310,13 @@ class Machine:
                 self._end(cancelled, CANCELLED, "cancelled", fx)
             if job is not None and job.outcome is not None:
                 self._conclude(job, fx)  # the report's rest
+            for k in list(self._keys.values()):
+                moving, k.advancing = k.advancing, None
+                if moving is not None and (k.job is None or k.job.tickets is not moving):
+                    # An advance stopped between its pops and its job's link: the tickets
+                    # it took go back to the head of the line, in order.
+                    k.line.extendleft(reversed(
+                        [t for t in moving if t.state == PENDING and t not in k.line]))
             placed: set[int] = set()
             queued = {id(j) for j in self._ready}
             for k in list(self._keys.values()):

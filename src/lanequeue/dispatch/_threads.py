@@ -1,25 +1,24 @@
-"""The thread face of the dispatcher: each admitted turn runs in a worker of a pool.
+"""The thread face of the dispatcher: each admitted turn runs in a worker thread.
 
 The worker enters ``acquire_all(key, lanes)`` (blocking), calls ``fn`` and releases. A
 thread cannot be interrupted from outside: a cancelled, interrupted or timed-out turn sees
 its ``cancel_event`` set and should return soon; until it does, it keeps its lanes, so
-per-key exclusion and the caps are never broken. Timers run on one timer thread.
+per-key exclusion and the caps are never broken. Timers run, and the workers are started,
+on the dispatcher's service thread (:class:`~._workers.Service`).
 """
 
 from __future__ import annotations
 
-import heapq
 import inspect
-import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._validate import check_timeout
 from ._base import DispatcherBase, check_int
 from ._machine import _CURRENT, Job, Ticket
+from ._workers import Handle, Service
 
 __all__ = ["ThreadDispatcher"]
 
@@ -31,96 +30,6 @@ def _discard(value: Any) -> None:
     close = getattr(value, "close", None)  # a coroutine: no "never awaited" warning
     if callable(close):
         close()
-
-
-class _Handle:
-    __slots__ = ("fn", "cancelled", "_timers")
-
-    def __init__(self, fn: Callable[[], None], timers: _Timers) -> None:
-        self.fn = fn
-        self.cancelled = False
-        self._timers = timers
-
-    def cancel(self) -> None:
-        if not self.cancelled:
-            self.cancelled = True
-            self._timers._cancelled()
-
-
-class _Timers:
-    """One daemon thread running callbacks at their due time on ``clock``.
-
-    With a clock other than ``time.monotonic`` (a test's fake clock), the thread re-reads
-    the clock at least every ``poll_s`` seconds, since it cannot know when it moves.
-    """
-
-    def __init__(self, clock: Callable[[], float], poll_s: float | None) -> None:
-        self._clock = clock
-        self._poll_s = poll_s
-        self._heap: list[tuple[float, int, _Handle]] = []
-        # Entered through the plain lock (a C-level ``__enter__``): an interrupt in
-        # call_later or a cancel cannot leave it held and the timer thread stuck (see
-        # "Interrupts" in lanequeue.dispatch._machine).
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
-        self._stopped = False
-        self._dead = 0  # cancelled handles still in the heap
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> _Handle:
-        handle = _Handle(fn, self)
-        with self._lock:
-            heapq.heappush(self._heap, (self._clock() + delay, next(self._seq), handle))
-            if self._thread is None and not self._stopped:
-                self._thread = threading.Thread(target=self._loop, daemon=True,
-                                                name="lanequeue-dispatch-timers")
-                self._thread.start()
-            self._cond.notify()
-        return handle
-
-    def _cancelled(self) -> None:
-        with self._lock:
-            self._dead += 1
-            # Like asyncio: rebuild once most of the heap is cancelled (amortised O(1)).
-            if self._dead > 64 and self._dead * 2 > len(self._heap):
-                self._heap = [e for e in self._heap if not e[2].cancelled]
-                heapq.heapify(self._heap)
-                self._dead = 0
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            self._cond.notify()
-
-    def _loop(self) -> None:
-        heap = self._heap
-        while True:
-            with self._lock:
-                while True:
-                    heap = self._heap
-                    if self._stopped:
-                        return
-                    while heap and heap[0][2].cancelled:
-                        heapq.heappop(heap)
-                        self._dead -= 1
-                    if not heap:
-                        self._cond.wait()
-                        continue
-                    wait = heap[0][0] - self._clock()
-                    if wait <= 0:
-                        handle = heapq.heappop(heap)[2]
-                        handle.cancelled = True  # fired: a later cancel() is a no-op
-                        break
-                    if self._poll_s is not None:
-                        wait = min(wait, self._poll_s)
-                    self._cond.wait(wait)
-            try:
-                handle.fn()
-            except Exception:
-                import logging
-
-                logging.getLogger("lanequeue").exception("dispatcher timer raised")
 
 
 class ThreadDispatcher(DispatcherBase):
@@ -135,7 +44,7 @@ class ThreadDispatcher(DispatcherBase):
 
     Args:
         queue: the :class:`~lanequeue.LaneQueue` whose lanes every turn takes.
-        max_workers: pool threads (default: the smallest ``max_concurrent`` of the
+        max_workers: worker threads (default: the smallest ``max_concurrent`` of the
             counting lanes among ``lanes``, else 32). At most this many turns hold or
             wait for the lanes at once; the rest wait in the dispatcher, in priority
             order.
@@ -202,8 +111,11 @@ class ThreadDispatcher(DispatcherBase):
                          dedupe_redis=dedupe_redis, dedupe_prefix=dedupe_prefix)
         slots = self._machine.slots
         assert slots is not None
-        self._pool = ThreadPoolExecutor(slots, thread_name_prefix="lanequeue-dispatch")
-        self._timers = _Timers(clock, None if clock is time.monotonic else 0.005)
+        # Its turns run in the service's workers and its timers in the service thread,
+        # which a KeyboardInterrupt in a caller cannot wedge (see ._workers).
+        self._service = Service(max_threads=slots, name="lanequeue-dispatch", clock=clock,
+                                poll_s=None if clock is time.monotonic else 0.005)
+        self._service.stop_with(self)  # dropped without close()
         # Entered through the plain lock (a C-level ``__enter__``): an interrupt cannot
         # leave it held (``Condition.__enter__`` is Python code; see "Interrupts" in
         # lanequeue._core).
@@ -215,18 +127,17 @@ class ThreadDispatcher(DispatcherBase):
     def now(self) -> float:
         return self._clock()
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> _Handle:
-        return self._timers.call_later(delay, fn)
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Handle:
+        return self._service.call_later(delay, fn)
 
     def launch(self, job: Job) -> None:
-        job.handle = self._pool.submit(self._run, job)
+        self._service.submit(self._run, job)
 
     def idle(self) -> None:
         with self._idle_lock:
             self._idle_cond.notify_all()
         if self._machine.closed:
-            self._timers.stop()
-            self._pool.shutdown(wait=False)
+            self._service.stop()
 
     def _run(self, job: Job) -> None:
         """One turn in a worker: hold the lanes, call ``fn``, release; report.
