@@ -224,7 +224,7 @@ class ThreadFace(Face):
         # The dispatcher's one timer thread runs its timers in due order: one due now
         # fires after every timer that came due with this advance.
         fence = threading.Event()
-        self.d.call_later(0.0, fence.set)
+        self.d._call_later(0.0, fence.set)
         assert fence.wait(WAIT)
 
     def cancelled(self, payload: Any) -> None:

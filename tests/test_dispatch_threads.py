@@ -382,7 +382,7 @@ def test_ticket_ended_before_its_runner_begins_takes_no_lane(how: str) -> None:
     q = lanes(global_cap=3)
     d = ThreadDispatcher(q, max_workers=3)
     launched, go = threading.Event(), threading.Event()
-    original = d.launch
+    original = d._launch
     first = [True]
 
     def hooked(job: Any) -> None:
@@ -392,7 +392,7 @@ def test_ticket_ended_before_its_runner_begins_takes_no_lane(how: str) -> None:
             assert go.wait(WAIT)
         original(job)
 
-    d.launch = hooked  # type: ignore[method-assign]
+    d._launch = hooked  # type: ignore[method-assign]
     box: dict[str, Any] = {}
     submitter = threading.Thread(target=lambda: box.setdefault("t", d.submit("k", work)))
 

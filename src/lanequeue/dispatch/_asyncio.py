@@ -192,15 +192,15 @@ class Dispatcher(DispatcherBase):
 
     # -- the face -----------------------------------------------------------------------
 
-    def now(self) -> float:
+    def _now(self) -> float:
         loop = self._loop
         return 0.0 if loop is None else loop.time()
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+    def _call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
         assert self._loop is not None
         return self._loop.call_later(delay, fn)
 
-    def launch(self, job: Job) -> None:
+    def _launch(self, job: Job) -> None:
         assert self._loop is not None
         if self._shut or self._loop.is_closed():
             # The loop shuts down or is gone: nothing may start (its tickets ended).
@@ -220,7 +220,7 @@ class Dispatcher(DispatcherBase):
             # down): the coroutine never ran, so report the end here.
             self._machine.finish(job, False, asyncio.CancelledError())
 
-    def offload(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    def _offload(self, fn: Callable[[], Any], done: Callable[[Any], None]) -> None:
         """Call ``fn()`` (the shared dedupe window's blocking I/O) in a thread of the
         process's small pool, never on the loop; then ``done(its result or exception)``
         on the loop (not at all once the loop is closed: nobody waits for it then). The
@@ -241,7 +241,7 @@ class Dispatcher(DispatcherBase):
 
         _io_service().submit(call, None)
 
-    def interrupt(self, job: Job) -> None:
+    def _interrupt(self, job: Job) -> None:
         task = job.handle
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -278,7 +278,7 @@ class Dispatcher(DispatcherBase):
         self._shut = True
         self._machine.close(True, reason=LOOP_SHUT_DOWN, at_once=True)
 
-    def idle(self) -> None:
+    def _idle(self) -> None:
         end = self._watch_end
         if end is not None:
             self._watch_end = None

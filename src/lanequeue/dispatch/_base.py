@@ -73,8 +73,8 @@ class DispatcherBase:
     _machine: Machine
     #: Whether a turn's awaitable result is awaited (asyncio) or refused (threads).
     _awaits: bool = False
-    #: See ``Face.offload``: None, the shared dedupe window is asked inline (threads).
-    offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None = None
+    #: See ``Face._offload``: None, the shared dedupe window is asked inline (threads).
+    _offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -170,22 +170,22 @@ class DispatcherBase:
     # -- the face's part (overridden) ------------------------------------------------------
 
     @abstractmethod
-    def now(self) -> float:
+    def _now(self) -> float:
         ...
 
     @abstractmethod
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+    def _call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
         ...
 
     @abstractmethod
-    def launch(self, job: Job) -> None:
+    def _launch(self, job: Job) -> None:
         ...
 
-    def interrupt(self, job: Job) -> None:
+    def _interrupt(self, job: Job) -> None:
         """Threads only see the turn's cancel event (set by the machine)."""
 
     @abstractmethod
-    def idle(self) -> None:
+    def _idle(self) -> None:
         ...
 
     def _check_caller(self) -> None:

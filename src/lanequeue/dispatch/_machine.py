@@ -17,7 +17,7 @@ Words
   ``merged`` count follow the tickets still in the job when it starts.
 - Per key the machine keeps ``line`` (pending tickets, in submit order) and ``job`` (the
   key's current job, if any). A face that asks the shared dedupe window off its thread
-  (``Face.offload``: asyncio) also keeps ``arrivals``: a ticket whose claim is in flight
+  (``Face._offload``: asyncio) also keeps ``arrivals``: a ticket whose claim is in flight
   and every later submit of the key, placed in submit order as the claims answer. A
   key's next job is formed only when ``job`` is None: per key, at most one job exists,
   so turns of a key run one at a time in submit order.
@@ -216,15 +216,15 @@ class Timer(Protocol):
 class Face(Protocol):
     """What the machine asks of a dispatcher face. Called without the machine's lock."""
 
-    def now(self) -> float: ...
+    def _now(self) -> float: ...
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer: ...
+    def _call_later(self, delay: float, fn: Callable[[], None]) -> Timer: ...
 
-    def launch(self, job: Job) -> None: ...
+    def _launch(self, job: Job) -> None: ...
 
-    def interrupt(self, job: Job) -> None: ...
+    def _interrupt(self, job: Job) -> None: ...
 
-    def idle(self) -> None: ...
+    def _idle(self) -> None: ...
 
     def cancel(self, ticket: Ticket) -> bool: ...
 
@@ -232,7 +232,7 @@ class Face(Protocol):
     #: ``offload(fn, done)`` calls ``fn()`` elsewhere and then ``done(its result or the
     #: exception it raised)`` on the face's own thread (the event loop). None: the I/O runs
     #: inline, in the caller's thread (threads: ``submit`` waits for the window's answer).
-    offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None
+    _offload: Callable[[Callable[[], Any], Callable[[Any], None]], None] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -759,7 +759,7 @@ class Machine:
         run_timeout = run_timeout_s
         fx = _Effects()
         shared = self.window is not None and dedupe_id is not None
-        offload = self.face.offload if shared else None
+        offload = self.face._offload if shared else None
         ours = True
         claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
         number = 0  # its number
@@ -783,7 +783,7 @@ class Machine:
                     if self.draining:
                         raise DispatcherDrainingError(
                             "the dispatcher is draining or closed: it takes no new turns")
-                    now = self.face.now()
+                    now = self.face._now()
                     if dedupe_id is not None:
                         self._expire_dedupe(now)
                         seen = self._dedupe.get(dedupe_id)
@@ -932,7 +932,7 @@ class Machine:
         k = self._keys.get(key)
         if k is None:
             return
-        now = self.face.now()
+        now = self.face._now()
         arrivals = k.arrivals
         while arrivals and arrivals[0]._claim is not CLAIMING:
             t = arrivals.popleft()
@@ -1004,7 +1004,7 @@ class Machine:
             if self._deadline_timer is not None:
                 fx.timers.append(self._deadline_timer)
             self._deadline_due = t.deadline
-            self._deadline_timer = self.face.call_later(max(0.0, t.deadline - now),
+            self._deadline_timer = self.face._call_later(max(0.0, t.deadline - now),
                                                         self._deadlines_due)
 
     def _disarm(self, t: Ticket) -> None:
@@ -1031,7 +1031,7 @@ class Machine:
         try:
             with self._lock:
                 self._deadline_timer = None
-                now = self.face.now()
+                now = self.face._now()
                 heap = self._deadlines
                 while heap and (heap[0][0] <= now or not heap[0][2]._armed):
                     t = heapq.heappop(heap)[2]
@@ -1044,7 +1044,7 @@ class Machine:
                     self._tidy(t.key, self._keys.get(t.key))
                 if heap:
                     self._deadline_due = heap[0][0]
-                    self._deadline_timer = self.face.call_later(max(0.0, heap[0][0] - now),
+                    self._deadline_timer = self.face._call_later(max(0.0, heap[0][0] - now),
                                                                 self._deadlines_due)
         except BaseException:
             self._repair(fx)
@@ -1080,7 +1080,7 @@ class Machine:
                         if k.timer is not None:
                             fx.timers.append(k.timer)
                         k.timer_due = due
-                        k.timer = self.face.call_later(due - now, lambda: self._wake(key))
+                        k.timer = self.face._call_later(due - now, lambda: self._wake(key))
                     return
         else:
             n = 1
@@ -1129,7 +1129,7 @@ class Machine:
                 k = self._keys.get(key)
                 if k is not None:
                     k.timer = None
-                    self._advance(key, k, self.face.now(), fx)
+                    self._advance(key, k, self.face._now(), fx)
         except BaseException:
             self._repair(fx)
             raise
@@ -1146,7 +1146,7 @@ class Machine:
         earlier end by their own timers. 0 for a job abandoned meanwhile (no ticket left:
         its runner may still be on its way to the lanes, see :meth:`start`)."""
         with self._lock:
-            now = self.face.now()
+            now = self.face._now()
             latest = 0.0
             for t in job.tickets:
                 if t.deadline is None:
@@ -1166,7 +1166,7 @@ class Machine:
             prio = max((t.priority for t in job.tickets), default=0)
             if self.ageing_s is not None:
                 # (a tiny ageing_s makes the levels inf: capped before int())
-                levels = (self.face.now() - job.formed_at) // self.ageing_s
+                levels = (self.face._now() - job.formed_at) // self.ageing_s
                 prio += int(min(levels, PRIORITY_MAX - PRIORITY_MIN))
         return min(max(prio, PRIORITY_MIN), PRIORITY_MAX)
 
@@ -1179,7 +1179,7 @@ class Machine:
                 if job.abandoned:
                     return False
                 job.phase = STARTED
-                now = self.face.now()
+                now = self.face._now()
                 job.started_at = now
                 tickets = job.tickets
                 head = tickets[0]
@@ -1218,7 +1218,7 @@ class Machine:
         if job.run_timer is not None:
             fx.timers.append(job.run_timer)
         job.run_due = due
-        job.run_timer = self.face.call_later(due - now, lambda: self._run_timeout(job, due))
+        job.run_timer = self.face._call_later(due - now, lambda: self._run_timeout(job, due))
 
     def finish(self, job: Job, ok: bool, value: Any) -> None:
         """The runner returned (lanes released): ``ok`` with ``fn``'s value, or not ok with
@@ -1287,7 +1287,7 @@ class Machine:
         k.job = None
         for t in steered:
             t._job = None
-        self._advance(job.key, k, self.face.now(), fx)
+        self._advance(job.key, k, self.face._now(), fx)
 
     def enter(self, job: Job, runner: Any) -> bool:
         """A runner of ``job`` begins: True for the first (it runs the job and reports),
@@ -1304,7 +1304,7 @@ class Machine:
         ``KeyboardInterrupt`` from a signal handler, say): see "Interrupts". ``cancelled``:
         the ticket a cancel was ending; ``job``: the job a runner was reporting."""
         with self._lock:
-            now = self.face.now()
+            now = self.face._now()
             if cancelled is not None and cancelled.state == PENDING:
                 self._detach(cancelled, fx)
                 self._end(cancelled, CANCELLED, "cancelled", fx)
@@ -1476,7 +1476,7 @@ class Machine:
                 k.line.remove(t)
             except ValueError:
                 return
-            self._advance(t.key, k, self.face.now(), fx)  # a debounce may be due now
+            self._advance(t.key, k, self.face._now(), fx)  # a debounce may be due now
             return
         if t in job.steered:
             job.steered.remove(t)
@@ -1486,7 +1486,7 @@ class Machine:
             job.tickets.remove(t)
             if not job.tickets:
                 self._abandon(k, job, fx)
-                self._advance(t.key, k, self.face.now(), fx)
+                self._advance(t.key, k, self.face._now(), fx)
             elif job.phase == READY:
                 rank = job.rank
                 self._rank(job)  # the job's priority is that of the tickets left
@@ -1528,7 +1528,7 @@ class Machine:
                     self._c["running"] += 1
                     self._c["steered"] += 1
                     self._disarm(t)
-                self._bound_run(job, taken, self.face.now(), fx)
+                self._bound_run(job, taken, self.face._now(), fx)
                 return [t.payload for t in taken]
         except BaseException:
             self._repair(fx)
@@ -1591,7 +1591,7 @@ class Machine:
                     n += self._drop_steered(job, CANCELLED, "cleared", fx)
                     if job.phase != STARTED:
                         n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
-                self._advance(key, k, self.face.now(), fx)
+                self._advance(key, k, self.face._now(), fx)
         except BaseException:
             self._repair(fx)
             raise
@@ -1643,7 +1643,7 @@ class Machine:
                             if at_once and job.phase == STARTED:
                                 for t in job.tickets + job.taken:
                                     self._end(t, CANCELLED, reason, fx)
-                        self._advance(key, k, self.face.now(), fx)
+                        self._advance(key, k, self.face._now(), fx)
         except BaseException:
             self._repair(fx)
             raise
@@ -1671,7 +1671,7 @@ class Machine:
 
     def _arm_sweep(self, now: float) -> None:
         due = next(iter(self._dedupe.values()))[1]
-        self._dedupe_timer = self.face.call_later(max(0.0, due - now), self._sweep)
+        self._dedupe_timer = self.face._call_later(max(0.0, due - now), self._sweep)
 
     def _expire_dedupe(self, now: float) -> None:
         # The table is in insertion order and every entry lives dedupe_ttl_s: the front
@@ -1685,7 +1685,7 @@ class Machine:
 
     def _sweep(self) -> None:
         with self._lock:
-            now = self.face.now()
+            now = self.face._now()
             self._dedupe_timer = None
             self._expire_dedupe(now)
             if self._dedupe:
@@ -1711,7 +1711,7 @@ class Machine:
         ``lanes_draining``: a lane every turn takes is draining (see "Priority,
         precisely" and the README for ``blocked_by``)."""
         with self._lock:
-            now = self.face.now()
+            now = self.face._now()
             keys: dict[str, Any] = {}
             for key, k in self._keys.items():
                 job = k.job
@@ -1783,13 +1783,13 @@ class Machine:
             timers[-1].cancel()
             timers.pop()
         while fx.interrupt:
-            face.interrupt(fx.interrupt[-1])
+            face._interrupt(fx.interrupt[-1])
             fx.interrupt.pop()
         while fx.n_launched < len(fx.launch):
-            face.launch(fx.launch[fx.n_launched])
+            face._launch(fx.launch[fx.n_launched])
             fx.n_launched += 1
         if fx.claims:
-            offload, window = face.offload, self.window
+            offload, window = face._offload, self.window
             assert offload is not None
             while fx.n_claims < len(fx.claims):
                 t = fx.claims[fx.n_claims]
@@ -1805,7 +1805,7 @@ class Machine:
         with self._lock:
             idle = not self._keys and self._runners == 0
         if idle:
-            face.idle()
+            face._idle()
         fx.open = False
 
     def _tell(self, t: Ticket) -> None:
@@ -1813,10 +1813,10 @@ class Machine:
         callbacks (each is dropped once it returned; see _after)."""
         if t._forget:
             assert t.dedupe_id is not None
-            if self.face.offload is None:
+            if self.face._offload is None:
                 self.window.give_back(t.dedupe_id, t._number)
             else:
-                self.face.offload(functools.partial(self.window.give_back, t.dedupe_id,
+                self.face._offload(functools.partial(self.window.give_back, t.dedupe_id,
                                                     t._number), _ignore)
             t._forget = False
         with self._lock:

@@ -124,16 +124,16 @@ class ThreadDispatcher(DispatcherBase):
 
     # -- the face -----------------------------------------------------------------------
 
-    def now(self) -> float:
+    def _now(self) -> float:
         return self._clock()
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> Handle:
+    def _call_later(self, delay: float, fn: Callable[[], None]) -> Handle:
         return self._service.call_later(delay, fn)
 
-    def launch(self, job: Job) -> None:
+    def _launch(self, job: Job) -> None:
         self._service.submit(self._run, job)
 
-    def idle(self) -> None:
+    def _idle(self) -> None:
         with self._idle_lock:
             self._idle_cond.notify_all()
         if self._machine.closed:
@@ -203,4 +203,4 @@ class ThreadDispatcher(DispatcherBase):
     def close(self, *, cancel_pending: bool = True) -> None:
         super().close(cancel_pending=cancel_pending)
         if self._machine.is_idle():
-            self.idle()
+            self._idle()
