@@ -327,7 +327,42 @@ def test_a_client_used_on_a_closed_event_loop_is_refused_clearly(
         return bool(await lane.try_acquire("b")) and bool(await lane.manual_release("b"))
 
     asyncio.run(first())
-    with pytest.raises(RuntimeError, match="used by a lane on an event loop that is closed "
-                       "now; its connections belong to that loop: make the client"):
+    with pytest.raises(RuntimeError, match="used by a lane on another event loop that is "
+                       "closed now; its connections belong to that loop: make the client"):
         asyncio.run(again())
     assert asyncio.run(fresh())
+
+
+def test_a_client_used_on_a_second_open_loop_is_refused_and_its_own_loop_goes_on(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """A lane (and its client) used on loop A, then from a second loop B (another
+    thread's) while A is still open: B's call raises a clear RuntimeError before any I/O,
+    and A's next release and acquire work (redis-py alone failed in B with "attached to a
+    different loop", and A's next call then failed with "Event loop is closed")."""
+    import threading
+
+    async def main() -> list[str]:
+        lane = AsyncRedisSessionLane(aredis.Redis(port=redis_server.port), "two-loops",
+                                     prefix=redis_prefix)
+        assert await lane.try_acquire("a")
+        seen: list[str] = []
+
+        def other_loop() -> None:
+            try:
+                asyncio.run(lane.try_acquire("b"))
+                seen.append("no error")
+            except RuntimeError as exc:
+                seen.append(str(exc))
+
+        t = threading.Thread(target=other_loop)
+        t.start()
+        await asyncio.to_thread(t.join, 10)
+        assert await lane.manual_release("a")  # loop A unharmed
+        assert await lane.try_acquire("b")
+        assert await lane.manual_release("b")
+        return seen
+
+    seen = asyncio.run(main())
+    assert len(seen) == 1 and "used by a lane on another event loop that is still open" in (
+        seen[0]), seen

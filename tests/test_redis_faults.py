@@ -850,6 +850,48 @@ def test_forked_child_of_an_asyncio_process_counts_no_parent_task(server: RedisS
     asyncio.run(main())
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork with threads (3.12+)
+def test_forked_child_refuses_the_parents_asyncio_client_and_the_parent_goes_on(
+    server: RedisServer,
+) -> None:
+    """A forked child that uses the parent's redis.asyncio client (through an inherited
+    lane object, or a new one) gets a clear RuntimeError before any I/O: the client's
+    connections are shared with the parent, whose next release once waited 5 s for a
+    reply the child had taken, leaving the key held for its lease. The parent's release
+    works at once; a client made in the child works."""
+
+    async def child_use(lane: Any, made: Any) -> str:
+        out = []
+        for what in (lambda: lane.try_acquire("other"),
+                     lambda: AsyncRedisSessionLane(made, "forked-c").try_acquire("x")):
+            try:
+                await what()
+                out.append("no error")
+            except RuntimeError as exc:
+                out.append("refused" if "make the client and its lanes in the child"
+                           in str(exc) else f"other: {exc}")
+        fresh = redis.asyncio.Redis(host=server.host, port=server.port)
+        own = AsyncRedisSessionLane(fresh, "forked-c")
+        out.append(f"own client: {await own.try_acquire('y')}")
+        await own.manual_release("y")
+        await fresh.aclose()
+        return " ".join(out)
+
+    async def main() -> None:
+        r = redis.asyncio.Redis(host=server.host, port=server.port)
+        lane = AsyncRedisSessionLane(r, "forked-c", lease_s=30)
+        assert await lane.try_acquire("k")
+        assert _in_child(lambda: [asyncio.run(child_use(lane, r))]) == [
+            "refused refused own client: True"]
+        t0 = time.monotonic()
+        assert await lane.manual_release("k")
+        assert time.monotonic() - t0 < 2.0
+        assert not await lane.is_held("k")
+        await r.aclose()
+
+    asyncio.run(main())
+
+
 # -- protocol versions -----------------------------------------------------------------
 
 

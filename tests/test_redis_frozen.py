@@ -10,6 +10,7 @@ that case (``CALL_WAIT_S``) is set to 1 s so the tests stay short.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import threading
 import time
@@ -431,3 +432,47 @@ def test_a_lane_objects_first_waiting_call_on_a_frozen_server_takes_at_most_thre
     assert got is False or isinstance(got, LaneBackendError), got
     assert took <= 0.2 + 3 * CALL_WAIT + SLACK, took
     holder.manual_release("k")  # (its hold may be lost already: its presence lapsed)
+
+
+def test_a_cancelled_release_that_fails_in_the_background_is_not_reported_unretrieved(
+    server: RedisServer, redis_prefix: str
+) -> None:
+    """A task cancelled while its release script waits on a frozen server ends with
+    CancelledError after CANCEL_WAIT_S; the release goes on in the background and fails
+    within its bound. Its failure is taken by the lanes (logged at debug level), not
+    left for asyncio to report as "Task exception was never retrieved" with a traceback
+    of lanequeue's internals."""
+    reported: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda loop, ctx: reported.append(str(ctx.get("message"))))
+        lane = AsyncRedisSessionLane(redis.asyncio.Redis(host=server.host, port=server.port),
+                                     prefix=redis_prefix, lease_s=LEASE)
+        inside = asyncio.Event()
+
+        async def user() -> None:
+            async with lane.acquire("k"):
+                server.freeze()
+                inside.set()
+                await asyncio.sleep(0.1)  # then the release, on the frozen server
+
+        task = asyncio.create_task(user())
+        await inside.wait()
+        await asyncio.sleep(0.3)  # inside the release now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The clean-up fails within its bound (the call's, then the renewer's deadline).
+        deadline = time.monotonic() + CALL_WAIT + LEASE + SLACK
+        while _CLEANUPS and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not _CLEANUPS
+        server.thaw()
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.thaw()
+    gc.collect()  # a task's unretrieved exception is reported when it is collected
+    assert not [m for m in reported if "never retrieved" in m], reported

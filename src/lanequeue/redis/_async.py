@@ -28,6 +28,7 @@ waits on the server without a bound.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 import weakref
@@ -59,6 +60,16 @@ __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
 #: Clean-ups running after a cancellation (strong references until they end).
 _CLEANUPS: set[asyncio.Task[Any]] = set()
+
+
+def _cleanup_done(task: asyncio.Task[Any]) -> None:
+    """A clean-up ended: forget it, and take its outcome (nobody else may: its caller
+    stopped waiting after CANCEL_WAIT_S), so asyncio does not report "Task exception was
+    never retrieved" for a clean-up that failed in the background (a frozen server)."""
+    _CLEANUPS.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("lanequeue").debug(
+            "a clean-up after a cancellation ended with %r", task.exception())
 #: Serialises the lane-wide reads made off the event loop (scrapes: rare and short).
 _READ_LOCK = threading.Lock()
 #: Longest wait of one such read, in seconds.
@@ -128,7 +139,7 @@ async def drive(steps: Steps[T]) -> T:
                 raise
             task = asyncio.get_running_loop().create_task(_rest(steps, exc))
             _CLEANUPS.add(task)
-            task.add_done_callback(_CLEANUPS.discard)
+            task.add_done_callback(_cleanup_done)
             await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
             if not task.done():  # the clean-up goes on in the background
                 raise asyncio.CancelledError(*exc.args) from None
@@ -266,7 +277,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             task = asyncio.get_running_loop().create_task(
                 _call(wk.freeing, self._client, script, keys, args, wk.call_wait_s))
             _CLEANUPS.add(task)
-            task.add_done_callback(_CLEANUPS.discard)
+            task.add_done_callback(_cleanup_done)
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError as exc:

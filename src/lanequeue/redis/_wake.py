@@ -774,29 +774,43 @@ def sync_waker(client: Any) -> SyncWaker:
     return w
 
 
-#: The event loop each redis.asyncio client was last used on by a lane (see async_waker).
-_client_loop: weakref.WeakKeyDictionary[Any, weakref.ref[asyncio.AbstractEventLoop]] = (
-    weakref.WeakKeyDictionary())
+#: The event loop and process each redis.asyncio client was first used in by a lane (see
+#: async_waker). Kept across a fork: the child must not use the parent's client.
+_client_loop: weakref.WeakKeyDictionary[
+    Any, tuple[weakref.ref[asyncio.AbstractEventLoop], int]] = weakref.WeakKeyDictionary()
 
 
 def async_waker(client: Any) -> AsyncWaker:
-    """The running loop's listener for ``client`` (made on first use). Raises
-    RuntimeError when ``client`` was used on another event loop that is closed now (a
-    second ``asyncio.run``): its pooled connections belong to that loop, and redis-py
-    would fail later with a bare "Event loop is closed"."""
+    """The running loop's listener for ``client`` (made on first use). Every script call
+    of an asyncio Redis lane asks for it first, so this is where a client is bound to
+    the event loop and the process of its first use. Raises RuntimeError, before any I/O,
+    when ``client`` was used by a lane on another event loop (its pooled connections
+    belong to that loop: redis-py would fail with "attached to a different loop" or
+    "Event loop is closed", and could leave the other loop's calls broken), or in the
+    parent of this forked process (its connections are shared with the parent: a call
+    here could take the reply of the parent's)."""
     loop = asyncio.get_running_loop()
     per_loop = _async.get(loop)
     if per_loop is None:
         per_loop = _async[loop] = weakref.WeakKeyDictionary()
     w = per_loop.get(client)
     if w is None:
+        pid = os.getpid()
         seen = _client_loop.get(client)
-        old = None if seen is None else seen()
-        if old is not None and old is not loop and old.is_closed():
-            raise RuntimeError(
-                "this redis.asyncio client was used by a lane on an event loop that is "
-                "closed now; its connections belong to that loop: make the client and its "
-                "lanes in the event loop that uses them (one per asyncio.run)")
-        _client_loop[client] = weakref.ref(loop)
+        if seen is not None:
+            old = seen[0]()
+            if seen[1] != pid:
+                raise RuntimeError(
+                    f"this redis.asyncio client was used by a lane in process {seen[1]}, "
+                    f"not in this forked child ({pid}): its connections are shared with "
+                    f"that process; make the client and its lanes in the child")
+            if old is not None and old is not loop:
+                raise RuntimeError(
+                    "this redis.asyncio client was used by a lane on another event loop"
+                    + (" that is closed now" if old.is_closed() else " that is still open")
+                    + "; its connections belong to that loop: make the client and its "
+                    "lanes in the event loop that uses them (one per loop, one per "
+                    "asyncio.run)")
+        _client_loop[client] = (weakref.ref(loop), pid)
         w = per_loop[client] = AsyncWaker(client)
     return w
