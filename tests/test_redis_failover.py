@@ -93,6 +93,38 @@ def test_c30_killed_holder_passes_key_and_permit_within_about_3_s(
     assert c_after < GRACE_S + 1.0 + 1.0
 
 
+def test_c30_killed_holder_is_taken_over_by_try_acquire_too(
+    redis_server: Any, redis_client: Any, redis_prefix: str, tmp_path: Path
+) -> None:
+    """C30 without a waiter in line: after a SIGKILL of the holder process (lease_s=30),
+    a caller that only polls with try_acquire (the scheduler pattern) gets the key and
+    the counting permit within about GRACE_S of its first try after the kill (the first
+    caller to find the holder's process gone starts the grace), not 30 s. Until then a
+    try is refused, and a try never overtakes a waiter in line."""
+    proc, out, _ = _start_holder(tmp_path, redis_server.port, redis_prefix)
+    held = json.loads(Path(out).read_text())
+    session = RedisSessionLane(redis_client, "s", prefix=redis_prefix)
+    counting = RedisLane(redis_client, "c", max_concurrent=1, prefix=redis_prefix)
+    assert not session.try_acquire(KEY) and not counting.try_acquire(KEY)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(5)
+    t0 = time.monotonic()
+    got: dict[str, float] = {}
+    while len(got) < 2 and time.monotonic() - t0 < 15:
+        for name, lane in (("s", session), ("c", counting)):
+            if name not in got and lane.try_acquire(KEY):
+                got[name] = time.monotonic() - t0
+        time.sleep(0.1)
+    print(f"C30 try_acquire: key after {got.get('s')} s, permit after {got.get('c')} s")
+    assert set(got) == {"s", "c"}, got
+    # Refused at first (the grace starts at the first try), granted within the grace
+    # plus a poll and a round trip: far below the 30 s lease.
+    assert GRACE_S - 0.5 < got["s"] < GRACE_S + 1.5 and GRACE_S - 0.5 < got["c"] < GRACE_S + 1.5
+    (s_hold,), (c_hold,) = session.stuck(0.0), counting.stuck(0.0)
+    assert s_hold.token > held["s"] and c_hold.token > held["c"]
+    assert session.manual_release(KEY) and counting.manual_release(KEY)
+
+
 def test_c30_frozen_holder_keeps_its_holds_then_releases(
     redis_server: Any, redis_client: Any, redis_prefix: str, tmp_path: Path
 ) -> None:

@@ -166,9 +166,11 @@ holds in a zset instead of one holder)::
   (``Bp``). The head waiter, at each of its polls, asks ``PUBSUB NUMSUB`` whether the
   holder's channel still has its subscriber; once it has been empty for ``GRACE_S``
   (2 s, on the server's clock, the first empty reading starts it), the waiter's script
-  ends that hold and takes the key (or permit) through the line. A killed process's
-  kernel closes its sockets at once, so its holds move on within 2 s plus one poll
-  (about 3 s), whatever ``lease_s`` is. A process that is only slow (a GC pause,
+  ends that hold and takes the key (or permit) through the line; with nobody in line, a
+  ``try_acquire`` does the same and takes it. A killed process's kernel closes its
+  sockets at once, so its holds move on within 2 s plus one poll (about 3 s) when
+  callers already wait or poll, whatever ``lease_s`` is; a caller that comes later
+  starts the 2 s at its first attempt. A process that is only slow (a GC pause,
   SIGSTOP, a blocked event loop) keeps its sockets open and its holds up to ``lease_s``.
   The rule "the holder learns of a loss no later than the server acts on it" holds
   because the holder's presence thread pings every 0.25 s and declares the epoch DEAD,
@@ -183,7 +185,8 @@ holds in a zset instead of one holder)::
   itself takes longer), and their new presence connection is a new epoch, so the holds
   of the old one stay lost. The price: a failover, a server restart, or a server that
   stops answering for more than 0.75 s (a long script, a slow fork) ends every hold
-  granted under the connections it affects; the holders learn it at once (``lost``,
+  granted under the connections it affects; the holders learn it within a ping, about
+  0.25 s (``lost``,
   ``on_lease_lost``) and acquire again. A slow CLIENT process keeps its holds: a frozen
   process is not mistaken for a dead connection, since the thread reads the socket once
   more without waiting before it declares a ping unanswered, and the answer to a ping

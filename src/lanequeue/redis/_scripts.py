@@ -244,7 +244,47 @@ if not o then
   present(me, chan, lease)
   return f
 end
-if live == 0 then return {0, -1} end
+-- The holder o's process is gone when its presence channel (see _presence.py) has stayed
+-- empty for the grace period ARGV[5] (server clock; the first caller to find it empty
+-- starts that count): true, the caller may end the hold; else false and the ms until it
+-- may (-1: present, or no presence record of o). A process that is only slow keeps its
+-- connection, so its channel never empties; its process marked the hold lost before the
+-- grace ran out.
+local function gone(o, now)
+  local pv = redis.call('GET', base .. 'p')
+  if not pv then return false, -1 end
+  local po, pc, since = string.match(pv, '^([^|]*)|(.*)|(%d+)$')
+  if po ~= o then return false, -1 end
+  since = tonumber(since)
+  if redis.call('PUBSUB', 'NUMSUB', pc)[2] > 0 then
+    if since > 0 then redis.call('SET', base .. 'p', po .. '|' .. pc .. '|0', 'KEEPTTL') end
+    return false, -1
+  end
+  if since == 0 then
+    since = now
+    redis.call('SET', base .. 'p', po .. '|' .. pc .. '|' .. fmt(now), 'KEEPTTL')
+  end
+  local left = since + tonumber(ARGV[5]) - now
+  if left <= 0 then return true, 0 end
+  return false, left
+end
+if live == 0 then
+  -- A try takes over a holder whose process is gone, but only with nobody in line (the
+  -- head of the line does it otherwise, and goes first).
+  if redis.call('EXISTS', q) == 0 then
+    if not now then now = clock() end
+    if gone(o, now) then
+      redis.call('DEL', h)
+      now, now_us, s_us = clock()
+      local fs
+      f, fs = fence(fk, now_us, s_us, lease)
+      redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
+      present(me, chan, lease)
+      return f
+    end
+  end
+  return {0, -1}
+end
 -- Held by someone else: join the line at the tail (first call), or stay in place and
 -- refresh our liveness (later calls). A waiter dropped as dead rejoins at the tail. The
 -- holder is marked first, so its release looks at the line (APPEND keeps its TTL).
@@ -267,38 +307,20 @@ end
 -- right then: a holder that died is replaced one round trip after its lease ends.
 if redis.call('LINDEX', q, 0) ~= me then return {0, -1} end
 local wake = redis.call('PTTL', h)
--- Failover: a holder whose process is gone (its presence channel has stayed empty for
--- the grace period, server clock) is taken over now, not at the end of its lease. Its
--- process marked the hold lost before the grace ran out (see _presence.py); a process
--- that is only slow keeps its connection, so its channel never empties.
-local pv = redis.call('GET', base .. 'p')
-if pv then
-  local po, pc, since = string.match(pv, '^([^|]*)|(.*)|(%d+)$')
-  if po == o then
-    since = tonumber(since)
-    if redis.call('PUBSUB', 'NUMSUB', pc)[2] > 0 then
-      if since > 0 then redis.call('SET', base .. 'p', po .. '|' .. pc .. '|0', 'KEEPTTL') end
-    else
-      local grace = tonumber(ARGV[5])
-      if since == 0 then
-        since = now
-        redis.call('SET', base .. 'p', po .. '|' .. pc .. '|' .. fmt(now), 'KEEPTTL')
-      end
-      if now - since >= grace then
-        redis.call('DEL', h)
-        now, now_us, s_us = clock()
-        o, f = promote(lease, now, now_us, s_us)
-        if o == me then
-          redis.call('PEXPIRE', h, lease)
-          present(me, chan, lease)
-          return f
-        end
-        return {0, -1}
-      end
-      if since + grace - now < wake then wake = since + grace - now end
-    end
+-- Failover: a holder whose process is gone is taken over now, not at the end of its lease.
+local dead, soon = gone(o, now)
+if dead then
+  redis.call('DEL', h)
+  now, now_us, s_us = clock()
+  o, f = promote(lease, now, now_us, s_us)
+  if o == me then
+    redis.call('PEXPIRE', h, lease)
+    present(me, chan, lease)
+    return f
   end
+  return {0, -1}
 end
+if soon >= 0 and soon < wake then wake = soon end
 return {0, wake}
 """
 )
@@ -560,7 +582,17 @@ if redis.call('ZCARD', h) < cap then
   present(h, me, chan, lease)
   return grant(h, i, fk, me, key, now + lease, now, now_us, s_us, fttl)
 end
-if mode == '0' then return {0, -1} end
+if mode == '0' then
+  -- A try ends the holds of dead processes (see takeover) when nobody is in line (the
+  -- head of the line does it otherwise, and goes first), then takes a freed permit.
+  if redis.call('LLEN', q) == 0 and takeover(h, i, now, tonumber(ARGV[9])) then
+    if redis.call('ZCARD', h) < cap then
+      present(h, me, chan, lease)
+      return grant(h, i, fk, me, key, now + lease, now, now_us, s_us, fttl)
+    end
+  end
+  return {0, -1}
+end
 local j = string.sub(h, 1, -2) .. 'j'
 if not redis.call('ZSCORE', w, me) then
   -- Joining: the server time of the join (hash j), for the views' oldest wait.
