@@ -325,6 +325,24 @@ def test_dedupe_forgets_a_turn_that_never_ran_and_is_bounded(turns: Turns) -> No
         h.close()
 
 
+def test_dedupe_max_zero_keeps_no_id_so_every_submit_runs(turns: Turns) -> None:
+    """README: ``dedupe_max=0`` keeps none: every submit runs, dedupe is off."""
+    h = make(dedupe_max=0)
+    try:
+        first = h.submit("k", turns.turn, 1, dedupe_id="m1")
+        again = h.submit("k", turns.turn, 2, dedupe_id="m1")
+        assert again is not first
+        assert h.d.snapshot()["dedupe_entries"] == 0
+        turns.finish(1)
+        h.settle()
+        turns.finish(2)
+        h.settle()
+        assert turns.started() == [1, 2]
+        books(h)
+    finally:
+        h.close()
+
+
 def test_start_timeout_counts_pending_time(turns: Turns) -> None:
     h = make()
     try:

@@ -72,7 +72,8 @@ class Dispatcher(DispatcherBase):
         on_drop: called with the list of tickets a submit dropped (overflow, interrupt,
             replace), after they ended; exceptions are logged.
         dedupe_ttl_s: seconds a ``dedupe_id`` is remembered from its submit.
-        dedupe_max: ids remembered at most (the oldest is forgotten first).
+        dedupe_max: ids remembered at most (the oldest is forgotten first); 0 keeps
+            none, which turns dedupe off.
         debounce_s: under ``collect``, the quiet window in seconds: a merged call starts
             once no new turn of the key came for this long (0: merge whatever is
             pending when the key frees up).
