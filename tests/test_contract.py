@@ -408,6 +408,11 @@ async def test_views(f: Face) -> None:
     status = lane.status()
     assert (status["active"], status["waiting"]) == (2, 0)
     assert status["stats"] == st.to_dict()
+    # The kind's keys, with this object's counts, on every face.
+    if f.counting:
+        assert (status["max_concurrent"], status["available"]) == (2, 0)
+    else:
+        assert status["sessions"] == lane.session_count == 2 and "max_sessions" in status
     if f.counting:  # full now (2 permits): a third caller waits
         assert lane.max_concurrent == 2 and lane.available == 0
         assert await f.q(lane.holds_of("a")) == 1 and await f.q(lane.holds_of("z")) == 0

@@ -1244,8 +1244,9 @@ class RedisLaneBase(ABC, Generic[H]):
     def _status(self, lane_wide: dict[str, Any] | None = None) -> dict[str, Any]:
         """The lane object, then ``lane_wide`` (from Redis) or this object's holders and
         waiters, then its counters and limits."""
-        if lane_wide is None:
-            lane_wide = {"active": self._n_live, "waiting": self._waiting}
+        if lane_wide is None:  # this object: the same keys as an in-process lane's status()
+            lane_wide = {"active": self._n_live, "waiting": self._waiting,
+                         **self._object_counts()}
         return {
             "kind": type(self).__name__,
             "name": self.name,
@@ -1312,6 +1313,11 @@ class RedisLaneBase(ABC, Generic[H]):
             self._waiting += d
 
     def _limits(self) -> dict[str, Any]:
+        return {}
+
+    def _object_counts(self) -> dict[str, Any]:
+        """The kind's counts of THIS object in ``status()`` (``sessions``/``available``,
+        as the in-process lanes' ``status()`` has them)."""
         return {}
 
     def __repr__(self) -> str:

@@ -89,6 +89,9 @@ class SessionLaneBase(RedisOps[H]):
     def _limits(self) -> dict[str, Any]:
         return {"max_sessions": self._max_sessions}
 
+    def _object_counts(self) -> dict[str, Any]:
+        return {"sessions": self.session_count}
+
 
 class CountingLaneBase(RedisOps[H]):
     """The counting kind (either face): its arguments, limits and lane-wide views."""
@@ -188,3 +191,6 @@ class CountingLaneBase(RedisOps[H]):
 
     def _limits(self) -> dict[str, Any]:
         return {"max_concurrent": self._cap}
+
+    def _object_counts(self) -> dict[str, Any]:
+        return {"available": max(0, self._cap - self._n_live)}
