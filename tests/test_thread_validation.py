@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 import threading
 import time
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -310,6 +313,40 @@ def test_every_number_check_refuses_a_wrong_type_with_a_type_error(
         return
     with pytest.raises(TypeError, match=r"^arg must be "):
         check(bad)
+
+
+class _Int64:
+    """An integer of another integral type (as NumPy's ``int64``): not an ``int``."""
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __index__(self) -> int:
+        return self.v
+
+
+numbers.Integral.register(_Int64)
+
+
+@pytest.mark.parametrize(("check", "none_ok"), _number_checks())
+def test_every_number_check_takes_real_numbers_of_other_types(
+        check: Any, none_ok: bool) -> None:
+    """A number of seconds may be any real number (``Fraction``, ``Decimal``, NumPy's
+    scalars), read as a float; a count or a priority any integral number (NumPy's
+    ``int64``), read as its ``int``. A float is still no count (TypeError)."""
+    integral = check(_Int64(3))
+    assert integral == 3 and type(integral) in (int, float)
+    name = check.__code__.co_names + check.__code__.co_freevars  # which check it calls
+    if "check_count" in name or "check_priority" in name or "check_int" in name:
+        with pytest.raises(TypeError, match=r"^arg must be an int, not Fraction"):
+            check(Fraction(3, 1))
+        return
+    for real, want in ((Fraction(1, 4), 0.25), (Decimal("2.5"), 2.5)):
+        got = check(real)
+        assert got == want and type(got) is float, (real, got)
+    if "check_lease" not in name:
+        with pytest.raises(ValueError):
+            check(Decimal("NaN"))
 
 
 @pytest.mark.parametrize("bad", [None, "yes", 1, 0])

@@ -4,18 +4,41 @@ argument's name in the message."""
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from decimal import Decimal
 from threading import TIMEOUT_MAX
 from typing import NoReturn
 
 __all__ = [
     "AGEING_MAX", "argument_of", "bad_key", "check_ageing", "check_bool", "check_count",
     "check_key", "check_priority", "check_seconds", "check_timeout", "made_by",
-    "own_signatures", "public_name",
+    "own_signatures", "public_name", "real_number", "whole_number",
 ]
+
+
+def real_number(value: object) -> int | float | None:
+    """``value`` as a plain ``int`` or ``float`` when it is a real number of another
+    type (``fractions.Fraction``, ``decimal.Decimal``, NumPy's scalars: an integral one
+    as ``int``), else None (``bool`` too: never read as a number). The fast paths check
+    ``int``/``float`` first and call this only for other types."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
+        return None
+    if isinstance(value, numbers.Integral):
+        return operator.index(value)
+    return float(value)
+
+
+def whole_number(value: object) -> int | None:
+    """``value`` as a plain ``int`` when it is an integer of any integral type (NumPy's
+    ``int64``, say), else None (``bool`` too, and floats such as ``2.0``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return operator.index(value)
 
 #: The public call being made, while it builds a lane (``LaneQueue.add_lane()``): set by
 #: :func:`made_by`, read by :func:`argument_of`.
@@ -71,7 +94,11 @@ def check_timeout(value: object, name: str = "timeout_s") -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or None, not {type(value).__name__}")
+        real = real_number(value)
+        if real is None:
+            raise TypeError(
+                f"{name} must be a number of seconds or None, not {type(value).__name__}")
+        value = real
     if value < 0:
         raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
     if value >= TIMEOUT_MAX:  # (an int compares exactly, without converting)
@@ -89,7 +116,10 @@ def check_seconds(value: object, name: str, *, positive: bool = False,
     numbers and values of ``limit`` or more (``10**400`` too) raise ValueError naming
     ``name``; non-numbers (and ``bool``) raise TypeError."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+        real = real_number(value)
+        if real is None:
+            raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+        value = real
     try:
         v = float(value)
     except OverflowError:  # an int too large for a float
@@ -128,9 +158,13 @@ def check_bool(value: object, name: str) -> bool:
 
 
 def check_count(value: object, name: str) -> int:
-    """Validate a positive integer count (``max_concurrent``, ``max_sessions``)."""
+    """Validate a positive integer count (``max_concurrent``, ``max_sessions``); an
+    integer of another integral type (NumPy's ``int64``) is taken as its ``int``."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        whole = whole_number(value)
+        if whole is None:
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        value = whole
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
@@ -188,7 +222,10 @@ def check_priority(value: object, name: str = "priority") -> int:
     """Validate a waiter's priority: an ``int`` (not ``bool``) in
     ``[-2**31, 2**31 - 1]``; TypeError/ValueError otherwise."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        whole = whole_number(value)
+        if whole is None:
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        value = whole
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ValueError(f"{name} must be between -2**31 and 2**31 - 1, got {value}")
     return int(value)

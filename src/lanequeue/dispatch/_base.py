@@ -20,6 +20,7 @@ from .._validate import (
     check_seconds,
     check_timeout,
     own_signatures,
+    whole_number,
 )
 from ._machine import (
     BUSY_POLICIES,
@@ -45,7 +46,10 @@ def check_busy(value: object, name: str) -> str:
 
 def check_int(value: object, name: str, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        whole = whole_number(value)
+        if whole is None:
+            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        value = whole
     if value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
     return value

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from .._errors import LaneBackendError
+from .._validate import real_number
 from ._keys import plain_key
 
 __all__ = [
@@ -72,7 +73,10 @@ def check_lease(lease_s: object, arg: str = "lease_s") -> float:
     """A lease in seconds, from MIN_LEASE_S to MAX_LEASE_S; ``arg`` names the argument
     in the errors."""
     if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
-        raise TypeError(f"{arg} must be a number of seconds, not {type(lease_s).__name__}")
+        real = real_number(lease_s)
+        if real is None:
+            raise TypeError(f"{arg} must be a number of seconds, not {type(lease_s).__name__}")
+        lease_s = real
     v = float(lease_s)
     if not math.isfinite(v) or not MIN_LEASE_S <= v <= MAX_LEASE_S:
         raise ValueError(
