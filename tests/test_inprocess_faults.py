@@ -993,7 +993,7 @@ def test_c19_fork_contract_holds_tokens_counters_and_asyncio() -> None:
 @pytest.mark.parametrize("kind", list(THREAD_LANES))
 def test_c20_dropped_thread_hold_warns_and_returns_its_permit(kind: str) -> None:
     """C20: a hold entered and garbage-collected without release warns (ResourceWarning
-    naming lane and key) and its permit returns at the lane's next operation."""
+    naming lane and key) and its permit returns to the lane (a view sees it back)."""
     lane = THREAD_LANES[kind]()
     hold = lane.acquire(KEY)
     hold.__enter__()
@@ -1029,6 +1029,44 @@ def test_c20_dropped_hold_hands_over_to_a_waiter(park_hooks: Any) -> None:
     t.join(JOIN_S)
     assert box == {"w": True}
     assert lane.stats.holders == 0 and lane.stats.waiters == 0
+
+
+def test_c20_dropped_hold_reaches_a_parked_waiter_with_no_other_operation() -> None:
+    """A waiter already parked (a long timeout) gets a dropped hold's permit as the hold
+    is collected, on both faces: nothing else has to touch the lane first (it once got
+    it only at its own timeout, which then reported False)."""
+    lane = SessionLane("s", warn_after_s=None)
+    hold = lane.acquire(KEY)
+    hold.__enter__()
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(lane.acquire_timeout(KEY, 60.0)),
+                         daemon=True)
+    t.start()
+    deadline = time.monotonic() + JOIN_S
+    while lane.waiting < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    with pytest.warns(ResourceWarning):
+        del hold
+        gc.collect()
+    t.join(JOIN_S)  # far below the waiter's 60 s
+    assert got == [True]
+    assert lane.manual_release(KEY) and lane.stats.holders == 0
+
+    async def main() -> None:
+        alane = AsyncLane("g", max_concurrent=1, warn_after_s=None)
+        box = {"hold": alane.acquire(KEY)}
+        await box["hold"].__aenter__()
+        waiter = asyncio.ensure_future(alane.acquire_timeout(KEY, 60.0))
+        while alane.waiting < 1:
+            await asyncio.sleep(0)
+        with pytest.warns(ResourceWarning):
+            box.clear()
+            gc.collect()
+        assert await asyncio.wait_for(waiter, JOIN_S) is True
+        assert await alane.manual_release(KEY) and alane.stats.holders == 0
+
+    asyncio.run(main())
 
 
 def test_c20_finalizer_inside_the_core_lock_is_deferred() -> None:

@@ -136,7 +136,10 @@ holds the core's lock (a collection can start inside a critical section), so it 
 take the lock: it only appends ``(key, token)`` to ``_dropped`` (``list.append`` is
 atomic). The next operation on the lane (an acquire, a release, or a view such as
 ``get_active()``, ``stats``, ``active_count``, ``is_held``), in any thread, ends those
-holds first, as releases that may hand the key to the next waiter. The hot path pays one
+holds first, as releases that may hand the key to the next waiter. The finalizer then
+asks the face to run that operation now, so a waiter already parked is not left to its
+timeout: a thread lane does when its lock is free (not taken by this thread, nor by
+another), an asyncio lane in a callback on its loop. The hot path pays one
 truth test of that list (C20).
 
 fork

@@ -503,21 +503,24 @@ class Hold:
 
 def drop_hold(lane: Any, key: str, token: int) -> None:
     """What the finalizer of an in-process hold dropped while held does first: record
-    the hold with the lane's core, which ends it at the lane's next operation (not here:
-    a finalizer may run while this thread holds the core's lock). The finalizer then
+    the hold with the lane's core, which ends it at the lane's next operation, and ask
+    the lane to run that operation now if it can (``_dropped_hold``: a thread lane when
+    its core's lock is free, since a finalizer may run while this thread holds it; an
+    asyncio lane on its loop), so a waiter already parked gets the permit at once
+    instead of at its timeout. The finalizer then
     marks the hold ended (a block left later, by a generator collected in the same
     reference cycle after it, releases nothing and counts no unmatched release), then
     calls :func:`warn_dropped`: recorded first, so the permit comes back even when
     warnings are turned into errors (an error in a finalizer is only reported)."""
     lane._core.drop(key, token)
+    lane._dropped_hold()
 
 
 def warn_dropped(lane: Any, key: str, token: int) -> None:
     """The ``ResourceWarning`` of a hold dropped while held, naming the lane and key."""
     warnings.warn(
         f"{type(lane).__name__} {lane.name!r}: a hold on key {shown(key)} (token {token}) was "
-        "garbage-collected without release; its permit returns at the lane's next "
-        "operation",
+        "garbage-collected without release; its permit returns to the lane",
         ResourceWarning,
         stacklevel=2,
     )

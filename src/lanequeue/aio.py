@@ -192,8 +192,9 @@ class AsyncHold(Hold):
     releases it when the block ends, also on cancellation. Single use.
 
     A hold garbage-collected while held (entered but never left nor released) warns
-    with a ``ResourceWarning`` naming the lane and the key, and its permit returns at
-    the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
+    with a ``ResourceWarning`` naming the lane and the key, and its permit returns to
+    the lane, to a waiter if there is one (see "Dropped holds" in
+    :mod:`lanequeue._core`).
     """
 
     __slots__ = ("_priority",)
@@ -288,6 +289,18 @@ class _AsyncFace:
         loop = self._fast_loop
         if loop is None or loop._thread_id != get_ident():
             self._bind_loop()
+
+    def _dropped_hold(self) -> None:
+        """A hold of this lane was dropped while held (see ``drop_hold``): end it on the
+        lane's loop, soon (a task waiter is woken on its loop only; the finalizer may
+        run in any thread), unless no loop is bound or it is closed (then the next
+        operation ends it)."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._core._settle)
+            except RuntimeError:  # closed meanwhile
+                pass
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, after checking it is this lane's (binding it on first use)."""

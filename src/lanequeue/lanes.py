@@ -84,8 +84,9 @@ class ThreadHold(Hold):
     when the block ends, whether by return, exception or KeyboardInterrupt. Single use.
 
     A hold garbage-collected while held (entered but never left nor released) warns
-    with a ``ResourceWarning`` naming the lane and the key, and its permit returns at
-    the lane's next operation (see "Dropped holds" in :mod:`lanequeue._core`).
+    with a ``ResourceWarning`` naming the lane and the key, and its permit returns to
+    the lane, to a waiter if there is one (see "Dropped holds" in
+    :mod:`lanequeue._core`).
     """
 
     __slots__ = ("_priority",)
@@ -168,6 +169,18 @@ class _ThreadFace:
         if got or timeout == 0:
             return got
         return self._park(key, timeout, priority)
+
+    def _dropped_hold(self) -> None:
+        """A hold of this lane was dropped while held (see ``drop_hold``): end it now,
+        handing its permit to a waiter already parked, unless the core's lock is taken
+        (maybe by this very thread, whose finalizer runs inside the core: then the next
+        operation ends it). Any thread may do this: a hand-off wakes a thread waiter by
+        releasing its lock. (The lock is an RLock: ``_is_owned`` tells whether this
+        thread is inside it, which ``acquire(False)`` alone would not.)"""
+        lock = self._core._lock
+        if not lock._is_owned() and lock.acquire(False):
+            lock.release()
+            self._core._settle()
 
     def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join

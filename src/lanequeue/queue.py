@@ -105,7 +105,8 @@ class MultiHold:
 
     Garbage-collected while still holding in-process lanes (entered, never left nor
     released), it warns with a ``ResourceWarning`` per lane naming the lane and the key,
-    and those permits return at each lane's next operation.
+    and those permits return to each lane (see "Dropped holds" in
+    :mod:`lanequeue._core`).
     """
 
     __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_entered")
