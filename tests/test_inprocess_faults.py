@@ -365,6 +365,7 @@ def _run_thread_case(lane_factory: Callable[[], Any], case: str,
             hold.__enter__()
             known.append(hold.token)
             waiter = _ThreadWaiter()  # another caller in line (no thread behind it)
+            waiter.since = core._clock()  # as the face parks it
             rank = getattr(lane, "test_priority", 0)
             assert (core.take(KEY, True, waiter, rank) if rank
                     else core.take(KEY, True, waiter)) == 0
@@ -443,6 +444,7 @@ def test_c18_interrupt_while_ending_waiters_strands_none(kind: str, ender: str) 
         rank = getattr(lane, "test_priority", 0)
         waiters = [_ThreadWaiter() for _ in range(3)]
         for w in waiters:
+            w.since = core._clock()  # as the face parks it
             assert (core.take(KEY, True, w, rank) if rank else core.take(KEY, True, w)) == 0
         try:
             with inj.active():

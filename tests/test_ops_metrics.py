@@ -8,6 +8,7 @@ park hook (a waiter is in line when it parks) and moves the clock by hand.
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
 from typing import Any
 
@@ -287,6 +288,57 @@ def test_waits_ended_by_an_interrupt_are_observed(park_hooks: ParkHooks) -> None
     assert isinstance(box["W"], KeyboardInterrupt)
     [m] = lane.metrics_snapshot()
     assert m.stats.cancelled == 1 and m.wait.count == 2  # the grant (0) and the interrupt
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+@pytest.mark.parametrize("after_grant", ["scrape", "interrupt"])
+def test_a_handed_over_wait_is_counted_once_at_its_grant(
+    kind: str, after_grant: str, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thread lanes: the hand-off counts the wait it ends, under the lock it holds. A
+    scrape made after the grant and before the granted thread runs again sees the wait
+    with its length, never as an immediate grant that later moves to another bucket
+    (a cumulative bucket going down, which Prometheus reads as a counter reset); an
+    interrupt landing in the granted thread right after its grant does not count the
+    wait a second time (the wait count stays acquired + timeouts + cancelled)."""
+    from lanequeue.lanes import _ThreadWaiter
+
+    lane = make(kind, fake_clock)
+    granted, go = threading.Event(), threading.Event()
+    original = _ThreadWaiter.park
+
+    def park(self: Any, timeout: float | None) -> bool:
+        ok = original(self, timeout)
+        granted.set()  # the grant is in; the thread has not gone on yet
+        assert go.wait(10)
+        if after_grant == "interrupt":
+            raise KeyboardInterrupt
+        return ok
+
+    monkeypatch.setattr(_ThreadWaiter, "park", park)
+    assert lane.try_acquire("k")
+    box: dict[str, Any] = {}
+    t = run_thread("W", lambda: lane.acquire_timeout("k", 30), box)
+    while lane.waiting < 1:
+        threading.Event().wait(0.001)
+    fake_clock.advance(1.0)
+    assert lane.manual_release("k")  # hands the key to W after a 1 s wait
+    assert granted.wait(10)
+    [first] = lane.metrics_snapshot()
+    go.set()
+    t.join(10)
+    [then] = lane.metrics_snapshot()
+    one = first.wait.bounds.index(1.0)
+    assert (first.wait.counts[0], first.wait.counts[one]) == (1, 1)  # try_acquire; W
+    assert then.wait.counts == first.wait.counts and then.wait.sum == pytest.approx(1.0)
+    st = then.stats
+    assert then.wait.count == st.acquired + st.timeouts + st.cancelled == 2
+    if after_grant == "interrupt":
+        assert isinstance(box["W"], KeyboardInterrupt)
+        assert st.holders == 0 and st.released == 2  # W's permit was passed on
+    else:
+        assert box["W"] is True and lane.manual_release("k")
 
 
 def test_hold_times_can_be_left_off(fake_clock: FakeClock) -> None:

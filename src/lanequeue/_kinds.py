@@ -110,6 +110,11 @@ class LaneKind(LaneOps, Generic[C]):
             )
         self._ops_init(where, warn_after_s, on_wait, warn_hold_s)
 
+    #: The core's ``waits_at_grant`` from the start: True for a face whose waiters'
+    #: ``since`` is on the core's clock (threads); the asyncio faces set it when they
+    #: bind a loop (its clock may be another).
+    _waits_at_grant = False
+
     # -- operations: slow waits, stuck holds, metrics, lifecycle -------------------------
 
     def _wait_clock(self) -> float:
@@ -290,6 +295,7 @@ class CountingKind(LaneKind[CountingCore]):
             self.name, check_count(max_concurrent, f"{where} 'max_concurrent'"), clock,
             ageing,
         )
+        self._core.waits_at_grant = self._waits_at_grant
 
     @property
     def ageing_s(self) -> float:
@@ -358,6 +364,7 @@ class SessionKind(LaneKind[SessionCore]):
             math.inf if idle is None else idle,
             clock,
         )
+        self._core.waits_at_grant = self._waits_at_grant
 
     def _rank(self, priority: object) -> int:
         """A per-key lane has no priority: its waiters are one key's turns, FIFO."""

@@ -151,6 +151,7 @@ class _ThreadFace:
     and any thread may release (the scheduler pattern releases from the job's thread)."""
 
     face: Literal["threads"] = "threads"
+    _waits_at_grant = True  # a waiter's ``since`` is on the core's clock (see _park)
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     _hold_class: type[ThreadHold] = ThreadHold  # what acquire() makes
     name: str
@@ -188,7 +189,9 @@ class _ThreadFace:
         and wait up to ``timeout`` seconds (None: no limit).
         Returns the grant's token, or 0 if none came (counted as a timeout).
 
-        The wait is observed (``lanequeue_wait_seconds``) when it ends. With
+        The wait is observed (``lanequeue_wait_seconds``) when it ends: by the hand-off
+        that grants it (the core's ``waits_at_grant``: under the lock the releaser holds
+        anyway, so a scrape never sees the grant counted before its wait), else here. With
         ``warn_after_s`` set and shorter than ``timeout``, the thread parks in two steps:
         up to ``warn_after_s``, then (not granted yet) it logs the slow wait once, with
         the waiters that were ahead when it joined, and parks for the rest. Raises
@@ -222,8 +225,9 @@ class _ThreadFace:
             # Ran out of time? The releaser may still have granted us just now: withdraw
             # settles that race under the core's lock and returns the token if so.
             token = waiter.token if granted else core.withdraw(key, waiter, timed_out=True)
-            self._core.observe_wait(clock() - start, token > 0)
-            observed = True
+            if token <= 0:  # (a grant's wait was observed by its hand-off)
+                observed = True
+                self._core.observe_wait(clock() - start, False)
             if token < 0:
                 raise ended_error(self.name, key, token)
             return token
@@ -238,7 +242,7 @@ class _ThreadFace:
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
-            if not observed:
+            if not observed and token <= 0:  # (a grant's wait: see above)
                 self._core.observe_wait(clock() - start, False)
             raise
 
