@@ -696,6 +696,58 @@ def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
 @pytest.mark.parametrize("kind", list(ASYNC_LANES))
+def test_c18_interrupt_while_the_lanes_timer_is_rearmed_keeps_every_timeout(kind: str) -> None:
+    """An asyncio lane has ONE loop timer for its waits' deadlines. Waiter A (0.06 s) is
+    in line; B joins with an earlier deadline (0.01 s), so B's acquire re-arms the timer,
+    which then fires for B (and later for A). An interrupt at any point where CPython
+    can deliver one, in B's acquire or in the timer's callback, leaves every deadline
+    served: A times out, and so does a later caller C (an interrupt right after the old
+    timer's cancel once left no timer at all: no timeout of the lane ever fired again)."""
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            lane = ASYNC_LANES[kind]()
+            known = [lane._core.take(KEY, True)]  # held for the whole test
+            a = loop.create_task(lane.acquire_timeout(KEY, 0.06))
+
+            async def a_in_line() -> None:
+                while lane.waiting < 1:
+                    await asyncio.sleep(0)
+
+            loop.run_until_complete(a_in_line())
+
+            async def b() -> bool:
+                return bool(await lane.acquire_timeout(KEY, 0.01))
+
+            try:
+                with inj.active():
+                    assert loop.run_until_complete(b()) is False
+            except KeyboardInterrupt:
+                assert inj.fired is not None
+
+            async def check() -> tuple[bool, bool]:
+                c = await asyncio.wait_for(lane.acquire_timeout(KEY, 0.02), JOIN_S)
+                return bool(await asyncio.wait_for(a, JOIN_S)), bool(c)
+
+            try:
+                outcome = loop.run_until_complete(check())
+            except asyncio.TimeoutError:  # a deadline never served
+                outcome = ("waited", JOIN_S)
+            assert outcome == (False, False), inj.fired
+            _finish(loop)
+            check_rules(lane, known, inj.fired, async_manual_release(loop, lane))
+        finally:
+            _finish(loop)
+            loop.close()
+
+    assert inject_everywhere(run_once, real_points=True) >= 3
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("kind", list(ASYNC_LANES))
 def test_c18_second_interrupt_during_an_async_clean_up_leaves_no_ghost_waiter(
     kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

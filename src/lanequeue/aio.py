@@ -153,35 +153,55 @@ class _Deadlines:
             heapq.heapify(live)
             self.heap = heap = live
         self.seq += 1
+        self._timer_by(when)  # first: see _timer_by
         heapq.heappush(heap, (when, self.seq, waiter, key, what, timeout, ahead))
-        if when < self.armed:
-            if self.timer is not None:
-                self.timer.cancel()
+
+    def _timer_by(self, when: float) -> None:
+        """Make sure a timer fires at ``when`` or before (Interrupts: "a KeyboardInterrupt
+        anywhere"). The rule kept: while the heap holds a live entry, some live timer
+        will call :meth:`fire` no later than its time. A new timer is made before the
+        old one is cancelled, and before the entry it is for is pushed: an interrupt
+        between two steps leaves an extra timer (a spare :meth:`fire` changes nothing),
+        never none; and a wait whose :meth:`add` was interrupted is withdrawn by its
+        task's handler anyway. An armed time already past means the timer ran (or runs
+        in this very pass of the loop): if :meth:`fire` was interrupted at its entry,
+        before its first statement, nothing re-armed it, so a time past is re-armed too
+        (the next timed wait of the lane serves the deadlines that came meanwhile)."""
+        if when < self.armed or self.armed <= self.loop.time():
+            old = self.timer
             self.timer = self.loop.call_at(when, self.fire)
             self.armed = when
+            if old is not None:
+                old.cancel()
 
     def fire(self) -> None:
-        """The timer: act on every deadline that has come, then re-arm for the next."""
+        """The timer: act on every deadline that has come, then re-arm for the next.
+        An entry is acted on before it leaves the heap (a slow-wait entry is swapped for
+        its expiry in one step, ``heapreplace``), and the re-arming is in a ``finally``:
+        an interrupt in the middle leaves the rest of the due entries to the next
+        :meth:`fire`, armed right away."""
         self.timer = None
         self.armed = math.inf
         heap, lane = self.heap, self.lane
         now = self.loop.time()
-        while heap and heap[0][0] <= now:
-            _, _, waiter, key, what, timeout, ahead = heapq.heappop(heap)
-            if waiter.fut.done():
-                continue  # granted, cancelled or ended meanwhile
-            if what == _EXPIRE:
-                lane._expire(key, waiter)
-            else:
-                self.add(waiter.since + timeout, waiter, key, _EXPIRE, timeout, ahead)
-                lane._slow_wait(key, now - waiter.since, ahead)
-        while heap and heap[0][2].fut.done():
-            heapq.heappop(heap)
-        if heap and heap[0][0] < self.armed:
-            if self.timer is not None:
-                self.timer.cancel()
-            self.timer = self.loop.call_at(heap[0][0], self.fire)
-            self.armed = heap[0][0]
+        try:
+            while heap and heap[0][0] <= now:
+                _, _, waiter, key, what, timeout, ahead = heap[0]
+                if waiter.fut.done():  # granted, cancelled or ended meanwhile
+                    heapq.heappop(heap)
+                elif what == _EXPIRE:
+                    lane._expire(key, waiter)  # (idempotent: a withdraw)
+                    heapq.heappop(heap)
+                else:
+                    self.seq += 1
+                    heapq.heapreplace(heap, (waiter.since + timeout, self.seq, waiter, key,
+                                             _EXPIRE, timeout, ahead))
+                    lane._slow_wait(key, now - waiter.since, ahead)
+            while heap and heap[0][2].fut.done():
+                heapq.heappop(heap)
+        finally:
+            if heap:
+                self._timer_by(heap[0][0])
 
 
 class AsyncHold(Hold):
