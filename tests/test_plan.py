@@ -360,6 +360,12 @@ def test_generic_csv_with_seconds_and_bad_rows(tmp_path: Path) -> None:
 
     with pytest.raises(TraceError, match="header"):
         read_trace(bad_header, trace_format="auto")
+    # Seconds from 0 and ISO dates in one file: the error names both lines and the cause.
+    mixed = tmp_path / "mixed.csv"
+    mixed.write_text("timestamp,key,duration_s\n0.25,a,1\n2025-03-04T09:00:00Z,b,1\n")
+    with pytest.raises(TraceError, match=r"earliest timestamp is on line 2, its latest on "
+                       r"line 3; are two kinds of timestamps mixed"):
+        read_trace(mixed, trace_format="auto")
     # The Mooncake format is still told apart, and is still the default reader.
     assert read_trace(trace_format="auto").format == "mooncake"
 

@@ -539,11 +539,17 @@ def _parse_generic(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
         ts, key, duration_us, tokens = result
         parsed.append((ts, lineno, key, duration_us, tokens))
     if parsed:
-        t0 = min(p[0] for p in parsed)
-        span = max(p[0] for p in parsed) - t0
+        first, last = min(parsed), max(parsed)
+        t0 = first[0]
+        span = last[0] - t0
         if span > MAX_TIMESTAMP_MS * 1000:
+            # Usually two kinds of timestamps in one file (seconds from 0 and ISO 8601
+            # dates, say): name the two lines, the reader can see which is which.
             raise TraceError(
-                f"the trace spans {span / 1e6:.3g} s, more than {MAX_TIMESTAMP_MS / 1000:.3g} s"
+                f"the trace spans {span / 1e6:.3g} s, more than {MAX_TIMESTAMP_MS / 1000:.3g} "
+                f"s (about a year): its earliest timestamp is on line {first[1]}, its "
+                f"latest on line {last[1]}; are two kinds of timestamps mixed (numbers of "
+                f"seconds and dates)?"
             )
     ids: dict[str, int] = {}
     for p in sorted(parsed, key=lambda p: p[1]):  # ids in order of first appearance
