@@ -236,14 +236,6 @@ if o == me then
   present(me, chan, lease)
   return f
 end
-if not o then
-  -- Free and nobody alive in line (promote emptied it): ours, without queueing.
-  local fs
-  f, fs = fence(fk, now_us, s_us, lease)
-  redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
-  present(me, chan, lease)
-  return f
-end
 -- The holder o's process is gone when its presence channel (see _presence.py) has stayed
 -- empty for the grace period ARGV[5] (server clock; the first caller to find it empty
 -- starts that count): true, the caller may end the hold; else false and the ms until it
@@ -268,23 +260,26 @@ local function gone(o, now)
   if left <= 0 then return true, 0 end
   return false, left
 end
-if live == 0 then
-  -- A try takes over a holder whose process is gone, but only with nobody in line (the
-  -- head of the line does it otherwise, and goes first).
-  if redis.call('EXISTS', q) == 0 then
-    if not now then now = clock() end
-    if gone(o, now) then
-      redis.call('DEL', h)
-      now, now_us, s_us = clock()
-      local fs
-      f, fs = fence(fk, now_us, s_us, lease)
-      redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
-      present(me, chan, lease)
-      return f
-    end
+-- A try takes over a holder whose process is gone, but only with nobody in line (the
+-- head of the line does it otherwise, and goes first).
+if o and live == 0 and redis.call('EXISTS', q) == 0 then
+  if not now then now = clock() end
+  if gone(o, now) then
+    redis.call('DEL', h)
+    now, now_us, s_us = clock()
+    o = false
   end
-  return {0, -1}
 end
+if not o then
+  -- Free and nobody alive in line (promote emptied it, or a try just ended the hold of
+  -- a process that is gone): ours, without queueing.
+  local fs
+  f, fs = fence(fk, now_us, s_us, lease)
+  redis.call('SET', h, me .. ':' .. fs, 'PX', lease)
+  present(me, chan, lease)
+  return f
+end
+if live == 0 then return {0, -1} end
 -- Held by someone else: join the line at the tail (first call), or stay in place and
 -- refresh our liveness (later calls). A waiter dropped as dead rejoins at the tail. The
 -- holder is marked first, so its release looks at the line (APPEND keeps its TTL).
