@@ -379,3 +379,28 @@ def test_a_redis_that_cannot_be_read_exits_2_naming_the_url(
     code, out, err = _run(capsys, "--backend", "redis://127.0.0.1:1/0", "--json")
     assert code == 2 and out == ""
     assert "redis://127.0.0.1:1/0" in err and "usage:" not in err
+
+
+def test_a_lane_with_foreign_data_is_reported_and_the_others_shown(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_client: Any, redis_prefix: str,
+) -> None:
+    """A key under a lane's names that holds another type (not written by lanequeue)
+    makes that one lane unreadable (WRONGTYPE): it is listed with the server's message,
+    and every other lane is shown as before (the whole command once failed, exit 2)."""
+    b = base(redis_prefix, "s", "foreign", "x")
+    redis_client.rpush(b + "h", "not a holder")  # a list where a string belongs
+    try:
+        code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix,
+                              "--json")
+        assert code == 0, err
+        lanes = {lane["name"]: lane for lane in json.loads(out)["lanes"]}
+        assert "WRONGTYPE" in lanes["foreign"]["error"]
+        assert lanes["session"]["holders"] and lanes["llm"]["holders"]
+        code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix)
+        assert code == 0, err
+        flat = " ".join(out.split())  # (the table wraps long lines)
+        assert f"{redis_prefix}/foreign (session): unreadable: WRONGTYPE" in flat
+        assert f"{redis_prefix}/llm (counting, max 2)" in out
+    finally:
+        redis_client.delete(b + "h")

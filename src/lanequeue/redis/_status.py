@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
@@ -148,7 +150,9 @@ class StatusReader:
         with a live marker), ``holders`` (``key``, ``token``, ``lease_left_s``; a
         counting lane adds ``held_s``), ``lines`` (key -> live waiters in line),
         ``waiting`` (their sum), ``oldest_wait_s`` (see the module docstring), and on a
-        counting lane ``max_concurrent`` (the cap in use, when known)."""
+        counting lane ``max_concurrent`` (the cap in use, when known). A lane whose keys
+        hold data of another type (not written by lanequeue) has ``error`` (the server's
+        message) instead of the holders and lines."""
         lanes: dict[tuple[str, str, str], _Lane] = {}
         seen = 0
         for pattern in self._patterns():
@@ -173,7 +177,13 @@ class StatusReader:
         alive: set[tuple[str, str, str, str]] = set()
         for ident in sorted(lanes):
             lane = lanes[ident]
-            doc = self._read_lane(lane, now_ms, alive)
+            try:
+                doc = self._read_lane(lane, now_ms, alive)
+            except ResponseError as exc:
+                # Foreign data under a lane's key names (WRONGTYPE): this lane only is
+                # unreadable; the others are shown.
+                doc = {"prefix": lane.prefix, "name": lane.name, "kind": _KIND[lane.kind],
+                       "error": str(exc)}
             out.append(doc)
         for gone in set(self._first_seen) - alive:
             del self._first_seen[gone]
@@ -300,6 +310,10 @@ def render(doc: dict[str, Any]) -> Any:
         + (f", prefix {doc['prefix']!r}" if doc["prefix"] is not None else "")
     )]
     for lane in doc["lanes"]:
+        if "error" in lane:
+            parts.append(Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} "
+                              f"({lane['kind']}): unreadable: {shown(lane['error'])}"))
+            continue
         cap = lane.get("max_concurrent")
         title = Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} ({lane['kind']}"
                      + (f", max {cap}" if cap is not None else "")
