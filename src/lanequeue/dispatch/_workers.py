@@ -143,9 +143,15 @@ class Service:
                 else:  # a call
                     busy += 1
                     if workers < min(busy, self._max):
-                        threading.Thread(target=self._worker, daemon=True,
-                                         name=f"{self._name}_{workers}").start()
-                        workers += 1
+                        try:
+                            threading.Thread(target=self._worker, daemon=True,
+                                             name=f"{self._name}_{workers}").start()
+                            workers += 1
+                        except RuntimeError:  # "can't start new thread": out of threads
+                            # The call waits for a worker that exists (none: the next
+                            # call tries again); the service itself must not die.
+                            logging.getLogger("lanequeue").exception(
+                                "dispatcher could not start a worker thread")
                     work.put(msg)
                 try:
                     msg = inbox.get_nowait()
@@ -169,7 +175,7 @@ class Service:
             handle.cancelled = True  # fired: a later cancel() is a no-op
             try:
                 handle.fn()
-            except Exception:
+            except BaseException:  # the service thread must outlive any timer
                 logging.getLogger("lanequeue").exception("dispatcher timer raised")
         return None
 
