@@ -359,3 +359,37 @@ def test_interrupt_at_every_point_of_clear_of_a_job_waiting_at_the_gate() -> Non
         assert s.cancelled == states.count("cancelled"), (inj.fired, s, states)
 
     assert inject_everywhere(run_once) > 10
+
+
+def test_a_ticket_ended_in_a_job_waiting_for_its_lanes_is_never_run_or_counted_twice() -> None:
+    """An interrupted stop of a key's job (``busy="interrupt"``, ``cancel``) may end the
+    job's tickets and be stopped before it abandons the job; its ``_repair`` finishes
+    that, but the job's runner (another thread) may take the lock first and start the
+    job. The start then skips the ended tickets (a job left with none is abandoned): once
+    it ran them, and they ended twice in the counters (``stats.pending`` below zero, seen
+    under load with a SIGALRM fuzz of ``submit``)."""
+    from lanequeue.dispatch._machine import CANCELLED, _Effects
+
+    q = LaneQueue()
+    q.add_session_lane("session", timeout_s=None)
+    q.add_lane("global", max_concurrent=1, timeout_s=None)
+    d = ThreadDispatcher(q)
+    m = d._machine
+    assert q["session"].try_acquire("k")  # the turn's runner waits for its lanes
+    ran: list[int] = []
+    t = d.submit("k", ran.append, 1)
+    deadline = time.monotonic() + WAIT
+    while q["session"].waiting_for("k") < 1:  # the runner is in line for the lane
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    fx = _Effects()
+    with m._lock:  # what an interrupted _stop_job leaves: ended, still in its job
+        m._end(t, CANCELLED, "superseded", fx)
+    m._after(fx)
+    assert q["session"].manual_release("k")  # the runner gets the lanes and starts
+    assert d.wait_idle(WAIT)
+    assert ran == [] and t.state == "cancelled"
+    s = d.stats
+    assert (s.submitted, s.cancelled, s.done, s.pending, s.running) == (1, 1, 0, 0, 0), s
+    assert d.submit("k", str, "next").result(WAIT) == "next"  # the key goes on
+    d.close()

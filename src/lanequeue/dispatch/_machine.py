@@ -1178,10 +1178,24 @@ class Machine:
             with self._lock:
                 if job.abandoned:
                     return False
-                job.phase = STARTED
                 now = self.face._now()
+                # Tickets that ended while the job waited for its lanes are not run (nor
+                # counted running again). An interrupted stop (_stop_job) leaves them in
+                # the job until its _repair, and this runner's thread may take the lock
+                # in between: without this, it ran them, and they ended twice in the
+                # counters (``stats.pending`` below zero).
+                tickets = [t for t in job.tickets if t.state not in TERMINAL]
+                if len(tickets) != len(job.tickets):
+                    job.tickets = tickets
+                    if not tickets:
+                        k = self._keys.get(job.key)
+                        if k is not None:
+                            self._abandon(k, job, fx)
+                            if k.job is None:
+                                self._advance(job.key, k, now, fx)
+                        return False
+                job.phase = STARTED
                 job.started_at = now
-                tickets = job.tickets
                 head = tickets[0]
                 if head.busy == "collect":
                     # The payloads of the tickets the call carries now: a merged ticket
