@@ -507,13 +507,14 @@ def test_random_concurrent_operations_on_threads() -> None:
 
 def test_a_dispatcher_dropped_without_close_ends_its_threads() -> None:
     """The service thread and the workers of a ThreadDispatcher that is dropped without
-    close() end once it is collected (cancelled timers keep nothing alive)."""
+    close() end once it is collected: cancelled timers keep nothing alive, nor does the
+    dedupe table's expiry timer (it once kept the dispatcher for dedupe_ttl_s)."""
     def ours() -> list[threading.Thread]:
         return [t for t in threading.enumerate() if t.name.startswith("lanequeue-dispatch")]
 
     before = set(ours())
     d = ThreadDispatcher(lanes(), max_workers=2)
-    assert d.submit("k", str, "a").result(WAIT) == "a"
+    assert d.submit("k", str, "a", dedupe_id="evt-1").result(WAIT) == "a"
     later = d.submit("k", str, "b", timeout_s=60.0)  # its start timer is cancelled
     assert later.result(WAIT) == "b"
     assert len(set(ours()) - before) >= 2  # the service thread and a worker

@@ -344,9 +344,18 @@ def test_every_number_check_takes_real_numbers_of_other_types(
     for real, want in ((Fraction(1, 4), 0.25), (Decimal("2.5"), 2.5)):
         got = check(real)
         assert got == want and type(got) is float, (real, got)
-    if "check_lease" not in name:
-        with pytest.raises(ValueError):
-            check(Decimal("NaN"))
+    for nan in (Decimal("NaN"), Decimal("sNaN")):  # float() refuses the signalling one
+        with pytest.raises(ValueError, match=r"^arg must "):
+            check(nan)
+    # Too large for a float, as 10**400 is: "no limit" for a timeout, else a ValueError.
+    huge = Fraction(10**400, 3)
+    if none_ok:
+        assert check(huge) is None
+    else:
+        with pytest.raises(ValueError, match=r"^arg must "):
+            check(huge)
+    with pytest.raises(ValueError, match=r"^arg must "):
+        check(-huge)
 
 
 @pytest.mark.parametrize("bad", [None, "yes", 1, 0])

@@ -30,7 +30,12 @@ def real_number(value: object) -> int | float | None:
         return None
     if isinstance(value, numbers.Integral):
         return operator.index(value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # a Fraction too large for a float: as an int too large
+        return math.inf if value > 0 else -math.inf  # type: ignore[operator]
+    except ValueError:  # Decimal("sNaN"), which float() refuses: a NaN all the same
+        return math.nan
 
 
 def whole_number(value: object) -> int | None:

@@ -689,6 +689,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+def _sweep_if_alive(ref: weakref.ref[Machine]) -> None:
+    """The dedupe sweep timer's call: the machine's sweep, unless it was collected."""
+    machine = ref()
+    if machine is not None:
+        machine._sweep()
+
+
 class Machine:
     """The dispatcher's state (see the module docstring). Thread-safe."""
 
@@ -1685,7 +1692,12 @@ class Machine:
 
     def _arm_sweep(self, now: float) -> None:
         due = next(iter(self._dedupe.values()))[1]
-        self._dedupe_timer = self.face._call_later(max(0.0, due - now), self._sweep)
+        # Through a weak reference: the sweep is the one timer that outlives the work, so
+        # a dispatcher dropped without close() must not be kept alive by it (for up to
+        # dedupe_ttl_s) with its threads.
+        me = weakref.ref(self)
+        self._dedupe_timer = self.face._call_later(max(0.0, due - now),
+                                                   lambda: _sweep_if_alive(me))
 
     def _expire_dedupe(self, now: float) -> None:
         # The table is in insertion order and every entry lives dedupe_ttl_s: the front

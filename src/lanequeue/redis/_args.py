@@ -77,7 +77,10 @@ def check_lease(lease_s: object, arg: str = "lease_s") -> float:
         if real is None:
             raise TypeError(f"{arg} must be a number of seconds, not {type(lease_s).__name__}")
         lease_s = real
-    v = float(lease_s)
+    try:
+        v = float(lease_s)
+    except OverflowError:  # an int too large for a float
+        v = math.inf
     if not math.isfinite(v) or not MIN_LEASE_S <= v <= MAX_LEASE_S:
         raise ValueError(
             f"{arg} must be a number of seconds from {MIN_LEASE_S} to {MAX_LEASE_S:.0f} "
