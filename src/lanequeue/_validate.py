@@ -17,7 +17,8 @@ from typing import NoReturn
 __all__ = [
     "AGEING_MAX", "argument_of", "bad_key", "check_ageing", "check_bool", "check_count",
     "check_key", "check_priority", "check_seconds", "check_timeout", "made_by",
-    "own_signatures", "public_name", "real_number", "whole_number",
+    "as_seconds", "own_signatures", "public_name", "real_number", "shown_number",
+    "whole_number",
 ]
 
 
@@ -120,23 +121,37 @@ def check_seconds(value: object, name: str, *, positive: bool = False,
     ``>= 0`` (``> 0`` with ``positive``) and below ``limit``. ``inf``, NaN, negative
     numbers and values of ``limit`` or more (``10**400`` too) raise ValueError naming
     ``name``; non-numbers (and ``bool``) raise TypeError."""
+    v = as_seconds(value, name)
+    if not (v > 0 if positive else v >= 0) or not v < limit:  # (NaN fails both)
+        bound = "> 0" if positive else ">= 0"
+        if limit != math.inf:
+            bound += f" and < {limit:.0f}"
+        raise ValueError(
+            f"{name} must be a finite number of seconds {bound}, got {shown_number(value)}")
+    return v
+
+
+def as_seconds(value: object, name: str) -> float:
+    """``value``, a number of seconds of any real type, as a float (``inf`` for one too
+    large for a float, ``10**400``); TypeError naming ``name`` for what is not a number
+    (``bool`` included). The range is the caller's to check."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         real = real_number(value)
         if real is None:
             raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
         value = real
     try:
-        v = float(value)
+        return float(value)
     except OverflowError:  # an int too large for a float
-        v = math.inf
-    if not (v > 0 if positive else v >= 0) or not v < limit:  # (NaN fails both)
-        bound = "> 0" if positive else ">= 0"
-        if limit != math.inf:
-            bound += f" and < {limit:.0f}"
-        shown = f"an integer of {len(str(abs(value)))} digits" if (
-            isinstance(value, int) and v == math.inf) else repr(value)
-        raise ValueError(f"{name} must be a finite number of seconds {bound}, got {shown}")
-    return v
+        return math.inf
+
+
+def shown_number(value: object) -> str:
+    """``value`` for an error message: its repr, or the length of an int too large for
+    a float (``10**400``: "an integer of 401 digits")."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value)
 
 
 #: ``ageing_s`` must stay below this (``threading.TIMEOUT_MAX``, about 292 years): then

@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from .._errors import LaneBackendError
-from .._validate import real_number
+from .._validate import as_seconds, shown_number
 from ._keys import plain_key
 
 __all__ = [
@@ -72,19 +72,11 @@ def check_prefix(prefix: object, arg: str = "prefix") -> str:
 def check_lease(lease_s: object, arg: str = "lease_s") -> float:
     """A lease in seconds, from MIN_LEASE_S to MAX_LEASE_S; ``arg`` names the argument
     in the errors."""
-    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)):
-        real = real_number(lease_s)
-        if real is None:
-            raise TypeError(f"{arg} must be a number of seconds, not {type(lease_s).__name__}")
-        lease_s = real
-    try:
-        v = float(lease_s)
-    except OverflowError:  # an int too large for a float
-        v = math.inf
+    v = as_seconds(lease_s, arg)
     if not math.isfinite(v) or not MIN_LEASE_S <= v <= MAX_LEASE_S:
         raise ValueError(
             f"{arg} must be a number of seconds from {MIN_LEASE_S} to {MAX_LEASE_S:.0f} "
-            f"(7 days), got {lease_s!r}"
+            f"(7 days), got {shown_number(lease_s)}"
         )
     return v
 
