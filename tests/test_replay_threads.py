@@ -187,7 +187,18 @@ def test_fine_timer_selector_never_waits_past_the_timer(
     polled: float | None,
 ) -> None:
     sleeps: list[float] = []
-    monkeypatch.setattr(aio_mod.time, "sleep", sleeps.append)
+    me, real_sleep = threading.get_ident(), time.sleep
+
+    def sleep(s: float) -> None:
+        # ``time.sleep`` is replaced for the whole process: only this thread's naps are
+        # the selector's (a thread another test left, a listener reconnecting, say, may
+        # sleep meanwhile).
+        if threading.get_ident() == me:
+            sleeps.append(s)
+        else:
+            real_sleep(s)
+
+    monkeypatch.setattr(aio_mod.time, "sleep", sleep)
     selector = aio_mod._FineTimerSelector()
     inner = RecordingSelector()
     real_inner, selector._inner = selector._inner, inner  # type: ignore[assignment]
