@@ -358,6 +358,41 @@ def test_c23_lone_surrogate_is_a_value_error_at_the_call(
     assert lane.stats.cancelled == 0
 
 
+def test_c23_a_queue_mixing_lanes_refuses_the_key_before_taking_anything(
+    server: RedisServer,
+) -> None:
+    """README: in a queue mixing an in-process lane and a Redis lane, a key that cannot
+    be sent as UTF-8 is refused at the call, before anything is taken: the in-process
+    lane is neither taken and given back, nor waited for while its key is busy (the
+    caller once waited out its timeout and never saw the ValueError). A dispatcher over
+    such lanes refuses it at submit, naming the argument."""
+    from lanequeue import LaneQueue, ThreadDispatcher
+    from lanequeue.redis import RedisBackend
+
+    q = LaneQueue()
+    q.add_session_lane("session", timeout_s=5)
+    q.add_lane("global", max_concurrent=2, backend=RedisBackend(client_of(server)))
+    bad = "\ud800"
+    with pytest.raises(ValueError, match="surrogate"):
+        q.acquire_all(bad, ["session", "global"])
+    assert q["session"].stats.acquired == 0
+    assert q["session"].try_acquire(bad)  # the in-process lane alone takes any str
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="surrogate"):
+        q.acquire_all(bad, ["session", "global"])  # its key busy: refused, not waited
+    assert time.monotonic() - t0 < 1.0
+    assert q["session"].manual_release(bad)
+    assert q.acquire_all(bad, ["session"]) is not None  # in-process lanes only: taken
+    d = ThreadDispatcher(q)
+    try:
+        with pytest.raises(ValueError, match=r"^ThreadDispatcher\.submit\(\) argument "
+                           r"'key' must be encodable as UTF-8"):
+            d.submit(bad, lambda: None)
+        assert d.stats.submitted == 0
+    finally:
+        d.close()
+
+
 def test_c24_lanes_that_differ_never_share_keys(server: RedisServer) -> None:
     """C24: session lane (prefix "app", name "c", key "jobs") and counting lane (prefix
     "app:s", name "jobs") used to map to the same Redis keys (WRONGTYPE)."""

@@ -17,7 +17,7 @@ from typing import NoReturn
 __all__ = [
     "AGEING_MAX", "argument_of", "bad_key", "check_ageing", "check_bool", "check_count",
     "check_key", "check_priority", "check_seconds", "check_timeout", "made_by",
-    "as_seconds", "own_signatures", "public_name", "real_number", "shown_number",
+    "as_seconds", "check_utf8", "own_signatures", "public_name", "real_number", "shown_number",
     "whole_number",
 ]
 
@@ -77,6 +77,22 @@ def bad_key(key: object, name: str = "key") -> NoReturn:
     if not isinstance(key, str):
         raise TypeError(f"{name} must be a str, not {type(key).__name__}")
     raise ValueError(f"{name} must be a non-empty string")
+
+
+def check_utf8(key: str, name: str = "key") -> str:
+    """``key`` if it can be sent as UTF-8 (what a Redis lane sends); ValueError naming
+    ``name`` (and where the lone surrogate is) otherwise."""
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            from ._errors import shown
+
+            raise ValueError(
+                f"{name} must be encodable as UTF-8 (it contains a lone surrogate at "
+                f"index {exc.start}): {shown(key)}"
+            ) from None
+    return key
 
 
 def check_key(key: object, name: str = "key") -> str:

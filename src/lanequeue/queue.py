@@ -46,6 +46,7 @@ from ._validate import (
     check_key,
     check_priority,
     check_timeout,
+    check_utf8,
     made_by,
     own_signatures,
 )
@@ -717,6 +718,10 @@ class QueueBase(Generic[L, CL, SL]):
         plan = self._plans.get(names)
         if plan is None:
             plan = self._plan(names)
+        if plan.cores is None and not key.isascii():
+            # A lane other than the queue's own in-process ones (a Redis lane) may refuse
+            # a key it cannot send: refused here, before anything is taken or waited for.
+            check_utf8(key)
         multi = _new(cls)
         multi._plan = plan
         multi._taken = []

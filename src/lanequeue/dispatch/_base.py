@@ -19,6 +19,7 @@ from .._validate import (
     check_priority,
     check_seconds,
     check_timeout,
+    check_utf8,
     own_signatures,
     whole_number,
 )
@@ -140,6 +141,10 @@ class DispatcherBase:
         self._queue = queue
         self._lanes = names
         self._lane_objs = objs
+        from ..queue import QueueBase
+
+        # A turn's acquire_all refuses a key a Redis lane cannot send: so does submit.
+        self._utf8_keys = isinstance(queue, QueueBase) and queue._plan(names).cores is None
         counting = counting_lanes(objs)
         slots: int | None = min((cap for _, cap in counting), default=None)
         gate = min(counting, key=lambda c: c[1])[0] if counting else None
@@ -276,6 +281,8 @@ class DispatcherBase:
         """
         where = f"{type(self).__name__}.submit() argument"
         key = check_key(key, f"{where} 'key'")
+        if self._utf8_keys and not key.isascii():
+            check_utf8(key, f"{where} 'key'")
         check_fn(fn, self._awaits, f"{where} 'fn'")
         if busy is not None:
             busy = check_busy(busy, f"{where} 'busy'")

@@ -23,8 +23,7 @@ refused with a LaneBackendError instead of granting next to the first version's 
 
 from __future__ import annotations
 
-from .._errors import shown
-from .._validate import bad_key
+from .._validate import bad_key, check_utf8
 
 __all__ = ["LAYOUT", "base", "plain_key", "version_key"]
 
@@ -43,15 +42,7 @@ def plain_key(key: object, name: str = "key") -> str:
         key = str.__str__(key)
     if not key:
         bad_key(key, name)
-    if not key.isascii():
-        try:
-            key.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(
-                f"{name} must be encodable as UTF-8 (it contains a lone surrogate at "
-                f"index {exc.start}): {shown(key)}"
-            ) from None
-    return key
+    return check_utf8(key, name)
 
 
 def base(prefix: str, kind: str, name: str, key: str | None = None, layout: str = LAYOUT) -> str:
