@@ -161,3 +161,20 @@ def test_an_idle_dispatcher_leaves_no_task_behind() -> None:
         assert loop.run_until_complete(main()) == []
     finally:
         loop.close()
+
+
+def test_a_dispatcher_used_by_a_second_asyncio_run_says_why_and_what_to_do() -> None:
+    """A Dispatcher belongs to the first event loop that submits: a second asyncio.run
+    gets a RuntimeError that says its loop is closed and to make one per loop."""
+    d = Dispatcher(_queue())
+
+    async def echo(x: Any) -> Any:
+        return x
+
+    async def once() -> Any:
+        return await d.submit("k", echo, 1)
+
+    asyncio.run(once())
+    with pytest.raises(RuntimeError, match=r"bound to another event loop \(closed now\), "
+                       r"the first that called submit.*one per asyncio\.run"):
+        asyncio.run(once())

@@ -189,7 +189,11 @@ class Dispatcher(DispatcherBase):
         if self._loop is None:
             self._loop = loop
         elif loop is not self._loop:
-            raise RuntimeError("Dispatcher is bound to another event loop")
+            closed = " (closed now)" if self._loop.is_closed() else ""
+            raise RuntimeError(
+                f"Dispatcher is bound to another event loop{closed}, the first that "
+                "called submit: its tickets, timers and tasks live there; make a "
+                "Dispatcher in each event loop that submits (one per asyncio.run)")
 
     # -- the face -----------------------------------------------------------------------
 
