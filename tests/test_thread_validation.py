@@ -315,6 +315,26 @@ def test_every_number_check_refuses_a_wrong_type_with_a_type_error(
         check(bad)
 
 
+def test_queue_add_errors_name_the_call_and_the_argument() -> None:
+    """``add(lane)`` errors say ``LaneQueue.add() argument 'lane'`` as ``add_lane``'s say
+    theirs; a lane of the other face says what to use."""
+    from lanequeue import AsyncLane, AsyncLaneQueue, LaneQueue
+
+    q = LaneQueue()
+    with pytest.raises(TypeError, match=r"^LaneQueue\.add\(\) argument 'lane': 5 lacks"):
+        q.add(5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^LaneQueue\.add\(\) argument 'lane': AsyncLane "
+                       r"is a lane of the 'asyncio' face.*use AsyncLaneQueue"):
+        q.add(AsyncLane("a"))  # type: ignore[arg-type]
+    q.add(Lane("g"))
+    with pytest.raises(ValueError, match=r"^LaneQueue\.add\(\) argument 'lane': a lane "
+                       r"named 'g' is already registered"):
+        q.add(Lane("g"))
+    with pytest.raises(TypeError, match=r"^AsyncLaneQueue\.add\(\) argument 'lane': Lane "
+                       r"is a lane of the 'threads' face.*use LaneQueue"):
+        AsyncLaneQueue().add(Lane("t"))  # type: ignore[arg-type]
+
+
 class _Int64:
     """An integer of another integral type (as NumPy's ``int64``): not an ``int``."""
 
@@ -354,8 +374,9 @@ def test_every_number_check_takes_real_numbers_of_other_types(
     else:
         with pytest.raises(ValueError, match=r"^arg must "):
             check(huge)
-    with pytest.raises(ValueError, match=r"^arg must "):
+    with pytest.raises(ValueError, match=r"^arg must ") as info:
         check(-huge)
+    assert len(str(info.value)) < 200  # the huge value is shown shortened
 
 
 @pytest.mark.parametrize("bad", [None, "yes", 1, 0])

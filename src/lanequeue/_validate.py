@@ -163,11 +163,14 @@ def as_seconds(value: object, name: str) -> float:
 
 
 def shown_number(value: object) -> str:
-    """``value`` for an error message: its repr, or the length of an int too large for
-    a float (``10**400``: "an integer of 401 digits")."""
+    """``value`` for an error message: its repr (shortened past 80 characters), or the
+    length of an int too large for a float (``10**400``: "an integer of 401 digits")."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1024:
         return f"an integer of {len(str(abs(value)))} digits"
-    return repr(value)
+    text = repr(value)
+    if len(text) > 80:  # a Fraction of huge terms, say: its start, end and length
+        return f"{text[:40]}...{text[-20:]} ({len(text)} characters)"
+    return text
 
 
 #: ``ageing_s`` must stay below this (``threading.TIMEOUT_MAX``, about 292 years): then

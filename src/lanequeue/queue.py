@@ -550,7 +550,7 @@ class QueueBase(Generic[L, CL, SL]):
             _check_backend(backend, maker, call)
             made = backend.lane if maker == "lane" else backend.session_lane
             lane = made(name, **args, **self._ops)
-        return self.add(cast(L, lane))  # add() checks the face
+        return self._add(cast(L, lane), f"{call} argument 'backend'")  # checks the face
 
     def _new_name(self, name: object, call: str) -> str:
         """``name`` for a new lane of this queue, as a plain ``str``: TypeError/ValueError
@@ -575,23 +575,31 @@ class QueueBase(Generic[L, CL, SL]):
         ``face`` is the queue's.
 
         Returns ``lane``. Raises ValueError if the name is taken, TypeError if ``lane``
-        lacks the surface or belongs to the other face (threads vs asyncio).
+        lacks the surface or belongs to the other face (threads vs asyncio); the errors
+        name the call and the argument.
         """
+        return self._add(lane, f"{type(self).__name__}.add() argument 'lane'")
+
+    def _add(self, lane: T, where: str) -> T:
+        """:meth:`add`, its errors starting with ``where`` (the call and argument the
+        user gave: ``add()``'s lane, ``add_lane()``'s backend)."""
         if not isinstance(lane, self._surface):
             raise TypeError(
-                f"{lane!r} lacks the lane surface ({self._surface.__name__} of "
+                f"{where}: {lane!r} lacks the lane surface ({self._surface.__name__} of "
                 "lanequeue.contract)"
             )
         name = lane.name
         if not isinstance(name, str) or not name:
-            raise TypeError(f"lane must have a non-empty str 'name', got {lane!r}")
+            raise TypeError(f"{where} must have a non-empty str 'name', got {lane!r}")
         if lane.face != self._face:
             other = "AsyncLaneQueue" if lane.face == "asyncio" else "LaneQueue"
             raise TypeError(
-                f"{type(lane).__name__} is a lane of the {lane.face!r} face; use {other}"
+                f"{where}: {type(lane).__name__} is a lane of the {lane.face!r} face, and "
+                f"this queue's is {self._face!r}: use {other}, or a lane (a backend's "
+                f"client) of the {self._face!r} face"
             )
         if name in self._lanes:
-            raise ValueError(f"a lane named {name!r} is already registered")
+            raise ValueError(f"{where}: a lane named {name!r} is already registered")
         self._lanes[name] = lane
         self._rank[name] = len(self._rank)
         self._plans.clear()
