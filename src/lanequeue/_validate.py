@@ -14,21 +14,26 @@ from decimal import Decimal
 from threading import TIMEOUT_MAX
 from typing import NoReturn
 
+from ._errors import shown
+
 __all__ = [
-    "AGEING_MAX", "argument_of", "bad_key", "check_ageing", "check_bool", "check_count",
-    "check_key", "check_priority", "check_seconds", "check_timeout", "made_by",
-    "as_seconds", "check_utf8", "own_signatures", "public_name", "real_number", "shown_number",
-    "whole_number",
+    "AGEING_MAX", "argument_of", "as_int", "as_seconds", "bad_key", "check_ageing",
+    "check_bool", "check_count", "check_key", "check_priority", "check_seconds",
+    "check_timeout", "check_utf8", "made_by", "own_signatures", "public_name",
+    "real_number", "shown_number",
 ]
 
 
-def real_number(value: object) -> int | float | None:
-    """``value`` as a plain ``int`` or ``float`` when it is a real number of another
-    type (``fractions.Fraction``, ``decimal.Decimal``, NumPy's scalars: an integral one
-    as ``int``), else None (``bool`` too: never read as a number). The fast paths check
-    ``int``/``float`` first and call this only for other types."""
+def real_number(value: object, name: str, kind: str = "a number of seconds") -> int | float:
+    """``value`` as a plain ``int`` or ``float``: itself when it is one, else a real
+    number of another type converted (``fractions.Fraction``, ``decimal.Decimal``,
+    NumPy's scalars; an integral one as ``int``; one too large for a float as ``inf``,
+    ``Decimal("sNaN")`` as NaN). TypeError naming ``name`` (``f"{name} must be {kind}"``)
+    for anything else, ``bool`` included (never read as a number)."""
+    if value.__class__ is int or value.__class__ is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, (numbers.Real, Decimal)):
-        return None
+        raise TypeError(f"{name} must be {kind}, not {type(value).__name__}")
     if isinstance(value, numbers.Integral):
         return operator.index(value)
     try:
@@ -39,12 +44,16 @@ def real_number(value: object) -> int | float | None:
         return math.nan
 
 
-def whole_number(value: object) -> int | None:
-    """``value`` as a plain ``int`` when it is an integer of any integral type (NumPy's
-    ``int64``, say), else None (``bool`` too, and floats such as ``2.0``)."""
+def as_int(value: object, name: str) -> int:
+    """``value`` as a plain ``int``: an integer of any integral type (NumPy's ``int64``,
+    say); TypeError naming ``name`` for anything else (``bool`` too, and floats such as
+    ``2.0``)."""
+    if value.__class__ is int:
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        return None
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     return operator.index(value)
+
 
 #: The public call being made, while it builds a lane (``LaneQueue.add_lane()``): set by
 #: :func:`made_by`, read by :func:`argument_of`.
@@ -86,8 +95,6 @@ def check_utf8(key: str, name: str = "key") -> str:
         try:
             key.encode("utf-8")
         except UnicodeEncodeError as exc:
-            from ._errors import shown
-
             raise ValueError(
                 f"{name} must be encodable as UTF-8 (it contains a lone surrogate at "
                 f"index {exc.start}): {shown(key)}"
@@ -115,12 +122,8 @@ def check_timeout(value: object, name: str = "timeout_s") -> float | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        real = real_number(value)
-        if real is None:
-            raise TypeError(
-                f"{name} must be a number of seconds or None, not {type(value).__name__}")
-        value = real
+    if value.__class__ is not float and value.__class__ is not int:  # (acquire's path)
+        value = real_number(value, name, "a number of seconds or None")
     if value < 0:
         raise ValueError(f"{name} must be >= 0 seconds, got {value!r}")
     if value >= TIMEOUT_MAX:  # (an int compares exactly, without converting)
@@ -151,11 +154,7 @@ def as_seconds(value: object, name: str) -> float:
     """``value``, a number of seconds of any real type, as a float (``inf`` for one too
     large for a float, ``10**400``); TypeError naming ``name`` for what is not a number
     (``bool`` included). The range is the caller's to check."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        real = real_number(value)
-        if real is None:
-            raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-        value = real
+    value = real_number(value, name)
     try:
         return float(value)
     except OverflowError:  # an int too large for a float
@@ -199,11 +198,7 @@ def check_bool(value: object, name: str) -> bool:
 def check_count(value: object, name: str) -> int:
     """Validate a positive integer count (``max_concurrent``, ``max_sessions``); an
     integer of another integral type (NumPy's ``int64``) is taken as its ``int``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        whole = whole_number(value)
-        if whole is None:
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        value = whole
+    value = as_int(value, name)
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value}")
     return value
@@ -260,11 +255,7 @@ PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 def check_priority(value: object, name: str = "priority") -> int:
     """Validate a waiter's priority: an ``int`` (not ``bool``) in
     ``[-2**31, 2**31 - 1]``; TypeError/ValueError otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        whole = whole_number(value)
-        if whole is None:
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        value = whole
+    value = as_int(value, name)
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ValueError(f"{name} must be between -2**31 and 2**31 - 1, got {value}")
     return int(value)

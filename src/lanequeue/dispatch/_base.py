@@ -13,6 +13,7 @@ from typing import Any
 
 from .._kinds import LANE_DEFAULT
 from .._validate import (
+    as_int,
     check_ageing,
     check_bool,
     check_key,
@@ -21,7 +22,6 @@ from .._validate import (
     check_timeout,
     check_utf8,
     own_signatures,
-    whole_number,
 )
 from ._machine import (
     BUSY_POLICIES,
@@ -46,11 +46,7 @@ def check_busy(value: object, name: str) -> str:
 
 
 def check_int(value: object, name: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        whole = whole_number(value)
-        if whole is None:
-            raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-        value = whole
+    value = as_int(value, name)
     if value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
     return value
