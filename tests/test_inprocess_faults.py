@@ -65,13 +65,16 @@ from interrupt_timer import sigalrm_interrupts
 
 import lanequeue
 from lanequeue import (
+    AsyncHold,
     AsyncLane,
     AsyncLaneQueue,
     AsyncSessionLane,
     Lane,
     LaneQueue,
     LaneTimeoutError,
+    NotOwnerError,
     SessionLane,
+    ThreadHold,
 )
 from lanequeue._core import CountingCore, SessionCore
 from lanequeue._kinds import LANE_DEFAULT
@@ -1136,6 +1139,81 @@ def test_c20_finalizer_inside_the_core_lock_is_deferred() -> None:
         assert core._entries[KEY].token != 0 and core._dropped  # only recorded
     assert not lane.is_held(KEY)
     check_consistent(core)
+
+
+@pytest.mark.parametrize("kind", list(THREAD_LANES))
+def test_c20_a_deferred_drop_is_ended_by_the_acquire_that_needs_its_permit(kind: str) -> None:
+    """A drop recorded inside the core's lock (deferred) is ended by the first acquire
+    that needs its permit, although the holds' fast steps (another key taken and
+    released with nobody in line) do not look for it: the key's (or the full lane's)
+    next acquire gets the permit without waiting."""
+    lane = THREAD_LANES[kind]()
+    other = Lane("o", max_concurrent=1) if kind != "SessionLane" else lane
+    hold = lane.acquire(KEY)
+    hold.__enter__()
+    with pytest.warns(ResourceWarning), lane._core._lock:  # deferred: only recorded
+        del hold
+        gc.collect()
+    for _ in range(3):  # fast steps of another key (on a per-key lane, this same lane)
+        with other.acquire("another"):
+            pass
+    with lane.acquire(KEY, timeout_s=0) as again:  # no wait: the drop was ended first
+        assert again.held
+    st = lane.stats
+    assert (st.holders, st.unmatched_releases, st.timeouts) == (0, 0, 0)
+    check_consistent(lane._core)
+
+
+def test_c20_holds_left_through_their_block_shed_their_finalizer() -> None:
+    """The finalizer of a dropped hold is a Python call at every hold's end: only a hold
+    still held needs it. A hold left through its block (fast or general path, released
+    early or not) is an instance of its face's public class, which has no finalizer,
+    and behaves as an ended hold; one still held keeps it (and warns when dropped)."""
+    lanes = [SessionLane("s"), Lane("g", max_concurrent=1)]
+    for lane in lanes:
+        with lane.acquire(KEY) as hold:
+            assert hasattr(type(hold), "__del__")  # held: watched
+        assert type(hold) is ThreadHold and not hasattr(ThreadHold, "__del__")
+        assert not hold.held and hold.token > 0 and "released" in repr(hold)
+        with pytest.raises(NotOwnerError):
+            hold.release()
+        with pytest.raises(RuntimeError, match="already entered"):
+            hold.__enter__()
+        with lane.acquire(KEY) as hold:
+            hold.release()  # released early: leaving the block ends the watch too
+        assert type(hold) is ThreadHold
+        hold = lane.acquire(KEY)
+        with hold:  # the general path: another thread waits behind it
+            t = threading.Thread(target=lambda lane=lane: lane.acquire_timeout(KEY, JOIN_S)
+                                 and lane.manual_release(KEY), daemon=True)
+            t.start()
+            deadline = time.monotonic() + JOIN_S
+            while lane.waiting < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+        t.join(JOIN_S)
+        assert type(hold) is ThreadHold and lane.stats.holders == 0
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    queue.add_lane("global", max_concurrent=2)
+    with queue.acquire_all(KEY, ["session", "global"]) as multi:
+        assert hasattr(type(multi), "__del__")
+    assert not hasattr(type(multi), "__del__") and isinstance(multi, lanequeue.MultiHold)
+    multi.release()  # safe twice, as before
+
+    async def main() -> None:
+        alane = AsyncSessionLane("a")
+        async with alane.acquire(KEY) as ahold:
+            assert hasattr(type(ahold), "__del__")
+        assert type(ahold) is AsyncHold and not hasattr(AsyncHold, "__del__")
+        aqueue = AsyncLaneQueue()
+        aqueue.add_session_lane("session")
+        async with aqueue.acquire_all(KEY, ["session"]) as amulti:
+            assert hasattr(type(amulti), "__del__")
+        assert not hasattr(type(amulti), "__del__")
+        await amulti.release()
+
+    asyncio.run(main())
 
 
 def test_c20_dropped_async_hold_warns_and_returns_its_permit() -> None:

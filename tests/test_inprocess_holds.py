@@ -172,7 +172,7 @@ def test_acquire_all_holds_are_face_holds() -> None:
     async def main() -> None:
         async with aqueue.acquire_all("k", ["session"]) as holds:
             hold = holds["session"]
-            assert type(hold) is AsyncHold
+            assert isinstance(hold, AsyncHold)
             assert await hold.release() is True  # a coroutine, as on every asyncio hold
             with pytest.raises(NotOwnerError):
                 hold.release_nowait()
@@ -291,7 +291,7 @@ def test_acquire_all_uses_a_subclass_acquire() -> None:
     async def main() -> None:
         async with aqueue.acquire_all("k", ["session", "global"]) as holds:
             assert asub.calls == ["k"] and asub.is_held_nowait("k")
-            assert type(holds["session"]) is AsyncHold
+            assert isinstance(holds["session"], AsyncHold)
         assert not asub.is_held_nowait("k")
 
     asyncio.run(main())

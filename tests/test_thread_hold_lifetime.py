@@ -157,8 +157,8 @@ def test_interrupt_at_a_finalizers_start_is_swallowed_by_cpython_and_changes_not
     hold: Any = (queue.acquire_all("k", ["s", "g"]) if kind == "acquire_all"
                  else target[0].acquire("k"))
     hold.__enter__()
-    if not held:
-        hold.__exit__(None, None, None)
+    if not held:  # released, not left: leaving its block would shed the finalizer
+        hold.release()
     sys.settrace(tracer)
     try:
         del hold  # freed here: its __del__ starts, and the interrupt lands there

@@ -134,13 +134,22 @@ warns with a ``ResourceWarning`` naming the lane and the key, and its permit com
 Its finalizer may run at any instruction of any code, including while this same thread
 holds the core's lock (a collection can start inside a critical section), so it must not
 take the lock: it only appends ``(key, token)`` to ``_dropped`` (``list.append`` is
-atomic). The next operation on the lane (an acquire, a release, or a view such as
-``get_active()``, ``stats``, ``active_count``, ``is_held``), in any thread, ends those
-holds first, as releases that may hand the key to the next waiter. The finalizer then
-asks the face to run that operation now, so a waiter already parked is not left to its
-timeout: a thread lane does when its lock is free (not taken by this thread, nor by
-another), an asyncio lane in a callback on its loop. The hot path pays one
-truth test of that list (C20).
+atomic). The finalizer then asks the face to end them now, so a waiter already parked
+is not left to its timeout: a thread lane does when its lock is free (not taken by this
+thread, nor by another), an asyncio lane in a callback on its loop. Else the lane's next
+operation that could need that permit ends them first, in any thread, as releases that
+may hand the key to the next waiter: every call into the core's ``take`` and
+``release`` (an acquire that finds the key held or the lane full, a new key, a release
+with a line, a release by key) and every view (``get_active()``, ``stats``,
+``active_count``, ``is_held``). The thread holds' fast steps (an IDLE key, a free
+permit, a release with nobody in line) pay nothing for it: a permit taken by a dropped
+hold is only needed by a caller that finds the key held or the lane full, and that
+caller takes the general path (C20).
+
+The finalizer itself costs a Python call when a hold is freed, which is 7% of an
+uncontended cycle; only a hold still held needs it. So the classes ``acquire`` makes carry
+it (:class:`lanequeue._kinds._DropWatch`), and leaving the block, as its last step, turns
+the hold into its face's public hold class, which has none.
 
 fork
 ====
@@ -955,15 +964,16 @@ class SessionHoldSteps:
     key: str
     _token: int
     _enter_slow: ClassVar[Callable[[Any], Any]]
+    _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
     def __enter__(self) -> Any:
-        core = self.lane._core
-        if not self._token and not core.draining and not core._dropped:
+        if not self._token:
+            core = self.lane._core
             lock = core._lock
             try:
                 lock.acquire()  # inside the try: see "Interrupts" in the module docstring
                 entry = core._entries.get(self.key)
-                # IDLE: nobody holds or waits; and no drain began since the check above
+                # IDLE (nobody holds or waits), and the lane is not draining
                 if entry is not None and not entry.token and not core.draining:
                     now = core._clock()
                     # -- commit: plain stores only --
@@ -986,37 +996,36 @@ class SessionHoldSteps:
             core = self.lane._core
             key = self.key
             self._token = -token  # type: ignore[misc]  # marked released, then released
-            if not core._dropped:
-                lock = core._lock
-                try:
-                    lock.acquire()  # inside the try: see "Interrupts"
-                    entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
-                    if entry.token == token and entry.line is None:
-                        now = core._clock()
-                        held = core.hold_hist
-                        if held is not None:  # hold times: as SessionCore.release
-                            held.append(now - entry.since)
-                            if len(held) >= HELD_BATCH:
-                                held.fold()
-                        # -- commit: plain stores only, then one last builtin call --
-                        entry.token = 0
-                        entry.since = now
-                        core._held -= 1
-                        try:
-                            core._order.move_to_end(key)
-                        except KeyError:  # the eviction scan dropped it while held
-                            core._order[key] = entry
-                        token = 0  # released here
-                except KeyError:  # no entry: the general release counts it unmatched
-                    pass
-                finally:
+            lock = core._lock
+            try:
+                lock.acquire()  # inside the try: see "Interrupts"
+                entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
+                if entry.token == token and entry.line is None:
+                    now = core._clock()
+                    held = core.hold_hist
+                    if held is not None:  # hold times: as SessionCore.release
+                        held.append(now - entry.since)
+                        if len(held) >= HELD_BATCH:
+                            held.fold()
+                    # -- commit: plain stores only, then one last builtin call --
+                    entry.token = 0
+                    entry.since = now
+                    core._held -= 1
                     try:
-                        lock.release()
-                    except RuntimeError:  # acquire was interrupted before it took it
-                        pass
-                if not token:
-                    return
-            core.release(key, token)
+                        core._order.move_to_end(key)
+                    except KeyError:  # the eviction scan dropped it while held
+                        core._order[key] = entry
+                    token = 0  # released here
+            except KeyError:  # no entry: the general release counts it unmatched
+                pass
+            finally:
+                try:
+                    lock.release()
+                except RuntimeError:  # acquire was interrupted before it took it
+                    pass
+            if token:
+                core.release(key, token)
+        self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 
 class CountingHoldSteps:
@@ -1038,15 +1047,16 @@ class CountingHoldSteps:
     key: str
     _token: int
     _enter_slow: ClassVar[Callable[[Any], Any]]
+    _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
     def __enter__(self) -> Any:
-        core = self.lane._core
-        if not self._token and not core.draining and not core._dropped:
+        if not self._token:
+            core = self.lane._core
             lock = core._lock
             try:
                 lock.acquire()  # inside the try: see "Interrupts" in the module docstring
                 holds = core._holds
-                # a free permit (nobody is in line), and no drain began since the check
+                # a free permit (nobody is in line), and the lane is not draining
                 if len(holds) < core.capacity and not core.draining:
                     now = core._clock()
                     # -- commit: plain stores only --
@@ -1067,31 +1077,30 @@ class CountingHoldSteps:
             core = self.lane._core
             key = self.key
             self._token = -token  # type: ignore[misc]  # marked released, then released
-            if not core._dropped:
-                lock = core._lock
+            lock = core._lock
+            try:
+                lock.acquire()  # inside the try: see "Interrupts"
+                holds = core._holds
+                hold = holds[token]  # (a KeyError: ended by someone else)
+                if hold[0] == key and not core._line and not core._ranked:
+                    held = core.hold_hist
+                    if held is not None:  # hold times: as CountingCore.release
+                        held.append(core._clock() - hold[1])
+                        if len(held) >= HELD_BATCH:
+                            held.fold()
+                    # -- commit: plain stores only --
+                    del holds[token]
+                    token = 0  # released here
+            except KeyError:  # no such hold: the general release counts it unmatched
+                pass
+            finally:
                 try:
-                    lock.acquire()  # inside the try: see "Interrupts"
-                    holds = core._holds
-                    hold = holds[token]  # (a KeyError: ended by someone else)
-                    if hold[0] == key and not core._line and not core._ranked:
-                        held = core.hold_hist
-                        if held is not None:  # hold times: as CountingCore.release
-                            held.append(core._clock() - hold[1])
-                            if len(held) >= HELD_BATCH:
-                                held.fold()
-                        # -- commit: plain stores only --
-                        del holds[token]
-                        token = 0  # released here
-                except KeyError:  # no such hold: the general release counts it unmatched
+                    lock.release()
+                except RuntimeError:  # acquire was interrupted before it took it
                     pass
-                finally:
-                    try:
-                        lock.release()
-                    except RuntimeError:  # acquire was interrupted before it took it
-                        pass
-                if not token:
-                    return
-            core.release(key, token)
+            if token:
+                core.release(key, token)
+        self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 
 class MultiHoldSteps:
@@ -1117,6 +1126,7 @@ class MultiHoldSteps:
     _entered: bool
     _take_rest: Callable[[Any], Any]
     _release_all: Callable[[BaseException | None], None]
+    _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
     release: Callable[[], None]
 
     def __enter__(self) -> Any:
@@ -1132,37 +1142,36 @@ class MultiHoldSteps:
         key = self._key
         try:
             for core in cores:
-                if not core.draining and not core._dropped:
-                    lock = core._lock
+                lock = core._lock
+                try:
+                    lock.acquire()  # inside the try: see "Interrupts"
+                    if core.draining:  # the core's take raises LaneDrainingError
+                        pass
+                    elif core.per_key:  # a SessionCore
+                        entry = core._entries.get(key)
+                        if entry is not None and not entry.token:  # IDLE
+                            now = core._clock()
+                            # -- commit: plain stores, then one last builtin --
+                            core._token = token = core._token + 1
+                            entry.token = token
+                            entry.since = now
+                            core._held += 1
+                            taken.append(token)
+                            continue
+                    else:  # a CountingCore (a plan drives no other core)
+                        holds = core._holds
+                        if len(holds) < core.capacity:  # a free permit: nobody waits
+                            now = core._clock()
+                            # -- commit: plain stores, then one last builtin --
+                            core._token = token = core._token + 1
+                            holds[token] = (key, now)
+                            taken.append(token)
+                            continue
+                finally:
                     try:
-                        lock.acquire()  # inside the try: see "Interrupts"
-                        if core.draining:  # began since the check above: take raises
-                            pass
-                        elif core.per_key:  # a SessionCore
-                            entry = core._entries.get(key)
-                            if entry is not None and not entry.token:  # IDLE
-                                now = core._clock()
-                                # -- commit: plain stores, then one last builtin --
-                                core._token = token = core._token + 1
-                                entry.token = token
-                                entry.since = now
-                                core._held += 1
-                                taken.append(token)
-                                continue
-                        else:  # a CountingCore (a plan drives no other core)
-                            holds = core._holds
-                            if len(holds) < core.capacity:  # a free permit: nobody waits
-                                now = core._clock()
-                                # -- commit: plain stores, then one last builtin --
-                                core._token = token = core._token + 1
-                                holds[token] = (key, now)
-                                taken.append(token)
-                                continue
-                    finally:
-                        try:
-                            lock.release()
-                        except RuntimeError:  # acquire was interrupted before it took it
-                            pass
+                        lock.release()
+                    except RuntimeError:  # acquire was interrupted before it took it
+                        pass
                 got = core.take(key, True)
                 if not got:  # busy: the general loop puts a waiter in line
                     return self._take_rest(got)
@@ -1177,6 +1186,7 @@ class MultiHoldSteps:
         cores, taken = plan.cores, self._taken
         if cores is None:
             self._release_all(exc)
+            self.__class__ = self._ended_class  # ended: no finalizer from here on
             return
         key = self._key
         while taken:  # last taken first
@@ -1187,48 +1197,48 @@ class MultiHoldSteps:
                 if token <= 0:
                     continue
                 view._token = -token
-            if not core._dropped:
-                lock = core._lock
+            lock = core._lock
+            try:
+                lock.acquire()  # inside the try: see "Interrupts"
+                if core.per_key:  # a SessionCore
+                    entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
+                    if entry.token == token and entry.line is None:
+                        now = core._clock()
+                        held = core.hold_hist
+                        if held is not None:  # hold times: as SessionCore.release
+                            held.append(now - entry.since)
+                            if len(held) >= HELD_BATCH:
+                                held.fold()
+                        # -- commit: plain stores only, then one last builtin call --
+                        entry.token = 0
+                        entry.since = now
+                        core._held -= 1
+                        try:
+                            core._order.move_to_end(key)
+                        except KeyError:  # the eviction scan dropped it while held
+                            core._order[key] = entry
+                        continue
+                else:  # a CountingCore
+                    holds = core._holds
+                    hold = holds[token]  # (a KeyError: ended by someone else)
+                    if hold[0] == key and not core._line and not core._ranked:
+                        held = core.hold_hist
+                        if held is not None:  # hold times: as CountingCore.release
+                            held.append(core._clock() - hold[1])
+                            if len(held) >= HELD_BATCH:
+                                held.fold()
+                        # -- commit: plain stores only --
+                        del holds[token]
+                        continue
+            except KeyError:  # no such hold: the general release counts it unmatched
+                pass
+            finally:
                 try:
-                    lock.acquire()  # inside the try: see "Interrupts"
-                    if core.per_key:  # a SessionCore
-                        entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
-                        if entry.token == token and entry.line is None:
-                            now = core._clock()
-                            held = core.hold_hist
-                            if held is not None:  # hold times: as SessionCore.release
-                                held.append(now - entry.since)
-                                if len(held) >= HELD_BATCH:
-                                    held.fold()
-                            # -- commit: plain stores only, then one last builtin call --
-                            entry.token = 0
-                            entry.since = now
-                            core._held -= 1
-                            try:
-                                core._order.move_to_end(key)
-                            except KeyError:  # the eviction scan dropped it while held
-                                core._order[key] = entry
-                            continue
-                    else:  # a CountingCore
-                        holds = core._holds
-                        hold = holds[token]  # (a KeyError: ended by someone else)
-                        if hold[0] == key and not core._line and not core._ranked:
-                            held = core.hold_hist
-                            if held is not None:  # hold times: as CountingCore.release
-                                held.append(core._clock() - hold[1])
-                                if len(held) >= HELD_BATCH:
-                                    held.fold()
-                            # -- commit: plain stores only --
-                            del holds[token]
-                            continue
-                except KeyError:  # no such hold: the general release counts it unmatched
+                    lock.release()
+                except RuntimeError:  # acquire was interrupted before it took it
                     pass
-                finally:
-                    try:
-                        lock.release()
-                    except RuntimeError:  # acquire was interrupted before it took it
-                        pass
             core.release(key, token)
+        self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 
 class CountingCore(_CoreBase):

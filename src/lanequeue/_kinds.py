@@ -508,6 +508,37 @@ class Hold:
         return f"<{kind} lane={self.lane.name!r} key={shown(self.key)} token={self.token} {state}>"
 
 
+class _DropWatch:
+    """The finalizer of an in-process hold (a mixin of the classes ``acquire`` makes):
+    a hold garbage-collected while held ends through :func:`drop_hold` and warns
+    (:func:`warn_dropped`).
+
+    A hold that ends by leaving its block changes its class to its face's public hold
+    class (``_ended_class``: :class:`lanequeue.ThreadHold`, :class:`lanequeue.AsyncHold`,
+    :class:`lanequeue.MultiHold`'s plain twin), the same class without this finalizer:
+    from then on nothing can drop it, and a finalizer is a Python call at every hold's
+    end (about 7% of an uncontended cycle), paid now only by the holds that are never
+    left. The store is the exit's last step: an interrupt before it leaves the
+    finalizer, which then finds the hold ended and does nothing.
+    """
+
+    __slots__ = ()
+
+    lane: Any
+    key: str
+    _token: int
+
+    def __del__(self) -> None:
+        try:
+            token = self._token
+        except AttributeError:  # interrupted while acquire() was making it
+            return
+        if token > 0:
+            drop_hold(self.lane, self.key, token)
+            self._token = -token  # type: ignore[misc]  # ended: see drop_hold
+            warn_dropped(self.lane, self.key, token)
+
+
 def drop_hold(lane: Any, key: str, token: int) -> None:
     """What the finalizer of an in-process hold dropped while held does first: record
     the hold with the lane's core, which ends it at the lane's next operation, and ask

@@ -50,13 +50,12 @@ from ._kinds import (
     CountingKind,
     Hold,
     SessionKind,
-    drop_hold,
-    warn_dropped,
+    _DropWatch,
 )
 from ._ops import CANCEL_WAIT_S, log, poll_idle_async
 from ._validate import check_bool, check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
-from .queue import MultiHold, QueueBase, Step, _end_view, _send
+from .queue import MultiHold, QueueBase, Step, _end_view, _MultiDropWatch, _send
 
 __all__ = [
     "AsyncHold",
@@ -253,6 +252,7 @@ class AsyncHold(Hold):
             self._token = -token
             # The exit runs in the task that entered, so on the lane's loop: no check.
             self.lane._core.release(self.key, token)
+        self.__class__ = AsyncHold  # ended: no finalizer from here on (_DropWatch)
 
     @must_await
     async def release(self) -> bool:  # type: ignore[override]
@@ -267,15 +267,13 @@ class AsyncHold(Hold):
         nothing, from another thread)."""
         return Hold.release(self)
 
-    def __del__(self) -> None:
-        try:
-            token = self._token
-        except AttributeError:  # interrupted while acquire() was making it
-            return
-        if token > 0:
-            drop_hold(self.lane, self.key, token)
-            self._token = -token  # ended: see drop_hold
-            warn_dropped(self.lane, self.key, token)
+
+class _AsyncHold(_DropWatch, AsyncHold):
+    """What an asyncio lane's ``acquire`` makes: an :class:`AsyncHold` with the
+    finalizer of a dropped hold, an :class:`AsyncHold` once left
+    (:class:`lanequeue._kinds._DropWatch`)."""
+
+    __slots__ = ()
 
 
 class _AsyncFace:
@@ -283,7 +281,7 @@ class _AsyncFace:
 
     face: Literal["asyncio"] = "asyncio"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
-    _hold_class: type[AsyncHold] = AsyncHold  # what acquire() makes
+    _hold_class: type[AsyncHold] = _AsyncHold  # what acquire() makes
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -835,15 +833,16 @@ class _AsyncMultiAcquire(MultiHold):
         cores, taken = self._plan.cores, self._taken
         if cores is None:
             await self._release_all_async(exc)
-            return
-        # In-process lanes only (the exit runs in the task that entered: on their loop).
-        key = self._key
-        while taken:  # last taken first
-            token = taken.pop()
-            if type(token) is int:
-                cores[len(taken)].release(key, token)
-            else:  # viewed as a hold
-                _end_view(token, cores[len(taken)], key)
+        else:
+            # In-process lanes only (the exit runs in the task that entered: on their loop).
+            key = self._key
+            while taken:  # last taken first
+                token = taken.pop()
+                if type(token) is int:
+                    cores[len(taken)].release(key, token)
+                else:  # viewed as a hold
+                    _end_view(token, cores[len(taken)], key)
+        self.__class__ = _AsyncMultiAcquire  # ended: no finalizer from here on (_DropWatch)
 
     @must_await
     async def release(self) -> None:
@@ -922,6 +921,13 @@ async def _release_rest(steps: Any, hold: Any) -> None:
                     type(exc).__name__, exc)
 
 
+
+class _WatchedAsyncMultiAcquire(_MultiDropWatch, _AsyncMultiAcquire):
+    """An :class:`_AsyncMultiAcquire` with the finalizer of a dropped ``acquire_all``,
+    until its block is left."""
+
+    __slots__ = ()
+
 class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
     """A registry of named asyncio lanes, composed per request by :meth:`acquire_all`.
 
@@ -963,7 +969,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         the deadline runs on the loop's clock. Cancelled while waiting for a later lane,
         it releases the lanes already taken, in reverse, then re-raises CancelledError.
         """
-        return self._multi(_AsyncMultiAcquire, key, lane_names, timeout_s, priority)
+        return self._multi(_WatchedAsyncMultiAcquire, key, lane_names, timeout_s, priority)
 
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:

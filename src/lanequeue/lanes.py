@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ._core import (
     Core,
@@ -28,8 +28,7 @@ from ._kinds import (
     CountingKind,
     Hold,
     SessionKind,
-    drop_hold,
-    warn_dropped,
+    _DropWatch,
 )
 from ._ops import poll_idle
 from ._validate import check_bool, check_key, check_timeout
@@ -93,6 +92,7 @@ class ThreadHold(Hold):
 
     lane: _ThreadFace
     _priority: int  # the acquire's priority (checked), for the wait if one is needed
+    _ended_class: ClassVar[type]  # what a hold left through its block becomes: this class
 
     def __enter__(self) -> ThreadHold:
         if self._token:
@@ -117,29 +117,25 @@ class ThreadHold(Hold):
             self._token = -token
             self.lane._core.release(self.key, token)
 
-    def __del__(self) -> None:
-        try:
-            token = self._token
-        except AttributeError:  # interrupted while acquire() was making it
-            return
-        if token > 0:
-            drop_hold(self.lane, self.key, token)
-            self._token = -token  # ended: see drop_hold
-            warn_dropped(self.lane, self.key, token)
 
 
-class _SessionThreadHold(SessionHoldSteps, ThreadHold):
+ThreadHold._ended_class = ThreadHold
+
+
+class _SessionThreadHold(SessionHoldSteps, _DropWatch, ThreadHold):
     """A :class:`ThreadHold` of a :class:`SessionLane`: entering and leaving run the
-    core's common steps themselves (:class:`lanequeue._core.SessionHoldSteps`)."""
+    core's common steps themselves (:class:`lanequeue._core.SessionHoldSteps`); a
+    :class:`ThreadHold` once left (:class:`lanequeue._kinds._DropWatch`)."""
 
     __slots__ = ()
 
     _enter_slow = ThreadHold.__enter__
 
 
-class _CountingThreadHold(CountingHoldSteps, ThreadHold):
+class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
     """A :class:`ThreadHold` of a :class:`Lane`: entering and leaving run the core's
-    common steps themselves (:class:`lanequeue._core.CountingHoldSteps`)."""
+    common steps themselves (:class:`lanequeue._core.CountingHoldSteps`); a
+    :class:`ThreadHold` once left (:class:`lanequeue._kinds._DropWatch`)."""
 
     __slots__ = ()
 

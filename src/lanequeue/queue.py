@@ -164,20 +164,6 @@ class MultiHold:
     def __len__(self) -> int:
         return len(self._taken)
 
-    def __del__(self) -> None:
-        try:
-            taken = self._taken
-        except AttributeError:  # interrupted while being made: it never held anything
-            return
-        if taken:
-            steps = self._plan.steps
-            dropped = [(i, got) for i, got in enumerate(taken) if type(got) is int]
-            for i, got in dropped:  # (a viewed token is its view's: it has its own finalizer)
-                drop_hold(steps[i][0], self._key, got)
-            self._taken = []  # ended: see drop_hold
-            for i, got in dropped:
-                warn_dropped(steps[i][0], self._key, got)
-
     def _acquiring(
         self, clock: Callable[[], float], prepare: Callable[[Any], Any], pending: Any
     ) -> Generator[tuple[Any, Any, Any, float | None], Any, None]:
@@ -317,6 +303,34 @@ def _no_prepare(lane: object) -> None:
     """Threads need no check before taking a lane."""
 
 
+class _MultiDropWatch:
+    """The finalizer of an ``acquire_all`` garbage-collected while holding in-process
+    lanes (a mixin of the classes the queues' ``acquire_all`` make): each such permit
+    ends through :func:`~lanequeue._kinds.drop_hold` and warns. Leaving the block
+    changes the class to the same class without this mixin, as a hold does
+    (:class:`lanequeue._kinds._DropWatch`)."""
+
+    __slots__ = ()
+
+    _key: str
+    _plan: Plan
+    _taken: list[Any]
+
+    def __del__(self) -> None:
+        try:
+            taken = self._taken
+        except AttributeError:  # interrupted while being made: it never held anything
+            return
+        if taken:
+            steps = self._plan.steps
+            dropped = [(i, got) for i, got in enumerate(taken) if type(got) is int]
+            for i, got in dropped:  # (a viewed token is its view's: it has its own finalizer)
+                drop_hold(steps[i][0], self._key, got)
+            self._taken = []  # type: ignore[misc]  # ended: see drop_hold
+            for i, got in dropped:
+                warn_dropped(steps[i][0], self._key, got)
+
+
 class _MultiAcquire(MultiHoldSteps, MultiHold):
     """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order;
     leaving releases them, last first. With in-process lanes only, entering and leaving
@@ -382,6 +396,16 @@ def _hold(lane: SyncLane, key: str, timeout: float | None) -> SyncHold | None:
         return None
     return hold
 
+
+
+class _WatchedMultiAcquire(_MultiDropWatch, _MultiAcquire):
+    """A :class:`_MultiAcquire` with the finalizer of a dropped ``acquire_all``, until
+    its block is left."""
+
+    __slots__ = ()
+
+
+_MultiAcquire._ended_class = _MultiAcquire
 
 class QueueBase(Generic[L, CL, SL]):
     """The registry of a queue: names, registration order, plans, status.
@@ -815,7 +839,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             ...     h["session"].fencing_token > 0, queue["global"].active_count
             (True, 1)
         """
-        return self._multi(_MultiAcquire, key, lane_names, timeout_s, priority)
+        return self._multi(_WatchedMultiAcquire, key, lane_names, timeout_s, priority)
 
     def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False) -> bool:
         """:meth:`lanequeue.Lane.drain` for every lane at once, with ONE wait:
