@@ -830,6 +830,81 @@ def test_c18_interrupt_at_every_point_async_acquire_all() -> None:
     assert inject_everywhere(run_once) >= 20
 
 
+_LEAVERS = ["SessionLane", "Lane", "Lane+priority", "acquire_all", "AsyncSessionLane",
+            "AsyncLane", "async acquire_all", "acquire_all+view", "async acquire_all+view"]
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize(
+    ("what", "again"),
+    [(w, False) for w in _LEAVERS] + [(w, True) for w in _LEAVERS if "acquire_all" in w],
+)
+def test_c18_interrupt_while_leaving_then_dropping_leaves_nothing_held(
+    what: str, again: bool
+) -> None:
+    """C18 + C20: KeyboardInterrupt at every injection point of leaving a hold (or an
+    ``acquire_all``, with or without a view of its holds), then the hold object
+    dropped: nothing stays held, and no unmatched release is counted. A leave marks
+    the hold released before releasing it; one stopped between the two once left the
+    permit held for good, the finalizer seeing only the mark. Or, instead of the drop,
+    an ``acquire_all`` released again (``release()``, safe twice), which ends it too."""
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            lanes: list[Any]
+            if "acquire_all" in what:
+                queue: Any = AsyncLaneQueue() if what.startswith("async") else LaneQueue()
+                queue.add_session_lane("session", timeout_s=JOIN_S)
+                queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+                lanes = [queue["session"], queue["global"]]
+                hold: Any = queue.acquire_all(KEY, ["session", "global"])
+            else:
+                lane = (ASYNC_LANES if what.startswith("Async") else THREAD_LANES)[what]()
+                lanes = [lane]
+                hold = lane.acquire(KEY)
+            is_async = what.startswith(("Async", "async"))
+            if is_async:
+                loop.run_until_complete(hold.__aenter__())
+            else:
+                hold.__enter__()
+            if what.endswith("+view"):
+                assert hold["session"].held  # the session lane's token, seen as a hold
+            try:
+                with inj.active():
+                    if is_async:
+                        loop.run_until_complete(hold.__aexit__(None, None, None))
+                    else:
+                        hold.__exit__(None, None, None)
+            except KeyboardInterrupt:
+                assert inj.fired is not None
+            _finish(loop)
+            # One more turn of the loop: it runs the done callbacks of the interrupted
+            # task, whose exception's traceback still references the hold until then.
+            loop.run_until_complete(asyncio.sleep(0))
+            if again:
+                done = hold.release()
+                if is_async:
+                    loop.run_until_complete(done)
+            del hold
+            gc.collect()
+            for lane in lanes:
+                check_consistent(lane._core)
+                st = lane.stats
+                assert (st.holders, st.unmatched_releases) == (0, 0), (lane.name, inj.fired)
+                if is_async:
+                    check_async_lane_works(loop, lane)
+                else:
+                    check_thread_lane_works(lane)
+        finally:
+            _finish(loop)
+            loop.close()
+
+    assert inject_everywhere(run_once) >= 2
+
+
 def test_c18_injector_catches_acquire_then_try() -> None:
     """The injector finds the original fault: a critical section written as
     ``lock.acquire()`` then ``try:`` leaves the lock held when the exception lands at

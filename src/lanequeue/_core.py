@@ -121,7 +121,11 @@ takes a permit. Ending many waiters (``clear``, a drain's ``cancel_waiting``,
 an interrupt between two steps leaves the others in line, waiting as before. A token
 is recorded in the hold right after the core returns it, and a hold is marked released
 right before the core releases it; an interrupt between the two leaves that one hold
-held in the core, and nothing else.
+held in the core, and nothing else: ``manual_release`` ends it, and so does the hold's
+finalizer when the hold is dropped (:func:`end_marked`: the core still holding a token
+marked released means its release never ran; tokens are never reused). An
+``acquire_all`` marks each token in its list the same way, and drops it from the list
+only once released.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
 operations (C18). The thread holds run the two commonest steps of their core themselves
 (:class:`SessionHoldSteps`, :class:`CountingHoldSteps`, in this module and under its
@@ -282,6 +286,8 @@ class Core(Protocol):
     def withdraw(self, key: str, waiter: Waiter, *, timed_out: bool) -> int: ...
 
     def drop(self, key: str, token: int) -> None: ...
+
+    def owns(self, key: str, token: int) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -627,6 +633,16 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def end_marked(core: Core, key: str, token: int) -> None:
+    """End the hold ``token`` of ``key`` that a release marked released (a hold's token
+    negated, or an ``acquire_all`` token negated in its list) and may not have released:
+    an interrupt can stop a release between its mark and the core's commit. The core
+    still holding ``token`` (no other hold ever has it: tokens are never reused) means
+    it did not: released now. Else nothing (0: never granted)."""
+    if token and core.owns(key, token):
+        core.release(key, token)
 
 
 def _warn_unmatched(lane: str, key: str, token: int) -> None:
@@ -1189,12 +1205,21 @@ class MultiHoldSteps:
             self.__class__ = self._ended_class  # ended: no finalizer from here on
             return
         key = self._key
-        while taken:  # last taken first
-            token = taken.pop()
-            core = cores[len(taken)]
-            if token.__class__ is not int:  # viewed as a hold: ended here unless released
-                view, token = token, token._token  # through it (silent, as a hold is)
+        while taken:  # last taken first; each one marked released, released, then popped
+            token = taken[-1]
+            core = cores[len(taken) - 1]
+            if token.__class__ is int:
+                if token > 0:
+                    taken[-1] = -token  # marked released (see _MultiDropWatch)
+                else:  # marked by an exit an interrupt stopped: ended unless done
+                    end_marked(core, key, -token)
+                    taken.pop()
+                    continue
+            else:  # viewed as a hold: ended here unless released through it (silently,
+                view, token = token, token._token  # as a hold is), marked in the view
                 if token <= 0:
+                    end_marked(core, key, -token)
+                    taken.pop()
                     continue
                 view._token = -token
             lock = core._lock
@@ -1217,7 +1242,7 @@ class MultiHoldSteps:
                             core._order.move_to_end(key)
                         except KeyError:  # the eviction scan dropped it while held
                             core._order[key] = entry
-                        continue
+                        token = 0  # released here
                 else:  # a CountingCore
                     holds = core._holds
                     hold = holds[token]  # (a KeyError: ended by someone else)
@@ -1229,7 +1254,7 @@ class MultiHoldSteps:
                                 held.fold()
                         # -- commit: plain stores only --
                         del holds[token]
-                        continue
+                        token = 0  # released here
             except KeyError:  # no such hold: the general release counts it unmatched
                 pass
             finally:
@@ -1237,7 +1262,9 @@ class MultiHoldSteps:
                     lock.release()
                 except RuntimeError:  # acquire was interrupted before it took it
                     pass
-            core.release(key, token)
+            if token:
+                core.release(key, token)
+            taken.pop()
         self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 

@@ -533,10 +533,19 @@ class _DropWatch:
             token = self._token
         except AttributeError:  # interrupted while acquire() was making it
             return
-        if token > 0:
-            drop_hold(self.lane, self.key, token)
-            self._token = -token  # type: ignore[misc]  # ended: see drop_hold
-            warn_dropped(self.lane, self.key, token)
+        if token < 0:
+            # Marked released. Its release may not have run: an interrupt that stopped
+            # the exit between the mark and the release leaves the core holding this
+            # token, which no other hold ever has (tokens are never reused). The core's
+            # ``owns`` reads without its lock (a finalizer must not take it).
+            token = -token
+            if not self.lane._core.owns(self.key, token):
+                return
+        elif not token:
+            return
+        drop_hold(self.lane, self.key, token)
+        self._token = -token  # type: ignore[misc]  # ended: see drop_hold
+        warn_dropped(self.lane, self.key, token)
 
 
 def drop_hold(lane: Any, key: str, token: int) -> None:

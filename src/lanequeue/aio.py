@@ -55,7 +55,7 @@ from ._kinds import (
 from ._ops import CANCEL_WAIT_S, log, poll_idle_async
 from ._validate import check_bool, check_key, check_timeout
 from .contract import SyncLane, TaskHold, TaskLane, must_await
-from .queue import MultiHold, QueueBase, Step, _end_view, _MultiDropWatch, _send
+from .queue import MultiHold, QueueBase, Step, _MultiDropWatch, _send, end_last
 
 __all__ = [
     "AsyncHold",
@@ -837,11 +837,7 @@ class _AsyncMultiAcquire(MultiHold):
             # In-process lanes only (the exit runs in the task that entered: on their loop).
             key = self._key
             while taken:  # last taken first
-                token = taken.pop()
-                if type(token) is int:
-                    cores[len(taken)].release(key, token)
-                else:  # viewed as a hold
-                    _end_view(token, cores[len(taken)], key)
+                end_last(taken, cores[len(taken) - 1], key)
         self.__class__ = _AsyncMultiAcquire  # ended: no finalizer from here on (_DropWatch)
 
     @must_await

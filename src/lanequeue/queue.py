@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import Clock, Core, CountingCore, MultiHoldSteps
+from ._core import Clock, Core, CountingCore, MultiHoldSteps, end_marked
 from ._errors import LaneTimeoutError, shown
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -222,22 +222,30 @@ class MultiHold:
         """
         key, steps, taken = self._key, self._plan.steps, self._taken
         error: BaseException | None = None
+        failed_at = -1  # where an in-process release raised (tried again once, see below)
         while taken:
-            got = taken.pop()
-            core = steps[len(taken)][1]
+            got = taken[-1]
+            n = len(taken)
+            core = steps[n - 1][1]
             try:
                 if core is not None:  # an in-process lane: its token, or a view of it
-                    if type(got) is int:
-                        core.release(key, got)
-                    else:  # ended here unless released through the view
-                        _end_view(got, core, key)
-                elif got.held:  # a lane's own hold (Redis, foreign)
+                    end_last(taken, core, key)
+                    continue
+                taken.pop()
+                if got.held:  # a lane's own hold (Redis, foreign)
                     # (yield first, then combine: ``error or (yield got)`` would skip
                     # the yield, and so the release, of every hold after a failed one)
                     failed = yield got
                     error = error or failed
             except BaseException as exc:
                 error = error or exc
+                # An in-process release stopped (an interrupt) before its pop stays last,
+                # marked or not: the next turn ends it unless its release was done. Once:
+                # stopped again there, it is left to the core's views and manual_release.
+                if len(taken) == n and core is not None:
+                    if failed_at == n:
+                        taken.pop()
+                    failed_at = n
         if error is not None:
             if block_error is None:
                 raise error
@@ -247,13 +255,29 @@ class MultiHold:
         return f"<MultiHold key={shown(self._key)} {self.holds!r}>"
 
 
-def _end_view(view: Hold, core: Core, key: str) -> None:
-    """Leaving ``acquire_all``: end the in-process hold shown by ``view``, unless it was
-    released through it (silent, as leaving ``with lane.acquire(key)``)."""
-    token = view._token
-    if token > 0:
-        view._token = -token
-        core.release(key, token)
+def end_last(taken: list[Any], core: Core, key: str) -> None:
+    """Leaving ``acquire_all``: end the in-process hold last in ``taken`` (its token, or a
+    view of it), then drop it from the list. The token is marked released first (negated
+    in the list, or in the view), then released, then popped: an interrupt between two
+    steps leaves it in the list, marked or not, and a second release or the finalizer
+    (:class:`_MultiDropWatch`) ends it if the core still has it (:func:`end_marked`). A
+    view released through itself is skipped (silent, as leaving ``with
+    lane.acquire(key)``)."""
+    got = taken[-1]
+    if type(got) is int:
+        if got > 0:
+            taken[-1] = -got  # marked released
+            core.release(key, got)
+        else:
+            end_marked(core, key, -got)
+    else:
+        token = got._token
+        if token > 0:
+            got._token = -token
+            core.release(key, token)
+        else:
+            end_marked(core, key, -token)
+    taken.pop()
 
 
 def _report_release_error(key: str, error: BaseException, block_error: BaseException) -> None:
@@ -322,9 +346,13 @@ class _MultiDropWatch:
         except AttributeError:  # interrupted while being made: it never held anything
             return
         if taken:
-            steps = self._plan.steps
-            dropped = [(i, got) for i, got in enumerate(taken) if type(got) is int]
-            for i, got in dropped:  # (a viewed token is its view's: it has its own finalizer)
+            steps, key = self._plan.steps, self._key
+            # Each token still held: one not released yet, or one marked released whose
+            # release an interrupt stopped before the core's commit (see end_marked).
+            # A viewed token is its view's, which has its own finalizer.
+            dropped = [(i, abs(got)) for i, got in enumerate(taken) if type(got) is int
+                       and (got > 0 or cast(Core, steps[i][1]).owns(key, -got))]
+            for i, got in dropped:
                 drop_hold(steps[i][0], self._key, got)
             self._taken = []  # type: ignore[misc]  # ended: see drop_hold
             for i, got in dropped:
