@@ -124,8 +124,9 @@ right before the core releases it; an interrupt between the two leaves that one 
 held in the core, and nothing else: ``manual_release`` ends it, and so does the hold's
 finalizer when the hold is dropped (:func:`end_marked`: the core still holding a token
 marked released means its release never ran; tokens are never reused). An
-``acquire_all`` marks each token in its list the same way, and drops it from the list
-only once released.
+``acquire_all`` records that a release pass began (``MULTI_LEAVING``), and empties its
+list only once every token in it is released: after an interrupt, a second pass
+(``release()``) and the finalizer end only the tokens the cores still hold.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
 operations (C18). The thread holds run the two commonest steps of their core themselves
 (:class:`SessionHoldSteps`, :class:`CountingHoldSteps`, in this module and under its
@@ -635,12 +636,17 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+#: The stages of an ``acquire_all`` (``MultiHold._stage``): made, entered, and a release
+#: pass begun (see "Interrupts": a later pass releases only what the cores still hold).
+MULTI_MADE, MULTI_ENTERED, MULTI_LEAVING = 0, 1, 2
+
+
 def end_marked(core: Core, key: str, token: int) -> None:
-    """End the hold ``token`` of ``key`` that a release marked released (a hold's token
-    negated, or an ``acquire_all`` token negated in its list) and may not have released:
-    an interrupt can stop a release between its mark and the core's commit. The core
+    """End the hold ``token`` of ``key`` whose release may not have run: a hold marked
+    released (its token negated) before an interrupt stopped its release, or a token
+    still listed by an ``acquire_all`` whose release pass an interrupt stopped. The core
     still holding ``token`` (no other hold ever has it: tokens are never reused) means
-    it did not: released now. Else nothing (0: never granted)."""
+    the release did not run: released now. Else nothing (0: never granted)."""
     if token and core.owns(key, token):
         core.release(key, token)
 
@@ -1139,18 +1145,18 @@ class MultiHoldSteps:
     _plan: Any
     _taken: list[Any]
     _budget_s: float | None
-    _entered: bool
+    _stage: int
     _take_rest: Callable[[Any], Any]
     _release_all: Callable[[BaseException | None], None]
     _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
     release: Callable[[], None]
 
     def __enter__(self) -> Any:
-        if self._entered:
+        if self._stage:
             raise RuntimeError(
                 "this acquire_all(...) was entered already (single use, even after a "
                 "timeout); call acquire_all again")
-        self._entered = True  # type: ignore[misc]  # (a slot of MultiHold, the host)
+        self._stage = MULTI_ENTERED  # type: ignore[misc]  # (a slot of MultiHold, the host)
         taken = self._taken
         cores = self._plan.cores
         if cores is None or self._budget_s == 0.0:  # (a float or None: a float compare)
@@ -1205,21 +1211,20 @@ class MultiHoldSteps:
             self.__class__ = self._ended_class  # ended: no finalizer from here on
             return
         key = self._key
-        while taken:  # last taken first; each one marked released, released, then popped
-            token = taken[-1]
-            core = cores[len(taken) - 1]
-            if token.__class__ is int:
-                if token > 0:
-                    taken[-1] = -token  # marked released (see _MultiDropWatch)
-                else:  # marked by an exit an interrupt stopped: ended unless done
+        if self._stage == MULTI_LEAVING:  # a pass after one an interrupt stopped: the
+            self._release_all(exc)  # general loop releases what the cores still hold
+            self.__class__ = self._ended_class
+            return
+        self._stage = MULTI_LEAVING  # type: ignore[misc]
+        n = len(taken)
+        while n:  # last taken first; the list is emptied once all are released
+            n -= 1
+            token = taken[n]
+            core = cores[n]
+            if token.__class__ is not int:  # viewed as a hold: ended here unless released
+                view, token = token, token._token  # through it (silent, as a hold is)
+                if token <= 0:  # (or marked by an exit an interrupt stopped: end_marked)
                     end_marked(core, key, -token)
-                    taken.pop()
-                    continue
-            else:  # viewed as a hold: ended here unless released through it (silently,
-                view, token = token, token._token  # as a hold is), marked in the view
-                if token <= 0:
-                    end_marked(core, key, -token)
-                    taken.pop()
                     continue
                 view._token = -token
             lock = core._lock
@@ -1264,7 +1269,7 @@ class MultiHoldSteps:
                     pass
             if token:
                 core.release(key, token)
-            taken.pop()
+        taken.clear()
         self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 

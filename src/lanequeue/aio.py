@@ -42,7 +42,7 @@ from threading import get_ident
 from types import TracebackType
 from typing import Any, Literal, cast
 
-from ._core import Core, CountingCore, Waiter, ended_error
+from ._core import MULTI_ENTERED, MULTI_LEAVING, Core, CountingCore, Waiter, ended_error
 from ._errors import LaneTimeoutError
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -762,12 +762,12 @@ class _AsyncMultiAcquire(MultiHold):
                     lane._bind_loop()
 
     async def __aenter__(self) -> MultiHold:
-        if self._entered:
+        if self._stage:
             raise RuntimeError(
                 "this acquire_all(...) was entered already (single use, even after a "
                 "timeout); call acquire_all again")
         self._check_loops()
-        self._entered = True
+        self._stage = MULTI_ENTERED
         plan = self._plan
         cores = plan.cores
         budget = self._budget_s
@@ -836,8 +836,11 @@ class _AsyncMultiAcquire(MultiHold):
         else:
             # In-process lanes only (the exit runs in the task that entered: on their loop).
             key = self._key
+            # A pass after one an interrupt stopped releases only what the cores hold.
+            again = self._stage == MULTI_LEAVING
+            self._stage = MULTI_LEAVING
             while taken:  # last taken first
-                end_last(taken, cores[len(taken) - 1], key)
+                end_last(taken, cores[len(taken) - 1], key, again)
         self.__class__ = _AsyncMultiAcquire  # ended: no finalizer from here on (_DropWatch)
 
     @must_await

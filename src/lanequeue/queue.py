@@ -22,7 +22,15 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
-from ._core import Clock, Core, CountingCore, MultiHoldSteps, end_marked
+from ._core import (
+    MULTI_LEAVING,
+    MULTI_MADE,
+    Clock,
+    Core,
+    CountingCore,
+    MultiHoldSteps,
+    end_marked,
+)
 from ._errors import LaneTimeoutError, shown
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -110,19 +118,20 @@ class MultiHold:
     :mod:`lanequeue._core`).
     """
 
-    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_entered")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_stage")
 
     # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
     # _taken: per step taken so far, its token (in-process core) or its Hold (others);
     # _priority: the priority its waits on in-process counting lanes have (checked);
-    # _entered: True from the first __enter__ on (single use, as a hold).
+    # _stage: MULTI_MADE, MULTI_ENTERED from the first __enter__ on (single use, as a
+    # hold), MULTI_LEAVING once a release pass began (see lanequeue._core.end_marked).
     _key: str
     _plan: Plan
     _taken: list[Any]
     _budget_s: float | None
     _priority: int
-    _entered: bool
+    _stage: int
 
     def _rank_for(self, core: Core) -> int:
         """The priority of a wait on ``core``: the call's on a counting lane, else 0 (a
@@ -222,6 +231,9 @@ class MultiHold:
         """
         key, steps, taken = self._key, self._plan.steps, self._taken
         error: BaseException | None = None
+        # A pass after one an interrupt stopped releases only what the cores still hold.
+        again = self._stage == MULTI_LEAVING
+        self._stage = MULTI_LEAVING
         failed_at = -1  # where an in-process release raised (tried again once, see below)
         while taken:
             got = taken[-1]
@@ -229,7 +241,7 @@ class MultiHold:
             core = steps[n - 1][1]
             try:
                 if core is not None:  # an in-process lane: its token, or a view of it
-                    end_last(taken, core, key)
+                    end_last(taken, core, key, again or failed_at == n)
                     continue
                 taken.pop()
                 if got.held:  # a lane's own hold (Redis, foreign)
@@ -239,9 +251,9 @@ class MultiHold:
                     error = error or failed
             except BaseException as exc:
                 error = error or exc
-                # An in-process release stopped (an interrupt) before its pop stays last,
-                # marked or not: the next turn ends it unless its release was done. Once:
-                # stopped again there, it is left to the core's views and manual_release.
+                # An in-process release stopped (an interrupt) before its pop stays last:
+                # the next turn ends it unless its release was done. Once: stopped again
+                # there, it is left to the core's views and manual_release.
                 if len(taken) == n and core is not None:
                     if failed_at == n:
                         taken.pop()
@@ -255,21 +267,19 @@ class MultiHold:
         return f"<MultiHold key={shown(self._key)} {self.holds!r}>"
 
 
-def end_last(taken: list[Any], core: Core, key: str) -> None:
-    """Leaving ``acquire_all``: end the in-process hold last in ``taken`` (its token, or a
-    view of it), then drop it from the list. The token is marked released first (negated
-    in the list, or in the view), then released, then popped: an interrupt between two
-    steps leaves it in the list, marked or not, and a second release or the finalizer
-    (:class:`_MultiDropWatch`) ends it if the core still has it (:func:`end_marked`). A
-    view released through itself is skipped (silent, as leaving ``with
-    lane.acquire(key)``)."""
+def end_last(taken: list[Any], core: Core, key: str, again: bool) -> None:
+    """A release pass of ``acquire_all``: end the in-process hold last in ``taken`` (its
+    token, or a view of it), then drop it from the list. ``again``: an earlier try may
+    have released it (an interrupt stopped that pass before the token left the list):
+    then it is released only if the core still has it (:func:`end_marked`). A view is
+    marked released before its release, as a hold is; one released through itself is
+    skipped (silent, as leaving ``with lane.acquire(key)``)."""
     got = taken[-1]
     if type(got) is int:
-        if got > 0:
-            taken[-1] = -got  # marked released
-            core.release(key, got)
+        if again:
+            end_marked(core, key, got)
         else:
-            end_marked(core, key, -got)
+            core.release(key, got)
     else:
         token = got._token
         if token > 0:
@@ -346,17 +356,22 @@ class _MultiDropWatch:
         except AttributeError:  # interrupted while being made: it never held anything
             return
         if taken:
-            steps, key = self._plan.steps, self._key
-            # Each token still held: one not released yet, or one marked released whose
-            # release an interrupt stopped before the core's commit (see end_marked).
-            # A viewed token is its view's, which has its own finalizer.
-            dropped = [(i, abs(got)) for i, got in enumerate(taken) if type(got) is int
-                       and (got > 0 or cast(Core, steps[i][1]).owns(key, -got))]
-            for i, got in dropped:
-                drop_hold(steps[i][0], self._key, got)
-            self._taken = []  # type: ignore[misc]  # ended: see drop_hold
-            for i, got in dropped:
-                warn_dropped(steps[i][0], self._key, got)
+            self._drop(taken)
+
+    def _drop(self, taken: list[Any]) -> None:
+        """The finalizer's work, out of ``__del__`` (whose frame, made at every drop,
+        stays small: no cells for a comprehension)."""
+        steps, key = self._plan.steps, self._key
+        # Each token the core still has: a release pass an interrupt stopped may have
+        # released some (see end_marked). A viewed token is its view's, which has its
+        # own finalizer.
+        dropped = [(i, got) for i, got in enumerate(taken)
+                   if type(got) is int and cast(Core, steps[i][1]).owns(key, got)]
+        for i, got in dropped:
+            drop_hold(steps[i][0], key, got)
+        self._taken = []  # type: ignore[misc]  # ended: see drop_hold
+        for i, got in dropped:
+            warn_dropped(steps[i][0], key, got)
 
 
 class _MultiAcquire(MultiHoldSteps, MultiHold):
@@ -786,7 +801,7 @@ class QueueBase(Generic[L, CL, SL]):
         multi._plan = plan
         multi._taken = []
         multi._key = key
-        multi._entered = False
+        multi._stage = MULTI_MADE
         multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         multi._priority = priority if priority is _ZERO else check_priority(priority)
         return multi
