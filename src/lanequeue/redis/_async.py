@@ -17,7 +17,11 @@ the line in one script and passes on a grant that reached it; a task cancelled i
 ``async with`` releases on the way out; a task cancelled while its release script is on
 its way lets that release finish (and count) before the CancelledError propagates. That
 clean-up runs in a task of its own; the cancelled task waits for it at most
-:data:`CANCEL_WAIT_S` and then ends, the clean-up going on in the background.
+:data:`CANCEL_WAIT_S` and then ends, the clean-up going on in the background. So does a
+release that a task already cancelled begins: leaving ``async with`` by the
+cancellation, a queue's ``acquire_all`` releasing its holds then (at most
+:data:`CANCEL_WAIT_S` for them all), ``hold.release()`` or ``manual_release`` in a
+``finally`` (see :func:`_drive_cancelled`).
 
 A frozen server: every script call waits at most the client's ``socket_timeout`` (or
 :data:`~._args.CALL_WAIT_S` when it has none) for its reply, connecting included, then
@@ -30,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable
@@ -156,6 +161,40 @@ async def drive(steps: Steps[T]) -> T:
             reply, send = exc, steps.throw
 
 
+def _being_cancelled(exc: BaseException | None = None) -> bool:
+    """True when the current task is being cancelled: ``exc`` (what leaves a block) is a
+    CancelledError, or the task's count of cancellation requests is not 0 (a
+    cancellation came and was not withdrawn with ``uncancel()``); on Python 3.10, which
+    does not count them, when a CancelledError is being handled (a queue's
+    ``acquire_all`` releasing its holds as the cancellation leaves its block)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return True
+    cancelling = getattr(asyncio.current_task(), "cancelling", None)
+    if cancelling is None:  # (Python 3.10)
+        return isinstance(sys.exc_info()[1], asyncio.CancelledError)
+    return bool(cancelling() > 0)
+
+
+async def _drive_cancelled(steps: Steps[T], exc: BaseException | None = None) -> T:
+    """:func:`drive` for a task being cancelled (see :func:`_being_cancelled`): a release
+    (leaving ``async with``, ``hold.release()``, ``manual_release``) whose task was
+    cancelled before it began. No new cancellation would come to end its wait on a
+    frozen server, so it runs in a task of its own, which the caller waits for at most
+    :data:`CANCEL_WAIT_S` (a new cancellation ends that wait at once); past that the
+    caller gets a CancelledError (with the args of ``exc``, when it is one) and the
+    release goes on in the background (held in ``_CLEANUPS`` until it ends; its outcome
+    is taken there, see :func:`_cleanup_done`). Ended within the wait: its result, or
+    what it raised, as :func:`drive` gives them."""
+    task = asyncio.get_running_loop().create_task(drive(steps))
+    _CLEANUPS.add(task)
+    task.add_done_callback(_cleanup_done)
+    await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
+    if not task.done():  # the release goes on in the background
+        raise asyncio.CancelledError(
+            *(exc.args if isinstance(exc, asyncio.CancelledError) else ())) from None
+    return task.result()
+
+
 async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any,
                 keys: list[str], args: list[Any], wait: float) -> Any:
     async with slots:
@@ -207,14 +246,15 @@ class AsyncRedisHold(RedisHoldBase):
     ``lane.acquire(key)``.
 
     ``async with`` waits for the grant (LaneTimeoutError if it does not come in time) and
-    releases on the way out, also on cancellation. ``await hold.release()`` returns True
-    when it ended the hold; it raises NotOwnerError when the hold is not this
-    acquisition's (any more: never granted, released already, ended by
-    ``manual_release``), and its subclass LeaseLostError when the lease ran out (whether
-    that was known before the release was sent or learnt from the server's answer).
-    Leaving the block after an early release is silent; otherwise it raises the same
-    errors unless the block itself raised (then the release error is logged and the
-    block's exception propagates).
+    releases on the way out, also on cancellation (left by a cancellation, it waits for
+    that release at most ``CANCEL_WAIT_S``, 0.5 s; past that the release goes on in the
+    background). ``await hold.release()`` returns True when it ended the hold; it raises
+    NotOwnerError when the hold is not this acquisition's (any more: never granted,
+    released already, ended by ``manual_release``), and its subclass LeaseLostError when
+    the lease ran out (whether that was known before the release was sent or learnt
+    from the server's answer). Leaving the block after an early release is silent;
+    otherwise it raises the same errors unless the block itself raised (then the
+    release error is logged and the block's exception propagates).
     """
 
     __slots__ = ()
@@ -231,12 +271,17 @@ class AsyncRedisHold(RedisHoldBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await drive(self.lane._exit(self, exc_type is not None))
+        steps = self.lane._exit(self, exc_type is not None)
+        if _being_cancelled(exc):  # left by a cancellation: waits at most CANCEL_WAIT_S
+            await _drive_cancelled(steps, exc)
+        else:
+            await drive(steps)
 
     @must_await
     async def release(self) -> bool:  # type: ignore[override]
         """A coroutine: end this hold (see the class docstring for the result and errors)."""
-        if not await drive(self.lane._release(self)):
+        steps = self.lane._release(self)
+        if not await (_drive_cancelled(steps) if _being_cancelled() else drive(steps)):
             raise not_held(self)
         return True
 
@@ -438,8 +483,11 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     async def manual_release(self, key: str) -> bool:
         """Release THIS lane object's oldest hold of ``key`` (a coroutine). Same contract
         as the thread face: False and a warning when this object holds nothing for
-        ``key`` or its lease was lost; another client's hold is never released."""
-        return await drive(self._manual_release(key))
+        ``key`` or its lease was lost; another client's hold is never released. In a
+        task being cancelled it waits for the release at most 0.5 s (then
+        CancelledError; the release goes on in the background)."""
+        steps = self._manual_release(key)
+        return await (_drive_cancelled(steps) if _being_cancelled() else drive(steps))
 
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:

@@ -83,12 +83,18 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         owner = hold.owner
         key = hold.key
         per_key = self._ops_per_key
-        with self._lock:
-            n = per_key.get(key, 0)
-            per_key[key] = n + 1
-            w = self._ops_waiters[owner] = _Waiter(key, time.monotonic(), n)
+        w = _Waiter(key, time.monotonic(), 0)
         granted = failed = False
         try:
+            # Registered inside the try, in one commit (plain stores after the last
+            # call), and unregistered only if registered: an interrupt anywhere leaves
+            # no waiter behind (``_idle`` would never be true again).
+            with self._lock:
+                n = per_key.get(key, 0)
+                # -- commit: plain stores --
+                w.ahead = n
+                per_key[key] = n + 1
+                self._ops_waiters[owner] = w
             granted = yield from super()._take(hold, timeout, kept)
             if granted and w.end is not None:
                 # Cleared or drained while its grant was on its way: it ends as told,
@@ -106,12 +112,13 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         finally:
             now = time.monotonic()
             with self._lock:
-                del self._ops_waiters[owner]
-                n = per_key[key] - 1
-                if n:
-                    per_key[key] = n
-                else:
-                    del per_key[key]
+                if owner in self._ops_waiters:  # (owner ids are unique: it is w)
+                    del self._ops_waiters[owner]
+                    n = per_key[key] - 1
+                    if n:
+                        per_key[key] = n
+                    else:
+                        del per_key[key]
                 if granted and not w.in_line:
                     self._wait_zeros += 1
                 elif w.in_line or (not failed and timeout != 0):
@@ -160,13 +167,14 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         """Wake ``owner``'s bounded wait now (the face's)."""
         ...
 
-    def _release_result(self, hold: H, ok: bool) -> bool:
+    def _hold_released(self, hold: H) -> None:
+        """Observe the time of a hold its release freed (once per hold, after its count;
+        when ``track_holds()`` was called)."""
         hist = self._hold_hist
-        if ok and hist is not None:
+        if hist is not None:
             held = time.monotonic() - hold._since
             with self._lock:
                 hist.observe(held)
-        return super()._release_result(hold, ok)
 
     # -- the LaneOps interface -------------------------------------------------------------
 

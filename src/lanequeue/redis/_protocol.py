@@ -495,14 +495,20 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._n_live -= 1
                 self._to_release.append((entry.owner, entry.token, entry.key))
 
-    def _unlink(self, hold: H) -> None:
-        """Lock held: drop ``hold`` from the registry and mark it ENDED. The one call
-        (``len``) comes before the stores and the list's ``remove``, a builtin, last, so
-        an interrupt leaves the hold either as it was or fully unlinked."""
+    def _unlink(self, hold: H, freed: bool) -> None:
+        """Lock held: drop ``hold`` from the registry, mark it ENDED and count its release
+        (``freed``: in ``released``, else in ``unmatched_releases``), as one commit. The
+        one call (``len``) comes before the stores and the list's ``remove``, a builtin,
+        last, so an interrupt leaves the hold either as it was (a holder, uncounted) or
+        fully unlinked and counted once."""
         entry = hold._entry
         entries = self._holds[hold.key]
         last = len(entries) == 1
         # -- commit: plain stores, then one last builtin --
+        if freed:
+            self.released += 1
+        else:
+            self.unmatched += 1
         hold._state = ENDED
         hold._entry = None
         if entry.live:
@@ -576,29 +582,10 @@ class RedisLaneBase(ABC, Generic[H]):
             f"the key may belong to another holder; nothing was released"
         )
 
-    def _release_result(self, hold: H, ok: bool) -> bool:
-        """Account for the reply of a release script. A refusal means the server no longer
-        has this hold (its lease ran out, or it was taken over): the hold is marked lost
-        and :class:`~lanequeue.LeaseLostError` is raised, as when the loss was known
-        before the release was sent."""
-        if ok:
-            with self._lock:
-                self.released += 1
-            return True
-        with self._lock:
-            self.unmatched += 1
-        self._notice_lost(hold)
-        raise self._lost_error(hold)
-
-    def _lost_release(self, hold: H, freed: bool) -> bool:
-        """Release of a hold known lost before its release was answered: LeaseLostError;
-        counted released if the server still had it (``freed``), else unmatched."""
-        with self._lock:
-            if freed:
-                self.released += 1
-            else:
-                self.unmatched += 1
-        raise self._lost_error(hold)
+    def _hold_released(self, hold: H) -> None:
+        """``hold``, not known lost when its release was sent, was freed by it and counted
+        in ``released`` by this release: a hook (the operations layer observes the hold's
+        time), called once per such hold, after the count."""
 
     def _notice_lost(self, hold: H) -> None:
         """Mark ``hold`` lost (once) and call ``on_lease_lost``."""
@@ -792,12 +779,20 @@ class RedisLaneBase(ABC, Generic[H]):
             if not wait:
                 self._count_outcome(rejected=True)
                 return False
-            in_line = True
-            self._wait_delta(1)
+            with self._lock:
+                # -- commit: plain stores -- counted in ``waiting`` and flagged for the
+                # uncount below together: an interrupt lands before both or after both
+                # (a flag set before a call that counts would let the finally uncount a
+                # waiter never counted, and ``waiting`` would stay negative).
+                self._waiting += 1
+                in_line = True
+            # Flagged first: forgetting an owner never expected is harmless, while an
+            # expectation registered unflagged would never be forgotten (and would count
+            # as a waiter of this process for ever, see _poll_plan).
+            expecting = True
             # A wake-up that came before this (the key was handed to us right after our
             # first script) was kept by the listener for us.
             self._expect(owner)
-            expecting = True
             wake = value
             lateness = self._wk().lateness
             # Set once a poll (an acquire re-run while in line) answered "not granted":
@@ -884,7 +879,8 @@ class RedisLaneBase(ABC, Generic[H]):
             raise
         finally:
             if in_line:
-                self._wait_delta(-1)
+                with self._lock:
+                    self._waiting -= 1
             if turn is not None:
                 self._turn_done(key, turn)
             if expecting:
@@ -982,11 +978,23 @@ class RedisLaneBase(ABC, Generic[H]):
         not an ``Exception``) before the answer, the hold goes back to HELD: still
         renewed, shown by ``get_active()`` and ended by ``manual_release(key)`` or
         ``hold.release()``, as an interrupted in-process release leaves it (if the
-        script had run, the next renewal finds the hold gone and drops it)."""
-        counted = False
-        interrupted = False
+        script had run, the next renewal finds the hold gone and drops it).
+
+        The answer is kept as a plain store the moment it is known; the hold then leaves
+        the registry and is counted (``released`` if the script freed it, else
+        ``unmatched_releases``: not ours any more, or no answer) in one commit under the
+        lock (:meth:`_unlink`), so an interrupt anywhere never ends a hold uncounted nor
+        counts one still held. A refusal (the server no longer has the hold: its lease
+        ran out, or it was taken over) marks the hold lost, and every release of a hold
+        that is lost raises :class:`~lanequeue.LeaseLostError`, after that commit."""
+        # The script's answer: True (freed), False (not ours, or no answer to a release
+        # of a hold known lost), None (none yet).
+        freed: bool | None = None
+        was_lost = interrupted = False
+        committed = False  # counted released here (see _hold_released)
         try:
-            if hold.lost:
+            was_lost = hold.lost
+            if was_lost:
                 self._notice_lost(hold)
                 # Lost by our own clock or presence, the server may still have it (the
                 # release script checks the owner): free the key now rather than after
@@ -997,24 +1005,31 @@ class RedisLaneBase(ABC, Generic[H]):
                     freed = flag_reply(reply) == 1
                 except LaneBackendError:
                     freed = False
-                counted = True
-                return self._lost_release(hold, freed)
-            reply = yield from self._script("release", hold.key, self._release_call(hold))
-            counted = True
-            return self._release_result(hold, flag_reply(reply) == 1)
+            else:
+                reply = yield from self._script("release", hold.key,
+                                                self._release_call(hold))
+                freed = flag_reply(reply) == 1
         except BaseException as exc:
             interrupted = not isinstance(exc, Exception)
             raise
         finally:
             with self._lock:
-                # (Not ours any more: a later release took it over, see _detach.)
+                # (Not ours any more: a later release took it over, see _detach; that
+                # one counts it.)
                 if hold._state == RELEASING and hold._releaser is me:
-                    if interrupted and not counted:
+                    if interrupted and freed is None:
                         hold._state = HELD  # maybe still held: kept, as in process
                     else:
-                        if not counted:  # no answer (LaneBackendError): the lease lapses
-                            self.unmatched += 1
-                        self._unlink(hold)
+                        # No answer (LaneBackendError): unmatched, the lease lapses.
+                        self._unlink(hold, freed is True)
+                        committed = freed is True
+        if was_lost or not freed:
+            if not was_lost:
+                self._notice_lost(hold)  # refused: the server no longer has it
+            raise self._lost_error(hold)
+        if committed:
+            self._hold_released(hold)
+        return True
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
@@ -1307,10 +1322,6 @@ class RedisLaneBase(ABC, Generic[H]):
                 self.timeouts += 1
             elif cancelled:
                 self.cancelled += 1
-
-    def _wait_delta(self, d: int) -> None:
-        with self._lock:
-            self._waiting += d
 
     def _limits(self) -> dict[str, Any]:
         return {}
