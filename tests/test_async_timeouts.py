@@ -273,6 +273,45 @@ def test_deadlines_of_mixed_timeouts_each_come_on_time(kind: str) -> None:
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", LANE_KINDS)
+def test_a_deadline_due_but_not_yet_served_is_not_pushed_back_by_a_later_wait(
+    kind: str,
+) -> None:
+    """The lane's timer is due (the loop was busy past a wait's deadline) but has not
+    run yet when a wait with a later deadline joins: the timer it arms must still come
+    at the due deadline. It once came at the NEW wait's deadline (the due timer was
+    cancelled), so a loaded loop let 10 ms waits run on for the length of 1 s ones and
+    end granted, with no timeout counted for a whole run."""
+    loop = FakeClockLoop()
+    try:
+        lane = make_lane(kind, timeout_s=None, warn_after_s=None)
+        ended: dict[str, float] = {}
+
+        async def hold(key: str) -> None:
+            if kind == "session" or key == "a":
+                assert lane.try_acquire_nowait(key)
+
+        async def wait(name: str, key: str, timeout: float) -> None:
+            got = await lane.acquire_timeout(key, timeout)
+            ended[name] = loop.time() - 1000.0 if not got else -1.0
+
+        for key in ("a", "b"):
+            loop.run_until_complete(hold(key))
+        loop.create_task(wait("short", "a", 5.0))
+        loop.settle()
+        loop.fake_now += 6.0  # past its deadline, its timer due but not run yet:
+        loop.create_task(wait("long", "b", 100.0))  # this joins first, in one iteration
+        loop.settle()
+        loop.advance(0.0)  # the next iterations: the timers due now run
+        assert ended == {"short": 6.0}, "the due deadline was pushed back"
+        loop.advance(100.0)
+        assert ended == {"short": 6.0, "long": 106.0}
+        assert lane.stats.timeouts == 2 and lane.waiting == 0
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(10)
 def test_deadlines_of_granted_waits_do_not_pile_up() -> None:
     """Waits granted long before their deadline leave dead entries in the lane's
     deadline heap; they are swept once they outnumber the waiters, so the heap stays

@@ -162,11 +162,16 @@ class _Deadlines:
         old one is cancelled, and before the entry it is for is pushed: an interrupt
         between two steps leaves an extra timer (a spare :meth:`fire` changes nothing),
         never none; and a wait whose :meth:`add` was interrupted is withdrawn by its
-        task's handler anyway. An armed time already past means the timer ran (or runs
-        in this very pass of the loop): if :meth:`fire` was interrupted at its entry,
-        before its first statement, nothing re-armed it, so a time past is re-armed too
-        (the next timed wait of the lane serves the deadlines that came meanwhile)."""
+        task's handler anyway. An armed time already past means the timer ran, or is
+        due and not run yet (the loop was busy past it), or that :meth:`fire` was
+        interrupted at its entry, before its first statement, so that nothing re-armed
+        it: it is re-armed then too, for the earliest deadline in the heap when that
+        comes before ``when`` (the deadlines due meanwhile are served at once, never
+        pushed back to a later wait's)."""
         if when < self.armed or self.armed <= self.loop.time():
+            heap = self.heap
+            if heap and heap[0][0] < when:
+                when = heap[0][0]
             old = self.timer
             self.timer = self.loop.call_at(when, self.fire)
             self.armed = when
