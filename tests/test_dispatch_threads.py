@@ -4,6 +4,7 @@ timeouts); every wait is bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import gc
 import random
@@ -90,6 +91,64 @@ def test_interrupt_keeps_the_lanes_until_the_thread_returns() -> None:
     finally:
         may_return.set()
         d.close()
+
+
+@pytest.mark.timeout(30)
+def test_timeout_zero_runs_on_an_idle_key_and_never_waits() -> None:
+    """``timeout_s=0`` is "start now or not at all", as on the lanes, on both
+    dispatchers: a turn for an idle key with free lanes runs (the thread dispatcher
+    once timed out 20 of 20: its start timer, due at once, won the race with the
+    runner); one that would wait, behind its key's turn or for a full lane, ends
+    ``timed_out`` ("start timeout") at once, its function never called."""
+    gates = Gates()
+    d = ThreadDispatcher(lanes(global_cap=2))
+    try:
+        for i in range(20):
+            assert d.submit(f"idle-{i}", str, i, timeout_s=0).result(WAIT) == str(i)
+        running = d.submit("busy", gates.turn, "busy")
+        assert gates.started["busy"].wait(WAIT)
+        behind = d.submit("busy", gates.turn, "never", timeout_s=0)
+        assert behind.state == "timed_out" and behind.reason == "start timeout"
+        other = d.submit("other", gates.turn, "other")  # the global lane is now full
+        assert gates.started["other"].wait(WAIT)
+        full = d.submit("third", gates.turn, "never", timeout_s=0)
+        with pytest.raises(TurnTimedOutError):
+            full.result(WAIT)
+        assert full.reason == "start timeout"
+        gates.go["busy"].set()
+        gates.go["other"].set()
+        assert running.result(WAIT) == "r:busy" and other.result(WAIT) == "r:other"
+        assert "never" not in gates.order
+    finally:
+        d.close()
+
+    async def main() -> None:
+        q = AsyncLaneQueue()
+        q.add_session_lane("session")
+        q.add_lane("global", max_concurrent=2)
+        ad = Dispatcher(q)
+        go = asyncio.Event()
+
+        async def hold() -> str:
+            await go.wait()
+            return "held"
+
+        async def never() -> str:
+            raise AssertionError("a turn that may not wait ran")
+
+        async def ok() -> str:
+            return "ran"
+
+        assert await ad.submit("idle", ok, timeout_s=0) == "ran"
+        first = ad.submit("busy", hold)
+        await asyncio.sleep(0.01)
+        behind = ad.submit("busy", never, timeout_s=0)
+        assert behind.state == "timed_out" and behind.reason == "start timeout"
+        go.set()
+        assert await first == "held"
+        ad.close()
+
+    asyncio.run(main())
 
 
 def test_steer_in_threads() -> None:

@@ -898,7 +898,8 @@ class Machine:
                 if len(self._keys) > self._keys_high:
                     self._keys_high = len(self._keys)
             k.arrivals.append(t)
-            self._arm_deadline(t, now, fx)
+            if t.deadline is None or t.deadline > now:  # (else decided when placed)
+                self._arm_deadline(t, now, fx)
             return
         self._place(t, now, fx)
 
@@ -996,9 +997,27 @@ class Machine:
                 self._arm_deadline(t, now, fx)
                 return
         k.line.append(t)
+        if t.deadline is not None and t.deadline <= now:
+            self._now_or_never(t, k, now, fx)
+            return
         self._arm_deadline(t, now, fx)
         if k.job is None:
             self._advance(t.key, k, now, fx)
+
+    def _now_or_never(self, t: Ticket, k: _Key, now: float, fx: _Effects) -> None:
+        """A ticket in line that may not wait (``timeout_s=0``, or a deadline that passed
+        while its claim was asked): it starts only if its turn is formed and admitted now,
+        and its runner then takes the lanes without waiting (its budget is 0: lanes not
+        free end it ``timed_out``, "start timeout"). Else it ends so at once. No timer: a
+        timer due at once raced the runner, which a thread dispatcher's timer often won,
+        ending turns that would have started on an idle key (lock held)."""
+        if k.job is None:
+            self._advance(t.key, k, now, fx)
+        job = t._job
+        if job is None or job.phase != ADMITTING:
+            self._detach(t, fx)
+            self._end(t, TIMED_OUT, "start timeout", fx)
+            self._tidy(t.key, self._keys.get(t.key))
 
     def _arm_deadline(self, t: Ticket, now: float, fx: _Effects) -> None:
         """Put a pending ticket's start deadline in the heap; one face timer serves the
