@@ -74,6 +74,8 @@ BAD_CONSTRUCTOR = [
     ({"dedupe_redis": object()}, TypeError, "dedupe_redis"),
     ({"dedupe_redis": redis.asyncio.Redis()}, TypeError, "dedupe_redis"),  # (not used)
     ({"dedupe_redis": object(), "dedupe_ttl_s": None}, ValueError, "dedupe_ttl_s"),
+    ({"dedupe_redis": redis.Redis(), "dedupe_ttl_s": 1e10}, ValueError, "dedupe_ttl_s"),
+    ({"dedupe_redis": redis.Redis(), "dedupe_ttl_s": 0}, ValueError, "dedupe_ttl_s"),
     ({"dedupe_redis": redis.Redis(), "dedupe_prefix": ""}, ValueError, "dedupe_prefix"),
     ({"max_pending": math.inf}, TypeError, "max_pending"),
     ({"max_pending": -1}, ValueError, "max_pending"),
@@ -91,6 +93,17 @@ BAD_CONSTRUCTOR = [
     ({"lanes": ["nope"]}, KeyError, "lanes"),
     ({"lanes": "session"}, TypeError, "lanes"),
 ]
+
+
+@pytest.mark.parametrize("make", FACES)
+@pytest.mark.parametrize("ttl", [1e10, 0, None, math.inf])
+def test_a_shared_dedupe_window_names_the_range_of_its_ttl(make: Any, ttl: Any) -> None:
+    """With ``dedupe_redis`` the TTL has no "no limit" and a bound: the message says so
+    and shows the value given (1e10 is finite and > 0; it was refused as if it were
+    not)."""
+    with pytest.raises(ValueError, match=r"'dedupe_ttl_s' must be > 0 and at most "
+                       r"\d+ seconds .*with dedupe_redis.* got (1e\+?10|1000|0|None|inf)"):
+        make({"dedupe_redis": redis.Redis(), "dedupe_ttl_s": ttl})
 
 
 @pytest.mark.parametrize("make", FACES)

@@ -8,6 +8,7 @@ park hook (a waiter is in line when it parks) and moves the clock by hand.
 
 from __future__ import annotations
 
+import sys
 import threading
 from bisect import bisect_left
 from typing import Any
@@ -454,3 +455,20 @@ def test_fold_of_a_batch_within_one_bucket() -> None:
         assert batch.counts == one.counts and batch.sum == pytest.approx(one.sum)
         assert sum(1 for n in batch.counts if n) == len({bisect_left(HOLD_BUCKETS, v)
                                                          for v in values})
+
+
+@pytest.mark.parametrize(
+    ("module", "extra", "make"),
+    [
+        ("prometheus_client", "prometheus", lambda lane: PrometheusCollector(lane)),
+        ("opentelemetry.metrics", "otel", lambda lane: instrument_otel(lane)),
+    ],
+)
+def test_an_exporter_without_its_extra_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, module: str, extra: str, make: Any
+) -> None:
+    """Without its library, an exporter's ImportError says which extra installs it (it
+    was a bare ModuleNotFoundError), as the command line's does."""
+    monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
+    with pytest.raises(ImportError, match=rf"pip install 'lanequeue\[{extra}\]'"):
+        make(Lane("g"))

@@ -228,7 +228,8 @@ class AsyncHold(Hold):
 
     async def __aenter__(self) -> AsyncHold:
         if self._token:
-            raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
+            raise RuntimeError("this hold was already entered (a hold is single use, even after "
+                               "it ended); call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
         fast = lane._fast_loop  # lane._bind(), without its frame
         if fast is None or fast._thread_id != get_ident():

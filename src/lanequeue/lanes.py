@@ -96,7 +96,8 @@ class ThreadHold(Hold):
 
     def __enter__(self) -> ThreadHold:
         if self._token:
-            raise RuntimeError("this hold is already entered; call lane.acquire(key) again")
+            raise RuntimeError("this hold was already entered (a hold is single use, even after "
+                               "it ended); call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
         token = lane._core.take(key, timeout != 0)
         if not token:

@@ -78,6 +78,18 @@ _WAIT_HELP = ("Wait of each acquisition in seconds (0 for an immediate grant); r
 _HOLD_HELP = "Hold times in seconds, observed at release."
 
 
+def _need(module: str, extra: str, user: str) -> None:
+    """Import ``module`` for ``user``; ImportError naming the extra that installs it."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(
+            f"{user} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'lanequeue[{extra}]'") from exc
+
+
 def lane_sources(target: Any, name: str = "target") -> list[Any]:
     """The lanes behind ``target``: ``[target]`` for a lane, every lane with
     ``metrics_snapshot`` for a queue (in registration order). Raises TypeError for
@@ -143,7 +155,8 @@ class PrometheusCollector:
     removes it.
 
     Raises:
-        ImportError: prometheus_client is not installed.
+        ImportError: prometheus_client is not installed (the message names the extra,
+            ``lanequeue[prometheus]``).
         TypeError: ``target`` is neither a lane nor a queue; ``registry`` is not a
             registry (has no ``register``/``unregister``) nor None; ``hold_times`` is
             not a bool.
@@ -166,6 +179,7 @@ class PrometheusCollector:
     """
 
     def __init__(self, target: Any, *, registry: Any = None, hold_times: bool = True) -> None:
+        _need("prometheus_client", "prometheus", "PrometheusCollector")
         from prometheus_client import REGISTRY
 
         where = f"{type(self).__name__}() argument"
@@ -264,10 +278,12 @@ def instrument_otel(
         the instruments created.
 
     Raises:
-        ImportError: opentelemetry-api is not installed.
+        ImportError: opentelemetry-api is not installed (the message names the extra,
+            ``lanequeue[otel]``).
         TypeError: ``target`` is neither a lane nor a queue; ``hold_times`` is not a
             bool.
     """
+    _need("opentelemetry.metrics", "otel", "instrument_otel")
     from opentelemetry import metrics as otel
     from opentelemetry.metrics import CallbackOptions, Observation
 

@@ -22,6 +22,7 @@ from .._validate import (
     check_timeout,
     check_utf8,
     own_signatures,
+    shown_number,
 )
 from ._machine import (
     BUSY_POLICIES,
@@ -151,9 +152,12 @@ class DispatcherBase:
         if dedupe_redis is not None:
             from ._redis import RedisDedupeWindow
 
-            if not ttl_s:
-                raise ValueError(f"{where} 'dedupe_ttl_s' must be finite and > 0 with "
-                                 "dedupe_redis (a shared dedupe window)")
+            if not ttl_s:  # 0, or None (no limit: None, inf, or past TIMEOUT_MAX)
+                raise ValueError(
+                    f"{where} 'dedupe_ttl_s' must be > 0 and at most {TIMEOUT_MAX:.0f} "
+                    "seconds (threading.TIMEOUT_MAX) with dedupe_redis: a shared dedupe "
+                    "window keeps each id in Redis for that long, so it has no 'no limit'; "
+                    f"got {shown_number(dedupe_ttl_s)}")
             window = RedisDedupeWindow(dedupe_redis, dedupe_prefix, ttl_s, where)
         self._machine = Machine(
             self,

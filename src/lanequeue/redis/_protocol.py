@@ -1034,7 +1034,8 @@ class RedisLaneBase(ABC, Generic[H]):
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
         if hold._state != PENDING:
-            raise RuntimeError("this hold was already entered; call lane.acquire(key) again")
+            raise RuntimeError("this hold was already entered (a hold is single use, even after "
+                               "it ended); call lane.acquire(key) again")
         if not (yield from self._take(hold, hold._timeout_s)):
             raise LaneTimeoutError(self.name, hold.key, hold._timeout_s, type(self).__name__)
 
