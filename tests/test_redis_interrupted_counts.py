@@ -158,7 +158,7 @@ def test_an_interrupt_at_any_point_of_a_release_counts_the_hold_once(
             break  # this run had fewer points: every point was tried
         fired.append(inject.fired)
         if "k" in lane.get_active() or hold._state in (HELD, RELEASING):
-            lane.manual_release("k")  # (False when the script had run: counted unmatched)
+            lane.manual_release("k")  # (False when the script had run: counted released)
         st = lane.stats
         if st.holders or (bad := _counted_once(lane)) is not None:
             wrong.append(f"after {inject.fired} and manual_release: {st!r}")

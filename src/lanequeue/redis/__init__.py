@@ -207,7 +207,9 @@ holds in a zset instead of one holder)::
 - Lease lost. When a renewal finds the hold gone, or the holder's deadline passes without
   a confirmed renewal, the hold is marked lost and ``on_lease_lost(hold)`` is called
   once. Its release then raises :class:`~lanequeue.LeaseLostError` (``manual_release``
-  returns False and logs).
+  returns False and logs). Not lost: a hold gone after its release was sent and an
+  interrupt stopped that release before the answer (the script ran): counted released,
+  with a warning, unless its own deadline had passed.
 - Dropped holds. The registry refers weakly to the holds a caller owns (``with
   lane.acquire(key)``, ``acquire_all``): a hold garbage-collected without a release is
   no longer renewed, the lane object's renewer releases it at its next round (within

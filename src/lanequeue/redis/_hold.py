@@ -42,7 +42,7 @@ class RedisHoldBase(Hold):
 
     __slots__ = (
         "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
-        "_pid", "_presence", "_releaser", "__weakref__",
+        "_pid", "_presence", "_releaser", "_sent", "__weakref__",
     )
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
@@ -53,6 +53,11 @@ class RedisHoldBase(Hold):
         # the release; a release interrupted before its end leaves the hold RELEASING,
         # and a later release of it takes it over (see RedisLaneBase._detach).
         self._releaser: object = None
+        # A release script of this hold was sent and an interrupt stopped the release
+        # before its answer was known: the server may have run it, so a later release or
+        # renewal that finds the hold gone finds it released by us, not lost (unless its
+        # own deadline had passed).
+        self._sent = False
         self._lost = False
         self._since = 0.0  # monotonic time the grant was asked for
         # The holder's own deadline (monotonic): the lease counted from BEFORE the request

@@ -582,10 +582,36 @@ class RedisLaneBase(ABC, Generic[H]):
             f"the key may belong to another holder; nothing was released"
         )
 
+    def _freed_error(self, hold: RedisHoldBase) -> NotOwnerError:
+        """The error of releasing a hold that the release an interrupt stopped had
+        released after all (its script ran; its answer never came)."""
+        return NotOwnerError(
+            f"lane {self.name!r}: the hold of key {shown(hold.key)} (fencing token "
+            f"{hold.token}) was released already, by its release that an interrupt "
+            f"stopped before the answer; nothing more was released"
+        )
+
+    def _freed_by_stopped_release(self, hold: H) -> None:
+        """The renewer found gone a HELD hold whose release was sent and stopped before
+        its answer, its own deadline not passed: that release freed it. Counted in
+        ``released`` and ended, with a warning; not a lost lease."""
+        with self._lock:
+            if hold._state != HELD or hold._lost:
+                return  # (a release took it over meanwhile: its answer decides)
+            self._unlink(hold, True)
+        log.warning(
+            "lane %r: the hold of key %s (fencing token %d) was released by its release "
+            "that an interrupt stopped before the answer; it is ended here, and "
+            "manual_release(key) has nothing left to release", self.name,
+            shown(hold.key), hold.token,
+        )
+        self._hold_released(hold)
+
     def _hold_released(self, hold: H) -> None:
-        """``hold``, not known lost when its release was sent, was freed by it and counted
-        in ``released`` by this release: a hook (the operations layer observes the hold's
-        time), called once per such hold, after the count."""
+        """``hold``, not known lost when its release was sent, was freed by it (or by its
+        release that an interrupt stopped) and counted in ``released``: a hook (the
+        operations layer observes the hold's time), called once per such hold, after the
+        count."""
 
     def _notice_lost(self, hold: H) -> None:
         """Mark ``hold`` lost (once) and call ``on_lease_lost``."""
@@ -977,8 +1003,11 @@ class RedisLaneBase(ABC, Generic[H]):
         ``lease_s``). Stopped by an interrupt (KeyboardInterrupt, any exception that is
         not an ``Exception``) before the answer, the hold goes back to HELD: still
         renewed, shown by ``get_active()`` and ended by ``manual_release(key)`` or
-        ``hold.release()``, as an interrupted in-process release leaves it (if the
-        script had run, the next renewal finds the hold gone and drops it).
+        ``hold.release()``, as an interrupted in-process release leaves it. If the
+        script had run, the release that ends it, or the renewal that first finds it
+        gone, counts it in ``released`` (its own release freed it: not a lost lease,
+        unless its own deadline had passed); that release raises NotOwnerError
+        (``manual_release`` returns False, with a warning).
 
         The answer is kept as a plain store the moment it is known; the hold then leaves
         the registry and is counted (``released`` if the script freed it, else
@@ -990,10 +1019,11 @@ class RedisLaneBase(ABC, Generic[H]):
         # The script's answer: True (freed), False (not ours, or no answer to a release
         # of a hold known lost), None (none yet).
         freed: bool | None = None
-        was_lost = interrupted = False
+        was_lost = interrupted = sent = ours = False
         committed = False  # counted released here (see _hold_released)
         try:
             was_lost = hold.lost
+            sent = hold._sent  # an earlier release of it was sent, and stopped unanswered
             if was_lost:
                 self._notice_lost(hold)
                 # Lost by our own clock or presence, the server may still have it (the
@@ -1006,6 +1036,7 @@ class RedisLaneBase(ABC, Generic[H]):
                 except LaneBackendError:
                     freed = False
             else:
+                hold._sent = True  # (stopped before its answer: see the finally)
                 reply = yield from self._script("release", hold.key,
                                                 self._release_call(hold))
                 freed = flag_reply(reply) == 1
@@ -1020,9 +1051,15 @@ class RedisLaneBase(ABC, Generic[H]):
                     if interrupted and freed is None:
                         hold._state = HELD  # maybe still held: kept, as in process
                     else:
+                        # Refused after a release of ours was sent unanswered, the hold
+                        # not lost by its own clock: that release freed it (released).
+                        ours = freed is False and sent and not was_lost
                         # No answer (LaneBackendError): unmatched, the lease lapses.
-                        self._unlink(hold, freed is True)
-                        committed = freed is True
+                        self._unlink(hold, freed is True or ours)
+                        committed = freed is True or ours
+        if ours:
+            self._hold_released(hold)
+            raise self._freed_error(hold)
         if was_lost or not freed:
             if not was_lost:
                 self._notice_lost(hold)  # refused: the server no longer has it
@@ -1136,9 +1173,14 @@ class RedisLaneBase(ABC, Generic[H]):
         if not ok:
             # A hold whose release is on its way may have been released by it already
             # (the release and this renewal race on two connections): the release's own
-            # answer says whether it was still ours, so only a HELD hold is lost here.
+            # answer says whether it was still ours, so only a HELD hold is lost here;
+            # and not one whose release an interrupt stopped after it was sent: that
+            # release freed it, unless the hold's own deadline had passed.
             if hold._state == HELD:
-                self._notice_lost(hold)
+                if hold._sent and not hold.lost:
+                    self._freed_by_stopped_release(hold)
+                else:
+                    self._notice_lost(hold)
             return
         with self._lock:
             # Too late: the deadline passed before the answer came, and the hold has read

@@ -268,8 +268,9 @@ class _SyncFace(RedisOps[RedisHold]):
 
         Returns True when the hold ended. Returns False and logs a warning, changing
         nothing in Redis, when this object holds nothing for ``key`` (another client's
-        hold is never released: its owner id is not ours), or when the hold's lease had
-        been lost (the key may be someone else's now). Raises LaneBackendError if Redis
+        hold is never released: its owner id is not ours), when the hold's lease had
+        been lost (the key may be someone else's now), or when its release that an
+        interrupt stopped had released it after all. Raises LaneBackendError if Redis
         failed (the hold then lapses within ``lease_s``).
         """
         return drive(self._manual_release(key))
