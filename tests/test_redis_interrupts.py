@@ -178,7 +178,8 @@ def test_sequencer_wait_honours_the_timeout(redis_client: Any, redis_prefix: str
     lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=2.0)
     assert lane.try_acquire("warm")
     assert lane.manual_release("warm")
-    _, stuck = lane._join_turn("k")  # a predecessor that never answers
+    stuck = lane._new_event()
+    lane._join_turn("k", stuck)  # a predecessor that never answers
     t0 = time.monotonic()
     assert lane.acquire_timeout("k", 0.3) is False
     assert time.monotonic() - t0 < 3

@@ -230,8 +230,8 @@ def test_c29_threads_same_key_arrival_order(
     arrived = threading.Semaphore(0)
     join_turn = lane._join_turn
 
-    def hooked(key: str) -> Any:
-        out = join_turn(key)
+    def hooked(key: str, mine: Any) -> Any:
+        out = join_turn(key, mine)
         arrived.release()
         return out
 

@@ -762,12 +762,15 @@ class RedisLaneBase(ABC, Generic[H]):
         turn = None
         owner = hold.owner
         try:
+            prev = None
             if wait:
                 # Same-key requests of this process join the line in arrival order (C29):
-                # each sends its first script once its predecessor's has answered.
-                prev, turn = self._join_turn(key)
-            else:
-                prev = None
+                # each sends its first script once its predecessor's has answered. Our
+                # event is in ``turn`` before it is registered, so the finally sets it
+                # wherever an interrupt lands (an event registered and never set would
+                # hold the next same-key request up for its whole timeout).
+                turn = self._new_event()
+                prev = self._join_turn(key, turn)
             if not self._server_checked:
                 pres = self._pres()
                 if pres is not None and not self._async_face:
@@ -955,14 +958,16 @@ class RedisLaneBase(ABC, Generic[H]):
                 return False, -1, t0
         return True, token, t0
 
-    def _join_turn(self, key: str) -> tuple[Any, Any]:
-        """Register a same-key request of this process: (its predecessor's event or
-        None, its own event, set once its first script has answered)."""
-        mine = self._new_event()
+    def _join_turn(self, key: str, mine: Any) -> Any:
+        """Register a same-key request of this process, ``mine`` its event (set once its
+        first script has answered, by :meth:`_turn_done`; the caller holds it before
+        this call, so an interrupt anywhere here or after leaves it to be set): its
+        predecessor's event, or None."""
         with self._lock:
             prev = self._joins.get(key)
+            # -- commit: one store --
             self._joins[key] = mine
-        return prev, mine
+        return prev
 
     def _turn_done(self, key: str, mine: Any) -> None:
         mine.set()
