@@ -994,9 +994,9 @@ class SessionHoldSteps:
             lock = core._lock
             try:
                 lock.acquire()  # inside the try: see "Interrupts" in the module docstring
-                entry = core._entries.get(self.key)
+                entry = core._entries[self.key]  # (no call; a new key: KeyError)
                 # IDLE (nobody holds or waits), and the lane is not draining
-                if entry is not None and not entry.token and not core.draining:
+                if not entry.token and not core.draining:
                     now = core._clock()
                     # -- commit: plain stores only --
                     core._token = token = core._token + 1
@@ -1005,6 +1005,8 @@ class SessionHoldSteps:
                     core._held += 1
                     self._token = token  # type: ignore[misc]
                     return self
+            except KeyError:  # a new key: the general path makes its entry
+                pass
             finally:
                 try:
                     lock.release()
@@ -1170,8 +1172,8 @@ class MultiHoldSteps:
                     if core.draining:  # the core's take raises LaneDrainingError
                         pass
                     elif core.per_key:  # a SessionCore
-                        entry = core._entries.get(key)
-                        if entry is not None and not entry.token:  # IDLE
+                        entry = core._entries[key]  # (no call; a new key: KeyError)
+                        if not entry.token:  # IDLE
                             now = core._clock()
                             # -- commit: plain stores, then one last builtin --
                             core._token = token = core._token + 1
@@ -1189,6 +1191,8 @@ class MultiHoldSteps:
                             holds[token] = (key, now)
                             taken.append(token)
                             continue
+                except KeyError:  # a new key: the core's take makes its entry
+                    pass
                 finally:
                     try:
                         lock.release()

@@ -524,6 +524,11 @@ class _DropWatch:
 
     __slots__ = ()
 
+    # Made by ``acquire`` as ``cls()`` and filled with slot stores: ``object.__init__``
+    # (a C slot, no frame) instead of Hold's, and no ``object.__new__(cls)`` call, whose
+    # wrapper checks its argument and slices a tuple (about 20% of the cost of making one).
+    __init__ = object.__init__
+
     lane: Any
     key: str
     _token: int

@@ -40,7 +40,7 @@ import time
 from collections.abc import Sequence
 from threading import get_ident
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 from ._core import MULTI_ENTERED, MULTI_LEAVING, Core, CountingCore, Waiter, ended_error
 from ._errors import LaneTimeoutError
@@ -287,7 +287,7 @@ class _AsyncFace:
 
     face: Literal["asyncio"] = "asyncio"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
-    _hold_class: type[AsyncHold] = _AsyncHold  # what acquire() makes
+    _hold_class: ClassVar[type[AsyncHold]] = _AsyncHold  # what acquire() makes, as cls()
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -537,7 +537,8 @@ class _AsyncFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
+        # (a made class: object.__init__, no frame; see _DropWatch): the hot path
+        hold = self._hold_class()  # type: ignore[call-arg]
         hold.lane = self
         hold.key = key
         hold._token = 0

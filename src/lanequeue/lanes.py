@@ -36,7 +36,6 @@ from ._validate import check_bool, check_key, check_timeout
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
-_new_hold = object.__new__
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 
@@ -150,7 +149,7 @@ class _ThreadFace:
     face: Literal["threads"] = "threads"
     _waits_at_grant = True  # a waiter's ``since`` is on the core's clock (see _park)
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
-    _hold_class: type[ThreadHold] = ThreadHold  # what acquire() makes
+    _hold_class: ClassVar[type[ThreadHold]]  # what acquire() makes, as cls() (_DropWatch)
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -283,7 +282,8 @@ class _ThreadFace:
         """
         if key.__class__ is not str or not key:
             key = check_key(key)
-        hold = _new_hold(self._hold_class)  # no __init__ frame: this is the hot path
+        # (a made class: object.__init__, no frame; see _DropWatch): the hot path
+        hold = self._hold_class()  # type: ignore[call-arg]
         hold.lane = self
         hold.key = key
         hold._token = 0

@@ -93,7 +93,6 @@ class Plan:
         self.cores: tuple[Core, ...] | None = cores if len(cores) == len(steps) else None
 
 
-_new = object.__new__
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 
@@ -120,7 +119,7 @@ class MultiHold:
 
     __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_stage")
 
-    # Made by the queues with _new() and slot stores (no __init__ frame on the hot path):
+    # Made by the queues as cls() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
     # _taken: per step taken so far, its token (in-process core) or its Hold (others);
     # _priority: the priority its waits on in-process counting lanes have (checked);
@@ -146,9 +145,14 @@ class MultiHold:
             # The lane's own hold class (a plan drives by its core only the library's own
             # lane classes, which all name it).
             lane: Any = self._plan.steps[i][0]
-            got = self._taken[i] = lane._hold_class(lane, self._key, None, got)
-        hold: Hold = got
-        return hold
+            hold = lane._hold_class()  # made as acquire() makes it (see _DropWatch)
+            hold.lane = lane
+            hold.key = self._key
+            hold._timeout_s = None
+            hold._token = got
+            got = self._taken[i] = hold
+        view: Hold = got
+        return view
 
     @property
     def key(self) -> str:
@@ -797,7 +801,7 @@ class QueueBase(Generic[L, CL, SL]):
             # A lane other than the queue's own in-process ones (a Redis lane) may refuse
             # a key it cannot send: refused here, before anything is taken or waited for.
             check_utf8(key)
-        multi = _new(cls)
+        multi = cls()  # no __init__ frame: the made classes have object's
         multi._plan = plan
         multi._taken = []
         multi._key = key
