@@ -497,3 +497,66 @@ def test_an_acquire_interrupted_after_its_grant_was_recorded_leaves_it_to_the_la
     assert _in_redis(other, "k")
     assert lane.manual_release("k")
     assert lane.get_active() == {} and not _in_redis(other, "k")
+
+
+class _SecondInterrupt(BaseException):
+    """What the test's SIGINT handler raises: a second Ctrl-C (not an Exception, as
+    KeyboardInterrupt is not; one of our own, so that one arriving late cannot end the
+    test session)."""
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_a_second_interrupt_during_the_clean_up_leaves_no_grant_in_redis(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+) -> None:
+    """Ctrl-C twice: a first KeyboardInterrupt after the acquire script granted, before
+    the grant was recorded (its clean-up must withdraw and pass the grant on), and a
+    second one (a real SIGINT) while that clean-up's withdraw is on its way. The second
+    ends the caller's wait for the clean-up, not the clean-up: the key is free in Redis
+    soon after, not held for the whole lease by nobody (the clean-up ran in the caller,
+    and the second interrupt cut it short: key held 30 s, ``get_active()`` empty,
+    ``manual_release`` False)."""
+    import signal
+
+    from lanequeue.redis._protocol import RedisLaneBase
+
+    main = threading.main_thread()
+    assert threading.current_thread() is main  # (the SIGINT goes to this thread)
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+    real_withdraw = RedisLaneBase._withdraw_call
+    sent = threading.Event()
+
+    def granted(self: Any, hold: Any, token: int, t0: float, kept: bool) -> bool:
+        raise KeyboardInterrupt  # the first: the grant came back, nothing recorded yet
+
+    def withdraw_call(self: Any, hold: Any) -> Any:
+        if threading.current_thread() is main:  # the clean-up runs in the caller: the
+            sent.set()  # second Ctrl-C lands in it
+            raise _SecondInterrupt
+        if not sent.is_set():  # in a clean-up thread: the second Ctrl-C reaches the
+            sent.set()  # caller now, while it waits for the clean-up
+            signal.pthread_kill(main.ident or 0, signal.SIGINT)
+            time.sleep(0.1)  # the withdraw goes out after the caller was interrupted
+        return real_withdraw(self, hold)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        raise _SecondInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        monkeypatch.setattr(RedisLaneBase, "_granted", granted)
+        monkeypatch.setattr(RedisLaneBase, "_withdraw_call", withdraw_call)
+        with pytest.raises(_SecondInterrupt):
+            lane.try_acquire("k")
+        assert sent.is_set()  # the second interrupt came while the clean-up ran
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    deadline = time.monotonic() + 5.0
+    while _in_redis(other, "k") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    monkeypatch.undo()
+    assert not _in_redis(other, "k")  # passed on by the clean-up, not left for 30 s
+    assert lane.get_active() == {} and lane.stats.holders == 0
+    assert lane.stats.cancelled == 1  # counted once, although its wait was cut short
+    assert other.try_acquire("k") and other.manual_release("k")

@@ -82,6 +82,9 @@ class Service:
         self._max = max_threads
         self._name = name
         self._inbox: SimpleQueue[Any] = SimpleQueue()
+        #: ``post((fn, arg))``: :meth:`submit` as the one C call itself (no frame of
+        #: ours before the put), for a caller in an interrupt's clean-up.
+        self.post: Callable[[tuple[Callable[[Any], Any], Any]], None] = self._inbox.put
         self._work: SimpleQueue[Any] = SimpleQueue()
         self._seq = itertools.count()
         threading.Thread(target=self._loop, daemon=True, name=name).start()

@@ -218,6 +218,10 @@ holds in a zset instead of one holder)::
   lane object (a strong entry: shown, renewed, ended by ``manual_release(key)``). Holds
   taken with ``try_acquire``/``acquire_timeout`` belong to the lane object until
   ``manual_release(key)``.
+- Interrupts (threads). The clean-up of an interrupted acquire (withdraw, pass on a
+  grant) runs in a thread of the process's clean-up service, which no signal handler
+  interrupts; the interrupted caller waits for it at most 0.5 s, so a second
+  KeyboardInterrupt while it runs ends that wait, not the clean-up.
 - Cancellation (asyncio). The clean-up of a cancelled acquire (withdraw, pass on a grant)
   and every release run to their end in tasks of their own, so a second cancellation
   cannot cut them short; a withdraw leaves a tombstone (``Bx:<id>``) so that the

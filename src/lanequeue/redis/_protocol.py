@@ -329,6 +329,13 @@ class RedisLaneBase(ABC, Generic[H]):
         """Waiters of this process registered with this client's wake-up listener."""
 
     @abstractmethod
+    def _aside(self, steps: Steps[None]) -> Any:
+        """Step: run the clean-up procedure ``steps`` to its end where no interrupt of
+        the caller can stop it half way (see :meth:`_abandon`); the caller waits for it
+        at most :data:`~lanequeue._ops.CANCEL_WAIT_S`, and an interrupt of that wait
+        leaves it running."""
+
+    @abstractmethod
     def _new_event(self) -> Any:
         """An event of the face's kind (threading or asyncio): ``set()``."""
 
@@ -978,9 +985,21 @@ class RedisLaneBase(ABC, Generic[H]):
     def _abandon(self, hold: H, count: bool = True) -> Steps[None]:
         """An interrupted wait: leave the line and pass on a grant that arrived
         meanwhile (``count``: as a cancelled wait). Best effort: if Redis fails, the
-        line entry dies with its liveness."""
-        if count:
-            self._count_outcome(cancelled=True)
+        line entry dies with its liveness.
+
+        Its calls run where a second interrupt cannot cut them short (:meth:`_aside`: on
+        the thread face a clean-up thread, which no signal handler interrupts; on asyncio
+        the clean-up task a cancellation already runs in): a second Ctrl-C while they
+        run ends the caller's wait for them, not the clean-up, which would otherwise
+        leave a grant it had been handed in Redis, nobody's, for a whole lease."""
+        try:
+            yield self._aside, (self._withdraw_and_pass(hold),)
+        finally:
+            if count:
+                self._count_outcome(cancelled=True)
+
+    def _withdraw_and_pass(self, hold: H) -> Steps[None]:
+        """:meth:`_abandon`'s calls: the withdraw, and the release of a grant it finds."""
         try:
             call = self._withdraw_call(hold)
             granted, token = grant_reply((yield from self._script("withdraw", hold.key, call)))

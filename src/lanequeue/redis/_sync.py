@@ -11,10 +11,12 @@ with blocking I/O (:func:`drive`) and starts the renewer thread.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 import weakref
+from _thread import allocate_lock
 from collections.abc import Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
@@ -25,9 +27,10 @@ from redis.cluster import RedisCluster
 
 from .._errors import NotOwnerError
 from .._kinds import LANE_DEFAULT
-from .._ops import poll_idle
+from .._ops import CANCEL_WAIT_S, poll_idle
 from .._validate import check_bool, check_timeout
 from ..contract import not_held_error
+from ..dispatch._workers import Service
 from ._link import SyncLink
 from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
@@ -36,6 +39,8 @@ from ._wake import Gate, Slots, SyncWaker, Woken, _Slot, sync_waker
 from ._wire import info_sync, run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
+
+log = logging.getLogger("lanequeue.redis")
 
 
 def drive(steps: Steps[T]) -> T:
@@ -60,6 +65,68 @@ def drive(steps: Steps[T]) -> T:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
             reply, send = exc, steps.throw
+
+
+# -- clean-ups that a second interrupt cannot stop ------------------------------------------
+# A clean-up after an interrupt (an interrupted acquire's withdraw, and the release of a
+# grant it finds) runs in a thread of the process's clean-up service, which no signal
+# handler interrupts (they run in the main thread), and its caller waits for it at most
+# CANCEL_WAIT_S: a second Ctrl-C while it runs ends that wait, not the clean-up. Handing
+# it over is one C call (the service's ``post``), so a second interrupt lands before it
+# (the clean-up then runs in the caller, as before) or after it (it runs in full).
+
+_cleanups: Service | None = None
+
+
+def _cleanup_service() -> Service:
+    """This process's clean-up service (made on first use; a forked child makes its own)."""
+    global _cleanups
+    service = _cleanups
+    if service is None:
+        service = _cleanups = Service(max_threads=2, name="lanequeue-redis-cleanup")
+    return service
+
+
+def _forget_cleanups() -> None:
+    global _cleanups
+    _cleanups = None  # the parent's service thread does not exist in a forked child
+
+
+os.register_at_fork(after_in_child=_forget_cleanups)
+
+
+def _finish(box: list[Any]) -> None:
+    """(In a clean-up thread) drive ``box[0]`` to its end, then mark the box done
+    (``box[0] = None``) and wake the callers waiting on the locks after it."""
+    try:
+        drive(box[0])
+    except BaseException as exc:  # (its caller stopped waiting, or sees its own error)
+        log.debug("a clean-up after an interrupt ended with %r", exc)
+    finally:
+        box[0] = None
+        for done in box[1:]:
+            try:
+                done.release()
+            except RuntimeError:  # its caller was interrupted before it locked it
+                pass
+
+
+def _run_aside(steps: Steps[None]) -> None:
+    """Run the clean-up ``steps`` in the clean-up service and wait for it at most
+    :data:`~lanequeue._ops.CANCEL_WAIT_S` (an interrupt ends the wait; the clean-up goes
+    on). Without a service (no thread can be started), in the caller."""
+    try:
+        post = _cleanup_service().post
+    except RuntimeError:  # "can't start new thread"
+        drive(steps)
+        return
+    box: list[Any] = [steps]
+    post((_finish, box))  # -- the hand-over: one C call --
+    done = allocate_lock()
+    done.acquire()
+    box.append(done)
+    if box[0] is not None:  # not finished yet (a finisher that got here first woke nobody)
+        done.acquire(timeout=CANCEL_WAIT_S)
 
 
 #: The same-key sequencer's one-shot event (see :class:`~._wake.Gate`).
@@ -191,6 +258,9 @@ class _SyncFace(RedisOps[RedisHold]):
 
     def _local_waiters(self) -> int:
         return self._wk().count
+
+    def _aside(self, steps: Steps[None]) -> None:
+        _run_aside(steps)
 
     def _new_event(self) -> _Turn:
         return _Turn()
