@@ -54,6 +54,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -192,13 +193,14 @@ class Injector:
 
 
 def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 5000,
-                      real_points: bool = False) -> int:
+                      real_points: bool = False,
+                      injector: Callable[[int, bool], Injector] | None = None) -> int:
     """Call ``run_once(Injector(n))`` for n = 1, 2, ... until a run completes without an
     injection; return how many injections were made. ``real_points``: in the face
     modules too, only where CPython can deliver an asynchronous exception (as in
     ``_core.py``), not at every instruction."""
     for n in range(1, limit):
-        inj = Injector(n, real_points)
+        inj = (injector or Injector)(n, real_points)
         run_once(inj)
         if inj.fired is None:
             assert n > 1, "the operation had no injection point: the tracer saw nothing"
@@ -1404,3 +1406,103 @@ def test_timeout_message_keeps_the_source_wording_and_adds_the_wait() -> None:
                     pass
 
     asyncio.run(main())
+
+
+# -- interrupts inside a dropped hold's finalizer ----------------------------------------
+
+class _FinalizerInjector(Injector):
+    """An :class:`Injector` (where CPython can deliver an interrupt: calls' entries and
+    returns, backward jumps, after builtins) that traces finalizers too, except the one
+    point no Python code can guard: the very entry of ``__del__``, before its first call
+    records the drop (README, "Dropped holds")."""
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code.co_filename not in _TRACED:
+            return None
+        frame.f_trace_opcodes = True
+        if frame.f_code.co_name != "__del__":
+            self.point(frame, "call")
+        return self._core_fn
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event == "c_return" and frame.f_code.co_filename in _TRACED:
+            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
+
+
+@pytest.mark.parametrize("what", ["SessionLane", "Lane", "acquire_all"])
+def test_c20_interrupt_inside_a_dropped_holds_finalizer_keeps_the_lane_whole(
+    what: str,
+) -> None:
+    """C18 + C20: a KeyboardInterrupt at every point of the finalizer of a hold dropped
+    while held (and of what it calls) after its record: the core's lock is never left
+    held (an interrupt right after the finalizer's ``acquire(False)`` left it held by
+    this thread for good, and every other thread blocked), and the permit comes back
+    (an interrupt before ``drop_hold``/``drop`` had recorded it lost it for good); for
+    an ``acquire_all``, one landing between the records of its lanes leaves the lanes not
+    recorded yet held, visible and ended by ``manual_release``."""
+
+    def run_once(inj: Injector) -> None:
+        if what == "acquire_all":
+            queue = LaneQueue()
+            queue.add_session_lane("session", timeout_s=JOIN_S)
+            queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+            lanes: list[Any] = [queue["session"], queue["global"]]
+            holds: list[Any] = [queue.acquire_all(KEY, ["session", "global"])]
+        else:
+            lanes = [THREAD_LANES[what]()]
+            holds = [lanes[0].acquire(KEY)]
+        holds[0].__enter__()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            with inj.active():
+                holds.clear()  # the only reference: finalized right here
+        where = f"after an interrupt at {inj.fired}"
+        for lane in lanes:
+            core = lane._core
+            assert not core._lock._is_owned(), where
+            assert in_thread(lambda c=core: c._lock.acquire(timeout=JOIN_S)
+                             and not c._lock.release()), where
+            check_consistent(core)  # (ends the recorded drop, as the next operation would)
+            if lane.stats.holders and what == "acquire_all" and " __del__ " in where:
+                # Between the records of its lanes (one C call each): the lanes not
+                # recorded yet keep their permit, shown and ended by manual_release
+                # (README, "Dropped holds").
+                assert KEY in lane.get_active() and lane.manual_release(KEY), where
+            assert lane.stats.holders == 0, where
+            check_thread_lane_works(lane)
+
+    assert inject_everywhere(run_once, injector=_FinalizerInjector) >= 3
+
+
+def test_an_interrupt_during_acquire_alls_rollback_is_not_swallowed() -> None:
+    """A KeyboardInterrupt that lands while a failing ``acquire_all`` gives back what it
+    took propagates (it was logged and attached as a note to the LaneTimeoutError, which
+    the caller saw instead: Ctrl-C lost), once every hold is released."""
+    queue = LaneQueue()
+    session = queue.add_session_lane("session")
+    cap = queue.add_lane("global", max_concurrent=1)
+    assert cap.try_acquire("other")  # the global lane is full: the call times out
+    fired: list[str] = []
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if event == "call" and code.co_name == "release" and code.co_filename == _CORE:
+            sys.settrace(None)
+            fired.append(f"{code.co_qualname}")
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt), queue.acquire_all(
+                KEY, ["session", "global"], timeout_s=0.01):
+            pass
+    finally:
+        sys.settrace(None)
+    assert fired  # it landed in the rollback's release of the session lane
+    check_consistent(session._core)  # nothing lost: the interrupted release is whole
+    assert cap.manual_release("other")
+    assert session.stats.holders in (0, 1)
+    if session.stats.holders:  # the one hold being left, as the rules allow
+        assert session.manual_release(KEY)
+    check_thread_lane_works(session)

@@ -139,8 +139,10 @@ warns with a ``ResourceWarning`` naming the lane and the key, and its permit com
 Its finalizer may run at any instruction of any code, including while this same thread
 holds the core's lock (a collection can start inside a critical section), so it must not
 take the lock: it only appends ``(key, token)`` to ``_dropped`` (``list.append`` is
-atomic). The finalizer then asks the face to end them now, so a waiter already parked
-is not left to its timeout: a thread lane does when its lock is free (not taken by this
+atomic), as its first call, so an interrupt can lose the drop only at the finalizer's
+very entry (and, for an ``acquire_all``, between the appends of its lanes). The
+finalizer then asks the face to end them now, so a waiter already parked is not left
+to its timeout: a thread lane does when its lock is free (not taken by this
 thread, nor by another), an asyncio lane in a callback on its loop. Else the lane's next
 operation that could need that permit ends them first, in any thread, as releases that
 may hand the key to the next waiter: every call into the core's ``take`` and

@@ -538,7 +538,11 @@ class _DropWatch:
             token = self._token
         except AttributeError:  # interrupted while acquire() was making it
             return
-        if token < 0:
+        if token > 0:
+            # Held: recorded by this frame's first call (one C call; see drop_hold), so
+            # an interrupt can lose the drop only at this frame's very entry.
+            self.lane._core._dropped.append((self.key, token))
+        elif token < 0:
             # Marked released. Its release may not have run: an interrupt that stopped
             # the exit between the mark and the release leaves the core holding this
             # token, which no other hold ever has (tokens are never reused). The core's
@@ -546,25 +550,29 @@ class _DropWatch:
             token = -token
             if not self.lane._core.owns(self.key, token):
                 return
-        elif not token:
+            self.lane._core._dropped.append((self.key, token))
+        else:
             return
-        drop_hold(self.lane, self.key, token)
         self._token = -token  # type: ignore[misc]  # ended: see drop_hold
+        self.lane._dropped_hold()
         warn_dropped(self.lane, self.key, token)
 
 
 def drop_hold(lane: Any, key: str, token: int) -> None:
-    """What the finalizer of an in-process hold dropped while held does first: record
-    the hold with the lane's core, which ends it at the lane's next operation, and ask
-    the lane to run that operation now if it can (``_dropped_hold``: a thread lane when
-    its core's lock is free, since a finalizer may run while this thread holds it; an
-    asyncio lane on its loop), so a waiter already parked gets the permit at once
-    instead of at its timeout. The finalizer then
-    marks the hold ended (a block left later, by a generator collected in the same
-    reference cycle after it, releases nothing and counts no unmatched release), then
-    calls :func:`warn_dropped`: recorded first, so the permit comes back even when
-    warnings are turned into errors (an error in a finalizer is only reported)."""
-    lane._core.drop(key, token)
+    """What the finalizer of an in-process hold dropped while held does (inlined in the
+    finalizers, whose first call is the record): record the hold with the lane's core
+    (``_dropped.append``, one C call, so an interrupt lands before it or after it), which
+    ends it at the lane's next operation, and ask the lane to run that operation now if
+    it can (``_dropped_hold``: a thread lane when its core's lock is free, since a
+    finalizer may run while this thread holds it; an asyncio lane on its loop), so a
+    waiter already parked gets the permit at once instead of at its timeout. The
+    finalizer then marks the hold ended (a block left later, by a generator collected
+    in the same reference cycle after it, releases nothing and counts no unmatched
+    release), then calls :func:`warn_dropped`: recorded first, so the permit comes back
+    even when warnings are turned into errors (an error in a finalizer is only
+    reported). Recording a token the core no longer holds is harmless: the lane's
+    next operation skips it quietly."""
+    lane._core._dropped.append((key, token))
     lane._dropped_hold()
 
 

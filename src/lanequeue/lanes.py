@@ -175,8 +175,17 @@ class _ThreadFace:
         releasing its lock. (The lock is an RLock: ``_is_owned`` tells whether this
         thread is inside it, which ``acquire(False)`` alone would not.)"""
         lock = self._core._lock
-        if not lock._is_owned() and lock.acquire(False):
-            lock.release()
+        if lock._is_owned():  # inside the core: left to its next operation
+            return
+        free = False
+        try:
+            free = lock.acquire(False)  # inside the try: see "Interrupts" in _core
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # not taken: another thread holds it
+                pass
+        if free:
             self._core._settle()
 
     def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:

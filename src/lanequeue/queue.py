@@ -44,7 +44,6 @@ from ._kinds import (
     Hold,
     OnWait,
     SessionKind,
-    drop_hold,
     warn_dropped,
 )
 from ._obs import StuckHold
@@ -263,7 +262,10 @@ class MultiHold:
                         taken.pop()
                     failed_at = n
         if error is not None:
-            if block_error is None:
+            # An interrupt (KeyboardInterrupt, a cancellation: not an Exception) is never
+            # swallowed: it propagates once every hold is released. A release error (a
+            # lost lease) never replaces the block's own exception (C27).
+            if block_error is None or not isinstance(error, Exception):
                 raise error
             _report_release_error(self._key, error, block_error)
 
@@ -360,20 +362,30 @@ class _MultiDropWatch:
         except AttributeError:  # interrupted while being made: it never held anything
             return
         if taken:
+            # Each token recorded with its core first (one C call each, no call before
+            # the first: see drop_hold), then the rest of the work. A token a release
+            # pass an interrupt stopped had released already (see end_marked) is
+            # recorded too and skipped quietly by the core; a viewed token is its
+            # view's, which has its own finalizer.
+            steps: Any = self._plan.steps  # (in-process steps: (lane, core))
+            key = self._key
+            i = 0
+            for got in taken:  # (no enumerate(): a call, checked for signals after it)
+                if got.__class__ is int:
+                    steps[i][1]._dropped.append((key, got))
+                i += 1  # noqa: SIM113
             self._drop(taken)
 
     def _drop(self, taken: list[Any]) -> None:
-        """The finalizer's work, out of ``__del__`` (whose frame, made at every drop,
-        stays small: no cells for a comprehension)."""
+        """The finalizer's work after the records, out of ``__del__`` (whose frame, made
+        at every drop, stays small: no cells for a comprehension): warn of the tokens the
+        cores still hold, and ask each lane to end them now."""
         steps, key = self._plan.steps, self._key
-        # Each token the core still has: a release pass an interrupt stopped may have
-        # released some (see end_marked). A viewed token is its view's, which has its
-        # own finalizer.
         dropped = [(i, got) for i, got in enumerate(taken)
                    if type(got) is int and cast(Core, steps[i][1]).owns(key, got)]
-        for i, got in dropped:
-            drop_hold(steps[i][0], key, got)
         self._taken = []  # type: ignore[misc]  # ended: see drop_hold
+        for i in {i for i, got in enumerate(taken) if type(got) is int}:
+            cast(Any, steps[i][0])._dropped_hold()
         for i, got in dropped:
             warn_dropped(steps[i][0], key, got)
 
