@@ -560,3 +560,46 @@ def test_a_second_interrupt_during_the_clean_up_leaves_no_grant_in_redis(
     assert lane.get_active() == {} and lane.stats.holders == 0
     assert lane.stats.cancelled == 1  # counted once, although its wait was cut short
     assert other.try_acquire("k") and other.manual_release("k")
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_the_clean_up_service_is_started_before_an_interrupt_needs_it(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+) -> None:
+    """The clean-up service is made by a lane object's first call, never on an
+    interrupt's path: starting a thread waits until it runs (milliseconds on a busy
+    machine), and a second Ctrl-C in that wait stopped the clean-up (made lazily there,
+    it left the grant in Redis for a whole lease)."""
+    from lanequeue.redis import _sync
+    from lanequeue.redis._protocol import RedisLaneBase
+
+    monkeypatch.setattr(_sync, "_cleanups", None)  # a process that has made none yet
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")  # its first call
+    assert _sync._cleanups is not None
+    started: list[str] = []
+
+    caller = threading.current_thread()
+
+    def start(self: threading.Thread) -> None:
+        if threading.current_thread() is not caller:  # (the service starts its workers)
+            return _REAL_START(self)
+        started.append(self.name)
+        raise _SecondInterrupt  # a second Ctrl-C while a thread starts
+
+    def granted(self: Any, hold: Any, token: int, t0: float, kept: bool) -> bool:
+        raise KeyboardInterrupt  # the first: the grant came back, nothing recorded yet
+
+    monkeypatch.setattr(RedisLaneBase, "_granted", granted)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        lane.try_acquire("k")
+    monkeypatch.setattr(threading.Thread, "start", _REAL_START)
+    assert started == []  # no thread was started on the interrupt's path
+    deadline = time.monotonic() + 5.0
+    while _in_redis(other, "k") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _in_redis(other, "k") and lane.get_active() == {}
+
+
+_REAL_START = threading.Thread.start

@@ -78,13 +78,18 @@ def drive(steps: Steps[T]) -> T:
 _cleanups: Service | None = None
 
 
-def _cleanup_service() -> Service:
-    """This process's clean-up service (made on first use; a forked child makes its own)."""
+def _start_cleanups() -> None:
+    """Make this process's clean-up service if there is none (a forked child makes its
+    own). Called by a lane object's first call in the process (its wake-up listener is
+    made then too), never on an interrupt's path: starting a thread waits until it runs
+    (milliseconds on a busy machine), a window in which a second interrupt would stop
+    the clean-up."""
     global _cleanups
-    service = _cleanups
-    if service is None:
-        service = _cleanups = Service(max_threads=2, name="lanequeue-redis-cleanup")
-    return service
+    if _cleanups is None:
+        try:
+            _cleanups = Service(max_threads=2, name="lanequeue-redis-cleanup")
+        except RuntimeError:  # "can't start new thread": clean-ups run in their callers
+            pass
 
 
 def _forget_cleanups() -> None:
@@ -114,12 +119,12 @@ def _finish(box: list[Any]) -> None:
 def _run_aside(steps: Steps[None]) -> None:
     """Run the clean-up ``steps`` in the clean-up service and wait for it at most
     :data:`~lanequeue._ops.CANCEL_WAIT_S` (an interrupt ends the wait; the clean-up goes
-    on). Without a service (no thread can be started), in the caller."""
-    try:
-        post = _cleanup_service().post
-    except RuntimeError:  # "can't start new thread"
+    on). Without a service (none could be started), in the caller."""
+    service = _cleanups
+    if service is None:
         drive(steps)
         return
+    post = service.post
     box: list[Any] = [steps]
     post((_finish, box))  # -- the hand-over: one C call --
     done = allocate_lock()
@@ -199,6 +204,9 @@ class _SyncFace(RedisOps[RedisHold]):
     def _wk(self) -> SyncWaker:
         w = self._waker
         if w is None or w.pid != os.getpid():
+            # A lane object's first call in this process: before any clean-up can be
+            # needed, the clean-up service exists (see _start_cleanups).
+            _start_cleanups()
             w = self._waker = sync_waker(self._client)
         return w
 
