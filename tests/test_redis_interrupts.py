@@ -575,8 +575,17 @@ def test_the_clean_up_service_is_started_before_an_interrupt_needs_it(
 
     monkeypatch.setattr(_sync, "_cleanups", None)  # a process that has made none yet
     lane, other = _lanes(kind, redis_client, redis_prefix)
+    before = {t.ident for t in threading.enumerate()}
     assert lane.try_acquire("warm") and lane.manual_release("warm")  # its first call
     assert _sync._cleanups is not None
+    # Its first worker too: a process out of threads when a clean-up comes would leave
+    # it queued, and the grant in Redis for a lease.
+    deadline = time.monotonic() + 5.0
+    while not any(t.name == "lanequeue-redis-cleanup_0" and t.ident not in before
+                  for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert any(t.name == "lanequeue-redis-cleanup_0" and t.ident not in before
+               for t in threading.enumerate())
     started: list[str] = []
 
     caller = threading.current_thread()

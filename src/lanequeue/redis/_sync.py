@@ -87,9 +87,17 @@ def _start_cleanups() -> None:
     global _cleanups
     if _cleanups is None:
         try:
-            _cleanups = Service(max_threads=2, name="lanequeue-redis-cleanup")
+            service = Service(max_threads=2, name="lanequeue-redis-cleanup")
         except RuntimeError:  # "can't start new thread": clean-ups run in their callers
-            pass
+            return
+        # Its first worker now too (a call starts one), not when the first clean-up
+        # comes: a process out of threads by then would leave that clean-up queued.
+        service.submit(_no_op, None)
+        _cleanups = service
+
+
+def _no_op(_: object) -> None:
+    pass
 
 
 def _forget_cleanups() -> None:
