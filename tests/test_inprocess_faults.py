@@ -1437,7 +1437,7 @@ def test_c20_interrupt_inside_a_dropped_holds_finalizer_keeps_the_lane_whole(
     while held (and of what it calls) after its record: the core's lock is never left
     held (an interrupt right after the finalizer's ``acquire(False)`` left it held by
     this thread for good, and every other thread blocked), and the permit comes back
-    (an interrupt before ``drop_hold``/``drop`` had recorded it lost it for good); for
+    (an interrupt before the old ``drop_hold``/``drop`` calls had recorded it lost it); for
     an ``acquire_all``, one landing between the records of its lanes leaves the lanes not
     recorded yet held, visible and ended by ``manual_release``."""
 

@@ -438,9 +438,10 @@ class _CoreBase:
         return None
 
     def drop(self, key: str, token: int) -> None:
-        """Give back the permit of a hold that was dropped without release (called by
-        the hold's finalizer, maybe while this thread holds the lock: so it only records
-        the hold; the next operation that takes the lock ends it)."""
+        """Give back the permit of a hold that was dropped without release: only record
+        it (a finalizer may run while this thread holds the lock); the next operation
+        that takes the lock ends it. The holds' finalizers make this same append inline,
+        as their first call (see "Dropped holds")."""
         self._dropped.append((key, token))
 
     def _drain(self) -> None:

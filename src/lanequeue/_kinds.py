@@ -42,7 +42,6 @@ __all__ = [
     "LaneKind",
     "OnWait",
     "SessionKind",
-    "drop_hold",
     "warn_dropped",
 ]
 
@@ -510,8 +509,19 @@ class Hold:
 
 class _DropWatch:
     """The finalizer of an in-process hold (a mixin of the classes ``acquire`` makes):
-    a hold garbage-collected while held ends through :func:`drop_hold` and warns
-    (:func:`warn_dropped`).
+    a hold garbage-collected while held is recorded with the lane's core
+    (``_dropped.append``, one C call and the finalizer's first: an interrupt lands before
+    it or after it), which ends it at the lane's next operation; the lane is asked to
+    run that operation now if it can (``_dropped_hold``: a thread lane when its core's
+    lock is free, since a finalizer may run while this thread holds it; an asyncio lane
+    on its loop), so a waiter already parked gets the permit at once instead of at its
+    timeout. The hold is then marked ended (a block left later, by a generator
+    collected in the same reference cycle after it, releases nothing and counts no
+    unmatched release), and :func:`warn_dropped` warns: recorded first, so the permit
+    comes back even when warnings are turned into errors (an error in a finalizer is
+    only reported). Recording a token the core no longer holds is harmless: the lane's
+    next operation skips it quietly. ``acquire_all``'s finalizer does the same per lane
+    (:class:`lanequeue.queue._MultiDropWatch`).
 
     A hold that ends by leaving its block changes its class to its face's public hold
     class (``_ended_class``: :class:`lanequeue.ThreadHold`, :class:`lanequeue.AsyncHold`,
@@ -539,7 +549,7 @@ class _DropWatch:
         except AttributeError:  # interrupted while acquire() was making it
             return
         if token > 0:
-            # Held: recorded by this frame's first call (one C call; see drop_hold), so
+            # Held: recorded by this frame's first call (one C call; see the class), so
             # an interrupt can lose the drop only at this frame's very entry.
             self.lane._core._dropped.append((self.key, token))
         elif token < 0:
@@ -553,27 +563,9 @@ class _DropWatch:
             self.lane._core._dropped.append((self.key, token))
         else:
             return
-        self._token = -token  # type: ignore[misc]  # ended: see drop_hold
+        self._token = -token  # type: ignore[misc]  # ended (see the class)
         self.lane._dropped_hold()
         warn_dropped(self.lane, self.key, token)
-
-
-def drop_hold(lane: Any, key: str, token: int) -> None:
-    """What the finalizer of an in-process hold dropped while held does (inlined in the
-    finalizers, whose first call is the record): record the hold with the lane's core
-    (``_dropped.append``, one C call, so an interrupt lands before it or after it), which
-    ends it at the lane's next operation, and ask the lane to run that operation now if
-    it can (``_dropped_hold``: a thread lane when its core's lock is free, since a
-    finalizer may run while this thread holds it; an asyncio lane on its loop), so a
-    waiter already parked gets the permit at once instead of at its timeout. The
-    finalizer then marks the hold ended (a block left later, by a generator collected
-    in the same reference cycle after it, releases nothing and counts no unmatched
-    release), then calls :func:`warn_dropped`: recorded first, so the permit comes back
-    even when warnings are turned into errors (an error in a finalizer is only
-    reported). Recording a token the core no longer holds is harmless: the lane's
-    next operation skips it quietly."""
-    lane._core._dropped.append((key, token))
-    lane._dropped_hold()
 
 
 def warn_dropped(lane: Any, key: str, token: int) -> None:

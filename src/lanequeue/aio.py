@@ -315,7 +315,7 @@ class _AsyncFace:
             self._bind_loop()
 
     def _dropped_hold(self) -> None:
-        """A hold of this lane was dropped while held (see ``drop_hold``): end it on the
+        """A hold of this lane was dropped while held (see ``_kinds._DropWatch``): end it on the
         lane's loop, soon (a task waiter is woken on its loop only; the finalizer may
         run in any thread), unless no loop is bound or it is closed (then the next
         operation ends it)."""

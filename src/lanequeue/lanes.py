@@ -168,7 +168,7 @@ class _ThreadFace:
         return self._park(key, timeout, priority)
 
     def _dropped_hold(self) -> None:
-        """A hold of this lane was dropped while held (see ``drop_hold``): end it now,
+        """A hold of this lane was dropped while held (see ``_kinds._DropWatch``): end it now,
         handing its permit to a waiter already parked, unless the core's lock is taken
         (maybe by this very thread, whose finalizer runs inside the core: then the next
         operation ends it). Any thread may do this: a hand-off wakes a thread waiter by

@@ -346,7 +346,7 @@ def _no_prepare(lane: object) -> None:
 class _MultiDropWatch:
     """The finalizer of an ``acquire_all`` garbage-collected while holding in-process
     lanes (a mixin of the classes the queues' ``acquire_all`` make): each such permit
-    ends through :func:`~lanequeue._kinds.drop_hold` and warns. Leaving the block
+    ends as a dropped hold does (:class:`~lanequeue._kinds._DropWatch`) and warns. Leaving the block
     changes the class to the same class without this mixin, as a hold does
     (:class:`lanequeue._kinds._DropWatch`)."""
 
@@ -363,7 +363,7 @@ class _MultiDropWatch:
             return
         if taken:
             # Each token recorded with its core first (one C call each, no call before
-            # the first: see drop_hold), then the rest of the work. A token a release
+            # the first: see _DropWatch), then the rest of the work. A token a release
             # pass an interrupt stopped had released already (see end_marked) is
             # recorded too and skipped quietly by the core; a viewed token is its
             # view's, which has its own finalizer.
@@ -383,7 +383,7 @@ class _MultiDropWatch:
         steps, key = self._plan.steps, self._key
         dropped = [(i, got) for i, got in enumerate(taken)
                    if type(got) is int and cast(Core, steps[i][1]).owns(key, got)]
-        self._taken = []  # type: ignore[misc]  # ended: see drop_hold
+        self._taken = []  # type: ignore[misc]  # ended (see _DropWatch)
         for i in {i for i, got in enumerate(taken) if type(got) is int}:
             cast(Any, steps[i][0])._dropped_hold()
         for i, got in dropped:
