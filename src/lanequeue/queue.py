@@ -381,10 +381,10 @@ class _MultiDropWatch:
         at every drop, stays small: no cells for a comprehension): warn of the tokens the
         cores still hold, and ask each lane to end them now."""
         steps, key = self._plan.steps, self._key
-        dropped = [(i, got) for i, got in enumerate(taken)
-                   if type(got) is int and cast(Core, steps[i][1]).owns(key, got)]
+        tokens = [(i, got) for i, got in enumerate(taken) if type(got) is int]
+        dropped = [(i, got) for i, got in tokens if cast(Core, steps[i][1]).owns(key, got)]
         self._taken = []  # type: ignore[misc]  # ended (see _DropWatch)
-        for i in {i for i, got in enumerate(taken) if type(got) is int}:
+        for i, _ in tokens:
             cast(Any, steps[i][0])._dropped_hold()
         for i, got in dropped:
             warn_dropped(steps[i][0], key, got)

@@ -73,7 +73,8 @@ def drive(steps: Steps[T]) -> T:
 # handler interrupts (they run in the main thread), and its caller waits for it at most
 # CANCEL_WAIT_S: a second Ctrl-C while it runs ends that wait, not the clean-up. Handing
 # it over is one C call (the service's ``post``), so a second interrupt lands before it
-# (the clean-up then runs in the caller, as before) or after it (it runs in full).
+# (within the few instructions from the first interrupt to the hand-over: that clean-up
+# is then lost, its grant left to its lease) or after it (the clean-up runs in full).
 
 _cleanups: Service | None = None
 
@@ -108,7 +109,7 @@ def _forget_cleanups() -> None:
 os.register_at_fork(after_in_child=_forget_cleanups)
 
 
-def _finish(box: list[Any]) -> None:
+def _finish_aside(box: list[Any]) -> None:
     """(In a clean-up thread) drive ``box[0]`` to its end, then mark the box done
     (``box[0] = None``) and wake the callers waiting on the locks after it."""
     try:
@@ -134,7 +135,7 @@ def _run_aside(steps: Steps[None]) -> None:
         return
     post = service.post
     box: list[Any] = [steps]
-    post((_finish, box))  # -- the hand-over: one C call --
+    post((_finish_aside, box))  # -- the hand-over: one C call --
     done = allocate_lock()
     done.acquire()
     box.append(done)
