@@ -191,7 +191,9 @@ def test_c30_holder_learns_before_the_takeover_when_its_connection_is_cut(
         at, lost_then = granted[0]
         assert lost_then is True
         assert lost_at and lost_at[0] < at
-        assert lost_at[0] - cut < 0.5  # at once, not at the end of the lease
+        # At once: well within the grace (a CI run under load once took 0.61 s: the
+        # presence reader waited for a CPU), not at the end of the lease.
+        assert lost_at[0] - cut < GRACE_S / 2
         assert at - cut >= GRACE_S * 0.9  # the server waited out the grace
     finally:
         try:
