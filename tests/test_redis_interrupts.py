@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -473,28 +474,100 @@ def test_an_interrupt_after_the_grant_before_it_is_recorded_passes_it_on(
     assert other.try_acquire("k") and other.manual_release("k")
 
 
+def _interrupt_after_the_grant(monkeypatch: pytest.MonkeyPatch, kind: Any, where: str) -> None:
+    """Arm one KeyboardInterrupt after an acquire's grant is recorded: ``"in take"`` as
+    its renewer is started (inside ``_take``), ``"after take"`` once ``_take`` returned
+    True (in ``_enter``, before ``__enter__`` returns)."""
+    from lanequeue.redis._protocol import RedisLaneBase
+
+    if where == "in take":
+        def start_renewer(self: Any, needed: bool) -> None:
+            monkeypatch.undo()
+            raise KeyboardInterrupt  # the grant is recorded: HELD, in the registry
+
+        monkeypatch.setattr(kind, "_start_renewer", start_renewer)
+        return
+    real = RedisLaneBase._enter
+
+    def enter(self: Any, hold: Any) -> Any:
+        monkeypatch.undo()
+        yield from real(self, hold)
+        assert hold.held
+        raise KeyboardInterrupt  # _take returned True; __enter__ has not returned
+
+    monkeypatch.setattr(RedisLaneBase, "_enter", enter)
+
+
 @pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
-def test_an_acquire_interrupted_after_its_grant_was_recorded_leaves_it_to_the_lane(
-    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+@pytest.mark.parametrize("where", ["in take", "after take"])
+def test_an_acquire_interrupted_after_its_grant_leaves_the_hold_as_in_process(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    kind: Any, where: str,
 ) -> None:
-    """A KeyboardInterrupt after the grant was recorded (here: as the renewer is
-    started) of a ``with lane.acquire(key)``, whose hold object the caller never got and
-    drops: the lane object keeps the hold (a strong entry), so ``get_active()`` shows it
-    and ``manual_release(key)`` ends it, as an interrupted in-process acquire leaves its
-    hold; it is not left to lapse unseen."""
+    """A KeyboardInterrupt after the grant of a ``with lane.acquire(key)`` was recorded
+    (inside the acquire, or after it, before ``__enter__`` returns): as in process, the
+    hold stays held while its object lives (the interrupt's traceback has it):
+    ``get_active()`` shows it and ``manual_release(key)`` ends it."""
     lane, other = _lanes(kind, redis_client, redis_prefix)
     assert lane.try_acquire("warm") and lane.manual_release("warm")
-
-    def start_renewer(self: Any, needed: bool) -> None:
-        raise KeyboardInterrupt  # the grant is recorded: HELD, in the registry
-
-    monkeypatch.setattr(kind, "_start_renewer", start_renewer)
-    with pytest.raises(KeyboardInterrupt), lane.acquire("k"):
-        pass
-    monkeypatch.undo()
-    gc.collect()  # the caller's hold object is gone
+    _interrupt_after_the_grant(monkeypatch, kind, where)
+    try:
+        with lane.acquire("k"):
+            pytest.fail("the block ran")
+    except KeyboardInterrupt as exc:
+        interrupted: BaseException | None = exc
     assert "k" in lane.get_active() and lane.active_count == 1
     assert _in_redis(other, "k")
+    assert lane.manual_release("k")
+    assert lane.get_active() == {} and not _in_redis(other, "k")
+    assert lane.stats.holders == 0 and lane.stats.unmatched_releases == 0
+    del interrupted  # the traceback, and the hold object in it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # released: dropping it now warns of nothing
+        gc.collect()
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+@pytest.mark.parametrize("where", ["in take", "after take"])
+def test_an_interrupted_acquires_dropped_hold_is_released_by_the_renewer(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    kind: Any, where: str,
+) -> None:
+    """The same interrupt, and the caller lets the hold object go (it never had it): as
+    a dropped in-process hold returns its permit, a ``ResourceWarning`` names it and the
+    lane object's renewer releases it at its next round (``lease_s/3``), not renewing it
+    for a holder that is gone: another client gets the key long before the lease."""
+    extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    lane = kind(redis_client, "d", prefix=redis_prefix, lease_s=3.0, **extra)
+    other = kind(redis.Redis(port=port), "d", prefix=redis_prefix, lease_s=3.0, **extra)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+    _interrupt_after_the_grant(monkeypatch, kind, where)
+    with pytest.warns(ResourceWarning, match="'k'"):
+        with pytest.raises(KeyboardInterrupt), lane.acquire("k"):
+            pytest.fail("the block ran")
+        gc.collect()  # the hold object, kept by the traceback until now, is gone
+    dropped = time.monotonic()
+    assert other.acquire_timeout("k", 2.5)  # the 3 s lease would still run
+    assert time.monotonic() - dropped < 2.5
+    assert other.manual_release("k")
+    assert lane.get_active() == {} and lane.stats.holders == 0
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+def test_an_owned_acquire_interrupted_after_its_grant_stays_with_the_lane(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, kind: Any,
+) -> None:
+    """``acquire_timeout`` (the lane object owns the hold: no hold object to drop)
+    interrupted after its grant was recorded: the hold stays held, renewed, shown by
+    ``get_active()``, until ``manual_release(key)`` ends it."""
+    lane, other = _lanes(kind, redis_client, redis_prefix)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+    _interrupt_after_the_grant(monkeypatch, kind, "in take")
+    with pytest.raises(KeyboardInterrupt):
+        lane.acquire_timeout("k", 5.0)
+    gc.collect()
+    assert "k" in lane.get_active() and _in_redis(other, "k")
     assert lane.manual_release("k")
     assert lane.get_active() == {} and not _in_redis(other, "k")
 

@@ -214,9 +214,10 @@ holds in a zset instead of one holder)::
   lane.acquire(key)``, ``acquire_all``): a hold garbage-collected without a release is
   no longer renewed, the lane object's renewer releases it at its next round (within
   ``lease_s/3``; else its lease lapses within ``lease_s``), and a ``ResourceWarning``
-  names it. An acquire interrupted after its grant was recorded leaves its hold to the
-  lane object (a strong entry: shown, renewed, ended by ``manual_release(key)``). Holds
-  taken with ``try_acquire``/``acquire_timeout`` belong to the lane object until
+  names it. An acquire interrupted after its grant was recorded leaves its hold to its
+  owner, as in process: a caller-owned hold stays held while its object lives (in the
+  interrupt's traceback) and is released as above once dropped. Holds taken with
+  ``try_acquire``/``acquire_timeout`` belong to the lane object until
   ``manual_release(key)``.
 - Interrupts (threads). The clean-up of an interrupted acquire (withdraw, pass on a
   grant) runs in a thread of the process's clean-up service, which no signal handler

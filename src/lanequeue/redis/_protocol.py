@@ -435,22 +435,6 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._notice_lost(hold)
         return start
 
-    def _keep(self, hold: H) -> None:
-        """An acquire interrupted after its grant was recorded: its caller never got the
-        hold (the hold object may be dropped at once), so the lane object keeps it (a
-        strong registry entry): shown by ``get_active()``, renewed, ended by
-        ``manual_release(key)``, as an interrupted in-process acquire leaves its hold."""
-        kept = Kept(hold)
-        with self._lock:
-            entry = hold._entry
-            entries = self._holds.get(hold.key)
-            if isinstance(entry, Kept) or entries is None or entry not in entries:
-                return
-            kept.live = entry.live
-            # -- commit: plain stores --
-            entries[entries.index(entry)] = kept
-            hold._entry = kept
-
     def _presence_lost(self, epoch: Epoch) -> int:
         """The presence connection ``epoch`` died (called by its thread): every hold
         granted under it is lost now, before the server may give it to a waiter. Returns
@@ -904,14 +888,15 @@ class RedisLaneBase(ABC, Generic[H]):
         except BaseException:
             # Interrupted (KeyboardInterrupt, an async exception, a cancelled task) at
             # any point, maybe after the server queued or granted us: leave no ghost in
-            # line, pass on a grant. A grant already recorded (HELD: in the registry, so
-            # shown by get_active() and ended by manual_release, as an interrupted
-            # in-process acquire leaves its hold) stays: passing it on would leave a
-            # registry entry for a hold Redis no longer has.
+            # line, pass on a grant. A grant already recorded (HELD: in the registry)
+            # stays as an interrupted in-process acquire leaves its hold: shown by
+            # get_active() and ended by manual_release while its owner has it (a
+            # caller-owned hold object lives on in the interrupt's traceback), released
+            # by the renewer once a caller-owned one is dropped (its registry entry is
+            # weak: see _lease). The same after _take returned, up to the caller's
+            # ``with`` block: nothing there needs handling.
             if hold._state != HELD:
                 yield from self._abandon(hold)
-            else:
-                self._keep(hold)
             raise
         finally:
             if in_line:
