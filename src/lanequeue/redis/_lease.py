@@ -71,13 +71,17 @@ class _Watchdog:
         self._pid = 0
 
     def watch(self, lane: Any, at: float) -> None:
-        """Call ``lane._deadlines_due(at)`` at monotonic time ``at``."""
+        """Call ``lane._deadlines_due(at)`` at monotonic time ``at``. Raises RuntimeError
+        when the watchdog's thread is not running yet and cannot be started (out of
+        threads); nothing is then changed."""
         with self._cond:
             if self._pid != os.getpid():  # first use, or a forked child: a new thread
-                self._pid = os.getpid()
-                self._heap = []
+                # Started first: out of threads, this raises RuntimeError with nothing
+                # changed, and the next call tries again. (The thread waits for the lock.)
                 threading.Thread(target=self._run, name="lanequeue-lease-deadlines",
                                  daemon=True).start()
+                self._pid = os.getpid()
+                self._heap = []
             entry = (at, next(self._seq), weakref.ref(lane))
             heapq.heappush(self._heap, entry)
             if self._heap[0] is entry:

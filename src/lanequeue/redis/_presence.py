@@ -226,7 +226,8 @@ _lock = threading.Lock()
 
 def presence_for(client: Any) -> Presence | None:
     """This process's presence for ``client``'s server (started on first use; anew in a
-    forked child), or None when presence is off (a cluster client, unknown settings)."""
+    forked child), or None when presence is off (a cluster client, unknown settings) or
+    its thread cannot be started (out of threads)."""
     addr = _address(client)
     if addr is None:
         return None
@@ -239,7 +240,15 @@ def presence_for(client: Any) -> Presence | None:
             make = _sync_connection_maker(client)
             if make is None:
                 return None
-            p = _registry[addr] = Presence(make)
+            try:
+                p = Presence(make)
+            except RuntimeError as exc:  # "can't start new thread": out of threads
+                # Holds fall back to lease_s, as without presence; the next lane object
+                # made for this server tries again.
+                log.warning("the Redis presence connection could not start (%s); holds "
+                            "of lanes made now rely on lease_s alone", exc)
+                return None
+            _registry[addr] = p
     return p
 
 

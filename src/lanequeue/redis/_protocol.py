@@ -389,10 +389,11 @@ class RedisLaneBase(ABC, Generic[H]):
 
     # -- the registry of this object's holds -------------------------------------------
 
-    def _register(self, hold: H, token: int, t0: float, kept: bool) -> bool:
-        """Record a grant asked for at ``t0``; return True if the caller must start a
-        renewer. ``kept``: the lane object owns the hold (strong registry entry), else
-        its caller does (weak entry: see :mod:`._lease`)."""
+    def _register(self, hold: H, token: int, t0: float, kept: bool) -> tuple[bool, bool]:
+        """Record a grant asked for at ``t0``; return (the caller must start a renewer,
+        the caller must tell the watchdog of the hold's deadline). ``kept``: the lane
+        object owns the hold (strong registry entry), else its caller does (weak entry:
+        see :mod:`._lease`)."""
         with self._lock:
             self._purge_dropped()
             # Calls first (an interrupt among them leaves the hold PENDING, unrecorded:
@@ -426,14 +427,21 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._holds[hold.key] = [entry]
             else:
                 entries.append(entry)
-        if watch:
-            watchdog.watch(self, hold._expires)
-        epoch = hold._presence
-        if epoch is not None:
-            epoch.watch(self)
-            if epoch.dead:  # died between the request and its answer
-                self._notice_lost(hold)
-        return start
+        return start, watch
+
+    def _unrecord(self, hold: H, start: bool, watch: bool) -> None:
+        """Undo :meth:`_register` of ``hold`` (counted as released: the acquire's
+        handler passes its grant on in Redis), and the claims it made for the renewer
+        and the watchdog's entry that could not be started: the next grant tries
+        again."""
+        with self._lock:
+            if hold._entry is not None and hold._state == HELD:
+                self._unlink(hold, True)
+            # -- commit: plain stores --
+            if start:
+                self._renewing = False
+            if watch:
+                self._watch_at = math.inf
 
     def _presence_lost(self, epoch: Epoch) -> int:
         """The presence connection ``epoch`` died (called by its thread): every hold
@@ -660,8 +668,27 @@ class RedisLaneBase(ABC, Generic[H]):
     # -- procedures: acquire, wait, withdraw, release ------------------------------------
 
     def _granted(self, hold: H, token: int, t0: float, kept: bool) -> bool:
-        """Record a grant asked for at ``t0`` and see that it is renewed; True."""
-        self._start_renewer(self._register(hold, token, t0, kept))
+        """Record a grant asked for at ``t0`` and see that it is renewed and its deadline
+        watched; True. Raises LaneBackendError when a thread it needs could not be
+        started (the process is out of threads: the renewer's, the watchdog's): the
+        grant is unrecorded, and the acquire's handler passes it on."""
+        start, watch = self._register(hold, token, t0, kept)
+        try:
+            if watch:
+                watchdog.watch(self, hold._expires)
+            self._start_renewer(start)
+        except RuntimeError as exc:  # "can't start new thread"
+            self._unrecord(hold, start, watch)
+            raise LaneBackendError(
+                f"lane {self.name!r}: could not start a thread for the hold of key "
+                f"{shown(hold.key)} ({exc}: the process is out of threads); its grant is "
+                f"passed on, nothing is held"
+            ) from exc
+        epoch = hold._presence
+        if epoch is not None:
+            epoch.watch(self)
+            if epoch.dead:  # died between the request and its answer
+                self._notice_lost(hold)
         return True
 
     def _forked(self) -> None:
@@ -880,7 +907,9 @@ class RedisLaneBase(ABC, Generic[H]):
             # But a reply that was not ours (a protocol error), or an error reply (OOM),
             # came from a reachable server, which may have queued or granted us: leave,
             # pass a grant on (else a release hands the key to this ghost for a lease).
-            if isinstance(exc.__cause__, (StaleReply, ResponseError)):
+            # So is a grant that came and could not be kept (no thread to renew it:
+            # RuntimeError, see _granted).
+            if isinstance(exc.__cause__, (StaleReply, ResponseError, RuntimeError)):
                 yield from self._abandon(hold, count=False)
             raise
         except GeneratorExit:

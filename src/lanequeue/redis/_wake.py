@@ -391,6 +391,7 @@ class SyncWaker:
         self._sibling = sibling_sync(client)
         self._ready = Gate()
         self._started = False
+        self._start_failed = False
         self._lock = threading.Lock()
 
     def expect(self, owner: str) -> None:
@@ -460,8 +461,18 @@ class SyncWaker:
             self._started = True
         if self._sibling is None:
             return
-        threading.Thread(target=self._listen, args=(weakref.ref(self),),
-                         name="lanequeue-wake", daemon=True).start()
+        try:
+            threading.Thread(target=self._listen, args=(weakref.ref(self),),
+                             name="lanequeue-wake", daemon=True).start()
+        except RuntimeError as exc:  # "can't start new thread": out of threads
+            # Waiters poll meanwhile (their bounded waits); the next one tries again.
+            self._started = False
+            if not self._start_failed:  # logged once until a start succeeds
+                self._start_failed = True
+                log.warning("the Redis wake-up listener could not start (%s); waiters "
+                            "poll until it can", exc)
+            return
+        self._start_failed = False
         self._ready.wait(2.0)  # subscribed (or gave up for now: waiters poll)
 
     @staticmethod
