@@ -275,3 +275,23 @@ def test_acquire_all_one_deadline_across_waits() -> None:
         quiet(glob)
     finally:
         loop.shutdown()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("lanes", [["session"], ["session", "global"]])
+def test_a_timed_out_wait_never_ends_another_callers_hold(lanes: list[str]) -> None:
+    """As on threads: a timed-out wait's 0 is never released as a token (a release by
+    key, which would end the other caller's hold)."""
+
+    async def main() -> None:
+        q = make_queue(global_cap=2)
+        session, glob = q["session"], q["global"]
+        async with session.acquire("k") as other:
+            with pytest.raises(LaneTimeoutError):
+                async with q.acquire_all("k", lanes, timeout_s=0.05):
+                    pass
+            assert await session.is_held("k") and other.held
+        quiet(session)
+        quiet(glob)
+
+    asyncio.run(main())

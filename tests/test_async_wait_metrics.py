@@ -199,9 +199,9 @@ def test_the_look_goes_straight_to_the_line_only_while_the_lane_is_busy(
         take = type(core).take
 
         def counting_take(self: Any, key: str, wait: bool, waiter: Any = None,
-                          *rest: Any) -> int:
+                          *rest: Any, **kw: Any) -> int:
             takes.append(waiter is not None)
-            got: int = take(self, key, wait, waiter, *rest)
+            got: int = take(self, key, wait, waiter, *rest, **kw)
             return got
 
         monkeypatch.setattr(type(core), "take", counting_take)

@@ -372,7 +372,7 @@ def _run_thread_case(lane_factory: Callable[[], Any], case: str,
             waiter = _ThreadWaiter()  # another caller in line (no thread behind it)
             waiter.since = core._clock()  # as the face parks it
             rank = getattr(lane, "test_priority", 0)
-            assert (core.take(KEY, True, waiter, rank) if rank
+            assert (core.take(KEY, True, waiter, priority=rank) if rank
                     else core.take(KEY, True, waiter)) == 0
 
             def op() -> None:
@@ -450,7 +450,8 @@ def test_c18_interrupt_while_ending_waiters_strands_none(kind: str, ender: str) 
         waiters = [_ThreadWaiter() for _ in range(3)]
         for w in waiters:
             w.since = core._clock()  # as the face parks it
-            assert (core.take(KEY, True, w, rank) if rank else core.take(KEY, True, w)) == 0
+            assert (core.take(KEY, True, w, priority=rank) if rank
+                    else core.take(KEY, True, w)) == 0
         try:
             with inj.active():
                 _ENDERS[ender](lane)
@@ -654,7 +655,7 @@ def test_c18_interrupt_at_every_point_async_lanes(kind: str, case: str) -> None:
                     known.append(hold.token)
                     waiter = _TaskWaiter(loop.create_future())
                     rank = getattr(lane, "test_priority", 0)
-                    assert (core.take(KEY, True, waiter, rank) if rank
+                    assert (core.take(KEY, True, waiter, priority=rank) if rank
                             else core.take(KEY, True, waiter)) == 0
 
             loop.run_until_complete(setup())
@@ -890,6 +891,97 @@ def test_c18_interrupt_while_leaving_then_dropping_leaves_nothing_held(
                 done = hold.release()
                 if is_async:
                     loop.run_until_complete(done)
+            del hold
+            gc.collect()
+            for lane in lanes:
+                check_consistent(lane._core)
+                st = lane.stats
+                assert (st.holders, st.unmatched_releases) == (0, 0), (lane.name, inj.fired)
+                if is_async:
+                    check_async_lane_works(loop, lane)
+                else:
+                    check_thread_lane_works(lane)
+        finally:
+            _finish(loop)
+            loop.close()
+
+    assert inject_everywhere(run_once) >= 2
+
+
+_ENTERERS = ["SessionLane", "Lane", "Lane+priority", "acquire_all", "AsyncSessionLane",
+             "AsyncLane", "AsyncLane+priority", "async acquire_all"]
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("how", ["free", "new key", "handoff"])
+@pytest.mark.parametrize("what", _ENTERERS)
+def test_c18_interrupt_while_entering_then_dropping_leaves_nothing_held(
+    what: str, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C18 + C20: KeyboardInterrupt at every injection point of entering a hold (or an
+    ``acquire_all``), then the hold object dropped: nothing stays held, and no unmatched
+    release is counted. Entering on the holds' own steps (the key IDLE, a permit free),
+    through the core's take (a key new to the lane), or by a hand-off while parked (for
+    ``acquire_all``, on its second lane). A grant is recorded in the hold (the
+    ``acquire_all``) in the same commit or before the wait's handler ends, so an interrupt
+    just after the grant leaves the permit to the hold's finalizer (or the
+    ``acquire_all``'s rollback): it once stayed held, by nobody, until
+    ``manual_release``."""
+    is_async = what.startswith(("Async", "async"))
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            if "acquire_all" in what:
+                queue: Any = AsyncLaneQueue() if is_async else LaneQueue()
+                queue.add_session_lane("session", timeout_s=JOIN_S)
+                queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+                lanes: list[Any] = [queue["session"], queue["global"]]
+                hold: Any = queue.acquire_all(KEY, ["session", "global"])
+            else:
+                lanes = [(ASYNC_LANES if is_async else THREAD_LANES)[what]()]
+                hold = lanes[0].acquire(KEY)
+            core = lanes[-1]._core
+            if how != "new key":  # the key IDLE on a per-key lane
+                for lane in lanes:
+                    assert lane._core.release(KEY, lane._core.take(KEY, True))
+            other = holder = 0
+            if how == "handoff" and core.per_key:
+                holder = core.take(KEY, True)  # the key held: the enter parks on it
+            elif how == "handoff":
+                other = core.take("other", True)  # a counting lane of 1, full: parks
+
+            freed: list[bool] = []
+
+            def release() -> None:
+                if freed:  # once: a second release would count as unmatched
+                    return
+                freed.append(True)
+                with inj.pause():
+                    if other:
+                        core.release("other", other)
+                    else:
+                        core.release(KEY, holder)
+
+            if how == "handoff" and not is_async:
+                _grant_on_park(monkeypatch, release)
+            try:
+                with inj.active():
+                    if is_async:
+                        if how == "handoff":
+                            loop.call_soon(release)  # runs once the task has parked
+                        loop.run_until_complete(hold.__aenter__())
+                    else:
+                        hold.__enter__()
+            except KeyboardInterrupt:
+                assert inj.fired is not None
+            monkeypatch.undo()
+            _finish(loop)
+            loop.run_until_complete(asyncio.sleep(0))  # (see the leaving test)
+            if how == "handoff":
+                release()  # unless the enter's wait did
             del hold
             gc.collect()
             for lane in lanes:

@@ -66,7 +66,7 @@ def full_core(clock: FakeClock, ageing_s: float = 10.0) -> tuple[CountingCore, i
 
 def join(core: CountingCore, name: str, priority: int) -> Rec:
     w = Rec(name)
-    assert core.take(name, True, w, priority) == 0
+    assert core.take(name, True, w, priority=priority) == 0
     return w
 
 
@@ -263,7 +263,7 @@ def test_model_priority_with_ageing(ops: list[tuple[str, int, int]]) -> None:
         elif op == "join":
             n += 1
             w = Rec(f"k{n}")
-            got = core.take(w.name, True, w, p)
+            got = core.take(w.name, True, w, priority=p)
             if got:
                 assert len(holds) < 2 and not ref
                 holds.append((w.name, got))

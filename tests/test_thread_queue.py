@@ -417,3 +417,21 @@ def test_acquire_all_whose_entry_timed_out_is_used_up() -> None:
     with queue.acquire_all("k", ["session", "global"], timeout_s=0.01):
         assert session.is_held("k")
     assert session.stats.holders == 0
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("lanes", [["session"], ["session", "global"]])
+def test_a_timed_out_wait_never_ends_another_callers_hold(lanes: list[str]) -> None:
+    """``acquire_all`` waits on a key another caller holds and times out: the wait's
+    "no grant" (0) is never taken for a token (a release of token 0 is a release by key:
+    it would end the other caller's hold), so the other hold stays, and nothing counts
+    as an unmatched release."""
+    queue = LaneQueue()
+    s = queue.add_session_lane("session", timeout_s=5)
+    g = queue.add_lane("global", max_concurrent=2, timeout_s=5)
+    with s.acquire("k") as other:
+        with pytest.raises(LaneTimeoutError), queue.acquire_all("k", lanes, timeout_s=0.05):
+            pass
+        assert s.is_held("k") and other.held
+    assert s.stats.unmatched_releases == g.stats.unmatched_releases == 0
+    assert s.stats.holders == g.stats.holders == 0

@@ -118,12 +118,20 @@ precede, makes the waiter refuse grants (``ready()`` False): a waiter left in li
 way is counted in ``waiters`` until the next release of its key drops it, and never
 takes a permit. Ending many waiters (``clear``, a drain's ``cancel_waiting``,
 ``close``) is a loop of steps, one waiter each, out of its line and woken in one commit:
-an interrupt between two steps leaves the others in line, waiting as before. A token
-is recorded in the hold right after the core returns it, and a hold is marked released
-right before the core releases it; an interrupt between the two leaves that one hold
-held in the core, and nothing else: ``manual_release`` ends it, and so does the hold's
-finalizer when the hold is dropped (:func:`end_marked`: the core still holding a token
-marked released means its release never ran; tokens are never reused). An
+an interrupt between two steps leaves the others in line, waiting as before. A grant
+is recorded where its owner will find it in the grant's own commit: ``take(key, wait,
+None, hold)`` stores the token in the hold (``hold._token``, a plain store), ``take(key,
+wait, None, None, taken)`` appends it to an ``acquire_all``'s list (the commit's one
+last builtin); a parked waiter's face
+records it before its wait's handler ends (that handler passes on a grant only if it
+is not recorded yet). So an interrupt right after a grant leaves the permit to the hold
+(its exit, its finalizer once dropped) or to the ``acquire_all``'s rollback, never to
+nobody; only a grant to the lane object itself (``try_acquire``, ``acquire_timeout``)
+is returned, its caller then holding it by key. A hold is marked released right before
+the core releases it; an interrupt between the two leaves that one hold held in the
+core, and nothing else: ``manual_release`` ends it, and so does the hold's finalizer
+when the hold is dropped (:func:`end_marked`: the core still holding a token marked
+released means its release never ran; tokens are never reused). An
 ``acquire_all`` records that a release pass began (``MULTI_LEAVING``), and empties its
 list only once every token in it is released: after an interrupt, a second pass
 (``release()``) and the finalizer end only the tokens the cores still hold.
@@ -280,7 +288,8 @@ class Core(Protocol):
     name: str
     seen_busy: bool  # a face's hint (see _CoreBase)
 
-    def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int: ...
+    def take(self, key: str, wait: bool, waiter: Waiter | None = None,
+             hold: Any = None, taken: list[Any] | None = None) -> int: ...
 
     def release(
         self, key: str, token: int = 0, dropped: tuple[str, int] | None = None
@@ -644,6 +653,29 @@ if hasattr(os, "register_at_fork"):
 MULTI_MADE, MULTI_ENTERED, MULTI_LEAVING = 0, 1, 2
 
 
+def record(into: Any, token: int) -> int:
+    """A face's record of the grant ``token`` made to its parked waiter, in ``into``
+    (None: nothing to record in; a list, an ``acquire_all``'s: appended; else a hold:
+    its ``_token``), as ``take`` records a grant made at once; returns
+    ``token``; 0 (no grant) is not recorded. Called inside the wait's ``try``, whose
+    handler keeps a grant that :func:`recorded` finds for ``into``'s owner instead of
+    passing it on (see "Interrupts")."""
+    if into is not None and token:
+        if into.__class__ is list:
+            into.append(token)
+        else:
+            into._token = token
+    return token
+
+
+def recorded(into: Any, n: int) -> bool:
+    """True if a grant was recorded in ``into`` since it had ``n`` entries (a list) or
+    since its ``_token`` was 0 (a hold); False for None."""
+    if into is None:
+        return False
+    return len(into) > n if into.__class__ is list else into._token > 0
+
+
 def end_marked(core: Core, key: str, token: int) -> None:
     """End the hold ``token`` of ``key`` whose release may not have run: a hold marked
     released (its token negated) before an interrupt stopped its release, or a token
@@ -722,12 +754,15 @@ class SessionCore(_CoreBase):
 
     # -- transitions -------------------------------------------------------------------
 
-    def take(self, key: str, wait: bool, waiter: Waiter | None = None) -> int:
+    def take(self, key: str, wait: bool, waiter: Waiter | None = None,
+             hold: Any = None, taken: list[Any] | None = None) -> int:
         """Grant ``key`` now if nobody holds it: return the token (also stored in
-        ``waiter.token`` when a waiter is given). Else return 0: with ``waiter``, after
-        putting it at the end of the key's line (the caller then parks on it); without,
-        counting a refusal unless ``wait`` (the caller will make a waiter and call again
-        with it: a waiter is made outside the lock, and only on this slow path)."""
+        ``waiter.token`` when a waiter is given, else recorded in the grant's commit: in
+        ``hold._token``, or appended to ``taken``, an ``acquire_all``'s list). Else return 0:
+        with ``waiter``, after putting it at the end of the key's line (the caller then
+        parks on it); without, counting a refusal unless ``wait`` (the caller will make
+        a waiter and call again with it: a waiter is made outside the lock, and only on
+        this slow path)."""
         if self.draining:
             raise LaneDrainingError(self.name, key)
         if self._dropped:
@@ -750,6 +785,10 @@ class SessionCore(_CoreBase):
                     self._held += 1
                     if waiter is not None:
                         waiter.token = token
+                    elif hold is not None:  # recorded in the commit (see "Interrupts")
+                        hold._token = token
+                    elif taken is not None:
+                        taken.append(token)  # (its one last builtin)
                     return token
                 if waiter is None:
                     if not wait:
@@ -782,6 +821,10 @@ class SessionCore(_CoreBase):
                 self._high = size
             if waiter is not None:
                 waiter.token = token
+            elif hold is not None:  # recorded in the commit (see "Interrupts")
+                hold._token = token
+            elif taken is not None:
+                taken.append(token)  # (its one last builtin)
             return token
         finally:
             try:
@@ -1139,8 +1182,9 @@ class MultiHoldSteps:
     Any other case of a step goes to the core's ``take`` / ``release``, and a step that
     must wait goes to the general loop (``_take_rest``), with the waiter made there. Same
     rules ("Interrupts" in the module docstring): a grant's token is appended to
-    ``_taken`` as the commit's one last builtin call (an interrupt after it finds the
-    token there, and the ``except`` gives back everything taken); a token is popped from
+    ``_taken`` as the commit's one last builtin call, here and in the core's ``take``
+    (its ``taken``) (an interrupt after it finds the token there, and the ``except`` gives
+    back everything taken); a token is popped from
     ``_taken`` (marked released) right before its release, as a hold is.
     """
 
@@ -1201,10 +1245,9 @@ class MultiHoldSteps:
                         lock.release()
                     except RuntimeError:  # acquire was interrupted before it took it
                         pass
-                got = core.take(key, True)
-                if not got:  # busy: the general loop puts a waiter in line
-                    return self._take_rest(got)
-                taken.append(got)
+                # (a grant is appended to ``taken`` in its own commit)
+                if not core.take(key, True, None, None, taken):
+                    return self._take_rest(0)  # busy: the general loop puts a waiter in line
         except BaseException:  # an interrupt between two takes: give back what we took
             self.release()
             raise
@@ -1363,10 +1406,12 @@ class CountingCore(_CoreBase):
         self._heap = []
 
     def take(
-        self, key: str, wait: bool, waiter: Waiter | None = None, priority: int = 0
+        self, key: str, wait: bool, waiter: Waiter | None = None, hold: Any = None,
+        taken: list[Any] | None = None, priority: int = 0,
     ) -> int:
         """Grant a permit now if one is free: return the token (also stored in
-        ``waiter.token`` when a waiter is given). Else return 0: with ``waiter``, after
+        ``waiter.token`` when a waiter is given, else recorded in ``hold`` or ``taken``,
+        as by :meth:`SessionCore.take`). Else return 0: with ``waiter``, after
         putting it in line with ``priority`` (see "Priority" above; the faces check
         it); without, counting a refusal unless ``wait`` (see :meth:`SessionCore.take`)."""
         if self.draining:
@@ -1388,6 +1433,10 @@ class CountingCore(_CoreBase):
                 holds[token] = (key, now)
                 if waiter is not None:
                     waiter.token = token
+                elif hold is not None:  # recorded in the commit (see "Interrupts")
+                    hold._token = token
+                elif taken is not None:
+                    taken.append(token)  # (its one last builtin)
                 return token
             if waiter is None:
                 if not wait:

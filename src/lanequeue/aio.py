@@ -42,7 +42,16 @@ from threading import get_ident
 from types import TracebackType
 from typing import Any, ClassVar, Literal, cast
 
-from ._core import MULTI_ENTERED, MULTI_LEAVING, Core, CountingCore, Waiter, ended_error
+from ._core import (
+    MULTI_ENTERED,
+    MULTI_LEAVING,
+    Core,
+    CountingCore,
+    Waiter,
+    ended_error,
+    record,
+    recorded,
+)
 from ._errors import LaneTimeoutError
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
@@ -235,16 +244,17 @@ class AsyncHold(Hold):
         if fast is None or fast._thread_id != get_ident():
             lane._bind_loop()
         core = lane._core
-        # (a busy look goes straight to the line: see _looks_busy)
+        # (a busy look goes straight to the line: see _looks_busy) A grant is stored in
+        # ``self._token`` by the core's commit, or by ``_park`` before its wait's handler
+        # ends: an interrupt right after it leaves the permit to this hold.
         token = 0 if core.seen_busy and timeout != 0 and _looks_busy(core, key) else (
-            core.take(key, timeout != 0))
+            core.take(key, timeout != 0, None, self))
         if not token:
             if timeout != 0:
                 core.seen_busy = True
-                token = await lane._park(key, timeout, self._priority)
+                token = await lane._park(key, timeout, self._priority, self)
             if not token:
                 raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
-        self._token = token
         return self
 
     async def __aexit__(
@@ -374,12 +384,15 @@ class _AsyncFace:
             return got
         return await self._park(key, timeout, priority)
 
-    async def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:
+    async def _park(self, key: str, timeout: float | None, priority: int = 0,
+                    into: Any = None) -> int:
         """The slow half of :meth:`_take`, after ``core.take`` found the lane busy (or
         :func:`_looks_busy` did): join the line with a new waiter (with ``priority``:
         checked, and 0 on a per-key lane) and wait up to ``timeout`` seconds (None: no
         limit). Returns the grant's token (at once if the permit is free by now), or 0
-        if none came (counted as a timeout).
+        if none came (counted as a timeout). A grant is recorded in ``into`` (a hold, or
+        an ``acquire_all``'s list) before this method's handler ends, as the thread
+        face's ``_park`` does.
 
         The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends: by
         the hand-off that grants it when the loop's clock is the core's (the stock loop
@@ -406,17 +419,18 @@ class _AsyncFace:
         ahead = -1
         behind: float | None = None  # since when the hold ahead at the join exists
         observed = False
+        n = len(into) if into.__class__ is list else 0  # (a hold's _token is 0 here)
         try:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt or a cancellation lands
             # at, the handler below finds the waiter (and its token, if granted).
             if priority:
                 counting: CountingCore = self._core
-                token = counting.take(key, True, waiter, priority)
+                token = counting.take(key, True, waiter, None, None, priority)
             else:
                 token = core.take(key, True, waiter)
             if token:  # free by now: granted at once (not a wait)
-                return token
+                return record(into, token)
             if timeout is not None or self.warn_after_s is not None:
                 ahead, behind = self._arm(key, waiter, start, timeout)
             await fut
@@ -437,7 +451,7 @@ class _AsyncFace:
                         if ahead == 0 and behind is not None and token > 0 else None))
             if token < 0:
                 raise ended_error(self.name, key, token)
-            return token
+            return record(into, token)
         except BaseException:
             # Cancelled in line, or after the grant but before resuming: withdraw tells
             # which; a permit already ours is passed on at once. First, refuse grants
@@ -446,6 +460,8 @@ class _AsyncFace:
             # the withdraw below, the next releaser drops this waiter instead of handing
             # it the permit. The call's own check comes after it is done.
             fut.cancel()
+            if recorded(into, n):
+                raise  # the grant is its owner's (granted: in no line any more)
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)
@@ -788,8 +804,10 @@ class _AsyncMultiAcquire(MultiHold):
             try:
                 for core in cores:
                     # (a busy look goes straight to the line: see _looks_busy)
+                    # (a grant is appended to ``taken`` in its own commit, here and
+                    # by ``_park``)
                     got = 0 if core.seen_busy and _looks_busy(core, key) else core.take(
-                        key, True)
+                        key, True, None, None, taken)
                     if not got:
                         core.seen_busy = True
                         lane: Any = plan.steps[len(taken)][0]  # an _AsyncFace
@@ -801,11 +819,10 @@ class _AsyncMultiAcquire(MultiHold):
                             remaining = max(0.0, deadline - now)
                         rank = self._priority  # (0: no call to _rank_for)
                         got = await lane._park(key, remaining,
-                                               rank and self._rank_for(core))
+                                               rank and self._rank_for(core), taken)
                         if not got:
                             raise LaneTimeoutError(lane.name, key, budget,
                                                    type(lane).__name__)
-                    taken.append(got)
                 return self
             except BaseException as exc:  # timed out, cancelled or interrupted: give
                 await self._release_all_async(exc)  # back all (``exc`` propagates)
@@ -828,7 +845,7 @@ class _AsyncMultiAcquire(MultiHold):
         # the in-process ones (``_step``).
         if core is not None:
             return await cast(_AsyncFace, lane)._park(self._key, remaining,
-                                                      self._rank_for(core))
+                                                      self._rank_for(core), self._taken)
         return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(

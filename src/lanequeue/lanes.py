@@ -21,6 +21,8 @@ from ._core import (
     SessionHoldSteps,
     Waiter,
     ended_error,
+    record,
+    recorded,
 )
 from ._errors import LaneTimeoutError
 from ._kinds import (
@@ -98,12 +100,12 @@ class ThreadHold(Hold):
             raise RuntimeError("this hold was already entered (a hold is single use, even after "
                                "it ended); call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
-        token = lane._core.take(key, timeout != 0)
-        if not token:
-            token = lane._park(key, timeout, self._priority) if timeout != 0 else 0
-            if not token:
-                raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
-        self._token = token
+        # A grant is stored in ``self._token`` by the core's commit, or by ``_park``
+        # before its wait's handler ends: an interrupt right after it leaves the permit
+        # to this hold (its finalizer), not to nobody.
+        if not lane._core.take(key, timeout != 0, None, self) and (
+                timeout == 0 or not lane._park(key, timeout, self._priority, self)):
+            raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         return self
 
     def __exit__(
@@ -188,11 +190,15 @@ class _ThreadFace:
         if free:
             self._core._settle()
 
-    def _park(self, key: str, timeout: float | None, priority: int = 0) -> int:
+    def _park(self, key: str, timeout: float | None, priority: int = 0,
+              into: Any = None) -> int:
         """The slow half of :meth:`_take`, after ``core.take`` found the lane busy: join
         the line with a new waiter (with ``priority``: checked, and 0 on a per-key lane)
         and wait up to ``timeout`` seconds (None: no limit).
-        Returns the grant's token, or 0 if none came (counted as a timeout).
+        Returns the grant's token, or 0 if none came (counted as a timeout). A grant is
+        recorded in ``into`` (as ``core.take`` records it: a hold, or an
+        ``acquire_all``'s list) before this method's handler ends: an interrupt after
+        that keeps the grant for ``into``'s owner instead of passing it on.
 
         The wait is observed (``lanequeue_wait_seconds``) when it ends: by the hand-off
         that grants it (the core's ``waits_at_grant``: under the lock the releaser holds
@@ -207,17 +213,18 @@ class _ThreadFace:
         waiter = _ThreadWaiter()
         waiter.since = start = clock()
         observed = False
+        n = len(into) if into.__class__ is list else 0  # (a hold's _token is 0 here)
         try:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt lands at, the handler
             # below finds the waiter (and its token, if granted meanwhile).
             if priority:
                 counting: CountingCore = self._core
-                token = counting.take(key, True, waiter, priority)
+                token = counting.take(key, True, waiter, None, None, priority)
             else:
                 token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
-                return token
+                return record(into, token)
             warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
@@ -235,7 +242,7 @@ class _ThreadFace:
                 self._core.observe_wait(clock() - start, False)
             if token < 0:
                 raise ended_error(self.name, key, token)
-            return token
+            return record(into, token)
         except BaseException:
             # Interrupted (KeyboardInterrupt, an async exception), or ended by clear or a
             # drain: leave no ghost in line; if the permit was handed over meanwhile, pass
@@ -244,6 +251,8 @@ class _ThreadFace:
             # interrupt stopping the withdraw below leaves a waiter the next releaser
             # drops, not one it hands the permit to.
             waiter.gone = True
+            if recorded(into, n):
+                raise  # the grant is its owner's (granted: in no line any more)
             token = core.withdraw(key, waiter, timed_out=False)
             if token > 0:
                 core.release(key, token)

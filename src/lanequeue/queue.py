@@ -184,12 +184,13 @@ class MultiHold:
         Takes the steps not taken yet, in registration order, appending each token or hold
         to ``_taken``. Where a step must wait it yields ``(lane, core, got, remaining)``:
         ``got`` is 0 (``core.take`` found the in-process lane busy: the face parks with
-        ``lane._park``), None for a lane reached through ``_hold``; ``remaining`` is what
-        is left of the ONE budget (seconds, None: no limit), which runs from the first
-        wait. The face waits in its own way (blocking or awaiting) and sends back the
-        token or hold, or a falsy value if none came: then this raises LaneTimeoutError
-        naming the lane and the key. ``pending`` is what the first step's ``core.take``
-        already returned, if the face's fast path called it. ``prepare(lane)`` runs before
+        ``lane._park``, which records a grant in ``_taken`` itself, as ``core.take``
+        does), None for a lane reached through ``_hold``; ``remaining`` is what is left
+        of the ONE budget (seconds, None: no limit), which runs from the first wait. The
+        face waits in its own way (blocking or awaiting) and sends back the token or
+        hold, or a falsy value if none came: then this raises LaneTimeoutError naming
+        the lane and the key. ``pending`` is 0 when the face's fast path found the first
+        step busy (None: take it here). ``prepare(lane)`` runs before
         an in-process lane is taken (the asyncio face checks the loop there). Releasing
         on failure is the face's job.
         """
@@ -201,12 +202,12 @@ class MultiHold:
             if core is not None:
                 if pending is None:
                     prepare(lane)
-                    got = core.take(key, budget != 0)
+                    # A grant is appended to ``taken`` in its own commit.
+                    got = core.take(key, budget != 0, None, None, taken)
+                    if got:
+                        continue
                 else:
-                    got, pending = pending, None
-                if got:
-                    taken.append(got)
-                    continue
+                    got, pending = pending, None  # (0: the face's take found it busy)
                 if budget == 0:  # refused (and counted as such by the core)
                     raise LaneTimeoutError(lane.name, key, budget, type(lane).__name__)
             now = clock()
@@ -216,7 +217,8 @@ class MultiHold:
             result = yield lane, core, got, _remaining(deadline, now)
             if not result:
                 raise LaneTimeoutError(lane.name, key, budget, type(lane).__name__)
-            taken.append(result)
+            if core is None:  # (an in-process lane's grant: recorded by the face's wait)
+                taken.append(result)
 
     def _releasing(
         self, block_error: BaseException | None = None
@@ -415,7 +417,8 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
         # A LaneQueue admits thread lanes only (``add``), and drives by their core the
         # in-process ones (``_step``).
         if core is not None:
-            return cast(_ThreadFace, lane)._park(self._key, remaining, self._rank_for(core))
+            return cast(_ThreadFace, lane)._park(self._key, remaining, self._rank_for(core),
+                                                 self._taken)
         return _hold(cast(SyncLane, lane), self._key, remaining)
 
     def release(self) -> None:
