@@ -833,6 +833,21 @@ def test_c18_interrupt_at_every_point_async_acquire_all() -> None:
     assert inject_everywhere(run_once) >= 20
 
 
+def _check_nothing_held(loop: asyncio.AbstractEventLoop, lanes: list[Any], is_async: bool,
+                        fired: str | None) -> None:
+    """After an interrupted enter or exit and the hold object dropped (collected here):
+    every lane consistent, nothing held, no unmatched release, and each lane works."""
+    gc.collect()
+    for lane in lanes:
+        check_consistent(lane._core)
+        st = lane.stats
+        assert (st.holders, st.unmatched_releases) == (0, 0), (lane.name, fired)
+        if is_async:
+            check_async_lane_works(loop, lane)
+        else:
+            check_thread_lane_works(lane)
+
+
 _LEAVERS = ["SessionLane", "Lane", "Lane+priority", "acquire_all", "AsyncSessionLane",
             "AsyncLane", "async acquire_all", "acquire_all+view", "async acquire_all+view"]
 
@@ -892,15 +907,7 @@ def test_c18_interrupt_while_leaving_then_dropping_leaves_nothing_held(
                 if is_async:
                     loop.run_until_complete(done)
             del hold
-            gc.collect()
-            for lane in lanes:
-                check_consistent(lane._core)
-                st = lane.stats
-                assert (st.holders, st.unmatched_releases) == (0, 0), (lane.name, inj.fired)
-                if is_async:
-                    check_async_lane_works(loop, lane)
-                else:
-                    check_thread_lane_works(lane)
+            _check_nothing_held(loop, lanes, is_async, inj.fired)
         finally:
             _finish(loop)
             loop.close()
@@ -983,15 +990,7 @@ def test_c18_interrupt_while_entering_then_dropping_leaves_nothing_held(
             if how == "handoff":
                 release()  # unless the enter's wait did
             del hold
-            gc.collect()
-            for lane in lanes:
-                check_consistent(lane._core)
-                st = lane.stats
-                assert (st.holders, st.unmatched_releases) == (0, 0), (lane.name, inj.fired)
-                if is_async:
-                    check_async_lane_works(loop, lane)
-                else:
-                    check_thread_lane_works(lane)
+            _check_nothing_held(loop, lanes, is_async, inj.fired)
         finally:
             _finish(loop)
             loop.close()
