@@ -37,13 +37,29 @@ def lanes(global_cap: int = 8) -> LaneQueue:
     return q
 
 
+class _Events(defaultdict[Any, threading.Event]):
+    """A label's event, made once under a lock: a plain defaultdict read from two threads
+    at once may make two events for one label (its factory is Python code, so the GIL
+    can switch between the miss and the store), and each thread then waits on its own."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        super().__init__(threading.Event)
+        self._lock = lock
+
+    def __missing__(self, label: Any) -> threading.Event:
+        with self._lock:
+            if label not in self:
+                self[label] = threading.Event()
+            return self[label]
+
+
 class Gates:
     """Thread turn functions: ``turn(label)`` sets started[label], waits for go[label]."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.started: dict[Any, threading.Event] = defaultdict(threading.Event)
-        self.go: dict[Any, threading.Event] = defaultdict(threading.Event)
+        self.started: dict[Any, threading.Event] = _Events(threading.Lock())
+        self.go: dict[Any, threading.Event] = _Events(threading.Lock())
         self.order: list[Any] = []
 
     def turn(self, label: Any) -> str:
