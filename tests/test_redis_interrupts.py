@@ -15,7 +15,7 @@ import pytest
 import redis
 from redis.connection import Connection
 
-from lanequeue import LaneBackendError
+from lanequeue import LaneBackendError, LeaseLostError
 from lanequeue.redis import RedisLane, RedisSessionLane, _wire
 from lanequeue.redis._sync import _Turn
 from lanequeue.redis._wake import Slots
@@ -552,6 +552,69 @@ def test_an_interrupted_acquires_dropped_hold_is_released_by_the_renewer(
     assert time.monotonic() - dropped < 2.5
     assert other.manual_release("k")
     assert lane.get_active() == {} and lane.stats.holders == 0
+
+
+@pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
+@pytest.mark.parametrize("where", ["the watchdog told", "the renewer started"])
+def test_an_interrupt_before_a_grants_duties_leaves_them_to_be_done(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    kind: Any, where: str,
+) -> None:
+    """A KeyboardInterrupt after a grant was recorded, as the watchdog is told of its
+    deadline or its renewer is started (the two duties that follow the record), leaves
+    neither claimed and undone: the lane object's next hold is renewed past its lease
+    (another client is refused its key), and its deadline is watched (its
+    ``on_lease_lost`` is called at the deadline when its renewals stall). Both once
+    failed for the object's whole life: the record claimed them before they were done."""
+    from lanequeue.redis._lease import watchdog
+
+    extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
+    port = redis_client.connection_pool.connection_kwargs["port"]
+    lost: list[str] = []
+    lane = kind(redis_client, "duty", prefix=redis_prefix, lease_s=1.0,
+                on_lease_lost=lambda h: lost.append(h.key), **extra)
+    other = kind(redis.Redis(port=port), "duty", prefix=redis_prefix, lease_s=1.0, **extra)
+    assert lane.try_acquire("warm") and lane.manual_release("warm")
+    # Its renewer ends once idle for a lease; then the next grant must start one.
+    deadline = time.monotonic() + 5.0
+    while any(t.name == "lanequeue-renew-duty" for t in threading.enumerate()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    if where == "the watchdog told":
+        def watch(lane: Any, at: float) -> None:
+            monkeypatch.undo()
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(watchdog, "watch", watch)
+    else:
+        def start_renewer(self: Any, needed: bool) -> None:
+            monkeypatch.undo()
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(kind, "_start_renewer", start_renewer)
+    with pytest.raises(KeyboardInterrupt) as interrupted, lane.acquire("first"):
+        pytest.fail("the block ran")
+    assert lane.manual_release("first")  # (held while the traceback has the hold)
+    del interrupted
+    with lane.acquire("A") as hold:
+        time.sleep(1.6)  # past the 1 s lease: only renewals keep it
+        assert not hold.lost and lost == []
+        assert not other.try_acquire("A")
+    stalled = threading.Event()
+
+    def stall(self: Any, calls: Any, wait: float) -> Any:
+        stalled.wait(5.0)  # a renewer stuck on I/O: only the watchdog sees the deadline
+        raise TimeoutError
+
+    monkeypatch.setattr(kind, "_renew_many_io", stall)
+    try:
+        with pytest.raises(LeaseLostError), lane.acquire("B"):
+            granted = time.monotonic()
+            while not lost and time.monotonic() - granted < 3.0:
+                time.sleep(0.01)
+            assert lost == ["B"] and time.monotonic() - granted < 1.5
+    finally:
+        stalled.set()
 
 
 @pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])

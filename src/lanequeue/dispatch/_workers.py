@@ -69,6 +69,11 @@ class Service:
         poll_s: with a clock other than ``time.monotonic`` (a test's fake clock), the
             service re-reads the clock at least this often (seconds), since it cannot
             know when the clock moves; None: never (a real clock).
+        min_threads: workers started at once, in the constructor (<= ``max_threads``);
+            others start when calls come.
+
+    Raises RuntimeError when a thread cannot be started (the process is out of
+    threads): the service thread's, or one of the first ``min_threads`` workers'.
 
     Every method is one put on a SimpleQueue: safe from any thread, and an interrupt in
     the caller cannot leave the service half updated (see the module docstring).
@@ -76,7 +81,7 @@ class Service:
 
     def __init__(self, *, max_threads: int, name: str,
                  clock: Callable[[], float] = time.monotonic,
-                 poll_s: float | None = None) -> None:
+                 poll_s: float | None = None, min_threads: int = 0) -> None:
         self._clock = clock
         self._poll_s = poll_s
         self._max = max_threads
@@ -87,7 +92,20 @@ class Service:
         self.post: Callable[[tuple[Callable[[Any], Any], Any]], None] = self._inbox.put
         self._work: SimpleQueue[Any] = SimpleQueue()
         self._seq = itertools.count()
-        threading.Thread(target=self._loop, daemon=True, name=name).start()
+        # The first ``min_threads`` workers now, in the caller (RuntimeError when out of
+        # threads: then there is no service): a call handed over later never waits for
+        # a worker that cannot be started.
+        self._min = 0
+        try:
+            while self._min < min_threads:
+                threading.Thread(target=self._worker, daemon=True,
+                                 name=f"{name}_{self._min}").start()
+                self._min += 1
+            threading.Thread(target=self._loop, daemon=True, name=name).start()
+        except BaseException:
+            for _ in range(self._min):  # (the workers started end)
+                self._work.put(_STOP)
+            raise
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Handle:
         """Call ``fn()`` in the service thread ``delay`` seconds from now (on ``clock``).
@@ -118,7 +136,7 @@ class Service:
         inbox, work = self._inbox, self._work
         heap: list[tuple[float, int, Handle]] = []
         dead = 0  # cancelled handles still in the heap (as counted by their messages)
-        workers = busy = 0  # workers started; calls handed to them and not done
+        workers, busy = self._min, 0  # workers started; calls handed to them, not done
         while True:
             # (No message or timer is kept in a local while the thread blocks: a
             # dispatcher dropped without close() must be collectable, see stop_with.)

@@ -451,7 +451,8 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         task = self._renew_task
         if needed or task is None or task.done() or task.get_loop() is not loop:
             with self._lock:
-                self._renewing = True
+                self._renewing = 1
+                self._renewer_pid = os.getpid()
             self._renew_task = loop.create_task(
                 _renew_loop(weakref.ref(self)), name=f"lanequeue-renew-{self.name}"
             )

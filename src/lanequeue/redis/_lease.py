@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -71,9 +72,12 @@ class _Watchdog:
         self._pid = 0
 
     def watch(self, lane: Any, at: float) -> None:
-        """Call ``lane._deadlines_due(at)`` at monotonic time ``at``. Raises RuntimeError
-        when the watchdog's thread is not running yet and cannot be started (out of
-        threads); nothing is then changed."""
+        """Call ``lane._deadlines_due(at)`` at monotonic time ``at``, unless an entry
+        of ``lane`` as early is pending (``lane._watch_at``, kept under this watchdog's
+        lock: set here once the entry is pushed, cleared when it fires, so a call that an
+        interrupt stops leaves no claim without its entry and a later call pushes one).
+        Raises RuntimeError when the watchdog's thread is not running yet and cannot be
+        started (out of threads); nothing is then changed."""
         with self._cond:
             if self._pid != os.getpid():  # first use, or a forked child: a new thread
                 # Started first: out of threads, this raises RuntimeError with nothing
@@ -82,8 +86,11 @@ class _Watchdog:
                                  daemon=True).start()
                 self._pid = os.getpid()
                 self._heap = []
+            if at >= lane._watch_at:
+                return
             entry = (at, next(self._seq), weakref.ref(lane))
             heapq.heappush(self._heap, entry)
+            lane._watch_at = at  # -- after the push: a claim only once it is true --
             if self._heap[0] is entry:
                 self._cond.notify()
 
@@ -94,6 +101,10 @@ class _Watchdog:
                     now = time.monotonic()
                     if self._heap and self._heap[0][0] <= now:
                         at, _, ref = heapq.heappop(self._heap)
+                        lane = ref()
+                        if lane is not None and lane._watch_at == at:
+                            lane._watch_at = math.inf  # (its pending entry fired)
+                        del lane
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
             lane = ref()

@@ -22,6 +22,7 @@ across I/O), which is also safe on an event loop.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -70,6 +71,9 @@ from ._lease import Kept, Watched, watchdog
 from ._presence import Epoch, Presence, presence_for
 from ._wake import Woken
 from ._wire import StaleReply, wrap
+
+#: Claim numbers of thread renewers (see RedisLaneBase._claim_renewer).
+_claims = itertools.count(1)
 
 __all__ = [
     "Call",
@@ -207,7 +211,9 @@ class RedisLaneBase(ABC, Generic[H]):
         self._holds: dict[str, list[Kept | Watched]] = {}
         self._n_live = 0  # held and not known lost
         self._waiting = 0  # this object's callers waiting now
-        self._renewing = False
+        # A renewer of this process runs: its claim number (thread face: see
+        # _claim_renewer; asyncio face: 1), 0 when none; set by the renewer's start.
+        self._renewing = 0
         self._renewer_pid = 0
         self._idle_since: float | None = None
         # Registry entries of caller-owned holds that were garbage-collected unreleased
@@ -389,11 +395,17 @@ class RedisLaneBase(ABC, Generic[H]):
 
     # -- the registry of this object's holds -------------------------------------------
 
-    def _register(self, hold: H, token: int, t0: float, kept: bool) -> tuple[bool, bool]:
-        """Record a grant asked for at ``t0``; return (the caller must start a renewer,
-        the caller must tell the watchdog of the hold's deadline). ``kept``: the lane
-        object owns the hold (strong registry entry), else its caller does (weak entry:
-        see :mod:`._lease`)."""
+    def _register(self, hold: H, token: int, t0: float, kept: bool) -> bool:
+        """Record a grant asked for at ``t0``; return whether the caller must start a
+        renewer (none of this process runs). ``kept``: the lane object owns the hold
+        (strong registry entry), else its caller does (weak entry: see :mod:`._lease`).
+
+        Nothing is claimed here for the duties that follow (a renewer, the watchdog's
+        entry): whoever performs a duty marks it done, after it is done (the renewer
+        thread its ``_renewing``, :meth:`._lease._Watchdog.watch` our ``_watch_at``), so
+        an interrupt between this and them leaves them undone and unclaimed, to be done
+        by the acquire's handler (:meth:`_see_to`) or by the next grant, never claimed and
+        undone for the rest of the object's life."""
         with self._lock:
             self._purge_dropped()
             # Calls first (an interrupt among them leaves the hold PENDING, unrecorded:
@@ -406,7 +418,6 @@ class RedisLaneBase(ABC, Generic[H]):
             entry: Kept | Watched = Kept(hold) if kept else Watched(hold, self._on_drop)
             entries = self._holds.get(hold.key)
             start = not (self._renewing and self._renewer_pid == pid)
-            watch = expires < self._watch_at
             # -- commit: plain stores, then one last builtin --
             hold._since = t0
             hold._expires = expires
@@ -415,33 +426,46 @@ class RedisLaneBase(ABC, Generic[H]):
             hold._entry = entry
             self._n_live += 1
             self.acquired += 1
-            if start:
-                # No renewer (never started, exited idle, or we are in a forked child).
-                self._renewing = True
-                self._renewer_pid = pid
-                self._idle_since = None
-            if watch:
-                self._watch_at = expires
+            self._idle_since = None
             hold._state = HELD
             if entries is None:
                 self._holds[hold.key] = [entry]
             else:
                 entries.append(entry)
-        return start, watch
+        return start
 
-    def _unrecord(self, hold: H, start: bool, watch: bool) -> None:
+    def _unrecord(self, hold: H) -> None:
         """Undo :meth:`_register` of ``hold`` (counted as released: the acquire's
-        handler passes its grant on in Redis), and the claims it made for the renewer
-        and the watchdog's entry that could not be started: the next grant tries
-        again."""
+        handler passes its grant on in Redis) when a thread it needs could not be
+        started; the next grant tries again."""
         with self._lock:
             if hold._entry is not None and hold._state == HELD:
                 self._unlink(hold, True)
-            # -- commit: plain stores --
-            if start:
-                self._renewing = False
-            if watch:
-                self._watch_at = math.inf
+
+    def _see_to(self, hold: H) -> None:
+        """The duties of a recorded grant, once more (both are idempotent): its deadline
+        watched and a renewer running. The acquire's handler calls it when an interrupt
+        stopped :meth:`_granted` after the record (the hold stays its caller's, see
+        :meth:`_take`); out of threads, the hold keeps its deadline through ``hold.lost``
+        reading the clock, and its lease lapses."""
+        try:
+            watchdog.watch(self, hold._expires)
+            with self._lock:
+                start = not (self._renewing and self._renewer_pid == os.getpid())
+            self._start_renewer(start)
+        except RuntimeError:  # out of threads
+            pass
+
+    def _claim_renewer(self) -> int:
+        """The thread face's renewer, first thing in its thread: take the renewer's
+        place; its claim number (the renewer then runs), or 0 when another renewer of
+        this process has it (this one exits)."""
+        with self._lock:
+            if self._renewing and self._renewer_pid == os.getpid():
+                return 0
+            claim = self._renewing = next(_claims)
+            self._renewer_pid = os.getpid()
+            return claim
 
     def _presence_lost(self, epoch: Epoch) -> int:
         """The presence connection ``epoch`` died (called by its thread): every hold
@@ -623,12 +647,15 @@ class RedisLaneBase(ABC, Generic[H]):
             if entry is not None and entry.live:
                 entry.live = False
                 self._n_live -= 1
+        # The holder's callback before the log line: a logging lock left held by an
+        # interrupted thread (CPython's logging takes its module lock outside a try)
+        # would stop this thread in the log call, and the holder must hear first.
+        if self.on_lease_lost is not None:
+            self._call_lost(hold)
         log.warning(
             "lane %r: lease of key %s (fencing token %d) lost", self.name, shown(hold.key),
             hold.token,
         )
-        if self.on_lease_lost is not None:
-            self._call_lost(hold)
 
     def _call_lost(self, hold: H) -> None:
         """Call ``on_lease_lost(hold)`` (the asyncio face hands it to the hold's loop)."""
@@ -657,13 +684,10 @@ class RedisLaneBase(ABC, Generic[H]):
                         due.append(h)
                     elif h._expires < nxt:
                         nxt = h._expires
-            push = at == self._watch_at or nxt < self._watch_at
-            if push:
-                self._watch_at = nxt
         for h in due:
             self._notice_lost(h)
-        if push and nxt < math.inf:
-            watchdog.watch(self, nxt)
+        if nxt < math.inf:
+            watchdog.watch(self, nxt)  # (nothing pushed when an entry as early is pending)
 
     # -- procedures: acquire, wait, withdraw, release ------------------------------------
 
@@ -672,13 +696,12 @@ class RedisLaneBase(ABC, Generic[H]):
         watched; True. Raises LaneBackendError when a thread it needs could not be
         started (the process is out of threads: the renewer's, the watchdog's): the
         grant is unrecorded, and the acquire's handler passes it on."""
-        start, watch = self._register(hold, token, t0, kept)
+        start = self._register(hold, token, t0, kept)
         try:
-            if watch:
-                watchdog.watch(self, hold._expires)
+            watchdog.watch(self, hold._expires)
             self._start_renewer(start)
         except RuntimeError as exc:  # "can't start new thread"
-            self._unrecord(hold, start, watch)
+            self._unrecord(hold)
             raise LaneBackendError(
                 f"lane {self.name!r}: could not start a thread for the hold of key "
                 f"{shown(hold.key)} ({exc}: the process is out of threads); its grant is "
@@ -715,7 +738,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self._waiting = 0
         self._dropped = deque()
         self._to_release = []  # (the parent's dropped holds are the parent's to release)
-        self._renewing = False
+        self._renewing = 0
         self._renewer_pid = 0
         self._idle_since = None
         self._joins = {}
@@ -926,6 +949,8 @@ class RedisLaneBase(ABC, Generic[H]):
             # ``with`` block: nothing there needs handling.
             if hold._state != HELD:
                 yield from self._abandon(hold)
+            else:  # (the interrupt may have stopped _granted before its duties)
+                self._see_to(hold)
             raise
         finally:
             if in_line:
@@ -1183,7 +1208,7 @@ class RedisLaneBase(ABC, Generic[H]):
                 if self._idle_since is None:
                     self._idle_since = now
                 elif now - self._idle_since >= self.lease_s:
-                    self._renewing = False
+                    self._renewing = 0
                     return None
                 return [], self._renew_s
             self._idle_since = None
@@ -1308,11 +1333,13 @@ class RedisLaneBase(ABC, Generic[H]):
             self._renewed(hold, ok, t0)
         return sleep
 
-    def _renewer_stopped(self) -> None:
-        """The face's renewer ended (cancelled with its loop, or exited idle): the next
-        grant starts a new one."""
+    def _renewer_stopped(self, claim: int | None = None) -> None:
+        """The face's renewer ended (cancelled with its loop, exited idle, or, on the
+        thread face, by an error: ``claim`` is its claim number, and a later renewer's
+        claim is kept): the next grant starts a new one."""
         with self._lock:
-            self._renewing = False
+            if claim is None or self._renewing == claim:
+                self._renewing = 0
 
     # -- views of this lane object -------------------------------------------------------
 

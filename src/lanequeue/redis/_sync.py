@@ -88,17 +88,32 @@ def _start_cleanups() -> None:
     global _cleanups
     if _cleanups is None:
         try:
-            service = Service(max_threads=2, name="lanequeue-redis-cleanup")
+            # Its first worker now, in this call (a worker stays once started), not when
+            # the first clean-up comes: a process out of threads by then would leave
+            # that clean-up queued for a worker that never comes.
+            service = Service(max_threads=2, name="lanequeue-redis-cleanup", min_threads=1)
         except RuntimeError:  # "can't start new thread": clean-ups run in their callers
             return
-        # Its first worker now too (a call starts one), not when the first clean-up
-        # comes: a process out of threads by then would leave that clean-up queued.
-        service.submit(_no_op, None)
         _cleanups = service
 
 
-def _no_op(_: object) -> None:
-    pass
+def _renewer(ref: weakref.ref[_SyncFace]) -> None:
+    """The renewer thread of one lane object (``ref``: weak). It claims the renewer's
+    place first (:meth:`RedisLaneBase._claim_renewer`; another renewer of this process
+    has it: this one ends at once), so a start that an interrupt stopped claims nothing
+    and the next grant starts one; it renews until the object is gone or idle for a
+    lease, and gives its place up however it ends."""
+    lane = ref()
+    claim = 0 if lane is None else lane._claim_renewer()
+    del lane
+    if not claim:
+        return
+    try:
+        drive(renewal(ref, time.sleep))
+    finally:
+        lane = ref()
+        if lane is not None:
+            lane._renewer_stopped(claim)
 
 
 def _forget_cleanups() -> None:
@@ -309,10 +324,8 @@ class _SyncFace(RedisOps[RedisHold]):
     def _start_renewer(self, needed: bool) -> None:
         if needed:
             threading.Thread(
-                target=drive,
-                args=(renewal(weakref.ref(self), time.sleep),),
-                name=f"lanequeue-renew-{self.name}",
-                daemon=True,
+                target=_renewer, args=(weakref.ref(self),),
+                name=f"lanequeue-renew-{self.name}", daemon=True,
             ).start()
 
     # -- the public surface --------------------------------------------------------------
