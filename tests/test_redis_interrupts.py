@@ -558,21 +558,28 @@ def test_an_interrupted_acquires_dropped_hold_is_released_by_the_renewer(
 @pytest.mark.parametrize("where", ["the watchdog told", "the renewer started"])
 def test_an_interrupt_before_a_grants_duties_leaves_them_to_be_done(
     redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
-    kind: Any, where: str,
+    kind: Any, where: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A KeyboardInterrupt after a grant was recorded, as the watchdog is told of its
     deadline or its renewer is started (the two duties that follow the record), leaves
     neither claimed and undone: the lane object's next hold is renewed past its lease
     (another client is refused its key), and its deadline is watched (its
-    ``on_lease_lost`` is called at the deadline when its renewals stall). Both once
-    failed for the object's whole life: the record claimed them before they were done."""
+    ``on_lease_lost`` is called at the deadline when its renewals stall, before the loss
+    is logged). Both once failed for the object's whole life: the record claimed them
+    before they were done."""
     from lanequeue.redis._lease import watchdog
 
     extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
     port = redis_client.connection_pool.connection_kwargs["port"]
     lost: list[str] = []
+    logged_first: list[bool] = []
+
+    def on_lost(hold: Any) -> None:
+        logged_first.append(any("lost" in r.getMessage() for r in caplog.records))
+        lost.append(hold.key)
+
     lane = kind(redis_client, "duty", prefix=redis_prefix, lease_s=1.0,
-                on_lease_lost=lambda h: lost.append(h.key), **extra)
+                on_lease_lost=on_lost, **extra)
     other = kind(redis.Redis(port=port), "duty", prefix=redis_prefix, lease_s=1.0, **extra)
     assert lane.try_acquire("warm") and lane.manual_release("warm")
     # Its renewer ends once idle for a lease; then the next grant must start one.
@@ -613,6 +620,7 @@ def test_an_interrupt_before_a_grants_duties_leaves_them_to_be_done(
             while not lost and time.monotonic() - granted < 3.0:
                 time.sleep(0.01)
             assert lost == ["B"] and time.monotonic() - granted < 1.5
+            assert logged_first == [False]
     finally:
         stalled.set()
 
