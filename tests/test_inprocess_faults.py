@@ -1597,3 +1597,85 @@ def test_an_interrupt_during_acquire_alls_rollback_is_not_swallowed() -> None:
     if session.stats.holders:  # the one hold being left, as the rules allow
         assert session.manual_release(KEY)
     check_thread_lane_works(session)
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize("what", [*THREAD_LANES, "acquire_all"])
+def test_c18_second_interrupt_after_a_hand_off_leaves_nothing_held_once_dropped(
+    what: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C18 + C20, Ctrl-C twice: the first interrupt lands just after a parked waiter was
+    handed the permit (its park returned; nothing recorded in the hold yet), the second
+    at every point of the clean-up that follows where CPython can deliver one. Then the
+    hold (the ``acquire_all``) is dropped: nothing stays held. The clean-up stopped
+    before it recorded or passed on the grant once left the permit held by nobody for
+    good; the hold keeps its parked waiter, and its finalizer returns such a grant."""
+
+    def run_once(inj: Injector) -> None:
+        if what == "acquire_all":
+            queue = _queue()
+            lanes: list[Any] = [queue["session"], queue["global"]]
+            hold: Any = queue.acquire_all(KEY, ["session", "global"])
+        else:
+            lanes = [THREAD_LANES[what]()]
+            hold = lanes[0].acquire(KEY, timeout_s=JOIN_S)
+        core = lanes[-1]._core
+        holder = core.take(KEY, True)  # (the last lane: a counting lane of 1 is full)
+        original = _ThreadWaiter.park
+
+        def park(waiter: _ThreadWaiter, timeout: float | None) -> bool:
+            monkeypatch.undo()
+            assert core.release(KEY, holder) and waiter.token > 0  # handed over
+            inj.paused = False  # count injection points from the first interrupt on
+            raise KeyboardInterrupt("the first interrupt, just after the hand-off")
+
+        monkeypatch.setattr(_ThreadWaiter, "park", park)
+        inj.paused = True
+        with pytest.raises(KeyboardInterrupt), inj.active():
+            hold.__enter__()
+        monkeypatch.setattr(_ThreadWaiter, "park", original)
+        monkeypatch.undo()
+        del hold
+        _check_nothing_held(None, lanes, False, inj.fired)  # type: ignore[arg-type]
+
+    assert inject_everywhere(run_once, real_points=True) >= 3
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_c18_second_interrupt_in_acquire_alls_rollback_leaves_nothing_held_once_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """C18 + C20, Ctrl-C twice in a failing ``acquire_all``'s rollback: the first
+    interrupt at the entry of the session lane's release, the second at every point of
+    the retry that follows where CPython can deliver one. Once the ``acquire_all`` is
+    dropped, nothing stays held. A second stop at the same hold once dropped it from the
+    list unreleased (held by nobody for good); now the pass ends with it still listed,
+    for the finalizer (or a later ``release()``)."""
+
+    def run_once(inj: Injector) -> None:
+        queue = _queue()
+        session, cap = queue["session"], queue["global"]
+        assert cap.try_acquire("other")  # the global lane is full: the call times out
+        multi = queue.acquire_all(KEY, ["session", "global"], timeout_s=0.01)
+        first: list[str] = []
+        real_release = SessionCore.release
+
+        def release(self: Any, key: str, token: int = 0) -> bool:
+            monkeypatch.setattr(SessionCore, "release", real_release)
+            first.append(key)
+            inj.paused = False  # the second interrupt: at every point from here on
+            raise KeyboardInterrupt("the first interrupt, in the rollback")
+
+        monkeypatch.setattr(SessionCore, "release", release)
+        inj.paused = True
+        with pytest.raises(KeyboardInterrupt), inj.active():
+            multi.__enter__()
+        monkeypatch.undo()
+        assert first
+        del multi
+        assert cap.manual_release("other")
+        _check_nothing_held(None, [session, cap], False, inj.fired)  # type: ignore[arg-type]
+
+    assert inject_everywhere(run_once, real_points=True) >= 2

@@ -126,12 +126,16 @@ last builtin); a parked waiter's face
 records it before its wait's handler ends (that handler passes on a grant only if it
 is not recorded yet). So an interrupt right after a grant leaves the permit to the hold
 (its exit, its finalizer once dropped) or to the ``acquire_all``'s rollback, never to
-nobody; only a grant to the lane object itself (``try_acquire``, ``acquire_timeout``)
-is returned, its caller then holding it by key. A hold is marked released right before
-the core releases it; an interrupt between the two leaves that one hold held in the
-core, and nothing else: ``manual_release`` ends it, and so does the hold's finalizer
-when the hold is dropped (:func:`end_marked`: the core still holding a token marked
-released means its release never ran; tokens are never reused). An
+nobody. A second interrupt may stop that handler before it records or passes on a grant
+made to its parked waiter: so the hold (or the ``acquire_all``) keeps its parked waiter
+from before it can be granted (``_parked``, a plain store), and its finalizer returns a
+grant found there and recorded nowhere (:func:`parked_grant`). Only a grant to the
+lane object itself (``try_acquire``, ``acquire_timeout``) is returned, its caller then
+holding it by key. A hold is marked released right before the core releases it; an
+interrupt between the two leaves that one hold held in the core, and nothing else:
+``manual_release`` ends it, and so does the hold's finalizer when the hold is dropped
+(:func:`end_marked`: the core still holding a token marked released means its release
+never ran; tokens are never reused). An
 ``acquire_all`` records that a release pass began (``MULTI_LEAVING``), and empties its
 list only once every token in it is released: after an interrupt, a second pass
 (``release()``) and the finalizer end only the tokens the cores still hold.
@@ -655,25 +659,44 @@ MULTI_MADE, MULTI_ENTERED, MULTI_LEAVING = 0, 1, 2
 
 def record(into: Any, token: int) -> int:
     """A face's record of the grant ``token`` made to its parked waiter, in ``into``
-    (None: nothing to record in; a list, an ``acquire_all``'s: appended; else a hold:
-    its ``_token``), as ``take`` records a grant made at once; returns
-    ``token``; 0 (no grant) is not recorded. Called inside the wait's ``try``, whose
-    handler keeps a grant that :func:`recorded` finds for ``into``'s owner instead of
-    passing it on (see "Interrupts")."""
+    (None: nothing to record in; an ``acquire_all``'s MultiHold: appended to its
+    ``_taken``; else a hold: its ``_token``), as ``take`` records a grant made at once;
+    returns ``token``; 0 (no grant) is not recorded. Called inside the wait's ``try``,
+    whose handler keeps a grant that :func:`recorded` finds for ``into``'s owner instead
+    of passing it on (see "Interrupts")."""
     if into is not None and token:
-        if into.__class__ is list:
-            into.append(token)
+        if into._is_multi:
+            into._taken.append(token)
         else:
             into._token = token
     return token
 
 
 def recorded(into: Any, n: int) -> bool:
-    """True if a grant was recorded in ``into`` since it had ``n`` entries (a list) or
-    since its ``_token`` was 0 (a hold); False for None."""
+    """True if a grant was recorded in ``into`` since its ``_taken`` had ``n`` entries
+    (a MultiHold) or since its ``_token`` was 0 (a hold); False for None."""
     if into is None:
         return False
-    return len(into) > n if into.__class__ is list else into._token > 0
+    return len(into._taken) > n if into._is_multi else into._token > 0
+
+
+def parked_grant(into: Any, n: int) -> int:
+    """The token of a grant made to the last waiter that ``into`` (a hold or a
+    MultiHold) parked, if it may never have been recorded in ``into`` (its wait's
+    handler stopped by a second interrupt): a hold's ``_token`` is still 0 (``n`` 0), or
+    a MultiHold's ``_taken`` has ``n`` entries, no more than it had when the waiter
+    parked (a release pass may have popped some since); else 0. The waiter's core may
+    have that token no more (the handler passed it on, a rollback released it): the
+    finalizers ask ``owns`` before they warn, and recording a token the core no longer
+    holds is harmless (see "Dropped holds"). No lock, no call but attribute reads."""
+    try:
+        waiter, at = into._parked
+    except (AttributeError, TypeError):  # never parked (the slot is unset, or None)
+        return 0
+    token: int = waiter.token
+    if token <= 0 or at < n:
+        return 0
+    return token
 
 
 def end_marked(core: Core, key: str, token: int) -> None:

@@ -12,9 +12,16 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
-from ._core import DEFAULT_AGEING_S, Clock, CountingCore, LaneStats, SessionCore
+from ._core import (
+    DEFAULT_AGEING_S,
+    Clock,
+    CountingCore,
+    LaneStats,
+    SessionCore,
+    parked_grant,
+)
 from ._errors import shown
 from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics
 from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
@@ -435,9 +442,11 @@ class Hold:
     ``acquire_all``; do not build them yourself.
     """
 
-    __slots__ = ("lane", "key", "_token", "_timeout_s")
+    __slots__ = ("lane", "key", "_token", "_timeout_s", "_parked")
 
     lane: Any
+    _is_multi: ClassVar[bool] = False  # (a MultiHold: see lanequeue._core.record)
+    # ``_parked``: (its waiter, 0) once its acquire parked (see parked_grant); unset before.
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None, token: int = 0) -> None:
         self.lane = lane
@@ -562,7 +571,12 @@ class _DropWatch:
                 return
             self.lane._core._dropped.append((self.key, token))
         else:
-            return
+            # Never granted, or granted to its parked waiter and recorded nowhere: the
+            # wait's handler was stopped by a second interrupt (see parked_grant).
+            token = parked_grant(self, 0)
+            if not token or not self.lane._core.owns(self.key, token):
+                return
+            self.lane._core._dropped.append((self.key, token))
         self._token = -token  # type: ignore[misc]  # ended (see the class)
         self.lane._dropped_hold()
         warn_dropped(self.lane, self.key, token)

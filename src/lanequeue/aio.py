@@ -391,7 +391,7 @@ class _AsyncFace:
         checked, and 0 on a per-key lane) and wait up to ``timeout`` seconds (None: no
         limit). Returns the grant's token (at once if the permit is free by now), or 0
         if none came (counted as a timeout). A grant is recorded in ``into`` (a hold, or
-        an ``acquire_all``'s list) before this method's handler ends, as the thread
+        an ``acquire_all``'s MultiHold) before this method's handler ends, as the thread
         face's ``_park`` does.
 
         The wait is observed (``lanequeue_wait_seconds``, loop clock) when it ends: by
@@ -419,11 +419,14 @@ class _AsyncFace:
         ahead = -1
         behind: float | None = None  # since when the hold ahead at the join exists
         observed = False
-        n = len(into) if into.__class__ is list else 0  # (a hold's _token is 0 here)
+        n = 0 if into is None or not into._is_multi else len(into._taken)
         try:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt or a cancellation lands
             # at, the handler below finds the waiter (and its token, if granted).
+            # ``into`` has it too (see the thread face's ``_park``).
+            if into is not None:
+                into._parked = (waiter, n)
             if priority:
                 counting: CountingCore = self._core
                 token = counting.take(key, True, waiter, None, None, priority)
@@ -819,7 +822,7 @@ class _AsyncMultiAcquire(MultiHold):
                             remaining = max(0.0, deadline - now)
                         rank = self._priority  # (0: no call to _rank_for)
                         got = await lane._park(key, remaining,
-                                               rank and self._rank_for(core), taken)
+                                               rank and self._rank_for(core), self)
                         if not got:
                             raise LaneTimeoutError(lane.name, key, budget,
                                                    type(lane).__name__)
@@ -845,7 +848,7 @@ class _AsyncMultiAcquire(MultiHold):
         # the in-process ones (``_step``).
         if core is not None:
             return await cast(_AsyncFace, lane)._park(self._key, remaining,
-                                                      self._rank_for(core), self._taken)
+                                                      self._rank_for(core), self)
         return await _hold(cast(TaskLane, lane), self._key, remaining)
 
     async def __aexit__(

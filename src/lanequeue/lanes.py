@@ -197,8 +197,10 @@ class _ThreadFace:
         and wait up to ``timeout`` seconds (None: no limit).
         Returns the grant's token, or 0 if none came (counted as a timeout). A grant is
         recorded in ``into`` (as ``core.take`` records it: a hold, or an
-        ``acquire_all``'s list) before this method's handler ends: an interrupt after
-        that keeps the grant for ``into``'s owner instead of passing it on.
+        ``acquire_all``'s MultiHold, its ``_taken``) before this method's handler ends:
+        an interrupt after that keeps the grant for ``into``'s owner instead of passing
+        it on. ``into`` also keeps the waiter (``_parked``) from before it can be
+        granted, for its finalizer (:func:`lanequeue._core.parked_grant`).
 
         The wait is observed (``lanequeue_wait_seconds``) when it ends: by the hand-off
         that grants it (the core's ``waits_at_grant``: under the lock the releaser holds
@@ -213,11 +215,15 @@ class _ThreadFace:
         waiter = _ThreadWaiter()
         waiter.since = start = clock()
         observed = False
-        n = len(into) if into.__class__ is list else 0  # (a hold's _token is 0 here)
+        n = 0 if into is None or not into._is_multi else len(into._taken)
         try:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt lands at, the handler
-            # below finds the waiter (and its token, if granted meanwhile).
+            # below finds the waiter (and its token, if granted meanwhile). ``into``
+            # has it too (a plain store, before it can be granted): should a second
+            # interrupt stop the handler, ``into``'s finalizer returns the grant.
+            if into is not None:
+                into._parked = (waiter, n)
             if priority:
                 counting: CountingCore = self._core
                 token = counting.take(key, True, waiter, None, None, priority)

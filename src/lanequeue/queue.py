@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar, cast, overload
+from typing import Any, ClassVar, Generic, TypeVar, cast, overload
 
 from ._core import (
     MULTI_LEAVING,
@@ -30,6 +30,7 @@ from ._core import (
     CountingCore,
     MultiHoldSteps,
     end_marked,
+    parked_grant,
 )
 from ._errors import LaneTimeoutError, shown
 from ._kinds import (
@@ -116,7 +117,9 @@ class MultiHold:
     :mod:`lanequeue._core`).
     """
 
-    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_stage")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_stage", "_parked")
+
+    _is_multi: ClassVar[bool] = True  # (see lanequeue._core.record)
 
     # Made by the queues as cls() and slot stores (no __init__ frame on the hot path):
     # _key: str; _plan: Plan; _budget_s: the whole call's budget in seconds (None: none);
@@ -258,10 +261,12 @@ class MultiHold:
                 error = error or exc
                 # An in-process release stopped (an interrupt) before its pop stays last:
                 # the next turn ends it unless its release was done. Once: stopped again
-                # there, it is left to the core's views and manual_release.
+                # there, the pass ends with it and those taken before it still listed,
+                # for a later release() or the finalizer to end (never popped unreleased:
+                # then nobody would).
                 if len(taken) == n and core is not None:
                     if failed_at == n:
-                        taken.pop()
+                        break
                     failed_at = n
         if error is not None:
             # An interrupt (KeyboardInterrupt, a cancellation: not an Exception) is never
@@ -357,6 +362,7 @@ class _MultiDropWatch:
     _key: str
     _plan: Plan
     _taken: list[Any]
+    _parked: tuple[Any, int]
 
     def __del__(self) -> None:
         try:
@@ -376,14 +382,25 @@ class _MultiDropWatch:
                 if got.__class__ is int:
                     steps[i][1]._dropped.append((key, got))
                 i += 1  # noqa: SIM113
-            self._drop(taken)
+        # A grant to the waiter it parked, recorded nowhere: the wait's handler was
+        # stopped by a second interrupt (see parked_grant).
+        parked = parked_grant(self, len(taken))
+        if parked:
+            at = self._parked[1]
+            cast(Any, self._plan.steps[at][1])._dropped.append((self._key, parked))
+            self._drop(taken, (at, parked))
+        elif taken:
+            self._drop(taken, None)
 
-    def _drop(self, taken: list[Any]) -> None:
+    def _drop(self, taken: list[Any], parked: tuple[int, int] | None) -> None:
         """The finalizer's work after the records, out of ``__del__`` (whose frame, made
         at every drop, stays small: no cells for a comprehension): warn of the tokens the
-        cores still hold, and ask each lane to end them now."""
+        cores still hold (``parked``: also (step, token) of the parked waiter's grant),
+        and ask each lane to end them now."""
         steps, key = self._plan.steps, self._key
         tokens = [(i, got) for i, got in enumerate(taken) if type(got) is int]
+        if parked is not None:
+            tokens.append(parked)
         dropped = [(i, got) for i, got in tokens if cast(Core, steps[i][1]).owns(key, got)]
         self._taken = []  # type: ignore[misc]  # ended (see _DropWatch)
         for i, _ in tokens:
@@ -418,7 +435,7 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
         # in-process ones (``_step``).
         if core is not None:
             return cast(_ThreadFace, lane)._park(self._key, remaining, self._rank_for(core),
-                                                 self._taken)
+                                                 self)
         return _hold(cast(SyncLane, lane), self._key, remaining)
 
     def release(self) -> None:
