@@ -553,6 +553,7 @@ async def test_unawaited_query_fails_loudly(f: Face) -> None:
         lambda: lane.acquire_timeout("k", 0),
         lambda: lane.manual_release("h"),
         lambda: hold.release(),
+        lambda: lane.wait_idle(0),  # (``if lane.wait_idle(5):`` read as always True)
     ]
     if f.counting:
         queries += [lambda: lane.holds_of("h"), lambda: lane.lane_status()]
@@ -580,8 +581,12 @@ async def test_unawaited_query_fails_loudly(f: Face) -> None:
                     pass
             del result
         gc.collect()
+    with pytest.raises(TypeError, match=r"\.drain\(\) must be awaited"):
+        if lane.drain():
+            pass
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
     assert lane.active_count == 1 and hold.held  # nothing ran
+    assert not lane.draining  # the drain never ran
     # Still a coroutine for asyncio itself (create_task, gather) to run.
     assert await asyncio.create_task(lane.acquire_timeout("h", 0)) is False
     with pytest.warns(RuntimeWarning, match="never awaited"):

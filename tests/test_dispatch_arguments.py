@@ -463,3 +463,24 @@ def test_a_dedupe_id_redis_cannot_take_is_refused_at_the_call(
         assert local.submit("k", lambda: 1, dedupe_id="a\ud800").result(5) == 1
     finally:
         local.close()
+
+
+def test_the_asyncio_dispatchers_waits_must_be_awaited() -> None:
+    """``drain()`` and ``wait_idle()`` of the asyncio dispatcher are coroutines that
+    refuse to be read unawaited, as the asyncio lanes' are: ``if d.wait_idle(5):``
+    raises TypeError naming the call instead of reading as True, and the drain never
+    runs."""
+
+    async def main() -> None:
+        d = Dispatcher(async_queue())
+        try:
+            for call in (lambda: d.wait_idle(0), lambda: d.drain()):
+                with pytest.raises(TypeError, match=r"^Dispatcher\.[a-z_]+\(\) must be awaited"):
+                    if call():
+                        pass
+            assert not d.draining
+            assert await d.wait_idle(0) is True
+        finally:
+            d.close()
+
+    asyncio.run(main())

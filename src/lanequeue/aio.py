@@ -635,6 +635,7 @@ class _AsyncFace:
         loop = self._loop
         return loop.time() if loop is not None else float(self._core._clock())
 
+    @must_await
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:
         """Stop taking new acquisitions, then wait up to ``timeout_s`` (loop clock) for
@@ -660,6 +661,7 @@ class _AsyncFace:
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
 
+    @must_await
     async def wait_idle(self, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` seconds (loop clock; None: no limit) until the lane
         has no holder and no waiter; True if idle on return, False when the timeout
@@ -997,6 +999,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         """
         return self._multi(_WatchedAsyncMultiAcquire, key, lane_names, timeout_s, priority)
 
+    @must_await
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:
         """:meth:`lanequeue.LaneQueue.drain` for asyncio: every lane refuses
@@ -1007,6 +1010,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
 
+    @must_await
     async def wait_idle(self, timeout_s: float | None) -> bool:
         """Wait up to ``timeout_s`` seconds (loop clock; None: no limit) until no
         lane has a holder or a waiter; False when the timeout passed first.

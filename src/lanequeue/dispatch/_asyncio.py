@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..contract import must_await
 from ._base import DispatcherBase
 from ._machine import _CURRENT, Job, Ticket, Timer
 from ._workers import Service
@@ -337,6 +338,7 @@ class Dispatcher(DispatcherBase):
 
     # -- waiting ------------------------------------------------------------------------
 
+    @must_await
     async def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no turn
         is running or pending. Returns True when idle, False when the time ran out."""
@@ -359,6 +361,7 @@ class Dispatcher(DispatcherBase):
             self._idle_waiters.discard(fut)
         return True
 
+    @must_await
     async def drain(self, timeout_s: float | None = 0.0) -> bool:
         """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
         then wait up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the

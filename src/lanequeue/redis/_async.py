@@ -496,6 +496,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         steps = self._manual_release(key)
         return await (_drive_cancelled(steps) if _being_cancelled() else drive(steps))
 
+    @must_await
     async def drain(self, timeout_s: float | None = 0.0, *, cancel_waiting: bool = False
                     ) -> bool:
         """A coroutine: refuse new acquisitions of THIS lane object, then wait up to
@@ -513,6 +514,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         self._start_drain(cancel_waiting)
         return await self.wait_idle(timeout)
 
+    @must_await
     async def wait_idle(self, timeout_s: float | None) -> bool:
         """A coroutine: wait up to ``timeout_s`` seconds (None: no limit) until THIS lane
         object has no holder and no waiter; True then, False when the timeout passed
