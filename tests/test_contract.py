@@ -596,6 +596,33 @@ async def test_unawaited_query_fails_loudly(f: Face) -> None:
     assert await f.q(hold.release()) is True
 
 
+@contract
+async def test_priority_zero_is_accepted_by_every_lane(f: Face) -> None:
+    """Code written against every lane may pass ``priority=0`` (the default) to
+    ``acquire`` and ``acquire_timeout``: all eight classes accept it (the Redis lanes
+    once raised TypeError). A lane that serves its waiters in arrival order only (a
+    per-key lane, a Redis lane) refuses any other priority with a ValueError naming its
+    class; a bool or a str is a TypeError on every lane."""
+    lane = f.lane()
+    async with f.hold(lane.acquire("k", priority=0)) as hold:
+        assert hold.held
+    assert await f.q(lane.acquire_timeout("k", 0, priority=0)) is True
+    assert await f.q(lane.manual_release("k")) is True
+    owner = next(c.__name__ for c in type(lane).__mro__ if not c.__name__.startswith("_"))
+    for bad in (True, "1"):
+        with pytest.raises(TypeError, match="priority"):
+            lane.acquire("k", priority=bad)
+    if f.counting and not f.spec.redis:  # ordered by priority
+        async with f.hold(lane.acquire("k", priority=5)) as hold:
+            assert hold.held
+        return
+    with pytest.raises(ValueError, match=rf"^{owner} takes no priority \(got 5\)"):
+        lane.acquire("k", priority=5)
+    with pytest.raises(ValueError, match=rf"^{owner} takes no priority \(got -1\)"):
+        await f.q(lane.acquire_timeout("k", 0, priority=-1))
+    assert lane.active_count == 0
+
+
 # -- acquire_all: in-process and Redis lanes in one queue ---------------------------------
 
 

@@ -118,8 +118,8 @@ def test_constructor_errors_name_the_public_class(
                                             r"positional argument: 'name'"):
             cls(client)
         with pytest.raises(TypeError, match=r"^RedisLane\.acquire_timeout\(\) got an "
-                                            r"unexpected keyword argument 'priority'"):
-            cls(client, "x").acquire_timeout("k", 0, priority=0)
+                                            r"unexpected keyword argument 'bogus'"):
+            cls(client, "x").acquire_timeout("k", 0, bogus=0)
 
 
 @pytest.mark.parametrize("cap", [2**53 + 1, 2**60 + 1, 10**30])
@@ -650,3 +650,21 @@ def test_a_client_that_is_not_redis_py_is_a_clear_type_error() -> None:
     for lane_type in (RedisLane, RedisSessionLane):
         with pytest.raises(TypeError, match=r"argument 'client' must be a redis\.Redis"):
             lane_type(None, "x")  # type: ignore[arg-type]
+
+
+def test_a_lost_hold_stays_held_until_released_and_says_it_is_lost(
+    redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    """As the README says of ``hold.held``: a Redis hold whose lease was lost stays
+    ``held`` (a queue releases what is held, and that release reports the loss) while
+    ``hold.lost`` is True; its release raises LeaseLostError, and then it is not held."""
+    lane = RedisSessionLane(redis_client, "lost", prefix=redis_prefix, lease_s=1.0)
+    hold = lane.acquire("k")
+    with pytest.raises(LeaseLostError), hold:
+        hold._suspend_renewal()  # test hook: the lease runs out inside the block
+        deadline = time.monotonic() + 3.0
+        while not hold.lost:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert hold.held and hold.lost
+    assert not hold.held

@@ -30,6 +30,7 @@ from ._validate import (
     check_ageing,
     check_count,
     check_key,
+    check_no_priority,
     check_priority,
     check_timeout,
     own_signatures,
@@ -374,13 +375,9 @@ class SessionKind(LaneKind[SessionCore]):
 
     def _rank(self, priority: object) -> int:
         """A per-key lane has no priority: its waiters are one key's turns, FIFO."""
-        if priority == 0 and not isinstance(priority, bool) and isinstance(priority, int):
-            return 0
-        check_priority(priority)
-        raise ValueError(
-            f"{type(self).__name__} takes no priority (got {priority!r}): a key's waiters "
-            "are served in arrival order; priority orders the waiters of a counting lane"
-        )
+        return check_no_priority(
+            priority, type(self).__name__, "a key's waiters are served in arrival order; "
+            "priority orders the waiters of a counting lane")
 
     @property
     def max_sessions(self) -> int:

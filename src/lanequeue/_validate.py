@@ -259,3 +259,14 @@ def check_priority(value: object, name: str = "priority") -> int:
     if not PRIORITY_MIN <= value <= PRIORITY_MAX:
         raise ValueError(f"{name} must be between -2**31 and 2**31 - 1, got {value}")
     return int(value)
+
+
+def check_no_priority(value: object, owner: str, why: str) -> int:
+    """The priority of an acquire on a lane whose waiters are served in arrival order
+    only (a per-key lane, a Redis lane): 0; TypeError/ValueError for a bad priority, and
+    ValueError naming ``owner`` (its class) and ``why`` for any other valid one."""
+    if (value.__class__ is int and not value) or (
+            isinstance(value, int) and not isinstance(value, bool) and value == 0):
+        return 0
+    check_priority(value)
+    raise ValueError(f"{owner} takes no priority (got {value!r}): {why}")

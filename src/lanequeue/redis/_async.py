@@ -459,17 +459,22 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
 
     # -- the public surface --------------------------------------------------------------
 
-    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> AsyncRedisHold:
+    def acquire(
+        self, key: str, *, timeout_s: Any = LANE_DEFAULT, priority: int = 0
+    ) -> AsyncRedisHold:
         """An async context manager that holds this lane for ``key``.
 
-        Args and errors as the thread face's ``acquire``; ``asyncio.CancelledError``
-        when the task is cancelled while waiting (it then holds nothing).
+        Args and errors as the thread face's ``acquire`` (``priority``: 0 only);
+        ``asyncio.CancelledError`` when the task is cancelled while waiting (it then
+        holds nothing).
 
         Example::
 
             async with lane.acquire(session_key) as hold:
                 await store.write(data, fence=hold.fencing_token)
         """
+        if priority.__class__ is not int or priority:
+            self._no_priority(priority)
         return self._new_hold(key, timeout_s)
 
     @must_await
@@ -479,10 +484,15 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         return await drive(self._try_acquire(key))
 
     @must_await
-    async def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+    async def acquire_timeout(
+        self, key: str, timeout_s: Any = LANE_DEFAULT, *, priority: int = 0
+    ) -> bool:
         """A coroutine: wait up to ``timeout_s`` seconds (omitted: the lane's
         ``timeout_s``; None: no limit; 0: no wait); True if taken (release with
-        :meth:`manual_release`), False on timeout."""
+        :meth:`manual_release`), False on timeout. ``priority``: 0 only (ValueError
+        otherwise: see the thread face)."""
+        if priority.__class__ is not int or priority:
+            self._no_priority(priority)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else timeout_s
         return await drive(self._acquire_timeout(key, timeout))
 

@@ -48,7 +48,14 @@ from .._errors import (
 )
 from .._kinds import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
 from .._ops import LaneOps
-from .._validate import argument_of, check_count, check_timeout, own_signatures
+from .._validate import (
+    argument_of,
+    check_count,
+    check_no_priority,
+    check_timeout,
+    own_signatures,
+    public_name,
+)
 from . import _scripts as lua
 from ._args import (
     MAX_POLL_S,
@@ -1151,6 +1158,13 @@ class RedisLaneBase(ABC, Generic[H]):
                         self.name, shown(hold.key), err)
 
     # -- procedures and checks behind the public surface ---------------------------------
+
+    def _no_priority(self, priority: object) -> None:
+        """An acquire's ``priority`` on a Redis lane: 0 only (ValueError naming the class
+        for another, TypeError/ValueError for a bad one): its line is served in arrival
+        order, across processes."""
+        check_no_priority(priority, public_name(type(self)),
+                          "a Redis lane serves its line in arrival order")
 
     def _new_hold(self, key: str, timeout_s: Any = LANE_DEFAULT) -> H:
         """``acquire(key, timeout_s=...)``: check the arguments, make the hold."""

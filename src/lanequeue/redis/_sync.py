@@ -330,16 +330,20 @@ class _SyncFace(RedisOps[RedisHold]):
 
     # -- the public surface --------------------------------------------------------------
 
-    def acquire(self, key: str, *, timeout_s: Any = LANE_DEFAULT) -> RedisHold:
+    def acquire(
+        self, key: str, *, timeout_s: Any = LANE_DEFAULT, priority: int = 0
+    ) -> RedisHold:
         """A context manager that holds this lane for ``key`` (see :class:`RedisHold`).
 
         Args:
             key: non-empty ``str``.
             timeout_s: seconds to wait; default the lane's ``timeout_s``; ``None`` waits
                 without limit; ``0`` does not wait.
+            priority: 0 only (accepted for code written against every lane): a Redis
+                lane serves its line in arrival order; another priority is a ValueError.
 
         Raises:
-            TypeError/ValueError: at the call, for a bad key or timeout.
+            TypeError/ValueError: at the call, for a bad key, timeout or priority.
             LaneTimeoutError: on entering, when no grant came in time.
             LaneBackendError: on entering, when Redis failed (nothing is held then).
 
@@ -348,6 +352,8 @@ class _SyncFace(RedisOps[RedisHold]):
             with lane.acquire("gateway:slack:c1:u1") as hold:
                 store.write(data, fence=hold.fencing_token)
         """
+        if priority.__class__ is not int or priority:
+            self._no_priority(priority)
         return self._new_hold(key, timeout_s)
 
     def try_acquire(self, key: str) -> bool:
@@ -355,10 +361,14 @@ class _SyncFace(RedisOps[RedisHold]):
         :meth:`manual_release`). Raises LaneBackendError if Redis failed."""
         return drive(self._try_acquire(key))
 
-    def acquire_timeout(self, key: str, timeout_s: Any = LANE_DEFAULT) -> bool:
+    def acquire_timeout(
+        self, key: str, timeout_s: Any = LANE_DEFAULT, *, priority: int = 0
+    ) -> bool:
         """Wait up to ``timeout_s`` seconds (omitted: the lane's ``timeout_s``; None: no
         limit; 0: no wait); True if taken (release it with :meth:`manual_release`), False
-        on timeout."""
+        on timeout. ``priority``: as :meth:`acquire` (0 only)."""
+        if priority.__class__ is not int or priority:
+            self._no_priority(priority)
         timeout = self.timeout_s if timeout_s is LANE_DEFAULT else timeout_s
         return drive(self._acquire_timeout(key, timeout))
 
