@@ -904,6 +904,29 @@ async def test_slow_wait_is_reported_once_during_the_wait(f: Face) -> None:
 
 
 @contract
+async def test_slow_waits_count_the_waiters_ahead_in_their_line(f: Face) -> None:
+    """``on_wait``'s ``ahead`` counts the waiters (of this process, on Redis) ahead in
+    the line the wait is in: a key's line on a per-key lane, the lane's one line on a
+    counting lane whatever their keys. Three waiters behind a holder: 0, 1, 2 (a Redis
+    counting lane once said 0 for each: it counted per key)."""
+    calls: list[tuple[Any, str, float, int]] = []
+    lane = f.lane(timeout_s=BOUND_S, warn_after_s=0.2,
+                  on_wait=lambda *a: calls.append(a))
+    hold = await f.enter(lane.acquire("h"))
+    keys = ["w1", "w2", "w3"] if f.counting else ["h", "h", "h"]
+    waiters = []
+    for i, key in enumerate(keys):
+        waiters.append(f.spawn(lambda key=key: _acquire_and_return(f, lane, key)))
+        await f.until(lambda i=i: lane.waiting == i + 1)
+    await f.until(lambda: len(calls) == 3)
+    await f.leave(hold)
+    for waiter in waiters:
+        await waiter.join()
+    assert sorted(ahead for *_, ahead in calls) == [0, 1, 2]
+    assert [ahead for *_, ahead in calls] == [0, 1, 2]
+
+
+@contract
 async def test_metrics_snapshot_counts_waits_and_holds(f: Face) -> None:
     """``metrics_snapshot()`` after a scripted run: counters match ``stats``, every
     acquisition observed its wait (immediate grants as 0), every release its hold time

@@ -63,8 +63,10 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         self._ops_init(argument_of(f"{type(self).__name__}()"), warn_after_s, on_wait, warn_hold_s)
         self._draining = False
         self._ops_waiters: dict[str, _Waiter] = {}
-        # Per key, this object's acquisitions under way (the ``ahead`` of a newcomer).
+        # Per line, this object's acquisitions under way (the ``ahead`` of a newcomer):
+        # a key's line on a per-key lane, the lane's one line ("") on a counting lane.
         self._ops_per_key: dict[str, int] = {}
+        self._one_line = self._kind_class.letter == "c"
         self._wait_hist = Histogram(WAIT_BUCKETS)
         self._wait_zeros = 0
         self._hold_hist: Histogram | None = None
@@ -82,6 +84,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             raise LaneDrainingError(self.name, hold.key)
         owner = hold.owner
         key = hold.key
+        line = "" if self._one_line else key
         per_key = self._ops_per_key
         w = _Waiter(key, time.monotonic(), 0)
         granted = failed = False
@@ -90,10 +93,10 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             # call), and unregistered only if registered: an interrupt anywhere leaves
             # no waiter behind (``_idle`` would never be true again).
             with self._lock:
-                n = per_key.get(key, 0)
+                n = per_key.get(line, 0)
                 # -- commit: plain stores --
                 w.ahead = n
-                per_key[key] = n + 1
+                per_key[line] = n + 1
                 self._ops_waiters[owner] = w
             granted = yield from super()._take(hold, timeout, kept)
             if granted and w.end is not None:
@@ -114,11 +117,11 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             with self._lock:
                 if owner in self._ops_waiters:  # (owner ids are unique: it is w)
                     del self._ops_waiters[owner]
-                    n = per_key[key] - 1
+                    n = per_key[line] - 1
                     if n:
-                        per_key[key] = n
+                        per_key[line] = n
                     else:
-                        del per_key[key]
+                        del per_key[line]
                 if granted and not w.in_line:
                     self._wait_zeros += 1
                 elif w.in_line or (not failed and timeout != 0):
