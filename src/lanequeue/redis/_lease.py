@@ -36,7 +36,7 @@ __all__ = ["Kept", "Watched", "watchdog"]
 class Kept:
     """Registry entry of a hold the lane object owns (strong)."""
 
-    __slots__ = ("hold", "key", "token", "owner", "live")
+    __slots__ = ("hold", "key", "token", "owner", "live", "sent")
 
     def __init__(self, hold: Any) -> None:
         self.hold = hold
@@ -44,6 +44,7 @@ class Kept:
         self.token: int = hold.token
         self.owner: str = hold.owner
         self.live = True  # counted among the lane object's live holds
+        self.sent = False  # a release of it was sent (see Watched)
 
     def __call__(self) -> Any:
         return self.hold
@@ -52,7 +53,7 @@ class Kept:
 class Watched(weakref.ref):  # type: ignore[type-arg]
     """Registry entry of a hold its caller owns (weak; see the module docstring)."""
 
-    __slots__ = ("key", "token", "owner", "live")
+    __slots__ = ("key", "token", "owner", "live", "sent")
 
     def __init__(self, hold: Any, on_drop: Any) -> None:
         super().__init__(hold, on_drop)  # type: ignore[call-arg]
@@ -60,6 +61,10 @@ class Watched(weakref.ref):  # type: ignore[type-arg]
         self.token: int = hold.token
         self.owner: str = hold.owner  # what its release names, once the hold is gone
         self.live = True
+        # A release of it was sent (and stopped before its answer, if the hold is then
+        # dropped): the renewer's release of the dropped hold finding it gone means that
+        # release freed it (counted released, not unmatched).
+        self.sent = False
 
 
 class _Watchdog:

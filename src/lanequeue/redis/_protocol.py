@@ -226,8 +226,9 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
-        # (owner, token, key) of dropped holds to release: the renewer sends them.
-        self._to_release: list[tuple[str, int, str]] = []
+        # (owner, token, key, a release of it was sent) of dropped holds to release: the
+        # renewer sends them.
+        self._to_release: list[tuple[str, int, str, bool]] = []
         # In a forked child: the parent's holds, per key (see _forked); never in _holds.
         self._inherited: dict[str, list[Kept | Watched]] = {}
         # Per key, the event of this object's latest same-key request still joining.
@@ -523,7 +524,7 @@ class RedisLaneBase(ABC, Generic[H]):
             if entry.live:
                 entry.live = False
                 self._n_live -= 1
-                self._to_release.append((entry.owner, entry.token, entry.key))
+                self._to_release.append((entry.owner, entry.token, entry.key, entry.sent))
 
     def _unlink(self, hold: H, freed: bool) -> None:
         """Lock held: drop ``hold`` from the registry, mark it ENDED and count its release
@@ -1107,6 +1108,9 @@ class RedisLaneBase(ABC, Generic[H]):
                     freed = False
             else:
                 hold._sent = True  # (stopped before its answer: see the finally)
+                entry = hold._entry
+                if entry is not None:
+                    entry.sent = True  # (for the renewer, should the hold be dropped)
                 reply = yield from self._script("release", hold.key,
                                                 self._release_call(hold))
                 freed = flag_reply(reply) == 1
@@ -1297,11 +1301,15 @@ class RedisLaneBase(ABC, Generic[H]):
         if dropped:
             # Holds garbage-collected without release (their finalizer could not do I/O):
             # released now, each only if still its owner's, in one round trip.
+            # One whose release was sent before (stopped before its answer) and is not
+            # ours any more was freed by that release: released, as _finish counts it.
             freed = 0
             try:
                 replies = yield self._renew_many_io, (
-                    [self._k.release(o, t, k) for o, t, k in dropped], self._renew_timeout_s)
-                freed = sum(1 for r in replies if r == 1)
+                    [self._k.release(o, t, k) for o, t, k, _ in dropped],
+                    self._renew_timeout_s)
+                freed = sum(1 for r, (*_, sent) in zip(replies, dropped, strict=True)
+                            if r == 1 or (sent and not isinstance(r, BaseException)))
             except Exception as exc:  # they lapse with their leases
                 log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
                             self.name, len(dropped), exc)
