@@ -93,6 +93,69 @@ def test_c30_killed_holder_passes_key_and_permit_within_about_3_s(
     assert c_after < GRACE_S + 1.0 + 1.0
 
 
+def _waiter(port: int, prefix: str) -> None:
+    """Wait (lease_s=30, default liveness) for KEY on the per-key lane and for the permit
+    of the counting lane, each in a thread of its own, until killed."""
+    client = redis.Redis(port=port)
+    session = RedisSessionLane(client, "s", prefix=prefix)
+    counting = RedisLane(client, "c", max_concurrent=1, prefix=prefix)
+    threads = [threading.Thread(target=lambda lane=lane: lane.acquire_timeout(KEY, 60))
+               for lane in (session, counting)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def test_c30_killed_holder_whose_first_waiter_died_too_reaches_the_next_waiter(
+    redis_server: Any, redis_client: Any, redis_prefix: str, tmp_path: Path
+) -> None:
+    """C30, a killed holder and its head waiter killed too, before the takeover: the next
+    waiter (this process) is not held up for the holder's whole lease (30 s) behind a dead
+    head: it drops the head once its liveness window has passed, becomes the head, and
+    takes the hold over (about 6 s after the kill; it took 30 s)."""
+    proc, out, _ = _start_holder(tmp_path, redis_server.port, redis_prefix)
+    held = json.loads(Path(out).read_text())
+    session = RedisSessionLane(redis_client, "s", prefix=redis_prefix)
+    counting = RedisLane(redis_client, "c", max_concurrent=1, prefix=redis_prefix)
+    first = mp.get_context("spawn").Process(target=_waiter,
+                                            args=(redis_server.port, redis_prefix))
+    first.start()
+    deadline = time.monotonic() + 20
+    while session.waiting_for(KEY) < 1 or counting.lane_status()["waiting"] < 1:
+        assert time.monotonic() < deadline, "the first waiter never joined both lines"
+        time.sleep(0.02)
+    got: dict[str, tuple[float, int]] = {}
+    ready = threading.Barrier(3)
+
+    def wait(lane: Any, name: str) -> None:
+        ready.wait()
+        with lane.acquire(KEY, timeout_s=40) as hold:
+            got[name] = (time.monotonic(), hold.fencing_token)
+
+    threads = [threading.Thread(target=wait, args=(session, "s")),
+               threading.Thread(target=wait, args=(counting, "c"))]
+    for t in threads:
+        t.start()
+    ready.wait()
+    deadline = time.monotonic() + 10
+    while session.waiting_for(KEY) < 2 or counting.lane_status()["waiting"] < 2:
+        assert time.monotonic() < deadline, "this process's waiters never joined"
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGKILL)
+    os.kill(first.pid, signal.SIGKILL)  # the head of both lines, before the takeover
+    for t in threads:
+        t.join(45)
+    proc.join(5)
+    first.join(5)
+    s_after, c_after = got["s"][0] - t0, got["c"][0] - t0
+    assert got["s"][1] > held["s"] and got["c"][1] > held["c"]
+    print(f"C30, dead head: key after {s_after:.2f} s, permit after {c_after:.2f} s")
+    # The dead head's liveness window (3 polls + 1 s) and the grace, far below 30 s.
+    assert s_after < 12.0 and c_after < 12.0
+
+
 def test_c30_killed_holder_is_taken_over_by_try_acquire_too(
     redis_server: Any, redis_client: Any, redis_prefix: str, tmp_path: Path
 ) -> None:

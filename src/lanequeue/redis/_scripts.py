@@ -298,6 +298,20 @@ if chan ~= '' then
   redis.call('HSET', n, me, chan .. '|' .. lease)
   keep(n, live)
 end
+-- Waiters at the head whose liveness ran out (they died in line, or stopped polling)
+-- leave it, as a release's promote drops them: else a dead head would keep the first
+-- live waiter from taking over a holder whose process is gone, until the holder's whole
+-- lease ran out. (One that polls again later rejoins at the tail.)
+while true do
+  local id = redis.call('LINDEX', q, 0)
+  if not id or id == me then break end
+  local dl = tonumber(redis.call('ZSCORE', w, id))
+  if dl and dl > now then break end
+  redis.call('LPOP', q)
+  redis.call('ZREM', w, id)
+  redis.call('HDEL', j, id)
+  redis.call('HDEL', n, id)
+end
 -- The head of the line learns when the holder's lease (or claim) runs out, and polls
 -- right then: a holder that died is replaced one round trip after its lease ends.
 if redis.call('LINDEX', q, 0) ~= me then return {0, -1} end
@@ -603,8 +617,20 @@ if chan ~= '' then
   redis.call('HSET', n, me, chan .. '|' .. fmt(lease))
   keep(n, live)
 end
--- The head of the line learns when the first lease runs out (see the per-key acquire).
-local head = redis.call('LINDEX', q, 0)
+-- Dead waiters at the head leave it (see the per-key acquire); then the head of the line
+-- learns when the first lease runs out.
+local head
+while true do
+  head = redis.call('LINDEX', q, 0)
+  if not head or string.sub(head, 1, #me + 1) == me .. ':' then break end
+  local id = string.sub(head, 1, string.find(head, ':', 1, true) - 1)
+  local dl = tonumber(redis.call('ZSCORE', w, id))
+  if dl and dl > now then break end
+  redis.call('LPOP', q)
+  redis.call('ZREM', w, id)
+  redis.call('HDEL', j, id)
+  redis.call('HDEL', string.sub(h, 1, -2) .. 'n', id)
+end
 if head and string.sub(head, 1, #me + 1) == me .. ':' then
   -- Failover: the head ends the holds of dead processes (see takeover), then takes a
   -- freed permit through the line.
