@@ -56,6 +56,27 @@ def _start_holder(tmp_path: Path, port: int, prefix: str) -> tuple[Any, str, str
     return proc, out, go
 
 
+def _wait_in_both(session: Any, counting: Any,
+                  timeout_s: float) -> tuple[dict[str, tuple[float, int]], list[Any]]:
+    """Two threads of this process that wait (up to ``timeout_s``) for KEY on ``session``
+    and on ``counting``, started together; each records (when granted, fencing token)
+    under "s" or "c" and releases at once. Returns that record and the threads."""
+    got: dict[str, tuple[float, int]] = {}
+    ready = threading.Barrier(3)
+
+    def wait(lane: Any, name: str) -> None:
+        ready.wait()
+        with lane.acquire(KEY, timeout_s=timeout_s) as hold:
+            got[name] = (time.monotonic(), hold.fencing_token)
+
+    threads = [threading.Thread(target=wait, args=(session, "s")),
+               threading.Thread(target=wait, args=(counting, "c"))]
+    for t in threads:
+        t.start()
+    ready.wait()
+    return got, threads
+
+
 def test_c30_killed_holder_passes_key_and_permit_within_about_3_s(
     redis_server: Any, redis_client: Any, redis_prefix: str, tmp_path: Path
 ) -> None:
@@ -66,19 +87,7 @@ def test_c30_killed_holder_passes_key_and_permit_within_about_3_s(
     session = RedisSessionLane(redis_client, "s", prefix=redis_prefix)
     counting = RedisLane(redis_client, "c", max_concurrent=1, prefix=redis_prefix)
     assert not session.try_acquire(KEY)
-    got: dict[str, tuple[float, int]] = {}
-    ready = threading.Barrier(3)
-
-    def wait(lane: Any, name: str) -> None:
-        ready.wait()
-        with lane.acquire(KEY, timeout_s=20) as hold:
-            got[name] = (time.monotonic(), hold.fencing_token)
-
-    threads = [threading.Thread(target=wait, args=(session, "s")),
-               threading.Thread(target=wait, args=(counting, "c"))]
-    for t in threads:
-        t.start()
-    ready.wait()
+    got, threads = _wait_in_both(session, counting, 20)
     time.sleep(0.3)  # both wait in line now
     t0 = time.monotonic()
     os.kill(proc.pid, signal.SIGKILL)
@@ -125,19 +134,7 @@ def test_c30_killed_holder_whose_first_waiter_died_too_reaches_the_next_waiter(
     while session.waiting_for(KEY) < 1 or counting.lane_status()["waiting"] < 1:
         assert time.monotonic() < deadline, "the first waiter never joined both lines"
         time.sleep(0.02)
-    got: dict[str, tuple[float, int]] = {}
-    ready = threading.Barrier(3)
-
-    def wait(lane: Any, name: str) -> None:
-        ready.wait()
-        with lane.acquire(KEY, timeout_s=40) as hold:
-            got[name] = (time.monotonic(), hold.fencing_token)
-
-    threads = [threading.Thread(target=wait, args=(session, "s")),
-               threading.Thread(target=wait, args=(counting, "c"))]
-    for t in threads:
-        t.start()
-    ready.wait()
+    got, threads = _wait_in_both(session, counting, 40)
     deadline = time.monotonic() + 10
     while session.waiting_for(KEY) < 2 or counting.lane_status()["waiting"] < 2:
         assert time.monotonic() < deadline, "this process's waiters never joined"

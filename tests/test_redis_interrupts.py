@@ -357,10 +357,7 @@ def test_a_dropped_hold_freed_by_its_stopped_release_counts_as_released(
     it gone, and counts it in ``released`` (that stopped release freed it), never in
     ``unmatched_releases``: the books read ``acquired == released`` once the renewer has
     answered. It was counted unmatched (13 of 3,354 holds under a Ctrl-C storm)."""
-    extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
-    lane = kind(redis_client, "dr", prefix=redis_prefix, lease_s=1.5, **extra)
-    other = kind(redis.Redis(port=redis_client.connection_pool.connection_kwargs["port"]),
-                 "dr", prefix=redis_prefix, lease_s=30.0, **extra)
+    lane, other = _lanes(kind, redis_client, redis_prefix, "dr", lease_s=1.5)
     real_send, real_read = Connection.send_command, Connection.read_response
     armed = {"on": False, "read": False}
     me = threading.get_ident()  # (the renewer's thread reads replies too)
@@ -409,11 +406,14 @@ def _in_redis(lane: Any, key: str) -> bool:
     return bool(lane.is_held(key)) if isinstance(lane, RedisSessionLane) else lane.holds_of(key) > 0
 
 
-def _lanes(kind: Any, client: Any, prefix: str) -> tuple[Any, Any]:
+def _lanes(kind: Any, client: Any, prefix: str, name: str = "r",
+           lease_s: float = 30.0) -> tuple[Any, Any]:
+    """A lane of ``kind`` (one permit) on ``client`` with ``lease_s``, and the same lane
+    through another client (another process's view; a 30 s lease)."""
     extra = {} if kind is RedisSessionLane else {"max_concurrent": 1}
     port = client.connection_pool.connection_kwargs["port"]
-    return (kind(client, "r", prefix=prefix, lease_s=30.0, **extra),
-            kind(redis.Redis(port=port), "r", prefix=prefix, lease_s=30.0, **extra))
+    return (kind(client, name, prefix=prefix, lease_s=lease_s, **extra),
+            kind(redis.Redis(port=port), name, prefix=prefix, lease_s=30.0, **extra))
 
 
 @pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
