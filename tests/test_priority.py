@@ -467,19 +467,20 @@ def test_bad_ageing_is_refused(bad: object, error: type[Exception]) -> None:
 
 
 def test_redis_lanes_are_fifo_only(redis_client: Any, redis_prefix: str) -> None:
-    """The documented limit: a Redis lane takes no priority (TypeError naming it), and
-    acquire_all applies a priority to in-process counting lanes only, waiting FIFO on a
-    Redis lane: it still works there."""
+    """The documented limit: a Redis lane takes priority 0 only (another is a ValueError
+    naming the class), and acquire_all applies a priority to in-process counting lanes
+    only, waiting FIFO on a Redis lane: it still works there."""
     from lanequeue.redis import RedisBackend
 
     backend = RedisBackend(redis_client, prefix=redis_prefix)
     queue = LaneQueue()
     queue.add_session_lane("session", timeout_s=JOIN_S)
     glob = queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S, backend=backend)
-    with pytest.raises(TypeError, match="priority"):
-        glob.acquire("k", priority=1)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="priority"):
-        glob.acquire_timeout("k", 1, priority=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match=r"^RedisLane takes no priority \(got 1\)"):
+        glob.acquire("k", priority=1)
+    with pytest.raises(ValueError, match=r"^RedisLane takes no priority \(got 1\)"):
+        glob.acquire_timeout("k", 1, priority=1)
+    assert glob.acquire_timeout("k", 0, priority=0) and glob.manual_release("k")
     with queue.acquire_all("k", ["session", "global"], priority=7) as holds:
         assert holds["global"].held and glob.active_count == 1
     assert glob.active_count == 0
