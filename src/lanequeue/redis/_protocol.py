@@ -425,7 +425,7 @@ class RedisLaneBase(ABC, Generic[H]):
             hold._token = token  # (read by the entry)
             entry: Kept | Watched = Kept(hold) if kept else Watched(hold, self._on_drop)
             entries = self._holds.get(hold.key)
-            start = not (self._renewing and self._renewer_pid == pid)
+            start = not self._renewer_runs(pid)
             # -- commit: plain stores, then one last builtin --
             hold._since = t0
             hold._expires = expires
@@ -459,17 +459,22 @@ class RedisLaneBase(ABC, Generic[H]):
         try:
             watchdog.watch(self, hold._expires)
             with self._lock:
-                start = not (self._renewing and self._renewer_pid == os.getpid())
+                start = not self._renewer_runs(os.getpid())
             self._start_renewer(start)
         except RuntimeError:  # out of threads
             pass
+
+    def _renewer_runs(self, pid: int) -> bool:
+        """Whether a renewer of process ``pid`` has the renewer's place (under
+        ``self._lock``; a forked child sees its parent's claim and starts its own)."""
+        return bool(self._renewing) and self._renewer_pid == pid
 
     def _claim_renewer(self) -> int:
         """The thread face's renewer, first thing in its thread: take the renewer's
         place; its claim number (the renewer then runs), or 0 when another renewer of
         this process has it (this one exits)."""
         with self._lock:
-            if self._renewing and self._renewer_pid == os.getpid():
+            if self._renewer_runs(os.getpid()):
                 return 0
             claim = self._renewing = next(_claims)
             self._renewer_pid = os.getpid()
