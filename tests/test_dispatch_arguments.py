@@ -484,3 +484,17 @@ def test_the_asyncio_dispatchers_waits_must_be_awaited() -> None:
             d.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("max_threads, min_threads, name", [
+    (0, 0, "max_threads"), (2, -1, "min_threads"), (2, 3, "min_threads"),
+])
+def test_the_worker_service_refuses_bounds_it_cannot_keep(
+    max_threads: int, min_threads: int, name: str
+) -> None:
+    from lanequeue.dispatch._workers import Service
+
+    before = threading.active_count()
+    with pytest.raises(ValueError, match=name):
+        Service(max_threads=max_threads, min_threads=min_threads, name="bounds")
+    assert threading.active_count() == before  # no thread was started

@@ -73,7 +73,8 @@ class Service:
             others start when calls come.
 
     Raises RuntimeError when a thread cannot be started (the process is out of
-    threads): the service thread's, or one of the first ``min_threads`` workers'.
+    threads): the service thread's, or one of the first ``min_threads`` workers';
+    ValueError when ``max_threads`` < 1 or ``min_threads`` is not in 0..``max_threads``.
 
     Every method is one put on a SimpleQueue: safe from any thread, and an interrupt in
     the caller cannot leave the service half updated (see the module docstring).
@@ -82,6 +83,12 @@ class Service:
     def __init__(self, *, max_threads: int, name: str,
                  clock: Callable[[], float] = time.monotonic,
                  poll_s: float | None = None, min_threads: int = 0) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads!r}")
+        if not 0 <= min_threads <= max_threads:
+            raise ValueError(
+                f"min_threads must be in 0..max_threads ({max_threads}), got {min_threads!r}"
+            )
         self._clock = clock
         self._poll_s = poll_s
         self._max = max_threads
