@@ -1679,3 +1679,61 @@ def test_c18_second_interrupt_in_acquire_alls_rollback_leaves_nothing_held_once_
         _check_nothing_held(None, [session, cap], False, inj.fired)  # type: ignore[arg-type]
 
     assert inject_everywhere(run_once, real_points=True) >= 2
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore:coroutine .* was never awaited:RuntimeWarning")
+@pytest.mark.parametrize("what", [*ASYNC_LANES, "async acquire_all"])
+def test_c18_second_interrupt_after_an_async_hand_off_leaves_nothing_held_once_dropped(
+    what: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The asyncio face of the test above: a parked task is handed the permit and
+    resumes; the first interrupt lands as it records the grant, the second at every
+    point of the clean-up that follows where CPython can deliver one. Then the hold
+    (the ``acquire_all``) is dropped: nothing stays held, nothing is released twice."""
+    import lanequeue.aio as aio
+
+    def run_once(inj: Injector) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            if what == "async acquire_all":
+                queue = AsyncLaneQueue()
+                queue.add_session_lane("session", timeout_s=JOIN_S)
+                queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+                lanes: list[Any] = [queue["session"], queue["global"]]
+                hold: Any = queue.acquire_all(KEY, ["session", "global"])
+            else:
+                lanes = [ASYNC_LANES[what]()]
+                hold = lanes[0].acquire(KEY, timeout_s=JOIN_S)
+            core = lanes[-1]._core
+            holder = loop.run_until_complete(_take_now(core))
+            real_record = aio.record
+            handed: list[int] = []
+
+            def record(into: Any, token: int) -> int:
+                monkeypatch.setattr(aio, "record", real_record)
+                handed.append(token)
+                inj.paused = False  # count injection points from the first interrupt on
+                raise KeyboardInterrupt("the first interrupt, as the grant is recorded")
+
+            async def op(hold: Any) -> None:
+                task = asyncio.ensure_future(hold.__aenter__())
+                await asyncio.sleep(0)  # parked behind the holder
+                assert core.release(KEY, holder)  # handed over to the parked task
+                await task
+
+            monkeypatch.setattr(aio, "record", record)
+            inj.paused = True
+            with pytest.raises(KeyboardInterrupt), inj.active():
+                loop.run_until_complete(op(hold))
+            monkeypatch.undo()
+            assert handed and handed[0] > 0  # the first interrupt came after the hand-off
+            _finish(loop)
+            del hold
+            _check_nothing_held(loop, lanes, True, inj.fired)
+        finally:
+            _finish(loop)
+            loop.close()
+
+    assert inject_everywhere(run_once, real_points=True) >= 3
