@@ -517,7 +517,9 @@ class RedisLaneBase(ABC, Generic[H]):
     def _purge_dropped(self) -> None:
         """Lock held: forget the entries of dropped holds; the live ones are released by
         the renewer's next round (:meth:`_renew_round`), so their keys come free before
-        their leases would lapse."""
+        their leases would lapse. Until that release has answered, such a hold stays in
+        ``_n_live`` (``holders``, ``available``, idle): it is still held in Redis, and
+        ``acquired == released + unmatched_releases + holders`` at every instant."""
         while self._dropped:
             entry = self._dropped.popleft()
             entries = self._holds.get(entry.key)
@@ -526,9 +528,8 @@ class RedisLaneBase(ABC, Generic[H]):
             entries.remove(entry)
             if not entries:
                 del self._holds[entry.key]
-            if entry.live:
+            if entry.live:  # (still in _n_live: held in Redis until its release answers)
                 entry.live = False
-                self._n_live -= 1
                 self._to_release.append((entry.owner, entry.token, entry.key, entry.sent))
 
     def _unlink(self, hold: H, freed: bool) -> None:
@@ -1308,6 +1309,8 @@ class RedisLaneBase(ABC, Generic[H]):
             # released now, each only if still its owner's, in one round trip.
             # One whose release was sent before (stopped before its answer) and is not
             # ours any more was freed by that release: released, as _finish counts it.
+            # Counted however this round ends (a renewer task cancelled with its loop):
+            # each leaves holders once, in released or, lapsing, in unmatched_releases.
             freed = 0
             try:
                 replies = yield self._renew_many_io, (
@@ -1318,9 +1321,11 @@ class RedisLaneBase(ABC, Generic[H]):
             except Exception as exc:  # they lapse with their leases
                 log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
                             self.name, len(dropped), exc)
-            with self._lock:
-                self.released += freed
-                self.unmatched += len(dropped) - freed
+            finally:
+                with self._lock:
+                    self.released += freed
+                    self.unmatched += len(dropped) - freed
+                    self._n_live -= len(dropped)
         if plan is None:
             return None
         due, sleep = plan
@@ -1375,7 +1380,7 @@ class RedisLaneBase(ABC, Generic[H]):
         """Holds of THIS lane object now (not lost): on a per-key lane, the keys it
         holds."""
         with self._lock:
-            self._purge_dropped()  # (dropped holds are not held any more)
+            self._purge_dropped()
             return self._n_live
 
     @property
@@ -1415,8 +1420,10 @@ class RedisLaneBase(ABC, Generic[H]):
         releases that ended nothing (not owned, lease lost, or nothing held) and
         releases whose answer never came (``LaneBackendError``: the hold is no longer
         renewed and its lease lapses), so every hold that leaves ``holders`` is counted
-        once, in ``released`` or in ``unmatched_releases`` (a hold garbage-collected
-        without release: once its renewer's release has answered)."""
+        once, in ``released`` or in ``unmatched_releases``: ``acquired == released +
+        unmatched_releases + holders`` at every instant. A hold garbage-collected without
+        release stays in ``holders`` (it is still held in Redis) until its renewer's
+        release of it has answered, within ``lease_s/3``."""
         with self._lock:
             self._purge_dropped()
             return LaneStats(
