@@ -125,6 +125,100 @@ def test_a_claim_is_given_back_when_the_turn_never_ran(redis_client: Any,
         b.close()
 
 
+def test_a_second_submit_of_an_id_waits_for_the_claim_in_flight(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """Two threads of one dispatcher submit the same id; the first is stopped just after
+    its claim answered. The second used to claim as well (both "ours": one owner), make
+    a ticket that ended unrun and give the id back, so another dispatcher ran it and
+    then the first thread ran it again. The second now waits for the claim in flight
+    and is deduped against its ticket: the id runs once, across both dispatchers."""
+    a = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    window = b._machine.window
+    real = window.claim
+    claimed, go = threading.Event(), threading.Event()
+    claims: list[str] = []
+
+    def claim(dedupe_id: str, number: int) -> bool:
+        claims.append(threading.current_thread().name)
+        ours = bool(real(dedupe_id, number))
+        if threading.current_thread().name == "first":
+            claimed.set()
+            assert go.wait(WAIT)  # the first thread stops here, its claim answered
+        return ours
+
+    window.claim = claim
+    ran: list[str] = []
+    got: dict[str, Any] = {}
+
+    def submit(name: str) -> None:
+        got[name] = b.submit("k1", ran.append, name, dedupe_id="X")
+
+    first = threading.Thread(target=submit, args=("first",), name="first")
+    second = threading.Thread(target=submit, args=("second",), name="second")
+    try:
+        first.start()
+        assert claimed.wait(WAIT)
+        second.start()
+        second.join(0.3)
+        assert second.is_alive() and claims == ["first"]  # waiting: no claim of its own
+        go.set()
+        first.join(WAIT)
+        second.join(WAIT)
+        assert got["second"] is got["first"]  # deduped against the first's ticket
+        got["first"].result(WAIT)
+        other = a.submit("k3", ran.append, "other replica", dedupe_id="X")
+        assert (other.state, other.reason) == ("deduped", "duplicate")
+        assert ran == ["first"] and claims == ["first"]
+    finally:
+        go.set()
+        a.close()
+        b.close()
+
+
+def test_storm_of_retried_ids_over_two_dispatchers_runs_each_at_most_once(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """Sixteen threads submit copies of 150 ids to two dispatchers sharing a window, and
+    cancel about one copy in five (a cancelled copy that never ran gives its claim
+    back, so a later copy may run): every id runs at most once."""
+    import random
+
+    ds = [ThreadDispatcher(local_lanes(), dedupe_redis=redis_client,
+                           dedupe_prefix=redis_prefix) for _ in range(2)]
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def fn(i: str) -> None:
+        with lock:
+            ran.append(i)
+        time.sleep(0.001)
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(120):
+            i = f"id{rng.randrange(150)}"
+            t = ds[rng.randrange(2)].submit(f"k{rng.randrange(6)}", fn, i, dedupe_id=i)
+            if rng.random() < 0.2:
+                t.cancel()
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(16)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        for d in ds:
+            assert d.drain(timeout_s=WAIT)
+        twice = sorted(i for i in set(ran) if ran.count(i) > 1)
+        assert twice == []
+    finally:
+        for d in ds:
+            d.close()
+
+
 def test_a_redis_failure_at_submit_is_a_backend_error() -> None:
     dead = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
     d = ThreadDispatcher(local_lanes(), dedupe_redis=dead)

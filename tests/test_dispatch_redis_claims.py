@@ -440,36 +440,45 @@ def test_thread_give_back_of_a_cancelled_ticket_never_removes_its_retrys_claim(
     b.close()
 
 
-def test_two_threads_claiming_one_id_leave_a_claim_the_ticket_gives_back(
+def test_two_threads_submitting_one_id_make_one_claim_the_ticket_gives_back(
     redis_client: Any, redis_prefix: str
 ) -> None:
-    """Two threads submit the same new id at once: both claims answer "ours"; the ticket
-    that wins takes the newer claim's number, so its give-back (it never ran) frees the
-    id for another dispatcher."""
+    """Two threads submit the same new id at once: the second waits for the first's
+    claim (held in flight until both submits began) and is deduped against its ticket,
+    so only one claim is made; the ticket's give-back (it never ran) frees the id for
+    another dispatcher."""
     a = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
                          dedupe_prefix=redis_prefix)
     b = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
                          dedupe_prefix=redis_prefix)
     window = a._machine.window
     real = window.claim
-    both = threading.Barrier(2, timeout=WAIT)
+    started = threading.Barrier(3, timeout=WAIT)
+    claims: list[int] = []
 
     def claim(dedupe_id: str, number: int) -> bool:
+        claims.append(number)
         ours = real(dedupe_id, number)
-        both.wait()  # both claims landed before either submit goes on
+        time.sleep(0.2)  # in flight while the other submit runs (it waits for this one)
         return ours
 
     window.claim = claim
     gate = threading.Event()
     a.submit("conv", gate.wait, WAIT)
     got: list[Any] = []
-    threads = [threading.Thread(target=lambda: got.append(
-        a.submit("conv", str, "e", dedupe_id="e"))) for _ in range(2)]
+
+    def submit() -> None:
+        started.wait()
+        got.append(a.submit("conv", str, "e", dedupe_id="e"))
+
+    threads = [threading.Thread(target=submit) for _ in range(2)]
     for th in threads:
         th.start()
+    started.wait()
     for th in threads:
         th.join(WAIT)
     assert len(got) == 2 and got[0] is got[1]
+    assert len(claims) == 1
     window.claim = real
     assert got[0].cancel()
     assert gone_within(redis_client, [window.key("e")], WAIT)

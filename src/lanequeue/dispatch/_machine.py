@@ -683,6 +683,7 @@ def _after_fork() -> None:
     block for ever (its mutating calls refuse: see ``_check_process``)."""
     for machine in list(_MACHINES):
         machine._lock = threading.Lock()
+        machine._claiming = {}  # (the parent's claims in flight are its threads')
 
 
 if hasattr(os, "register_at_fork"):
@@ -741,6 +742,13 @@ class Machine:
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
         self._dedupe_timer: Timer | None = None
+        # Shared window claimed on the caller's thread: id -> the event of the one claim
+        # of it in flight here, set once that claim's submit is done. Another submit of
+        # the id waits for it, then finds its ticket in the table. So no claim of an id
+        # is in flight while another is, or while a ticket of it is in the table, and a
+        # give-back (a claim's own value, see the window) never deletes the claim a
+        # ticket of this dispatcher runs under.
+        self._claiming: dict[str, threading.Event] = {}
         # Every ticket not ended yet, by id (see _repair).
         self._live: dict[int, Ticket] = {}
         # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
@@ -770,8 +778,20 @@ class Machine:
         ours = True
         claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
         number = 0  # its number
+        mine: threading.Event | None = None  # our claim's place in _claiming
+        other: threading.Event | None = None  # another claim of the id, in flight
+        waited: threading.Event | None = None  # one we waited for in vain
         try:
-            for attempt in (0, 1) if shared and offload is None else (1,):
+            attempts = [0, 1] if shared and offload is None else [1]
+            while attempts:
+                attempt = attempts.pop(0)
+                if other is not None:
+                    # Wait for that claim's submit (bounded: one that was stopped before
+                    # it cleared its place is taken over after this wait).
+                    assert self.window is not None
+                    if not other.wait(2 * self.window.call_wait_s + 1.0):
+                        waited = other
+                    other = None
                 if attempt == 1 and shared and offload is None:
                     # Not in this process's table: ask the shared window (outside the
                     # lock: one round trip). Another thread may claim the same id
@@ -807,6 +827,14 @@ class Machine:
                     early = (self._rejects(k, policy)
                              if shared and (k is None or not k.arrivals) else None)
                     if attempt == 0 and early is None:
+                        assert dedupe_id is not None
+                        other = self._claiming.get(dedupe_id)
+                        if other is None or other is waited:
+                            other = None
+                            # -- plain stores: the claim's place, then ours to clear --
+                            self._claiming[dedupe_id] = mine = threading.Event()
+                        else:
+                            attempts.insert(0, 0)  # look again once that one is done
                         continue
                     rejected = early is not None and not (attempt == 1 and offload is None
                                                           and shared)
@@ -856,10 +884,18 @@ class Machine:
             raise
         finally:
             try:
-                self._after(fx)
+                if mine is not None:  # our claim is done: the next one of the id may go
+                    assert dedupe_id is not None
+                    with self._lock:
+                        if self._claiming.get(dedupe_id) is mine:
+                            del self._claiming[dedupe_id]
+                    mine.set()
             finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
+                try:
                     self._after(fx)
+                finally:
+                    if fx.open:  # interrupted at its entry: see "Interrupts"
+                        self._after(fx)
         return t
 
     def _rejects(self, k: _Key | None, policy: str) -> str | None:
