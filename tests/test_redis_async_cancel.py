@@ -283,3 +283,56 @@ def test_a_failed_release_does_not_stop_the_others_asyncio(
             await client.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_asyncio_run_closing_its_loop_lets_a_slow_clean_up_finish(
+    own_server: Any, kind: str
+) -> None:
+    """``asyncio.run`` cancels its tasks, waits for them, then closes the loop. A holder
+    and a waiter are cancelled there while the server holds every write for 1.5 s
+    (``CLIENT PAUSE ... WRITE``), so their release and withdraw outlast the tasks' own
+    wait for them (``CANCEL_WAIT_S``). Those clean-ups were cancelled with the loop's
+    tasks, or destroyed pending when it closed, leaving the key held in Redis for its
+    whole lease; now ``asyncio.run`` returns once they are done: nothing held, nobody in
+    line, as soon as it returns."""
+    r = redis.Redis(host=own_server.host, port=own_server.port)
+    prefix = f"close{time.monotonic_ns()}"
+
+    async def main() -> None:
+        client = aredis.Redis(host=own_server.host, port=own_server.port)
+        lane: Any = (AsyncRedisSessionLane(client, "s", prefix=prefix, lease_s=30)
+                     if kind == "session" else
+                     AsyncRedisLane(client, "s", max_concurrent=1, prefix=prefix, lease_s=30))
+        inside = asyncio.Event()
+
+        async def holder() -> None:
+            async with lane.acquire("k"):
+                inside.set()
+                await asyncio.Event().wait()  # until asyncio.run cancels it
+
+        async def waiter() -> None:
+            async with lane.acquire("k"):
+                pass
+
+        tasks = [asyncio.create_task(holder())]
+        await asyncio.wait_for(inside.wait(), 5)
+        tasks.append(asyncio.create_task(waiter()))
+        deadline = time.monotonic() + 5
+        while lane.waiting == 0:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # (its join script answered: in line in Redis)
+        r.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+        # main returns: asyncio.run cancels the holder and the waiter
+
+    asyncio.run(main())
+    # Plain reads, which the pause lets through: what Redis holds right now.
+    held = [k for k in r.scan_iter(match=f"*{prefix}*:h") if r.type(k) != b"none"]
+    assert held == []
+    if kind == "session":
+        check = RedisSessionLane(r, "s", prefix=prefix)
+        assert check.waiting_for("k") == 0 and not check.is_held("k")
+    else:
+        status = RedisLane(r, "s", max_concurrent=1, prefix=prefix).lane_status()
+        assert (status["active"], status["waiting"]) == (0, 0)

@@ -17,7 +17,8 @@ the line in one script and passes on a grant that reached it; a task cancelled i
 ``async with`` releases on the way out; a task cancelled while its release script is on
 its way lets that release finish (and count) before the CancelledError propagates. That
 clean-up runs in a task of its own; the cancelled task waits for it at most
-:data:`CANCEL_WAIT_S` and then ends, the clean-up going on in the background. So does a
+:data:`CANCEL_WAIT_S` and then ends, the clean-up going on in the background (a task
+that refuses cancellation, which a closing loop waits for: see :class:`_Cleanup`). So does a
 release that a task already cancelled begins: leaving ``async with`` by the
 cancellation, a queue's ``acquire_all`` releasing its holds then (at most
 :data:`CANCEL_WAIT_S` for them all), ``hold.release()`` or ``manual_release`` in a
@@ -37,7 +38,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any, Literal
@@ -65,6 +66,99 @@ __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
 #: Clean-ups running after a cancellation (strong references until they end).
 _CLEANUPS: set[asyncio.Task[Any]] = set()
+#: Longest wait, in seconds, of a closing loop's ``shutdown_asyncgens`` for the clean-ups
+#: still running on it (each call of one is bounded on its own; see :func:`_loop_guard`).
+SHUTDOWN_WAIT_S = 30.0
+
+
+class _Cleanup(asyncio.Task[T]):
+    """A clean-up's task (a release, a withdraw, the rest of a procedure after a
+    cancellation): it refuses cancellation. Nobody else holds it, and each of its calls
+    is bounded, so it always ends; but ``asyncio.run`` cancels every task of the loop
+    before closing it, and a clean-up cut short there left its grant or line entry in
+    Redis for a whole lease. Since ``asyncio.run`` waits for the tasks it cancelled, a
+    clean-up running then finishes first; one started after that is waited for by the
+    loop's guard (:func:`_loop_guard`)."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
+
+    async def within(self, aw: Awaitable[T], wait: float) -> T:
+        """``await aw`` in this task for at most ``wait`` seconds (the bound of
+        :func:`_within`, which ``asyncio.timeout`` cannot keep here: it cancels the task
+        through :meth:`cancel`). Past it, ``aw`` is cancelled and redis-py's
+        TimeoutError raised."""
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            asyncio.Task.cancel(self)  # (the one cancellation this task takes)
+
+        handle = self.get_loop().call_later(wait, expire)
+        try:
+            return await aw
+        except asyncio.CancelledError as exc:
+            if not expired:
+                raise
+            uncancel = getattr(self, "uncancel", None)  # (Python 3.11+)
+            if uncancel is not None:
+                uncancel()
+            raise RedisTimeoutError(f"no reply from Redis within {wait:g} s") from exc
+        finally:
+            handle.cancel()
+
+
+def _start_cleanup(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """Run ``coro``, a clean-up, in a task of its own that refuses cancellation (see
+    :class:`_Cleanup`), held in ``_CLEANUPS`` until it ends; its loop gets its guard."""
+    loop = asyncio.get_running_loop()
+    task: asyncio.Task[T] = _Cleanup(coro, loop=loop)
+    _CLEANUPS.add(task)
+    task.add_done_callback(_cleanup_done)
+    _guard(loop)
+    return task
+
+
+#: Per event loop, the async generator whose closing waits for its clean-ups.
+_GUARDS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+async def _loop_guard() -> Any:
+    """An async generator parked at its ``yield`` for the life of its loop: the loop's
+    ``shutdown_asyncgens`` (``asyncio.run`` calls it after cancelling the tasks, before
+    closing the loop) closes it, and its ``finally`` waits for the clean-ups still
+    running on that loop (at most :data:`SHUTDOWN_WAIT_S`), so none is destroyed
+    pending with the loop."""
+    try:
+        yield
+    finally:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_WAIT_S
+        while True:
+            pending = [t for t in _CLEANUPS if not t.done() and t.get_loop() is loop]
+            left = deadline - loop.time()
+            if not pending or left <= 0:
+                break
+            await asyncio.wait(pending, timeout=left)
+
+
+def _guard(loop: asyncio.AbstractEventLoop) -> None:
+    """Give ``loop`` its guard (once; not after its ``shutdown_asyncgens``): started
+    here, on the loop's thread, so the loop's first-iteration hook tracks it."""
+    if getattr(loop, "_asyncgens_shutdown_called", False):
+        return
+    try:
+        if loop in _GUARDS:
+            return
+        agen = _loop_guard()
+        _GUARDS[loop] = agen
+    except TypeError:  # a loop that cannot be weakly referenced: no guard
+        return
+    try:
+        agen.__anext__().send(None)  # to its yield
+    except StopIteration:
+        pass
 
 
 def _cleanup_done(task: asyncio.Task[Any]) -> None:
@@ -87,6 +181,7 @@ def _after_fork() -> None:
     global _READ_LOCK
     _READ_LOCK = threading.Lock()
     _CLEANUPS.clear()
+    _GUARDS.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -142,9 +237,7 @@ async def drive(steps: Steps[T]) -> T:
         except asyncio.CancelledError as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise
-            task = asyncio.get_running_loop().create_task(_rest(steps, exc))
-            _CLEANUPS.add(task)
-            task.add_done_callback(_cleanup_done)
+            task = _start_cleanup(_rest(steps, exc))
             await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
             if not task.done():  # the clean-up goes on in the background
                 raise asyncio.CancelledError(*exc.args) from None
@@ -185,9 +278,7 @@ async def _drive_cancelled(steps: Steps[T], exc: BaseException | None = None) ->
     release goes on in the background (held in ``_CLEANUPS`` until it ends; its outcome
     is taken there, see :func:`_cleanup_done`). Ended within the wait: its result, or
     what it raised, as :func:`drive` gives them."""
-    task = asyncio.get_running_loop().create_task(drive(steps))
-    _CLEANUPS.add(task)
-    task.add_done_callback(_cleanup_done)
+    task = _start_cleanup(drive(steps))
     await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
     if not task.done():  # the release goes on in the background
         raise asyncio.CancelledError(
@@ -205,7 +296,12 @@ async def _within(aw: Awaitable[T], wait: float) -> T:
     """``await aw`` for at most ``wait`` seconds; past that it is cancelled (a script
     call drops its connection, see :func:`run_async`) and redis-py's TimeoutError is
     raised (a RedisError: the procedure sees a failed round trip). On Python 3.11+ in the
-    caller's own task (``asyncio.timeout``: one timer, no task per call)."""
+    caller's own task (``asyncio.timeout``: one timer, no task per call; in a clean-up's
+    task, its own timer: see :meth:`_Cleanup.within`)."""
+    task = asyncio.current_task()
+    if isinstance(task, _Cleanup):
+        result: T = await task.within(aw, wait)
+        return result
     try:
         if _timeout is not None:
             async with _timeout(wait):
@@ -319,10 +415,8 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             # Runs to its end even if the caller is cancelled while it waits (C25): a
             # release or withdraw cut short would leave a grant nobody owns. Its bound
             # is its own: it never waits behind the acquires it would let in.
-            task = asyncio.get_running_loop().create_task(
+            task = _start_cleanup(
                 _call(wk.freeing, self._client, script, keys, args, wk.call_wait_s))
-            _CLEANUPS.add(task)
-            task.add_done_callback(_cleanup_done)
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError as exc:
