@@ -8,6 +8,7 @@ time stamps are ``time.monotonic()``, one system-wide clock on Linux."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import multiprocessing as mp
@@ -396,3 +397,85 @@ def test_async_claim_cancelled_in_flight_is_given_back(
         assert await a.wait_idle(WAIT) and a.snapshot()["keys"] == {}
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_a_turn_is_told_at_once_when_the_lease_of_its_redis_lane_is_lost(
+    own_server: Any, face: str
+) -> None:
+    """The server freezes while a turn runs under a Redis session lane (lease 1 s): the
+    holder's deadline passes, so the key may be another replica's. The turn used to
+    run on, untold (its cancel event never set, its task never cancelled), and its
+    ticket ended ``failed`` only once it returned. Now the loss reaches the turn at the
+    holder's deadline: a thread turn's cancel event is set, an asyncio turn's task is
+    cancelled, and the ticket ends ``failed`` with LeaseLostError, reason
+    ``"lease lost"``."""
+    from lanequeue import AsyncLaneQueue, Dispatcher, LeaseLostError
+    from lanequeue.redis import AsyncRedisSessionLane
+
+    told: list[float] = []
+    inside = threading.Event()
+    frozen_at: list[float] = []
+    try:
+        if face == "threads":
+            q = LaneQueue()
+            q.add(RedisSessionLane(redis.Redis(host=own_server.host, port=own_server.port,
+                                               socket_timeout=0.5),
+                                   "session", lease_s=1.0))
+            d = ThreadDispatcher(q, lanes=("session",))
+
+            def turn() -> str:
+                inside.set()
+                assert current_turn().cancel_event.wait(WAIT)
+                told.append(time.monotonic())
+                return "went on"
+
+            t = d.submit("conv", turn)
+            assert inside.wait(WAIT)
+            own_server.freeze()
+            frozen_at.append(time.monotonic())
+            with pytest.raises(LeaseLostError):
+                t.result(WAIT)
+            own_server.thaw()
+            assert d.drain(timeout_s=WAIT)
+        else:
+            async def main() -> Any:
+                import redis.asyncio as aredis
+
+                q = AsyncLaneQueue()
+                client = aredis.Redis(host=own_server.host, port=own_server.port,
+                                      socket_timeout=0.5)
+                q.add(AsyncRedisSessionLane(client, "session", lease_s=1.0))
+                d = Dispatcher(q, lanes=("session",))
+
+                async def turn() -> str:
+                    inside.set()
+                    try:
+                        await asyncio.sleep(WAIT)
+                    except asyncio.CancelledError:
+                        told.append(time.monotonic())
+                        raise
+                    return "went on"
+
+                t = d.submit("conv", turn)
+                while not inside.is_set():
+                    await asyncio.sleep(0.01)
+                own_server.freeze()
+                frozen_at.append(time.monotonic())
+                try:
+                    with pytest.raises(LeaseLostError):
+                        await asyncio.wait_for(t, WAIT)
+                finally:
+                    own_server.thaw()
+                assert await d.drain(timeout_s=WAIT)
+                await client.aclose()
+                return t
+
+            t = asyncio.run(main())
+        assert (t.state, t.reason) == ("failed", "lease lost")
+        assert isinstance(t.exception(0), LeaseLostError)
+        # Told at the holder's deadline: within its 1 s lease of the freeze (plus the
+        # watchdog's and a busy machine's slack), not when the turn returned.
+        assert told and told[0] - frozen_at[0] < 2.0, told[0] - frozen_at[0]
+    finally:
+        own_server.thaw()

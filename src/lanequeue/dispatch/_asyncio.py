@@ -247,6 +247,24 @@ class Dispatcher(DispatcherBase):
 
         _io_service().submit(call, None)
 
+    def _lease_lost(self, job: Job) -> None:
+        # Noticed on the lane's watchdog or renewer thread, or on the loop: the machine
+        # is told on the loop, where the turn's task is cancelled.
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            here = asyncio.get_running_loop() is loop
+        except RuntimeError:  # (a thread with no running loop)
+            here = False
+        if here:
+            self._machine.lease_lost(job)
+            return
+        try:
+            loop.call_soon_threadsafe(self._machine.lease_lost, job)
+        except RuntimeError:  # the loop closed meanwhile: nothing runs the turn now
+            pass
+
     def _interrupt(self, job: Job) -> None:
         task = job.handle
         if task is not None and task is not asyncio.current_task():
@@ -311,8 +329,9 @@ class Dispatcher(DispatcherBase):
                 async with self._queue.acquire_all(
                     job.key, self._lanes, timeout_s=math.inf if budget is None else budget,
                     **extra,
-                ):
+                ) as multi:
                     if machine.start(job):
+                        self._watch_leases(job, multi)
                         token = _CURRENT.set(job.turn)
                         try:
                             value = job.fn(*job.args)

@@ -193,6 +193,19 @@ class DispatcherBase:
     def _interrupt(self, job: Job) -> None:
         """Threads only see the turn's cancel event (set by the machine)."""
 
+    def _watch_leases(self, job: Job, multi: Any) -> None:
+        """The turn of ``job`` runs under ``multi`` (its ``acquire_all``): each Redis
+        hold in it tells the machine when its lease is lost (:meth:`_lease_lost`)."""
+        for got in multi._taken:
+            if type(got) is not int:  # (an in-process lane's token: no lease)
+                watch = getattr(got, "_watch_loss", None)
+                if watch is not None:
+                    watch(lambda: self._lease_lost(job))
+
+    def _lease_lost(self, job: Job) -> None:
+        """A lease of ``job``'s turn was lost (called on the thread that noticed it)."""
+        self._machine.lease_lost(job)
+
     @abstractmethod
     def _idle(self) -> None:
         ...

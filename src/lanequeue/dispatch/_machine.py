@@ -164,6 +164,7 @@ from typing import Any, Protocol
 from .._errors import (
     DispatcherDrainingError,
     LaneBackendError,
+    LeaseLostError,
     TurnCancelledError,
     TurnDedupedError,
     TurnDroppedError,
@@ -531,9 +532,11 @@ class Turn:
     Attributes:
         key: the turn's key.
         ticket: the (first) ticket it serves; ``tickets`` lists every merged one.
-        cancel_event: a ``threading.Event`` set when the turn is cancelled, interrupted
-            or runs out of ``run_timeout_s``; thread turns poll it (asyncio turns are
-            also cancelled as tasks).
+        cancel_event: a ``threading.Event`` set when the turn is cancelled, interrupted,
+            runs out of ``run_timeout_s``, or loses the lease of one of its Redis lanes
+            (the key may be another replica's then: its tickets end ``failed`` with
+            LeaseLostError); thread turns poll it (asyncio turns are also cancelled as
+            tasks).
         inbox: the :class:`Inbox` of payloads steered into the turn.
     """
 
@@ -1334,7 +1337,12 @@ class Machine:
             for t in job.tickets + job.taken:
                 end = t._end_req or job.end_req
                 if end is not None:
-                    self._end(t, end[0], end[1], fx)
+                    lost = None
+                    if end[0] == FAILED:  # (only a lost lease asks for it: lease_lost)
+                        lost = value if isinstance(value, LeaseLostError) else LeaseLostError(
+                            f"key {shown(job.key)}: the lease of a Redis lane of the turn "
+                            f"was lost while it ran")
+                    self._end(t, end[0], end[1], fx, error=lost)
                 elif ok:
                     self._end(t, DONE, None, fx, value=value)
                 elif not started and isinstance(value, TimeoutError):
@@ -1568,6 +1576,29 @@ class Machine:
                 self._rank(job)  # the job's priority is that of the tickets left
                 if job.rank != rank:
                     heapq.heapify(self._ready)
+
+    def lease_lost(self, job: Job) -> None:
+        """A lease the running ``job`` holds on a Redis lane was lost (called by the face
+        from the hold's loss listener; repeatable): the turn is told at once, as by an
+        interrupt (its cancel event set; on asyncio its task cancelled), since the key
+        may be another replica's now; its tickets end ``failed`` with a
+        LeaseLostError, reason ``"lease lost"``, when its runner returns."""
+        fx = _Effects()
+        try:
+            with self._lock:
+                if job.phase == STARTED and job.end_req is None:
+                    job.end_req = (FAILED, "lease lost")
+                    job.turn._signal()
+                    fx.interrupt.append(job)
+        except BaseException:
+            self._repair(fx)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def _run_timeout(self, job: Job, due: float) -> None:
         fx = _Effects()

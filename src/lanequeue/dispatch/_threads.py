@@ -159,8 +159,10 @@ class ThreadDispatcher(DispatcherBase):
                 extra = {"priority": priority} if priority else {}
                 with self._queue.acquire_all(
                         job.key, self._lanes,
-                        timeout_s=float("inf") if budget is None else budget, **extra):
+                        timeout_s=float("inf") if budget is None else budget,
+                        **extra) as multi:
                     if machine.start(job):
+                        self._watch_leases(job, multi)
                         token = _CURRENT.set(job.turn)
                         try:
                             value = job.fn(*job.args)

@@ -42,7 +42,7 @@ class RedisHoldBase(Hold):
 
     __slots__ = (
         "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
-        "_pid", "_presence", "_releaser", "_sent", "__weakref__",
+        "_pid", "_presence", "_releaser", "_sent", "_on_loss", "__weakref__",
     )
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
@@ -72,6 +72,9 @@ class RedisHoldBase(Hold):
         # The presence epoch the grant was asked under (None: none); once it is dead, the
         # hold is lost (see _presence.py).
         self._presence: Any = None
+        # Called (no argument) once the loss of this hold's lease is noticed: the
+        # dispatcher's, for the turn that runs under it (see _watch_loss).
+        self._on_loss: Any = None
 
     @property
     def lost(self) -> bool:
@@ -91,6 +94,14 @@ class RedisHoldBase(Hold):
         """True from the grant until :meth:`release` (also after the lease was lost:
         see :attr:`lost`), as on every hold; a queue releases what is ``held``."""
         return self._state == HELD
+
+    def _watch_loss(self, fn: Any) -> None:
+        """Call ``fn()`` when the loss of this hold's lease is noticed (by the lane's
+        deadline watchdog, its renewer or its presence connection, on their thread),
+        or at once if it is known already; ``fn`` must be safe to call twice."""
+        self._on_loss = fn
+        if self._lost:
+            fn()
 
     def _suspend_renewal(self, suspended: bool = True) -> None:
         """Test hook: stop (or resume) renewing this hold's lease. See the class doc."""

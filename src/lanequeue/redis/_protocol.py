@@ -651,7 +651,8 @@ class RedisLaneBase(ABC, Generic[H]):
         count."""
 
     def _notice_lost(self, hold: H) -> None:
-        """Mark ``hold`` lost (once) and call ``on_lease_lost``."""
+        """Mark ``hold`` lost (once), call ``on_lease_lost`` and the hold's loss
+        listener (see ``_watch_loss``)."""
         with self._lock:
             if hold._lost:
                 return
@@ -666,6 +667,12 @@ class RedisLaneBase(ABC, Generic[H]):
         # would stop this thread in the log call, and the holder must hear first.
         if self.on_lease_lost is not None:
             self._call_lost(hold)
+        told = hold._on_loss
+        if told is not None:
+            try:
+                told()
+            except Exception:
+                log.exception("lane %r: telling a turn of its lost lease failed", self.name)
         log.warning(
             "lane %r: lease of key %s (fencing token %d) lost", self.name, shown(hold.key),
             hold.token,
