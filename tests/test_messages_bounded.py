@@ -33,8 +33,10 @@ def test_cut_and_shown_keep_short_keys_whole_and_cut_long_ones() -> None:
     long = "a" * 150 + "b" * 150
     assert cut(long).startswith("a" * (SHOWN_MAX // 2) + "...")
     assert cut(long).endswith("b" * (SHOWN_MAX // 2) + " (300 characters)")
-    assert len(shown(long)) <= SHOWN_MAX + 2 and "..." in shown(long)
-    assert len(shown(HUGE)) <= SHOWN_MAX + 2
+    assert shown(long).endswith("' (300 characters)") and "..." in shown(long)
+    assert len(shown(long)) <= SHOWN_MAX + len("'' (300 characters)")
+    assert shown(HUGE).endswith("' (1,048,576 characters)")
+    assert len(shown(HUGE)) <= SHOWN_MAX + len("'' (1,048,576 characters)")
 
 
 def test_timeout_message_keeps_the_source_wording_and_cuts_a_huge_key() -> None:
@@ -72,6 +74,8 @@ def test_thread_lane_messages_about_a_huge_key_are_short(
         assert lane.manual_release(HUGE)
     assert len(str(info.value)) < LIMIT
     assert caplog.records and all(len(r.getMessage()) < LIMIT for r in caplog.records)
+    # Each cut key in a log line gives its length, as the exception texts do.
+    assert all("(1,048,576 characters)" in r.getMessage() for r in caplog.records)
     hold = lane.acquire(HUGE)
     with hold:
         assert len(repr(hold)) < LIMIT

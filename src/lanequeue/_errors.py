@@ -41,8 +41,12 @@ _shown.maxlist = _shown.maxtuple = _shown.maxset = _shown.maxdict = 8
 
 def shown(value: object) -> str:
     """``repr(value)`` for a message, cut to about :data:`SHOWN_MAX` characters (the
-    middle of a longer string is replaced by ``...``)."""
-    return _shown.repr(value)
+    middle of a longer string is replaced by ``...``, and its length follows, as
+    :func:`cut` gives it)."""
+    text = _shown.repr(value)
+    if isinstance(value, str) and len(value) > SHOWN_MAX:
+        return f"{text} ({len(value):,} characters)"
+    return text
 
 
 def cut(key: str) -> str:
