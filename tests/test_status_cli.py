@@ -405,3 +405,21 @@ def test_a_lane_with_foreign_data_is_reported_and_the_others_shown(
         assert f"{redis_prefix}/llm (counting, max 2)" in out
     finally:
         redis_client.delete(b + "h")
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("status", ["--backend", "redis://127.0.0.1:1/0"]),
+    ("plan", ["--p99-wait-s", "1"]),
+    ("replay", []),
+])
+def test_an_unknown_option_of_a_command_is_refused_by_that_command(
+    capsys: pytest.CaptureFixture[str], command: str, argv: list[str],
+) -> None:
+    """An option a command does not know was refused with the top-level usage line and
+    ``lanequeue: error:``; it is the command's usage error, as every other one is."""
+    with pytest.raises(SystemExit) as info:
+        main([command, *argv, "--bogus"])
+    cap = capsys.readouterr()
+    assert info.value.code == 2 and cap.out == ""
+    assert cap.err.startswith(f"usage: lanequeue {command} ")
+    assert f"lanequeue {command}: error: unrecognized arguments: --bogus" in cap.err

@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no progress bar (it is shown only on a terminal, with tqdm)",
     )
-    rp.set_defaults(options=_option_names(rp))
+    rp.set_defaults(options=_option_names(rp), usage_error=rp.error)
     _add_plan_parser(sub)
     _add_status_parser(sub)
     return parser
@@ -330,7 +330,7 @@ def _add_plan_parser(sub: Any) -> None:
         help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "
         "of 50,000 requests or more, else 1)",
     )
-    pp.set_defaults(options=_option_names(pp))
+    pp.set_defaults(options=_option_names(pp), usage_error=pp.error)
 
 
 def _output_refused(args: argparse.Namespace) -> str | None:
@@ -741,7 +741,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     exit status (0 success, 1 a replay check failed or ``status``'s output pipe was
     closed, 2 bad arguments or input, 3 no cap meets a ``plan`` goal)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the command's own parser: its usage line, its name
+        error = getattr(args, "usage_error", parser.error)
+        error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "replay":
         try:
             return _replay(args, sys.stdout, sys.stderr)
