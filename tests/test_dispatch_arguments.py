@@ -498,3 +498,32 @@ def test_the_worker_service_refuses_bounds_it_cannot_keep(
     with pytest.raises(ValueError, match=name):
         Service(max_threads=max_threads, min_threads=min_threads, name="bounds")
     assert threading.active_count() == before  # no thread was started
+
+
+@pytest.mark.parametrize("call, value, error, arg", [
+    ("drain", -1, ValueError, "timeout_s"), ("drain", "x", TypeError, "timeout_s"),
+    ("wait_idle", -1, ValueError, "timeout_s"), ("clear", 5, TypeError, "key"),
+    ("pending", 5, TypeError, "key"), ("cancel", 3, TypeError, "ticket"),
+])
+def test_the_other_calls_argument_errors_name_the_call(
+        call: str, value: Any, error: type[Exception], arg: str) -> None:
+    """As submit's: ``drain``, ``wait_idle``, ``clear``, ``pending`` and ``cancel`` name
+    the call and the argument, on both faces; a refused drain drains nothing."""
+    d = ThreadDispatcher(thread_queue())
+    try:
+        with pytest.raises(error, match=rf"^ThreadDispatcher\.{call}\(\) argument '{arg}' "):
+            getattr(d, call)(value)
+        assert not d.draining
+    finally:
+        d.close()
+
+    async def main() -> None:
+        a = Dispatcher(async_queue())
+        with pytest.raises(error, match=rf"^Dispatcher\.{call}\(\) argument '{arg}' "):
+            got = getattr(a, call)(value)
+            if asyncio.iscoroutine(got):
+                await got
+        assert not a.draining
+        a.close()
+
+    asyncio.run(main())

@@ -363,7 +363,8 @@ class Dispatcher(DispatcherBase):
         is running or pending. Returns True when idle, False when the time ran out."""
         from .._validate import check_timeout
 
-        timeout = check_timeout(timeout_s)
+        timeout = check_timeout(
+            timeout_s, f"{type(self).__name__}.wait_idle() argument 'timeout_s'")
         self._check_caller()
         if self._machine.is_idle():
             return True
@@ -387,7 +388,9 @@ class Dispatcher(DispatcherBase):
         running and pending turns to end. Returns True when nothing is left."""
         from .._validate import check_timeout
 
-        timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
+        # (checked before draining: a refused call changes nothing)
+        timeout = check_timeout(
+            timeout_s, f"{type(self).__name__}.drain() argument 'timeout_s'")
         self._check_process()
         self._check_caller()
         self._machine.drain()

@@ -330,7 +330,8 @@ class DispatcherBase:
         turn is cancelled (cancel event; an asyncio task is cancelled too) and the ticket
         ends when ``fn`` returns. Returns False if the ticket had already ended."""
         if not isinstance(ticket, Ticket) or ticket._machine is not self._machine:
-            raise TypeError(f"ticket must be a Ticket of this dispatcher, not {ticket!r}")
+            raise TypeError(f"{type(self).__name__}.cancel() argument 'ticket' must be a "
+                            f"Ticket of this dispatcher, not {ticket!r}")
         self._check_process()
         self._check_caller()
         return self._machine.cancel(ticket)
@@ -338,12 +339,14 @@ class DispatcherBase:
     def clear(self, key: str) -> int:
         """End every turn of ``key`` that has not started as ``cancelled`` ("cleared");
         the running turn goes on. Returns how many ended."""
+        key = check_key(key, f"{type(self).__name__}.clear() argument 'key'")
         self._check_process()
         self._check_caller()
         return self._machine.clear(key)
 
     def pending(self, key: str) -> int:
         """Turns of ``key`` not started yet (the running turn is not counted)."""
+        key = check_key(key, f"{type(self).__name__}.pending() argument 'key'")
         return self._machine.pending(key)
 
     def close(self, *, cancel_pending: bool = True) -> None:

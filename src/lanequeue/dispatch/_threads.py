@@ -189,7 +189,8 @@ class ThreadDispatcher(DispatcherBase):
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no
         turn is running or pending. Returns True when idle, False when time ran out."""
-        timeout = check_timeout(timeout_s)
+        timeout = check_timeout(
+            timeout_s, f"{type(self).__name__}.wait_idle() argument 'timeout_s'")
         with self._idle_lock:
             return self._idle_cond.wait_for(self._machine.is_idle, timeout)
 
@@ -197,7 +198,9 @@ class ThreadDispatcher(DispatcherBase):
         """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
         then block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) for the
         running and pending turns to end. Returns True when nothing is left."""
-        timeout = check_timeout(timeout_s)  # (before draining: a refused call changes nothing)
+        # (checked before draining: a refused call changes nothing)
+        timeout = check_timeout(
+            timeout_s, f"{type(self).__name__}.drain() argument 'timeout_s'")
         self._check_process()
         self._machine.drain()
         return self.wait_idle(timeout)
