@@ -336,3 +336,43 @@ def test_asyncio_run_closing_its_loop_lets_a_slow_clean_up_finish(
     else:
         status = RedisLane(r, "s", max_concurrent=1, prefix=prefix).lane_status()
         assert (status["active"], status["waiting"]) == (0, 0)
+
+
+def test_a_clean_up_failing_at_loop_shutdown_ends_within_its_bound_and_is_counted(
+    own_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``asyncio.run`` cancels a holder while the server is frozen: its release (which
+    refuses cancellation, and which the closing loop waits for) fails within the
+    client's 0.5 s socket timeout, so ``asyncio.run`` returns within a few of those
+    bounds, never hangs; the hold is counted once (in ``unmatched_releases``: its lease
+    lapses), and asyncio reports no error of its own."""
+    import logging
+
+    lanes: list[Any] = []
+
+    async def main() -> None:
+        client = aredis.Redis(host=own_server.host, port=own_server.port, socket_timeout=0.5)
+        lane = AsyncRedisSessionLane(client, "s", lease_s=30)
+        lanes.append(lane)
+        inside = asyncio.Event()
+
+        async def holder() -> None:
+            async with lane.acquire("k"):
+                inside.set()
+                await asyncio.Event().wait()  # until asyncio.run cancels it
+
+        lanes.append(asyncio.create_task(holder()))  # (kept: asyncio.run cancels it)
+        await asyncio.wait_for(inside.wait(), 5)
+        own_server.freeze()
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="asyncio"):
+            started = time.monotonic()
+            asyncio.run(main())
+            took = time.monotonic() - started
+    finally:
+        own_server.thaw()
+    assert took < 5.0
+    assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
+    stats = lanes[0].stats
+    assert (stats.acquired, stats.released + stats.unmatched_releases) == (1, 1)
