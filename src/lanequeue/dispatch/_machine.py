@@ -1506,10 +1506,7 @@ class Machine:
         many tickets that had not started were ended (lock held)."""
         n = self._drop_steered(job, before, reason, fx)
         if job.phase == STARTED:
-            if job.end_req is None:
-                job.end_req = (running, reason)
-                job.turn._signal()
-                fx.interrupt.append(job)
+            self._ask_end(job, running, reason, fx)
             return n
         for t in job.tickets:
             self._end(t, before, reason, fx)
@@ -1518,6 +1515,15 @@ class Machine:
             n += 1
         self._abandon(k, job, fx)
         return n
+
+    def _ask_end(self, job: Job, state: str, reason: str, fx: _Effects) -> None:
+        """Ask the running ``job`` to end as ``state`` (first ask wins): its turn is told
+        (cancel event; the face interrupts it) and its tickets end so when its runner
+        returns (lock held)."""
+        if job.end_req is None:
+            job.end_req = (state, reason)
+            job.turn._signal()
+            fx.interrupt.append(job)
 
     def _drop_steered(self, job: Job, state: str, reason: str, fx: _Effects) -> int:
         """End the tickets steered into ``job`` and not taken as ``state``; returns how
@@ -1586,10 +1592,8 @@ class Machine:
         fx = _Effects()
         try:
             with self._lock:
-                if job.phase == STARTED and job.end_req is None:
-                    job.end_req = (FAILED, "lease lost")
-                    job.turn._signal()
-                    fx.interrupt.append(job)
+                if job.phase == STARTED:
+                    self._ask_end(job, FAILED, "lease lost", fx)
         except BaseException:
             self._repair(fx)
             raise
@@ -1607,10 +1611,8 @@ class Machine:
                 if due != job.run_due:
                     return  # a timer replaced by an earlier one (cancelled too late)
                 job.run_timer = None
-                if job.phase == STARTED and job.end_req is None:
-                    job.end_req = (TIMED_OUT, "run timeout")
-                    job.turn._signal()
-                    fx.interrupt.append(job)
+                if job.phase == STARTED:
+                    self._ask_end(job, TIMED_OUT, "run timeout", fx)
         except BaseException:
             self._repair(fx)
             raise
