@@ -376,3 +376,96 @@ def test_a_clean_up_failing_at_loop_shutdown_ends_within_its_bound_and_is_counte
     assert not [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.ERROR]
     stats = lanes[0].stats
     assert (stats.acquired, stats.released + stats.unmatched_releases) == (1, 1)
+
+
+def test_many_clean_ups_at_loop_shutdown_on_a_frozen_server_end_within_one_bound(
+    own_server: Any,
+) -> None:
+    """40 holders of two lanes are cancelled by ``asyncio.run`` while the server is
+    frozen: 80 releases queue behind a few freeing slots. Each release's bound covers its
+    wait for a slot too, so all fail within about one 0.5 s socket timeout (they took
+    one bound per slot's turn, 10 s here, and past 30 s the loop closed under the rest,
+    which left their holds counted nowhere); every hold is counted once."""
+    lanes: list[Any] = []
+    n = 40
+
+    async def main() -> None:
+        client = aredis.Redis(host=own_server.host, port=own_server.port, socket_timeout=0.5)
+        s = AsyncRedisSessionLane(client, "s", lease_s=30)
+        g = AsyncRedisLane(client, "g", max_concurrent=n, lease_s=30)
+        lanes.extend([s, g])
+        inside = [0]
+
+        async def holder(i: int) -> None:
+            async with s.acquire(f"k{i}"), g.acquire(f"k{i}"):
+                inside[0] += 1
+                await asyncio.Event().wait()  # until asyncio.run cancels it
+
+        lanes.extend(asyncio.create_task(holder(i)) for i in range(n))
+        deadline = time.monotonic() + 10
+        while inside[0] < n:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        own_server.freeze()
+
+    try:
+        started = time.monotonic()
+        asyncio.run(main())
+        took = time.monotonic() - started
+    finally:
+        own_server.thaw()
+    assert took < 5.0, took
+    for lane in lanes[:2]:
+        st = lane.stats
+        assert (st.acquired, st.released + st.unmatched_releases, st.holders) == (n, n, 0)
+
+
+def test_the_clean_up_guard_keeps_no_loop_alive() -> None:
+    """Each loop that ran a clean-up gets a guard (an async generator that refers to its
+    loop); kept in a table, it kept every such loop alive for good. The loop now keeps
+    it: both go with the loop."""
+    import gc
+    import weakref
+
+    from lanequeue.redis._async import _start_cleanup
+
+    loops: list[weakref.ref[Any]] = []
+
+    async def nothing() -> None:
+        pass
+
+    async def main() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await _start_cleanup(nothing())
+
+    for _ in range(5):
+        asyncio.run(main())
+    gc.collect()
+    assert [r for r in loops if r() is not None] == []
+
+
+def test_a_hold_dropped_after_its_loop_closed_leaves_holders_at_once(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """The renewer task ends with its loop; a hold dropped after that has nobody to
+    release it. It leaves ``holders`` at once, counted in ``unmatched_releases`` (its
+    lease lapses), so ``wait_idle`` is True; it stayed in ``holders`` for good."""
+    import gc
+    import warnings
+
+    client = aredis.Redis(host=redis_server.host, port=redis_server.port)
+    lane = AsyncRedisSessionLane(client, "s", prefix=redis_prefix, lease_s=3)
+
+    async def main() -> Any:
+        hold = lane.acquire("k")
+        await hold.__aenter__()
+        return hold
+
+    hold = asyncio.run(main())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del hold
+        gc.collect()
+    st = lane.stats
+    assert (st.acquired, st.holders, st.unmatched_releases) == (1, 0, 1)
+    assert asyncio.run(lane.wait_idle(0))

@@ -120,8 +120,8 @@ def _start_cleanup(coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
     return task
 
 
-#: Per event loop, the async generator whose closing waits for its clean-ups.
-_GUARDS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+#: The attribute of an event loop that keeps its guard (see :func:`_guard`).
+_GUARD_ATTR = "_lanequeue_cleanup_guard"
 
 
 async def _loop_guard() -> Any:
@@ -145,15 +145,17 @@ async def _loop_guard() -> Any:
 
 def _guard(loop: asyncio.AbstractEventLoop) -> None:
     """Give ``loop`` its guard (once; not after its ``shutdown_asyncgens``): started
-    here, on the loop's thread, so the loop's first-iteration hook tracks it."""
+    here, on the loop's thread, so the loop's first-iteration hook tracks it. The loop
+    keeps it in an attribute: the guard refers to its loop (its finalizer hook), so the
+    two are a cycle the collector frees with the loop, and nothing else keeps either."""
     if getattr(loop, "_asyncgens_shutdown_called", False):
         return
+    if getattr(loop, _GUARD_ATTR, None) is not None:
+        return
+    agen = _loop_guard()
     try:
-        if loop in _GUARDS:
-            return
-        agen = _loop_guard()
-        _GUARDS[loop] = agen
-    except TypeError:  # a loop that cannot be weakly referenced: no guard
+        setattr(loop, _GUARD_ATTR, agen)
+    except AttributeError:  # a loop that takes no attribute: no guard
         return
     try:
         agen.__anext__().send(None)  # to its yield
@@ -181,7 +183,6 @@ def _after_fork() -> None:
     global _READ_LOCK
     _READ_LOCK = threading.Lock()
     _CLEANUPS.clear()
-    _GUARDS.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -290,6 +291,20 @@ async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any,
                 keys: list[str], args: list[Any], wait: float) -> Any:
     async with slots:
         return await _within(run_async(client, script, keys, args), wait)
+
+
+async def _freeing_call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any,
+                        keys: list[str], args: list[Any], wait: float) -> Any:
+    """A release's or withdraw's :func:`_call` whose ``wait`` bounds the wait for a free
+    slot too: on a frozen server, many clean-ups queued behind the few freeing slots
+    (a loop shutting down with many holders) all fail within one bound, each counted,
+    instead of one bound per slot's turn (past the closing loop's wait for them)."""
+
+    async def slotted() -> Any:
+        async with slots:
+            return await run_async(client, script, keys, args)
+
+    return await _within(slotted(), wait)
 
 
 async def _within(aw: Awaitable[T], wait: float) -> T:
@@ -416,7 +431,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
             # release or withdraw cut short would leave a grant nobody owns. Its bound
             # is its own: it never waits behind the acquires it would let in.
             task = _start_cleanup(
-                _call(wk.freeing, self._client, script, keys, args, wk.call_wait_s))
+                _freeing_call(wk.freeing, self._client, script, keys, args, wk.call_wait_s))
             try:
                 return await asyncio.shield(task)
             except asyncio.CancelledError as exc:

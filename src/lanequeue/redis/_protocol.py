@@ -519,7 +519,10 @@ class RedisLaneBase(ABC, Generic[H]):
         the renewer's next round (:meth:`_renew_round`), so their keys come free before
         their leases would lapse. Until that release has answered, such a hold stays in
         ``_n_live`` (``holders``, ``available``, idle): it is still held in Redis, and
-        ``acquired == released + unmatched_releases + holders`` at every instant."""
+        ``acquired == released + unmatched_releases + holders`` at every instant. With
+        no renewer of this process running (an asyncio renewer ends with its loop), or
+        once it stops, nobody will release it: it is counted in ``unmatched_releases``
+        at once, and its lease lapses."""
         while self._dropped:
             entry = self._dropped.popleft()
             entries = self._holds.get(entry.key)
@@ -528,9 +531,15 @@ class RedisLaneBase(ABC, Generic[H]):
             entries.remove(entry)
             if not entries:
                 del self._holds[entry.key]
-            if entry.live:  # (still in _n_live: held in Redis until its release answers)
+            if entry.live:
                 entry.live = False
-                self._to_release.append((entry.owner, entry.token, entry.key, entry.sent))
+                if self._renewer_runs(os.getpid()):
+                    # Still in _n_live: held in Redis until the renewer's release answers.
+                    self._to_release.append(
+                        (entry.owner, entry.token, entry.key, entry.sent))
+                else:  # no renewer to release it (its loop closed): it lapses
+                    self._n_live -= 1
+                    self.unmatched += 1
 
     def _unlink(self, hold: H, freed: bool) -> None:
         """Lock held: drop ``hold`` from the registry, mark it ENDED and count its release
@@ -755,10 +764,13 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._inherited.setdefault(entry.key, []).append(entry)
                 self.released += 1
         self._holds = {}
+        # The parent's dropped holds not released yet are the parent's to release; in
+        # the child they count as released, as the parent's other holds.
+        self.released += len(self._to_release)
         self._n_live = 0
         self._waiting = 0
         self._dropped = deque()
-        self._to_release = []  # (the parent's dropped holds are the parent's to release)
+        self._to_release = []
         self._renewing = 0
         self._renewer_pid = 0
         self._idle_since = None
@@ -1379,6 +1391,10 @@ class RedisLaneBase(ABC, Generic[H]):
         with self._lock:
             if claim is None or self._renewing == claim:
                 self._renewing = 0
+                # The dropped holds it was to release lapse (see _purge_dropped).
+                left, self._to_release = self._to_release, []
+                self._n_live -= len(left)
+                self.unmatched += len(left)
 
     # -- views of this lane object -------------------------------------------------------
 
