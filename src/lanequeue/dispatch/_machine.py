@@ -78,15 +78,16 @@ its line and put nowhere; the cancel asked for, for a ticket being cancelled) or
 its end; no gate slot or runner count is lost; the counters agree; ``drain`` can reach
 True. The interrupted call itself raises the exception. How:
 
-- A locked block runs inside a ``try`` whose handler calls :meth:`Machine._repair`: under
-  the lock it ends the work a report was ending (the job's outcome is stored with the
-  counters in one run of plain stores), clears stale job links of tickets in a line,
-  abandons a job left without tickets, puts back a job popped from the gate's heap and
-  never admitted, ends every live ticket (``_live``: registered by a plain store as it is
-  made) that is pending but in no line, arrival list or job, and forms each free key's
-  next job and fills the gate. A ticket is counted in ``submitted`` and registered by
-  plain stores right after it is made, and :meth:`_end` does its one lookup first, then
-  plain stores, then ``fx.ended.append`` (its end will be told).
+- A locked block runs inside a ``try`` whose handler calls :meth:`Machine._repair` (one
+  frame, :meth:`Machine._step`, serves every operation but ``submit``): under the lock it
+  ends the work a report was ending (the job's outcome is stored with the counters in one
+  run of plain stores), clears stale job links of tickets in a line, abandons a job left
+  without tickets, puts back a job popped from the gate's heap and never admitted, ends
+  every live ticket (``_live``: registered by a plain store as it is made) that is pending
+  but in no line, arrival list or job, and forms each free key's next job and fills the
+  gate. A ticket is counted in ``submitted`` and registered by plain stores right after it
+  is made, and :meth:`_end` does its one lookup first, then plain stores, then
+  ``fx.ended.append`` (its end will be told).
 - The effects run in a ``finally``, and once more if ``_after`` was interrupted (``fx.open``
   is still True): each effect is marked done only once it returned, so an interrupted run
   leaves the rest to the second. A repeated effect changes nothing: a launch is refused
@@ -159,7 +160,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .._errors import (
     DispatcherDrainingError,
@@ -174,6 +175,13 @@ from .._errors import (
     shown,
 )
 from .._validate import PRIORITY_MAX, PRIORITY_MIN, check_key, check_timeout
+
+if TYPE_CHECKING:  # (typing has them from 3.11; only the type checker needs them)
+    from typing_extensions import TypeVarTuple, Unpack
+
+    _Args = TypeVarTuple("_Args")
+
+_R = TypeVar("_R")
 
 __all__ = [
     "BUSY_POLICIES",
@@ -945,31 +953,23 @@ class Machine:
     def _claimed(self, t: Ticket, ours: Any) -> None:
         """The shared window answered ``t``'s claim (offloaded): True, False, or the
         error it raised. The key's arrivals are placed up to the next claim in flight."""
-        fx = _Effects()
         if isinstance(ours, BaseException) and t.dedupe_id is not None:
             # A failed claim may land all the same (sent, not answered).
             self.window.give_back_later(t.dedupe_id, t._number)
-        try:
-            with self._lock:
-                t._claim = ours
-                if t.state in TERMINAL:
-                    # Ended while asking (cancelled, cleared, timed out): give its claim
-                    # back (also after an error: it may have landed). Its value is its own,
-                    # so a retry's claim of the id is never taken with it.
-                    if ours is not False and t.dedupe_id is not None:
-                        t._forget = True
-                        fx.ended.append(t)  # (told again: only the give-back is left)
-                else:
-                    self._settle(t.key, fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._claimed_locked, t, ours)
+
+    def _claimed_locked(self, fx: _Effects, t: Ticket, ours: Any) -> None:
+        """The locked step of :meth:`_claimed` (see :meth:`_step`)."""
+        t._claim = ours
+        if t.state in TERMINAL:
+            # Ended while asking (cancelled, cleared, timed out): give its claim
+            # back (also after an error: it may have landed). Its value is its own,
+            # so a retry's claim of the id is never taken with it.
+            if ours is not False and t.dedupe_id is not None:
+                t._forget = True
+                fx.ended.append(t)  # (told again: only the give-back is left)
+        else:
+            self._settle(t.key, fx)
 
     def _settle(self, key: str, fx: _Effects) -> None:
         """Place the key's arrivals whose claims answered, in order, up to the first one
@@ -1092,34 +1092,26 @@ class Machine:
 
     def _deadlines_due(self) -> None:
         """The deadline timer fired: end every pending ticket whose deadline passed."""
-        fx = _Effects()
-        try:
-            with self._lock:
-                self._deadline_timer = None
-                now = self.face._now()
-                heap = self._deadlines
-                while heap and (heap[0][0] <= now or not heap[0][2]._armed):
-                    t = heapq.heappop(heap)[2]
-                    if not t._armed:
-                        self._stale -= 1
-                        continue
-                    t._armed = False
-                    self._detach(t, fx)
-                    self._end(t, TIMED_OUT, "start timeout", fx)
-                    self._tidy(t.key, self._keys.get(t.key))
-                if heap:
-                    self._deadline_due = heap[0][0]
-                    self._deadline_timer = self.face._call_later(max(0.0, heap[0][0] - now),
-                                                                self._deadlines_due)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._deadlines_due_locked)
+
+    def _deadlines_due_locked(self, fx: _Effects) -> None:
+        """The locked step of :meth:`_deadlines_due` (see :meth:`_step`)."""
+        self._deadline_timer = None
+        now = self.face._now()
+        heap = self._deadlines
+        while heap and (heap[0][0] <= now or not heap[0][2]._armed):
+            t = heapq.heappop(heap)[2]
+            if not t._armed:
+                self._stale -= 1
+                continue
+            t._armed = False
+            self._detach(t, fx)
+            self._end(t, TIMED_OUT, "start timeout", fx)
+            self._tidy(t.key, self._keys.get(t.key))
+        if heap:
+            self._deadline_due = heap[0][0]
+            self._deadline_timer = self.face._call_later(max(0.0, heap[0][0] - now),
+                                                        self._deadlines_due)
 
     # -- forming and admitting jobs -------------------------------------------------------
 
@@ -1188,22 +1180,14 @@ class Machine:
         fx.launch.append(job)
 
     def _wake(self, key: str) -> None:
-        fx = _Effects()
-        try:
-            with self._lock:
-                k = self._keys.get(key)
-                if k is not None:
-                    k.timer = None
-                    self._advance(key, k, self.face._now(), fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._wake_locked, key)
+
+    def _wake_locked(self, fx: _Effects, key: str) -> None:
+        """The locked step of :meth:`_wake` (see :meth:`_step`)."""
+        k = self._keys.get(key)
+        if k is not None:
+            k.timer = None
+            self._advance(key, k, self.face._now(), fx)
 
     def budget(self, job: Job) -> float | None:
         """Seconds the job's runner may wait for the lanes: up to the latest deadline of
@@ -1238,52 +1222,44 @@ class Machine:
     def start(self, job: Job) -> bool:
         """The runner holds the lanes: start the job. False if it was abandoned meanwhile
         (the runner then releases and never calls ``fn``)."""
-        fx = _Effects()
-        try:
-            with self._lock:
-                if job.abandoned:
-                    return False
-                now = self.face._now()
-                # Tickets that ended while the job waited for its lanes are not run (nor
-                # counted running again). An interrupted stop (_stop_job) leaves them in
-                # the job until its _repair, and this runner's thread may take the lock
-                # in between: without this, it ran them, and they ended twice in the
-                # counters (``stats.pending`` below zero).
-                tickets = [t for t in job.tickets if t.state not in TERMINAL]
-                if len(tickets) != len(job.tickets):
-                    job.tickets = tickets
-                    if not tickets:
-                        k = self._keys.get(job.key)
-                        if k is not None:
-                            self._abandon(k, job, fx)
-                            if k.job is None:
-                                self._advance(job.key, k, now, fx)
-                        return False
-                job.phase = STARTED
-                job.started_at = now
-                head = tickets[0]
-                if head.busy == "collect":
-                    # The payloads of the tickets the call carries now: a merged ticket
-                    # that ended before the start (cancelled, timed out) is not in it.
-                    job.args = ([t.payload for t in tickets],)
-                    self._c["merged"] += len(tickets) - 1
-                else:
-                    job.args = head.args
-                for t in tickets:
-                    t.state = RUNNING
-                    t._started = True
-                    self._c["running"] += 1
-                    self._disarm(t)
-                self._bound_run(job, tickets, now, fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        return self._step(self._start_locked, job)
+
+    def _start_locked(self, fx: _Effects, job: Job) -> bool:
+        """The locked step of :meth:`start` (see :meth:`_step`)."""
+        if job.abandoned:
+            return False
+        now = self.face._now()
+        # Tickets that ended while the job waited for its lanes are not run (nor
+        # counted running again). An interrupted stop (_stop_job) leaves them in
+        # the job until its _repair, and this runner's thread may take the lock
+        # in between: without this, it ran them, and they ended twice in the
+        # counters (``stats.pending`` below zero).
+        tickets = [t for t in job.tickets if t.state not in TERMINAL]
+        if len(tickets) != len(job.tickets):
+            job.tickets = tickets
+            if not tickets:
+                k = self._keys.get(job.key)
+                if k is not None:
+                    self._abandon(k, job, fx)
+                    if k.job is None:
+                        self._advance(job.key, k, now, fx)
+                return False
+        job.phase = STARTED
+        job.started_at = now
+        head = tickets[0]
+        if head.busy == "collect":
+            # The payloads of the tickets the call carries now: a merged ticket
+            # that ended before the start (cancelled, timed out) is not in it.
+            job.args = ([t.payload for t in tickets],)
+            self._c["merged"] += len(tickets) - 1
+        else:
+            job.args = head.args
+        for t in tickets:
+            t.state = RUNNING
+            t._started = True
+            self._c["running"] += 1
+            self._disarm(t)
+        self._bound_run(job, tickets, now, fx)
         return True
 
     def _bound_run(self, job: Job, tickets: list[Ticket], now: float, fx: _Effects) -> None:
@@ -1302,28 +1278,20 @@ class Machine:
     def finish(self, job: Job, ok: bool, value: Any) -> None:
         """The runner returned (lanes released): ``ok`` with ``fn``'s value, or not ok with
         the exception raised (by ``fn``, by the lanes while admitting, or a cancellation)."""
-        fx = _Effects()
-        try:
-            with self._lock:
-                if job.reported:
-                    return
-                # -- commit: plain stores (the counters and the outcome together) --
-                job.outcome = (ok, value, job.phase == STARTED)
-                job.reported = True
-                self._runners -= 1
-                if self.slots is not None and job.phase != READY:
-                    self._admitted -= 1
-                job.phase = ENDED
-                self._conclude(job, fx)
-        except BaseException:
-            self._repair(fx, job=job)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._finish_locked, job, ok, value, job=job)
+
+    def _finish_locked(self, fx: _Effects, job: Job, ok: bool, value: Any) -> None:
+        """The locked step of :meth:`finish` (see :meth:`_step`)."""
+        if job.reported:
+            return
+        # -- commit: plain stores (the counters and the outcome together) --
+        job.outcome = (ok, value, job.phase == STARTED)
+        job.reported = True
+        self._runners -= 1
+        if self.slots is not None and job.phase != READY:
+            self._admitted -= 1
+        job.phase = ENDED
+        self._conclude(job, fx)
 
     def _conclude(self, job: Job, fx: _Effects) -> None:
         """End a reported job's tickets with its outcome, free its key and the gate
@@ -1589,65 +1557,41 @@ class Machine:
         interrupt (its cancel event set; on asyncio its task cancelled), since the key
         may be another replica's now; its tickets end ``failed`` with a
         LeaseLostError, reason ``"lease lost"``, when its runner returns."""
-        fx = _Effects()
-        try:
-            with self._lock:
-                if job.phase == STARTED:
-                    self._ask_end(job, FAILED, "lease lost", fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._lease_lost_locked, job)
+
+    def _lease_lost_locked(self, fx: _Effects, job: Job) -> None:
+        """The locked step of :meth:`lease_lost` (see :meth:`_step`)."""
+        if job.phase == STARTED:
+            self._ask_end(job, FAILED, "lease lost", fx)
 
     def _run_timeout(self, job: Job, due: float) -> None:
-        fx = _Effects()
-        try:
-            with self._lock:
-                if due != job.run_due:
-                    return  # a timer replaced by an earlier one (cancelled too late)
-                job.run_timer = None
-                if job.phase == STARTED:
-                    self._ask_end(job, TIMED_OUT, "run timeout", fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._run_timeout_locked, job, due)
+
+    def _run_timeout_locked(self, fx: _Effects, job: Job, due: float) -> None:
+        """The locked step of :meth:`_run_timeout` (see :meth:`_step`)."""
+        if due != job.run_due:
+            return  # a timer replaced by an earlier one (cancelled too late)
+        job.run_timer = None
+        if job.phase == STARTED:
+            self._ask_end(job, TIMED_OUT, "run timeout", fx)
 
     def _take_inbox(self, job: Job) -> list[Any]:
-        fx = _Effects()
-        try:
-            with self._lock:
-                if job.phase != STARTED or job.end_req is not None:
-                    return []
-                taken, job.steered = job.steered, []
-                job.taken.extend(taken)  # (first: finish ends what it took)
-                for t in taken:
-                    t.state = RUNNING
-                    t._started = True
-                    self._c["running"] += 1
-                    self._c["steered"] += 1
-                    self._disarm(t)
-                self._bound_run(job, taken, self.face._now(), fx)
-                return [t.payload for t in taken]
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        return self._step(self._take_inbox_locked, job)
+
+    def _take_inbox_locked(self, fx: _Effects, job: Job) -> list[Any]:
+        """The locked step of :meth:`_take_inbox` (see :meth:`_step`)."""
+        if job.phase != STARTED or job.end_req is not None:
+            return []
+        taken, job.steered = job.steered, []
+        job.taken.extend(taken)  # (first: finish ends what it took)
+        for t in taken:
+            t.state = RUNNING
+            t._started = True
+            self._c["running"] += 1
+            self._c["steered"] += 1
+            self._disarm(t)
+        self._bound_run(job, taken, self.face._now(), fx)
+        return [t.payload for t in taken]
 
     # -- control --------------------------------------------------------------------------
 
@@ -1655,61 +1599,45 @@ class Machine:
         """End ``t`` as cancelled: at once if it has not started; if it runs, ask its job
         to end (when every ticket of the call asked, the call is interrupted; the ticket
         ends when ``fn`` returns). False if it had ended already."""
-        fx = _Effects()
-        try:
-            with self._lock:
-                if t.state in TERMINAL:
-                    return False
-                if t.state == PENDING:
-                    self._detach(t, fx)
-                    self._end(t, CANCELLED, "cancelled", fx)
-                    self._tidy(t.key, self._keys.get(t.key))
-                else:
-                    job = t._job
-                    t._end_req = (CANCELLED, "cancelled")
-                    if job is not None and job.end_req is None and all(
-                            x._end_req is not None for x in job.tickets + job.taken):
-                        job.end_req = (CANCELLED, "cancelled")
-                        job.turn._signal()
-                        fx.interrupt.append(job)
-        except BaseException:
-            self._repair(fx, t)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        return self._step(self._cancel_locked, t, cancelled=t)
+
+    def _cancel_locked(self, fx: _Effects, t: Ticket) -> bool:
+        """The locked step of :meth:`cancel` (see :meth:`_step`)."""
+        if t.state in TERMINAL:
+            return False
+        if t.state == PENDING:
+            self._detach(t, fx)
+            self._end(t, CANCELLED, "cancelled", fx)
+            self._tidy(t.key, self._keys.get(t.key))
+        else:
+            job = t._job
+            t._end_req = (CANCELLED, "cancelled")
+            if job is not None and job.end_req is None and all(
+                    x._end_req is not None for x in job.tickets + job.taken):
+                job.end_req = (CANCELLED, "cancelled")
+                job.turn._signal()
+                fx.interrupt.append(job)
         return True
 
     def clear(self, key: str) -> int:
         """End every turn of ``key`` that has not started as cancelled ("cleared");
         the running turn goes on. Returns how many ended."""
         key = check_key(key)
-        fx = _Effects()
-        try:
-            with self._lock:
-                k = self._keys.get(key)
-                if k is None:
-                    return 0
-                n = self._drop_line(k, CANCELLED, "cleared", fx)
-                n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
-                if k.job is not None:
-                    job = k.job
-                    n += self._drop_steered(job, CANCELLED, "cleared", fx)
-                    if job.phase != STARTED:
-                        n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
-                self._advance(key, k, self.face._now(), fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        return self._step(self._clear_locked, key)
+
+    def _clear_locked(self, fx: _Effects, key: str) -> int:
+        """The locked step of :meth:`clear` (see :meth:`_step`)."""
+        k = self._keys.get(key)
+        if k is None:
+            return 0
+        n = self._drop_line(k, CANCELLED, "cleared", fx)
+        n += self._drop_arrivals(k, CANCELLED, "cleared", fx)
+        if k.job is not None:
+            job = k.job
+            n += self._drop_steered(job, CANCELLED, "cleared", fx)
+            if job.phase != STARTED:
+                n += self._stop_job(k, job, CANCELLED, CANCELLED, "cleared", fx)
+        self._advance(key, k, self.face._now(), fx)
         return n
 
     def pending(self, key: str) -> int:
@@ -1737,31 +1665,24 @@ class Machine:
         cancelled (``reason``) and ask the running ones to end likewise. ``at_once``
         (the event loop shuts down, so a running turn may never report): the running
         turns' tickets end now too, and their runners' reports change nothing."""
-        fx = _Effects()
-        try:
-            with self._lock:
-                self.draining = True
-                self.closed = True
-                if cancel_pending:
-                    for key, k in list(self._keys.items()):
-                        self._drop_line(k, CANCELLED, reason, fx)
-                        self._drop_arrivals(k, CANCELLED, reason, fx)
-                        job = k.job
-                        if job is not None:
-                            self._stop_job(k, job, CANCELLED, CANCELLED, reason, fx)
-                            if at_once and job.phase == STARTED:
-                                for t in job.tickets + job.taken:
-                                    self._end(t, CANCELLED, reason, fx)
-                        self._advance(key, k, self.face._now(), fx)
-        except BaseException:
-            self._repair(fx)
-            raise
-        finally:
-            try:
-                self._after(fx)
-            finally:
-                if fx.open:  # interrupted at its entry: see "Interrupts"
-                    self._after(fx)
+        self._step(self._close_locked, cancel_pending, reason, at_once)
+
+    def _close_locked(self, fx: _Effects, cancel_pending: bool, reason: str,
+                      at_once: bool) -> None:
+        """The locked step of :meth:`close` (see :meth:`_step`)."""
+        self.draining = True
+        self.closed = True
+        if cancel_pending:
+            for key, k in list(self._keys.items()):
+                self._drop_line(k, CANCELLED, reason, fx)
+                self._drop_arrivals(k, CANCELLED, reason, fx)
+                job = k.job
+                if job is not None:
+                    self._stop_job(k, job, CANCELLED, CANCELLED, reason, fx)
+                    if at_once and job.phase == STARTED:
+                        for t in job.tickets + job.taken:
+                            self._end(t, CANCELLED, reason, fx)
+                self._advance(key, k, self.face._now(), fx)
 
     def is_idle(self) -> bool:
         """No key has work, and every runner launched has returned."""
@@ -1884,6 +1805,50 @@ class Machine:
                     self._keys_high = 0
                     if not self._live:
                         self._live = {}
+
+    def _step(self, body: Callable[[_Effects, Unpack[_Args]], _R], *args: Unpack[_Args],
+              cancelled: Ticket | None = None, job: Job | None = None) -> _R:
+        """Run ``body(fx, *args)`` as one locked step and return what it returns: the
+        ONE interrupt-safe frame of every operation that changes state in one locked
+        block (see "Interrupts"; ``submit`` keeps its own, as it takes the lock more than
+        once, waits and calls the shared window in between). ``body`` runs under the
+        lock and only collects effects in ``fx``; if anything is raised from ``body``'s
+        entry to the lock's release (``body`` raises, or is interrupted anywhere),
+        :meth:`_repair` (given ``cancelled`` and ``job``) makes the state whole; the
+        effects run once the lock is released, and once more if ``_after`` was
+        interrupted at its entry (``fx.open`` still True).
+
+        Why it is as safe as the same block written out in each operation: every point
+        where an interrupt may land falls on the same side of the same handlers.
+
+        - Before the ``try`` (this method's entry, ``_Effects()``): nothing changed yet,
+          the operation raises having done nothing, as one interrupted at its
+          ``_Effects()`` did.
+        - ``with self._lock`` enters through a C-level ``__enter__`` (no check), and the
+          next point, ``body``'s entry (its ``RESUME``), is already inside the ``with``
+          and the ``try``: an interrupt there releases the lock and runs ``_repair``,
+          as at the first statement of a block written in place. So do the checks after
+          ``body`` returns and after the lock's ``__exit__`` is called.
+        - The handler and the ``finally`` are this frame's own code, not a function
+          that could be interrupted at its entry: a context manager written in Python
+          (a class, or ``@contextmanager``) would not do, since an interrupt at the
+          entry of its ``__exit__`` (or of the generator's resumption) skips both the
+          repair and the effects.
+
+        It costs one more Python call per operation (``body``)."""
+        fx = _Effects()
+        try:
+            with self._lock:
+                return body(fx, *args)
+        except BaseException:
+            self._repair(fx, cancelled, job)
+            raise
+        finally:
+            try:
+                self._after(fx)
+            finally:
+                if fx.open:  # interrupted at its entry: see "Interrupts"
+                    self._after(fx)
 
     def _after(self, fx: _Effects) -> None:
         """Run an operation's effects, lock released. Each effect is marked done only
