@@ -140,9 +140,9 @@ never ran; tokens are never reused). An
 list only once every token in it is released: after an interrupt, a second pass
 (``release()``) and the finalizer end only the tokens the cores still hold.
 tests/test_inprocess_faults.py raises an exception at every instruction of these
-operations (C18). The thread holds run the two commonest steps of their core themselves
-(:class:`SessionHoldSteps`, :class:`CountingHoldSteps`, in this module and under its
-rules): there the token is stored in the hold in the same commit as the grant.
+operations (C18). The holds of both faces run the two commonest steps of their core
+themselves (:class:`SessionHoldSteps`, :class:`CountingHoldSteps`, in this module and under
+its rules): there the token is stored in the hold in the same commit as the grant.
 
 Dropped holds
 =============
@@ -160,7 +160,7 @@ operation that could need that permit ends them first, in any thread, as release
 may hand the key to the next waiter: every call into the core's ``take`` and
 ``release`` (an acquire that finds the key held or the lane full, a new key, a release
 with a line, a release by key) and every view (``get_active()``, ``stats``,
-``active_count``, ``is_held``). The thread holds' fast steps (an IDLE key, a free
+``active_count``, ``is_held``). The holds' fast steps (an IDLE key, a free
 permit, a release with nobody in line) pay nothing for it: a permit taken by a dropped
 hold is only needed by a caller that finds the key held or the lane full, and that
 caller takes the general path (C20).
@@ -1034,13 +1034,16 @@ class SessionCore(_CoreBase):
 
 
 class SessionHoldSteps:
-    """The two commonest steps of :class:`SessionCore`, run by a thread hold's own
-    ``__enter__`` / ``__exit__`` (a mixin of the per-key thread hold) to save a call each
-    way on the hot path: taking an IDLE entry (nobody holds the key, so nobody waits for
+    """The two commonest steps of :class:`SessionCore`, run by a per-key lane's hold
+    itself (a mixin of the thread and the asyncio hold: the thread hold's ``__enter__`` /
+    ``__exit__`` ARE :meth:`_step_in` / :meth:`_step_out`, the asyncio hold's
+    ``__aenter__`` / ``__aexit__`` call them) to save the core's general path on the hot
+    path: taking an IDLE entry (nobody holds the key, so nobody waits for
     it), and releasing a HELD entry with nobody in line (observing its hold time when
     hold times are on, as :meth:`SessionCore.release` does). Everything else (a new key,
     a busy key, a line to hand over to, a drain, dropped holds to end first) goes to the
-    hold's general path (``_enter_slow``) or to :meth:`SessionCore.release`.
+    hold's general path (``_enter_slow``: its result is what entering returns, on
+    asyncio an awaitable) or to :meth:`SessionCore.release`.
 
     They live here, next to :meth:`SessionCore.take` and :meth:`SessionCore.release`,
     because they are those methods' steps and follow the same rules ("Interrupts" in the
@@ -1057,7 +1060,7 @@ class SessionHoldSteps:
     _enter_slow: ClassVar[Callable[[Any], Any]]
     _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
-    def __enter__(self) -> Any:
+    def _step_in(self) -> Any:
         if not self._token:
             core = self.lane._core
             lock = core._lock
@@ -1083,7 +1086,7 @@ class SessionHoldSteps:
                     pass
         return self._enter_slow()
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def _step_out(self, exc_type: object, exc: object, tb: object) -> None:
         token = self._token
         if token > 0:  # not released early inside the block
             core = self.lane._core
@@ -1122,9 +1125,9 @@ class SessionHoldSteps:
 
 
 class CountingHoldSteps:
-    """The two commonest steps of :class:`CountingCore`, run by a thread hold's own
-    ``__enter__`` / ``__exit__`` (a mixin of the counting lane's thread hold), as
-    :class:`SessionHoldSteps` does for the per-key lane: taking a free permit (a free
+    """The two commonest steps of :class:`CountingCore`, run by a counting lane's hold
+    itself (a mixin of the thread and the asyncio hold), as :class:`SessionHoldSteps`
+    does for the per-key lane: taking a free permit (a free
     permit means nobody waits, so taking it overtakes no one, whatever the priority),
     and releasing a hold with nobody in line (neither in the FIFO ``_line`` nor among
     the prioritised ``_ranked``; observing its hold time when hold times are on, as
@@ -1142,7 +1145,7 @@ class CountingHoldSteps:
     _enter_slow: ClassVar[Callable[[Any], Any]]
     _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
-    def __enter__(self) -> Any:
+    def _step_in(self) -> Any:
         if not self._token:
             core = self.lane._core
             lock = core._lock
@@ -1164,7 +1167,7 @@ class CountingHoldSteps:
                     pass
         return self._enter_slow()
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def _step_out(self, exc_type: object, exc: object, tb: object) -> None:
         token = self._token
         if token > 0:  # not released early inside the block
             core = self.lane._core

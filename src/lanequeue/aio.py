@@ -37,7 +37,7 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from threading import get_ident
 from types import TracebackType
 from typing import Any, ClassVar, Literal, cast
@@ -47,6 +47,8 @@ from ._core import (
     MULTI_LEAVING,
     Core,
     CountingCore,
+    CountingHoldSteps,
+    SessionHoldSteps,
     Waiter,
     ended_error,
     record,
@@ -285,9 +287,50 @@ class AsyncHold(Hold):
 
 
 class _AsyncHold(_DropWatch, AsyncHold):
-    """What an asyncio lane's ``acquire`` makes: an :class:`AsyncHold` with the
-    finalizer of a dropped hold, an :class:`AsyncHold` once left
-    (:class:`lanequeue._kinds._DropWatch`)."""
+    """What an asyncio lane's ``acquire`` makes (with its kind's steps mixed in:
+    :class:`_AsyncSessionHold`, :class:`_AsyncCountingHold`): an :class:`AsyncHold` with
+    the finalizer of a dropped hold, an :class:`AsyncHold` once left
+    (:class:`lanequeue._kinds._DropWatch`). Entering and leaving run the core's
+    commonest steps (an IDLE key or a free permit; a release with nobody in line) in the
+    hold itself, as the thread holds do (:class:`lanequeue._core.SessionHoldSteps`,
+    :class:`lanequeue._core.CountingHoldSteps`), and the general path
+    (:meth:`AsyncHold.__aenter__`, the core's ``release``) otherwise."""
+
+    __slots__ = ()
+
+    _ended_class: ClassVar[type] = AsyncHold
+    _enter_slow = AsyncHold.__aenter__  # (returns the coroutine entering then awaits)
+    _step_in: Callable[[], Any]  # (from the kind's steps)
+    _step_out: Callable[[Any, Any, Any], None]
+
+    async def __aenter__(self) -> AsyncHold:
+        lane = self.lane
+        fast = lane._fast_loop  # lane._bind(), without its frame: before any take
+        if fast is None or fast._thread_id != get_ident():
+            lane._bind_loop()
+        entered = self._step_in()  # self (taken), or the general path's coroutine
+        if entered is not self:
+            await entered
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # The exit runs in the task that entered, so on the lane's loop: no check.
+        self._step_out(exc_type, exc, tb)
+
+
+class _AsyncSessionHold(SessionHoldSteps, _AsyncHold):
+    """An :class:`_AsyncHold` of an :class:`AsyncSessionLane`."""
+
+    __slots__ = ()
+
+
+class _AsyncCountingHold(CountingHoldSteps, _AsyncHold):
+    """An :class:`_AsyncHold` of an :class:`AsyncLane`."""
 
     __slots__ = ()
 
@@ -297,7 +340,7 @@ class _AsyncFace:
 
     face: Literal["asyncio"] = "asyncio"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
-    _hold_class: ClassVar[type[AsyncHold]] = _AsyncHold  # what acquire() makes, as cls()
+    _hold_class: ClassVar[type[AsyncHold]]  # what acquire() makes, as cls() (_DropWatch)
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -692,6 +735,8 @@ class AsyncLane(_AsyncFace, CountingKind):
         7
     """
 
+    _hold_class = _AsyncCountingHold
+
     @must_await
     async def holds_of(self, key: str) -> int:
         """A coroutine: permits held now by ``key``. Plain twin: :meth:`holds_of_nowait`."""
@@ -736,6 +781,8 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
         >>> order
         ['start 1', 'end 1', 'start 2', 'end 2']
     """
+
+    _hold_class = _AsyncSessionHold
 
     @must_await
     async def is_held(self, key: str) -> bool:

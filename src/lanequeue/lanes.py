@@ -132,6 +132,8 @@ class _SessionThreadHold(SessionHoldSteps, _DropWatch, ThreadHold):
     __slots__ = ()
 
     _enter_slow = ThreadHold.__enter__
+    __enter__ = SessionHoldSteps._step_in
+    __exit__ = SessionHoldSteps._step_out
 
 
 class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
@@ -142,6 +144,8 @@ class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
     __slots__ = ()
 
     _enter_slow = ThreadHold.__enter__
+    __enter__ = CountingHoldSteps._step_in
+    __exit__ = CountingHoldSteps._step_out
 
 
 class _ThreadFace:
