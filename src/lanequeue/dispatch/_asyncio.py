@@ -331,7 +331,7 @@ class Dispatcher(DispatcherBase):
                     **extra,
                 ) as multi:
                     if machine.start(job):
-                        self._watch_leases(job, multi)
+                        self._run_under(job, multi)
                         token = _CURRENT.set(job.turn)
                         try:
                             value = job.fn(*job.args)

@@ -193,9 +193,11 @@ class DispatcherBase:
     def _interrupt(self, job: Job) -> None:
         """Threads only see the turn's cancel event (set by the machine)."""
 
-    def _watch_leases(self, job: Job, multi: Any) -> None:
-        """The turn of ``job`` runs under ``multi`` (its ``acquire_all``): each Redis
-        hold in it tells the machine when its lease is lost (:meth:`_lease_lost`)."""
+    def _run_under(self, job: Job, multi: Any) -> None:
+        """The turn of ``job`` runs under ``multi`` (its ``acquire_all``, entered): the
+        turn reads its fencing tokens there (:attr:`Turn.fencing_tokens`), and each
+        Redis hold in it tells the machine when its lease is lost (:meth:`_lease_lost`)."""
+        job.turn._multi = multi
         for got in multi._taken:
             if type(got) is not int:  # (an in-process lane's token: no lease)
                 watch = getattr(got, "_watch_loss", None)

@@ -546,15 +546,17 @@ class Turn:
             LeaseLostError); thread turns poll it (asyncio turns are also cancelled as
             tasks).
         inbox: the :class:`Inbox` of payloads steered into the turn.
+        fencing_tokens: the fencing token of each lane the turn holds, by lane name.
     """
 
-    __slots__ = ("_job", "_event", "_cancelled", "inbox")
+    __slots__ = ("_job", "_event", "_cancelled", "inbox", "_multi")
 
     def __init__(self, job: Job) -> None:
         self._job = job
         self._event: threading.Event | None = None  # made on first look
         self._cancelled = False
         self.inbox = Inbox(job)
+        self._multi: Any = None  # the acquire_all it runs under, once started (the face)
 
     @property
     def cancel_event(self) -> threading.Event:
@@ -587,6 +589,33 @@ class Turn:
     def cancelled(self) -> bool:
         """True once the turn was asked to end (same as ``cancel_event.is_set()``)."""
         return self._cancelled
+
+    @property
+    def fencing_tokens(self) -> dict[str, int]:
+        """The fencing token of each lane the turn holds, by lane name, in the order
+        they were taken (``{"session": 41, "global": 907}``): hand them to the store
+        ``fn`` writes to, so it can refuse a write that carries a token smaller than one
+        it has seen (a turn whose Redis lease was lost, see "Redis" in the README).
+        Each grows with every grant of its lane (a per-key lane: also with every turn
+        of the key). Read it inside ``fn``: it is ``{}`` before the turn holds its lanes
+        and once they are released. Never waits; no round trip.
+
+        Example:
+
+            >>> from lanequeue import ThreadDispatcher, build_default_lanes, current_turn
+            >>> dispatcher = ThreadDispatcher(build_default_lanes())
+            >>> ticket = dispatcher.submit("web:42", lambda: current_turn().fencing_tokens)
+            >>> sorted(ticket.result(5))
+            ['global', 'session']
+            >>> dispatcher.close()
+        """
+        multi = self._multi
+        if multi is None:
+            return {}
+        steps = multi._plan.steps
+        # An in-process lane's token, or a hold (a Redis lane's, or a view of a token).
+        return {steps[i][0].name: got if type(got) is int else got.fencing_token
+                for i, got in enumerate(list(multi._taken))}
 
     def __repr__(self) -> str:
         return f"<Turn key={shown(self.key)} tickets={len(self._job.tickets)}>"

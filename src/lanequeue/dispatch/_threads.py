@@ -162,7 +162,7 @@ class ThreadDispatcher(DispatcherBase):
                         timeout_s=float("inf") if budget is None else budget,
                         **extra) as multi:
                     if machine.start(job):
-                        self._watch_leases(job, multi)
+                        self._run_under(job, multi)
                         token = _CURRENT.set(job.turn)
                         try:
                             value = job.fn(*job.args)
