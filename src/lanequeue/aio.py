@@ -37,7 +37,7 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from threading import get_ident
 from types import TracebackType
 from typing import Any, ClassVar, Literal, cast
@@ -238,14 +238,19 @@ class AsyncHold(Hold):
     _priority: int  # the acquire's priority (checked), for the wait if one is needed
 
     async def __aenter__(self) -> AsyncHold:
-        if self._token:
-            raise RuntimeError("this hold was already entered (a hold is single use, even after "
-                               "it ended); call lane.acquire(key) again")
-        lane, key, timeout = self.lane, self.key, self._timeout_s
-        fast = lane._fast_loop  # lane._bind(), without its frame
+        lane = self.lane
+        fast = lane._fast_loop  # lane._bind(), without its frame: before any take
         if fast is None or fast._thread_id != get_ident():
             lane._bind_loop()
         core = lane._core
+        # The hold's own step first (an IDLE key, a free permit: see _AsyncHold), unless
+        # the lane was seen busy: then the look below sends a busy key to the line.
+        if not core.seen_busy and self._step_in() is not None:
+            return self
+        if self._token:
+            raise RuntimeError("this hold was already entered (a hold is single use, even after "
+                               "it ended); call lane.acquire(key) again")
+        key, timeout = self.key, self._timeout_s
         # (a busy look goes straight to the line: see _looks_busy) A grant is stored in
         # ``self._token`` by the core's commit, or by ``_park`` before its wait's handler
         # ends: an interrupt right after it leaves the permit to this hold.
@@ -265,10 +270,21 @@ class AsyncHold(Hold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # The exit runs in the task that entered, so on the lane's loop: no check.
+        self._step_out(exc_type, exc, tb)
+
+    def _step_in(self) -> Any:
+        """The hold's own take: self when taken, else None (the general path in
+        :meth:`__aenter__`). Here none (the public class: a hold left already); the
+        holds ``acquire`` makes take their kind's (:class:`_AsyncHold`)."""
+        return None
+
+    def _step_out(self, exc_type: object, exc: object, tb: object) -> None:
+        """Leave: release the hold (unless released early inside the block) through the
+        core; the holds ``acquire`` makes run their kind's step (:class:`_AsyncHold`)."""
         token = self._token
         if token > 0:  # not released early inside the block
             self._token = -token
-            # The exit runs in the task that entered, so on the lane's loop: no check.
             self.lane._core.release(self.key, token)
         self.__class__ = AsyncHold  # ended: no finalizer from here on (_DropWatch)
 
@@ -292,35 +308,15 @@ class _AsyncHold(_DropWatch, AsyncHold):
     the finalizer of a dropped hold, an :class:`AsyncHold` once left
     (:class:`lanequeue._kinds._DropWatch`). Entering and leaving run the core's
     commonest steps (an IDLE key or a free permit; a release with nobody in line) in the
-    hold itself, as the thread holds do (:class:`lanequeue._core.SessionHoldSteps`,
+    hold itself, with the code the thread holds run
+    (:class:`lanequeue._core.SessionHoldSteps`,
     :class:`lanequeue._core.CountingHoldSteps`), and the general path
     (:meth:`AsyncHold.__aenter__`, the core's ``release``) otherwise."""
 
     __slots__ = ()
 
     _ended_class: ClassVar[type] = AsyncHold
-    _enter_slow = AsyncHold.__aenter__  # (returns the coroutine entering then awaits)
-    _step_in: Callable[[], Any]  # (from the kind's steps)
-    _step_out: Callable[[Any, Any, Any], None]
-
-    async def __aenter__(self) -> AsyncHold:
-        lane = self.lane
-        fast = lane._fast_loop  # lane._bind(), without its frame: before any take
-        if fast is None or fast._thread_id != get_ident():
-            lane._bind_loop()
-        entered = self._step_in()  # self (taken), or the general path's coroutine
-        if entered is not self:
-            await entered
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # The exit runs in the task that entered, so on the lane's loop: no check.
-        self._step_out(exc_type, exc, tb)
+    _enter_slow = AsyncHold._step_in  # (a step not taken: None, the general path)
 
 
 class _AsyncSessionHold(SessionHoldSteps, _AsyncHold):
