@@ -313,8 +313,8 @@ def test_give_back_later_removes_a_claim_that_lands_late_and_only_that_claim(
         window.give_back_later(dedupe_id, number)
     late, retried, other = (window.key(i) for i in ("late", "retried", "other"))
     deadline = time.monotonic() + WAIT
-    while window._later and window._later[0][0] <= time.monotonic() and (
-            time.monotonic() < deadline):  # the first round (at once) was taken
+    while any(window._later.get((i, n), 3) == 3 for i, n in failed.items()) and (
+            time.monotonic() < deadline):  # the first round (at once) was made
         time.sleep(0.01)
     # A late claim lands now; a retry of ours claimed "retried" anew; another owner
     # claimed "other".
@@ -324,7 +324,7 @@ def test_give_back_later_removes_a_claim_that_lands_late_and_only_that_claim(
     client.set(other, "another dispatcher")
     assert gone_within(client, [late], 2 * ST + 2.0)
     deadline = time.monotonic() + WAIT
-    while (window._later or window._later_threads) and time.monotonic() < deadline:
+    while window.pending_give_backs() and time.monotonic() < deadline:
         time.sleep(0.01)  # every attempt made
     assert client.get(retried) is not None  # the retry's claim stays
     assert client.get(other) == b"another dispatcher"

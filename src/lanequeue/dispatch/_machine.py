@@ -96,12 +96,13 @@ True. The interrupted call itself raises the exception. How:
   once it returned: under an interrupt it may be called twice, never not at all
   (``await ticket`` copes). ``on_drop`` is called at most once per batch.
 - A runner whose report was interrupted at its very entry reports again (``job.reported``).
-- The locks that threads wait on are entered through a plain ``threading.Lock`` (a C-level
-  ``__enter__``, see ``lanequeue._core``): a ticket's wait (:class:`_Signal`, not
-  ``threading.Event``, whose ``set`` enters a ``Condition`` in Python code) and the thread
-  face's idle notice. Turns, timers and the shared window's calls go to the faces'
-  threads by one put on a ``SimpleQueue`` (:mod:`._workers`), never through a lock taken
-  in Python code. Limit: ``Turn.cancel_event`` is a
+- The locks that threads wait on are never entered through Python code (see
+  ``lanequeue._core``): a ticket's wait and the wait for another submit's claim of the
+  same id (:class:`_Signal`, not ``threading.Event``, whose ``set`` and ``wait`` enter a
+  ``Condition`` in Python code) and the thread face's idle notice. Turns, timers, the
+  shared window's calls and its give-backs after failed claims go to the faces' or the
+  window's threads by one put on a ``SimpleQueue`` (:mod:`._workers`), never through a
+  lock taken in Python code. Limit: ``Turn.cancel_event`` is a
   ``threading.Event`` (its documented type); an interrupt inside its ``set`` may leave
   that event's own lock held, so a ``fn`` that blocks in ``cancel_event.wait()`` (rather
   than polling ``is_set()``) could then wait out its timeout.
@@ -460,31 +461,50 @@ class Ticket:
 
 
 class _Signal:
-    """A one-way flag threads wait for, like ``threading.Event`` but entered through a
-    plain lock (a C-level ``__enter__``): an interrupt in :meth:`set` cannot leave a lock
-    held (``Event.set`` enters a ``Condition``, whose ``__enter__`` is Python code), and a
-    :meth:`set` cut short is made whole by setting it again (see "Interrupts")."""
+    """A one-way flag threads wait for, like ``threading.Event``, whose lock an interrupt
+    cannot leave held: ``Event`` enters a ``Condition`` through its Python-level
+    ``__enter__`` (an interrupt there leaves the lock taken, and every later ``set`` or
+    ``wait`` blocks for ever). Here the lock is an ``RLock`` taken as the first statement
+    inside a ``try`` whose ``finally`` releases it (see "Interrupts" in
+    ``lanequeue._core``); an interrupt inside ``Condition.wait`` that left it released
+    already makes that release refuse (an ``RLock`` is not released for another thread),
+    and the interrupt goes on. A :meth:`set` cut short is made whole by setting it again
+    (see "Interrupts")."""
 
     __slots__ = ("_lock", "_cond", "_flag")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._flag = False
 
     def set(self) -> None:
-        with self._lock:
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try
             self._flag = True
             self._cond.notify_all()
+        finally:
+            try:  # (the release's own call first: no frame of ours before it)
+                lock.release()
+            except RuntimeError:  # not held: interrupted before the acquire
+                pass
 
     def is_set(self) -> bool:
         return self._flag
 
     def wait(self, timeout: float | None = None) -> bool:
-        with self._lock:
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try
             if not self._flag:
-                self._cond.wait_for(lambda: self._flag, timeout)
+                self._cond.wait_for(self.is_set, timeout)
             return self._flag
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # not held: interrupted before the acquire, or in a wait
+                pass
 
 
 def _on_loop(loop: Any) -> bool:
@@ -782,13 +802,14 @@ class Machine:
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
         self._dedupe_timer: Timer | None = None
-        # Shared window claimed on the caller's thread: id -> the event of the one claim
-        # of it in flight here, set once that claim's submit is done. Another submit of
-        # the id waits for it, then finds its ticket in the table. So no claim of an id
-        # is in flight while another is, or while a ticket of it is in the table, and a
-        # give-back (a claim's own value, see the window) never deletes the claim a
-        # ticket of this dispatcher runs under.
-        self._claiming: dict[str, threading.Event] = {}
+        # Shared window claimed on the caller's thread: id -> the signal of the one claim
+        # of it in flight here, set once that claim's submit is done (a _Signal, not a
+        # threading.Event: an interrupt in its wait or set cannot leave a lock held).
+        # Another submit of the id waits for it, then finds its ticket in the table. So
+        # no claim of an id is in flight while another is, or while a ticket of it is in
+        # the table, and a give-back (a claim's own value, see the window) never deletes
+        # the claim a ticket of this dispatcher runs under.
+        self._claiming: dict[str, _Signal] = {}
         # Every ticket not ended yet, by id (see _repair).
         self._live: dict[int, Ticket] = {}
         # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
@@ -818,9 +839,9 @@ class Machine:
         ours = True
         claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
         number = 0  # its number
-        mine: threading.Event | None = None  # our claim's place in _claiming
-        other: threading.Event | None = None  # another claim of the id, in flight
-        waited: threading.Event | None = None  # one we waited for in vain
+        mine: _Signal | None = None  # our claim's place in _claiming
+        other: _Signal | None = None  # another claim of the id, in flight
+        waited: _Signal | None = None  # one we waited for in vain
         try:
             attempts = [0, 1] if shared and offload is None else [1]
             while attempts:
@@ -872,7 +893,7 @@ class Machine:
                         if other is None or other is waited:
                             other = None
                             # -- plain stores: the claim's place, then ours to clear --
-                            self._claiming[dedupe_id] = mine = threading.Event()
+                            self._claiming[dedupe_id] = mine = _Signal()
                         else:
                             attempts.insert(0, 0)  # look again once that one is done
                         continue

@@ -35,17 +35,17 @@ another's.
 
 from __future__ import annotations
 
-import heapq
+import functools
 import itertools
 import logging
 import os
-import threading
 import time
 import uuid
 from typing import Any
 
 from .._errors import LaneBackendError, shown
 from .._validate import check_key
+from ._workers import Service
 
 __all__ = ["RedisDedupeWindow"]
 
@@ -113,11 +113,11 @@ class RedisDedupeWindow:
         self.call_wait_s = call_wait(client)
         self._slots = Slots(MAX_CALLS, factory(client, self.call_wait_s))
         self._claim = client.register_script(wrap(_CLAIM))
-        # Give-backs after failed claims: (due, seq, dedupe_id, claim number, attempts left).
-        self._later: list[tuple[float, int, str, int, int]] = []
-        self._later_cond = threading.Condition()
-        self._later_seq = itertools.count()
-        self._later_threads = 0  # threads making them (at most _LATER_THREADS)
+        # Give-backs after failed claims: made on a service of the window's own (handed
+        # over by one put, see give_back_later); (dedupe_id, claim number) -> attempts
+        # left, while any is.
+        self._backs = _back_service(self)
+        self._later: dict[tuple[str, int], int] = {}
         self._numbers = itertools.count(1)  # claim numbers (see the module docstring)
         self._give_back = client.register_script(wrap(_GIVE_BACK))
 
@@ -132,9 +132,8 @@ class RedisDedupeWindow:
 
             self._owner, self._pid = uuid.uuid4().hex, os.getpid()
             self._slots = Slots(MAX_CALLS, factory(self.client, self.call_wait_s))
-            # The parent's give-backs are the parent's (its owner, its thread).
-            self._later, self._later_threads = [], 0
-            self._later_cond = threading.Condition()
+            # The parent's give-backs are the parent's (its owner, its threads).
+            self._backs, self._later = _back_service(self), {}
         return self._owner
 
     def key(self, dedupe_id: str) -> str:
@@ -190,38 +189,50 @@ class RedisDedupeWindow:
     def give_back_later(self, dedupe_id: str, number: int) -> None:
         """After claim ``number`` of ``dedupe_id`` failed (it may land later): give it
         back on the window's threads at once, after ``call_wait_s`` and after twice that.
-        Returns at once; a failed last attempt is logged."""
-        self.owner  # noqa: B018 (in a forked child: a new owner, a new thread)
-        now = time.monotonic()
-        with self._later_cond:
-            for i, delay in enumerate((0.0, self.call_wait_s, 2 * self.call_wait_s)):
-                heapq.heappush(self._later, (now + delay, next(self._later_seq), dedupe_id,
-                                             number, 2 - i))
-            if self._later_threads < _LATER_THREADS:
-                # Several at once: on a frozen server each attempt waits its bound.
-                self._later_threads += 1
-                threading.Thread(target=self._give_back_loop, daemon=True,
-                                 name="lanequeue-dedupe-back").start()
-            self._later_cond.notify()
+        Returns at once; a failed last attempt is logged.
 
-    def _give_back_loop(self) -> None:
-        cond, heap = self._later_cond, self._later
-        while True:
-            with cond:
-                while not heap or heap[0][0] > time.monotonic():
-                    if not heap:
-                        # Idle: the thread ends; the next give_back_later starts one.
-                        self._later_threads -= 1
-                        return
-                    cond.wait(heap[0][0] - time.monotonic())
-                _, _, dedupe_id, number, left = heapq.heappop(heap)
-            try:
-                self._call(self._give_back, dedupe_id, [number])
-            except Exception as exc:
-                (log.warning if left == 0 else log.debug)(
-                    "dedupe window on Redis: could not give back %s after a failed claim "
-                    "(%s: %s)%s", shown(dedupe_id), type(exc).__name__, exc,
-                    "; if the claim landed, it lasts until its TTL" if left == 0 else "")
+        Called in a submit's clean-up, where an interrupt may land anywhere: the work is
+        handed over by one put on the service's queue (one C call; ``threading``'s
+        ``Condition`` and ``Thread.start`` run Python code under their locks, and an
+        interrupt there wedged every later give-back)."""
+        self.owner  # noqa: B018 (in a forked child: a new owner, a new service)
+        self._later[(dedupe_id, number)] = _ATTEMPTS  # (a plain store)
+        self._backs.post((self._give_back_attempt, (dedupe_id, number)))
+
+    def _give_back_attempt(self, claim: tuple[str, int]) -> None:
+        """One attempt of :meth:`give_back_later`'s, in a worker of the window's service;
+        the next one is due ``call_wait_s`` after it."""
+        left = self._later.get(claim, 1) - 1
+        try:
+            self._call(self._give_back, claim[0], [claim[1]])
+        except Exception as exc:
+            (log.warning if left == 0 else log.debug)(
+                "dedupe window on Redis: could not give back %s after a failed claim "
+                "(%s: %s)%s", shown(claim[0]), type(exc).__name__, exc,
+                "; if the claim landed, it lasts until its TTL" if left == 0 else "")
+        if left > 0:
+            self._later[claim] = left
+            backs = self._backs
+            backs.call_later(self.call_wait_s,
+                             functools.partial(backs.submit, self._give_back_attempt, claim))
+        else:
+            self._later.pop(claim, None)
+
+    def pending_give_backs(self) -> int:
+        """Give-backs after failed claims with attempts still to make."""
+        return len(self._later)
+
+
+#: Attempts of each give-back after a failed claim (at once, then ``call_wait_s`` apart).
+_ATTEMPTS = 3
+
+
+def _back_service(window: RedisDedupeWindow) -> Service:
+    """The service that makes a window's give-backs after failed claims (its threads
+    end once the window is garbage-collected)."""
+    service = Service(max_threads=_LATER_THREADS, name="lanequeue-dedupe-back")
+    service.stop_with(window)
+    return service
 
 
 def _bound(conn: Any, left: float) -> None:
