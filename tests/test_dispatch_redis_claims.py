@@ -487,3 +487,41 @@ def test_two_threads_submitting_one_id_make_one_claim_the_ticket_gives_back(
     assert a.drain(WAIT) and b.drain(WAIT)
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("dedupe_max", [1, 0])
+def test_an_id_out_of_the_local_table_runs_once_while_the_window_holds_it(
+    redis_client: Any, redis_prefix: str, dedupe_max: int
+) -> None:
+    """``dedupe_max`` bounds the local table; the shared window still holds an id pushed
+    out of it. A repeat of that id on the same dispatcher used to claim it again (an
+    older claim of its own was taken for a returned one) and ran it a second time while
+    another replica's copy ended deduped; now both copies end deduped: the id ran once.
+    A claim that was really returned (its turn cancelled before it ran) is still
+    replaced by a retry, which runs."""
+    runs: list[str] = []
+    d1 = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                          dedupe_prefix=redis_prefix, dedupe_max=dedupe_max)
+    d2 = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                          dedupe_prefix=redis_prefix)
+    try:
+        assert d1.submit("k1", runs.append, "X#1", dedupe_id="X").result(WAIT) is None
+        d1.submit("k2", runs.append, "Y", dedupe_id="Y").result(WAIT)  # X out of the table
+        assert d1._machine.dedupe_size() == dedupe_max
+        assert redis_client.get(d1._machine.window.key("X")) is not None
+        copy = d2.submit("k3", runs.append, "X@d2", dedupe_id="X")
+        repeat = d1.submit("k1", runs.append, "X#2", dedupe_id="X")
+        assert (copy.state, repeat.state) == ("deduped", "deduped")
+        assert [r for r in runs if r.startswith("X")] == ["X#1"]
+        gate = threading.Event()
+        d1.submit("k4", gate.wait, WAIT)  # keeps k4 busy
+        cancelled = d1.submit("k4", runs.append, "Z#1", dedupe_id="Z")
+        assert cancelled.cancel()
+        retry = d1.submit("k4", runs.append, "Z#2", dedupe_id="Z")
+        gate.set()
+        retry.result(WAIT)
+        assert retry.state == "done" and "Z#2" in runs and "Z#1" not in runs
+        assert d1.drain(WAIT) and d2.drain(WAIT)
+    finally:
+        d1.close()
+        d2.close()

@@ -876,10 +876,10 @@ class Machine:
                         self._expire_dedupe(now)
                         seen = self._dedupe.get(dedupe_id)
                         if seen is not None:
-                            if claimed and seen[0]._number < number:
-                                # Another thread's claim of the id came first here but
-                                # ours is the newer value (Redis keeps the larger
-                                # number): that ticket's give-back must carry ours.
+                            if claimed:
+                                # Another thread's ticket of the id came first here, but
+                                # ours is the value Redis holds now: that ticket's
+                                # give-back must carry ours.
                                 seen[0]._number = number
                             claimed = False  # the claim is that ticket's now
                             self._c["deduped"] += 1
@@ -1474,10 +1474,18 @@ class Machine:
         if t.state in TERMINAL:
             return False
         mine = False
+        returned: dict[int, float] | None = None
+        until = 0.0
         if not t._started and t.dedupe_id is not None:
             # A turn that never ran is forgotten, so a genuine retry runs.
             seen = self._dedupe.get(t.dedupe_id)
             mine = seen is not None and seen[0] is t
+            if self.window is not None:
+                # Its claim (its own value: no other ticket runs under it) is returned,
+                # also when the table no longer has it (dedupe_max): a retry's claim may
+                # replace it in Redis, the give-back being on its way. Recorded in the
+                # commit.
+                returned, until = self.window.returning(t.dedupe_id)
         # -- commit: plain stores, then one builtin --
         if t.state == RUNNING:
             self._c["running"] -= 1
@@ -1493,8 +1501,10 @@ class Machine:
             del self._live[t.id]
         if mine:
             del self._dedupe[t.dedupe_id]  # type: ignore[arg-type]
+        if returned is not None:
+            returned[t._number] = until
             # (A claim in flight is given back when it answers: _claimed.)
-            t._forget = self.window is not None and t._claim is not CLAIMING
+            t._forget = t._claim is not CLAIMING
         fx.ended.append(t)
         self._disarm(t)
         return True

@@ -8,14 +8,16 @@ answers with a ticket that has already ended as ``deduped``. Each claim carries 
 of its own, ``<owner>:<n>`` (``n`` a number that grows with every claim this dispatcher
 makes), and a turn that ends before it ran gives back exactly
 its own claim (a compare-and-delete script: only that value is deleted), so a genuine
-retry runs. A claim finding an older claim of the same dispatcher (a smaller ``n``: a
-ticket that ended, whose give-back may still be in flight) replaces it and answers "ours";
-a claim finding a newer one of the same dispatcher leaves it and answers "ours". So a
-give-back and a retry's claim of the same id may reach Redis in either order: the
+retry runs. A claim finding a claim of the same dispatcher answers "ours" and replaces it
+only when this dispatcher knows that claim was returned (its ticket ended before it ran,
+or the claim failed: :meth:`RedisDedupeWindow.returning`; the claim sends their numbers),
+since its give-back may still be on its way; any other claim of ours found there is a
+turn that may have run, also one this dispatcher no longer remembers locally (pushed
+out of its table by ``dedupe_max``), so the id is a duplicate, as on another dispatcher.
+So a give-back and a retry's claim of the same id may reach Redis in either order: the
 give-back never removes the retry's claim (it deletes only the value of the ticket
-that ended, which no live ticket relies on). When two threads of one ThreadDispatcher
-claim the same id at once, the ticket that wins takes the larger of the two numbers, the
-one Redis keeps.
+that ended, which no live ticket relies on), and an id runs once while the window holds
+it.
 
 Both calls are scripts (a claim is one round trip: ``SET NX PX``, else ``GET``, atomic)
 run like the Redis lanes' own: at most 8 at once per window, each on a connection of its
@@ -39,6 +41,7 @@ import functools
 import itertools
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any
@@ -52,21 +55,26 @@ __all__ = ["RedisDedupeWindow"]
 log = logging.getLogger("lanequeue")
 
 # KEYS[1]: the id's key; ARGV[1]: the owner's prefix ("<owner>:"); ARGV[2]: the window in
-# ms; ARGV[3]: the claim's number n. Claims the id with the value "<owner>:<n>" if nobody
-# holds it; an older claim of the same owner (a smaller n, or not a number) is replaced, a
-# newer one kept. Returns 1 if the owner holds it now, else 0.
+# ms; ARGV[3]: the claim's number n; ARGV[4]: the numbers of the owner's returned claims of
+# the id, each followed by a space. Claims the id with the value "<owner>:<n>" if nobody
+# holds it, or if a returned claim of the owner does (replaced). Returns 1 if the owner
+# holds it now with this claim, else 0 (another owner's claim, or an earlier claim of the
+# owner whose turn may have run).
 _CLAIM = """
 local value = ARGV[1] .. ARGV[3]
 if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
   return 1
 end
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
-  local n = tonumber(string.sub(held, #ARGV[1] + 1))
-  if n == nil or n < tonumber(ARGV[3]) then
-    redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-  end
+if held == value then
   return 1
+end
+if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+  local n = string.sub(held, #ARGV[1] + 1)
+  if string.find(' ' .. ARGV[4], ' ' .. n .. ' ', 1, true) then
+    redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+    return 1
+  end
 end
 return 0
 """
@@ -119,6 +127,10 @@ class RedisDedupeWindow:
         self._backs = _back_service(self)
         self._later: dict[tuple[str, int], int] = {}
         self._numbers = itertools.count(1)  # claim numbers (see the module docstring)
+        # Claims of ours returned (see returning): id -> {claim number: until when}.
+        self._returned: dict[str, dict[int, float]] = {}
+        self._returned_lock = threading.Lock()
+        self._returned_high = 64  # ids kept at the last sweep of the table (at least 64)
         self._give_back = client.register_script(wrap(_GIVE_BACK))
 
     @property
@@ -134,6 +146,7 @@ class RedisDedupeWindow:
             self._slots = Slots(MAX_CALLS, factory(self.client, self.call_wait_s))
             # The parent's give-backs are the parent's (its owner, its threads).
             self._backs, self._later = _back_service(self), {}
+            self._returned, self._returned_lock = {}, threading.Lock()
         return self._owner
 
     def key(self, dedupe_id: str) -> str:
@@ -164,13 +177,68 @@ class RedisDedupeWindow:
         finally:
             self._slots.give(slot)
 
+    def returning(self, dedupe_id: str) -> tuple[dict[int, float], float]:
+        """Where to record that a claim of ``dedupe_id`` is returned (its ticket ended
+        before it ran, or the claim failed), and until when: the caller stores
+        ``table[number] = until`` (a plain store, for a caller in a commit). A later claim
+        of the id by this dispatcher may then replace that claim in Redis, its give-back
+        being on its way; any other claim of ours found there is a duplicate (see the
+        module docstring). A record lasts the window, plus the time a failed claim may
+        take to land, or until its give-back has answered."""
+        until = time.monotonic() + self.ttl_ms / 1000 + 3 * self.call_wait_s
+        with self._returned_lock:
+            table = self._returned.get(dedupe_id)
+            if table is None:
+                if len(self._returned) >= 2 * self._returned_high:
+                    self._sweep_returned()
+                table = self._returned[dedupe_id] = {}
+            return table, until
+
+    def _returned_numbers(self, dedupe_id: str) -> str:
+        """The numbers of the id's returned claims still recorded, each followed by a
+        space (the claim script's ARGV[4])."""
+        now = time.monotonic()
+        with self._returned_lock:
+            table = self._returned.get(dedupe_id)
+            if not table:
+                return ""
+            for n, until in list(table.items()):
+                if until <= now:
+                    del table[n]
+            return "".join(f"{n} " for n in table)
+
+    def _forget_returned(self, dedupe_id: str, number: int) -> None:
+        """The give-back of a returned claim answered: the claim is gone from Redis."""
+        with self._returned_lock:
+            table = self._returned.get(dedupe_id)
+            if table is not None:
+                table.pop(number, None)
+                if not table:
+                    del self._returned[dedupe_id]
+
+    def _sweep_returned(self) -> None:
+        """Drop the expired records and the ids left with none (lock held): amortised
+        O(1) per id recorded."""
+        now = time.monotonic()
+        kept: dict[str, dict[int, float]] = {}
+        for dedupe_id, table in self._returned.items():
+            live = {n: until for n, until in table.items() if until > now}
+            if live:
+                kept[dedupe_id] = live
+        self._returned = kept
+        self._returned_high = max(64, len(kept))
+
     def claim(self, dedupe_id: str, number: int) -> bool:
         """Claim ``dedupe_id`` with the value of claim ``number`` (from :meth:`number`).
-        True if this dispatcher owns the id now (claimed it, or had claimed it); False if
-        another dispatcher owns it. One round trip, at most ``call_wait_s`` seconds;
-        raises LaneBackendError if Redis fails or does not answer in time."""
+        True if this dispatcher owns the id now with this claim (nobody held it, or a
+        claim of ours that was returned did); False if another dispatcher owns it, or an
+        earlier claim of ours whose turn may have run. One round trip, at most
+        ``call_wait_s`` seconds; raises LaneBackendError if Redis fails or does not
+        answer in time."""
         try:
-            return bool(self._call(self._claim, dedupe_id, [self.ttl_ms, number]) == 1)
+            returned = self._returned_numbers(dedupe_id)
+            return bool(self._call(self._claim, dedupe_id,
+                                   [self.ttl_ms, number, returned]) == 1)
         except Exception as exc:
             raise LaneBackendError(
                 f"dedupe window on Redis: claiming {shown(dedupe_id)} failed "
@@ -179,9 +247,12 @@ class RedisDedupeWindow:
     def give_back(self, dedupe_id: str, number: int) -> None:
         """Release claim ``number`` of ``dedupe_id`` (a turn that never ran) if it still
         holds the id (a later claim of the id is left alone); failures are logged, and the
-        claim then lasts until its TTL."""
+        claim then lasts until its TTL (recorded as returned meanwhile)."""
+        table, until = self.returning(dedupe_id)
+        table[number] = until
         try:
             self._call(self._give_back, dedupe_id, [number])
+            self._forget_returned(dedupe_id, number)
         except Exception as exc:
             log.warning("dedupe window on Redis: could not give back %s (%s: %s); it "
                         "lasts until its TTL", shown(dedupe_id), type(exc).__name__, exc)
@@ -196,6 +267,8 @@ class RedisDedupeWindow:
         ``Condition`` and ``Thread.start`` run Python code under their locks, and an
         interrupt there wedged every later give-back)."""
         self.owner  # noqa: B018 (in a forked child: a new owner, a new service)
+        table, until = self.returning(dedupe_id)
+        table[number] = until  # (a plain store)
         self._later[(dedupe_id, number)] = _ATTEMPTS  # (a plain store)
         self._backs.post((self._give_back_attempt, (dedupe_id, number)))
 
@@ -205,6 +278,8 @@ class RedisDedupeWindow:
         left = self._later.get(claim, 1) - 1
         try:
             self._call(self._give_back, claim[0], [claim[1]])
+            if left == 0:  # (a claim may land until the last attempt)
+                self._forget_returned(*claim)
         except Exception as exc:
             (log.warning if left == 0 else log.debug)(
                 "dedupe window on Redis: could not give back %s after a failed claim "
