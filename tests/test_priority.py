@@ -378,10 +378,21 @@ def test_cancelled_prioritised_task_is_skipped() -> None:
     asyncio.run(main())
 
 
-def test_acquire_all_orders_counting_lane_waits_by_priority() -> None:
+class _MyLane(Lane):
+    """A subclass of Lane, no override: a queue takes it through its own acquire."""
+
+
+class _MyAsyncLane(AsyncLane):
+    """A subclass of AsyncLane, no override."""
+
+
+@pytest.mark.parametrize("cls", [Lane, _MyLane])
+def test_acquire_all_orders_counting_lane_waits_by_priority(cls: type[Lane]) -> None:
+    """Also on a subclass of Lane, which the queue takes through its own ``acquire``:
+    the call's priority used to be dropped there (served a, b, c)."""
     queue = LaneQueue()
     queue.add_session_lane("session", timeout_s=JOIN_S)
-    glob = queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+    glob = queue.add(cls("global", max_concurrent=1, timeout_s=JOIN_S))
     assert glob.try_acquire("holder")
     order: list[str] = []
 
@@ -402,11 +413,12 @@ def test_acquire_all_orders_counting_lane_waits_by_priority() -> None:
     assert order == ["b", "c", "a"]
 
 
-def test_async_acquire_all_passes_priority() -> None:
+@pytest.mark.parametrize("cls", [AsyncLane, _MyAsyncLane])
+def test_async_acquire_all_passes_priority(cls: type[AsyncLane]) -> None:
     async def main() -> list[str]:
         queue = AsyncLaneQueue()
         queue.add_session_lane("session", timeout_s=JOIN_S)
-        glob = queue.add_lane("global", max_concurrent=1, timeout_s=JOIN_S)
+        glob = queue.add(cls("global", max_concurrent=1, timeout_s=JOIN_S))
         assert await glob.try_acquire("holder")
         order: list[str] = []
 

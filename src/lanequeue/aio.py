@@ -800,10 +800,13 @@ class AsyncSessionLane(_AsyncFace, SessionKind):
         return self._waiting_for(key)
 
 
-async def _hold(lane: TaskLane, key: str, timeout: float | None) -> TaskHold | None:
+async def _hold(lane: TaskLane, key: str, timeout: float | None, priority: int = 0
+                ) -> TaskHold | None:
     """Take ``lane`` for ``key`` through its public surface (a lane the queue does not
-    drive through its core): the entered hold, or None when none came in time."""
-    hold = lane.acquire(key, timeout_s=timeout)
+    drive through its core), with ``priority`` when not 0 (see ``MultiHold._rank_of``):
+    the entered hold, or None when none came in time."""
+    hold = (lane.acquire(key, timeout_s=timeout, priority=priority) if priority  # type: ignore[call-arg]
+            else lane.acquire(key, timeout_s=timeout))
     try:
         await hold.__aenter__()
     except LaneTimeoutError:
@@ -894,7 +897,7 @@ class _AsyncMultiAcquire(MultiHold):
         if core is not None:
             return await cast(_AsyncFace, lane)._park(self._key, remaining,
                                                       self._rank_for(core), self)
-        return await _hold(cast(TaskLane, lane), self._key, remaining)
+        return await _hold(cast(TaskLane, lane), self._key, remaining, self._rank_of(lane))
 
     async def __aexit__(
         self,

@@ -139,6 +139,12 @@ class MultiHold:
         per-key lane's waiters stay in arrival order)."""
         return self._priority if core.__class__ is CountingCore else 0
 
+    def _rank_of(self, lane: Any) -> int:
+        """The priority of a lane taken through its own ``acquire``: the call's on an
+        in-process counting lane (a subclass of :class:`Lane` or :class:`AsyncLane`),
+        else 0 (a per-key lane, a Redis lane: FIFO)."""
+        return self._priority if self._priority and isinstance(lane, CountingKind) else 0
+
     def _view(self, i: int) -> Hold:
         got = self._taken[i]
         if type(got) is int:
@@ -436,7 +442,7 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
         if core is not None:
             return cast(_ThreadFace, lane)._park(self._key, remaining, self._rank_for(core),
                                                  self)
-        return _hold(cast(SyncLane, lane), self._key, remaining)
+        return _hold(cast(SyncLane, lane), self._key, remaining, self._rank_of(lane))
 
     def release(self) -> None:
         """Release every hold not released yet, last taken first. Safe to call twice.
@@ -465,10 +471,13 @@ def _check_backend(backend: object, maker: str, call: str) -> None:
         )
 
 
-def _hold(lane: SyncLane, key: str, timeout: float | None) -> SyncHold | None:
+def _hold(lane: SyncLane, key: str, timeout: float | None, priority: int = 0
+          ) -> SyncHold | None:
     """Take ``lane`` for ``key`` through its public surface (a lane the queue does not
-    drive through its core): the entered hold, or None when none came in time."""
-    hold = lane.acquire(key, timeout_s=timeout)
+    drive through its core), with ``priority`` when not 0 (see ``MultiHold._rank_of``):
+    the entered hold, or None when none came in time."""
+    hold = (lane.acquire(key, timeout_s=timeout, priority=priority) if priority  # type: ignore[call-arg]
+            else lane.acquire(key, timeout_s=timeout))
     try:
         hold.__enter__()
     except LaneTimeoutError:
@@ -894,9 +903,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
                 all are free now.
             priority: an ``int`` in ``[-2**31, 2**31 - 1]``, the priority of the waits
                 on the in-process counting lanes (:class:`Lane`; see
-                :meth:`Lane.acquire`). Per-key lanes keep their arrival order, and Redis
-                or other lanes reached through their own ``acquire`` serve FIFO: there
-                it changes nothing.
+                :meth:`Lane.acquire`; a subclass of :class:`Lane` gets it through its
+                own ``acquire``). Per-key lanes keep their arrival order, and Redis lanes
+                and lanes of other kinds serve FIFO: there it changes nothing.
 
         Returns:
             a context manager; entering waits and yields a :class:`MultiHold`
