@@ -74,7 +74,7 @@ def test_thread_wait_past_warn_after_logs_once_with_details(
     [rec] = slow_waits(caplog)
     msg = rec.getMessage()
     assert repr(lane.name) in msg and "'k'" in msg and "2.500 s" in msg
-    assert "1 waiters were ahead" in msg and "held for 3.500 s" in msg  # holder since t=1000
+    assert "1 waiter was ahead" in msg and "held for 3.500 s" in msg  # holder since t=1000
     # Two steps: warn_after_s, then the rest of the 60 s.
     assert [t for n, t in parks.calls if n == "slow"] == [2.0, 58.0]
     lane.manual_release("k")
@@ -221,7 +221,7 @@ def test_asyncio_wait_without_timeout_is_logged_when_it_ends(
         first, second = (r.getMessage() for r in logged)
         assert first.endswith("(0 waiters were ahead when it joined; logged as the wait "
                               "ended; the hold it waited behind had lasted 3.000 s)")
-        assert second.endswith("(1 waiters were ahead when it joined; logged as the wait "
+        assert second.endswith("(1 waiter was ahead when it joined; logged as the wait "
                                "ended; the holds ahead of it have ended)")
     finally:
         loop.shutdown()

@@ -144,8 +144,9 @@ class LaneOps:
             holder = (self._no_holder_age if holder_age is None
                       else f"the current holder has held for {holder_age:.3f} s")
         log.warning(
-            "lane %r: key %s has waited %.3f s for a permit (%d waiters were ahead when it "
-            "joined; %s)", self.name, shown(key), waited_s, ahead, holder,
+            "lane %r: key %s has waited %.3f s for a permit (%d %s ahead when it joined; "
+            "%s)", self.name, shown(key), waited_s, ahead,
+            "waiter was" if ahead == 1 else "waiters were", holder,
         )
         if self.warn_hold_s is not None:
             self._check_holds(self._hold_list())
