@@ -525,3 +525,76 @@ def test_an_id_out_of_the_local_table_runs_once_while_the_window_holds_it(
     finally:
         d1.close()
         d2.close()
+
+
+def test_async_retry_after_a_failed_claim_that_lands_late_runs(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """An asyncio ticket's claim fails (no answer in time) but lands later; a genuine
+    retry of the id on the same dispatcher then finds that claim in Redis. The failed
+    claim stays recorded as returned until give_back_later's last attempt, so the retry
+    replaces it and runs (the failed ticket's end also ran a plain give-back, whose
+    answer dropped the record before the claim landed: the retry ended deduped)."""
+    from lanequeue.dispatch._redis import RedisDedupeWindow
+
+    async def main() -> tuple[str, str]:
+        d = Dispatcher(build_default_async_lanes(), dedupe_redis=redis_client,
+                       dedupe_prefix=redis_prefix)
+        window = d._machine.window
+        landed = threading.Event()
+
+        def claim(dedupe_id: str, number: int) -> bool:
+            if number == 1:  # the first claim: sent, its answer never came
+                def land() -> None:
+                    time.sleep(0.3)
+                    window._call(window._claim, dedupe_id, [window.ttl_ms, number, ""])
+                    landed.set()
+                threading.Thread(target=land, daemon=True).start()
+                raise LaneBackendError("claiming 'X' failed (no answer in time)")
+            return RedisDedupeWindow.claim(window, dedupe_id, number)
+
+        window.claim = claim
+        first = d.submit("k", str, "first", dedupe_id="X")
+        with pytest.raises(LaneBackendError):
+            await asyncio.wait_for(first, WAIT)
+        assert await asyncio.to_thread(landed.wait, WAIT)
+        assert redis_client.get(window.key("X")) == f"{window.owner}:1".encode()
+        retry = d.submit("k", str, "retry", dedupe_id="X")
+        try:
+            assert await asyncio.wait_for(retry, WAIT) == "retry"
+        finally:
+            assert await d.drain(WAIT)
+            d.close()
+        return first.state, retry.state
+
+    assert asyncio.run(main()) == ("failed", "done")
+
+
+def test_async_records_of_claims_that_never_held_are_dropped(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """Tickets cancelled while their claim is in flight, whose claims then answer 'not
+    ours' (another replica owns the ids): nothing to give back, and nothing is kept as
+    returned (a record per id stayed for the window, 5 minutes by default)."""
+    b = ThreadDispatcher(build_default_lanes(), dedupe_redis=redis_client,
+                         dedupe_prefix=redis_prefix)
+    for i in range(20):  # the other replica owns every id
+        b.submit("kb", str, i, dedupe_id=f"u{i}").result(WAIT)
+
+    async def main() -> int:
+        a = Dispatcher(build_default_async_lanes(), dedupe_redis=redis_client,
+                       dedupe_prefix=redis_prefix)
+        window = a._machine.window
+        tickets = [a.submit(f"k{i}", str, i, dedupe_id=f"u{i}") for i in range(20)]
+        assert all(t.cancel() for t in tickets)  # cancelled while their claims fly
+        deadline = time.monotonic() + WAIT
+        while window._returned and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert await a.drain(WAIT)
+        a.close()
+        return len(window._returned)
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        b.close()

@@ -386,6 +386,36 @@ class _MyAsyncLane(AsyncLane):
     """A subclass of AsyncLane, no override."""
 
 
+class _NoPriorityLane(Lane):
+    """A subclass whose acquire takes no priority: served FIFO, never a TypeError."""
+
+    def acquire(self, key: str, *, timeout_s: Any = None) -> Any:  # type: ignore[override]
+        return super().acquire(key, timeout_s=timeout_s)
+
+
+class _NoPriorityAsyncLane(AsyncLane):
+    def acquire(self, key: str, *, timeout_s: Any = None) -> Any:  # type: ignore[override]
+        return super().acquire(key, timeout_s=timeout_s)
+
+
+def test_acquire_all_serves_fifo_a_subclass_whose_acquire_takes_no_priority() -> None:
+    """``acquire_all(priority=p)`` on a subclass whose ``acquire`` has no ``priority``
+    parameter: the lane serves its waits FIFO, as documented; the priority used to be
+    passed anyway, and every such call raised TypeError."""
+    queue = LaneQueue()
+    glob = queue.add(_NoPriorityLane("global", max_concurrent=1, timeout_s=JOIN_S))
+    with queue.acquire_all("k", ["global"], priority=3):
+        assert glob.active_count == 1
+
+    async def main() -> int:
+        aqueue = AsyncLaneQueue()
+        alane = aqueue.add(_NoPriorityAsyncLane("global", max_concurrent=1, timeout_s=JOIN_S))
+        async with aqueue.acquire_all("k", ["global"], priority=3):
+            return alane.active_count
+
+    assert asyncio.run(main()) == 1
+
+
 @pytest.mark.parametrize("cls", [Lane, _MyLane])
 def test_acquire_all_orders_counting_lane_waits_by_priority(cls: type[Lane]) -> None:
     """Also on a subclass of Lane, which the queue takes through its own ``acquire``:

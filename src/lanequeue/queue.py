@@ -17,6 +17,7 @@ The registry part (names, order, status) is shared with the asyncio queue
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -141,9 +142,11 @@ class MultiHold:
 
     def _rank_of(self, lane: Any) -> int:
         """The priority of a lane taken through its own ``acquire``: the call's on an
-        in-process counting lane (a subclass of :class:`Lane` or :class:`AsyncLane`),
-        else 0 (a per-key lane, a Redis lane: FIFO)."""
-        return self._priority if self._priority and isinstance(lane, CountingKind) else 0
+        in-process counting lane (a subclass of :class:`Lane` or :class:`AsyncLane`)
+        whose ``acquire`` takes a ``priority``, else 0 (a per-key lane, a Redis lane, an
+        override without it: FIFO)."""
+        return self._priority if (self._priority and isinstance(lane, CountingKind)
+                                  and _takes_priority(type(lane))) else 0
 
     def _view(self, i: int) -> Hold:
         got = self._taken[i]
@@ -469,6 +472,24 @@ def _check_backend(backend: object, maker: str, call: str) -> None:
             f"lanequeue.redis.RedisBackend) with a {maker}() method, or None, not "
             f"{type(backend).__name__}"
         )
+
+
+#: Lane class -> whether its ``acquire`` takes a ``priority`` (see _takes_priority).
+_TAKES_PRIORITY: dict[type, bool] = {}
+
+
+def _takes_priority(cls: type) -> bool:
+    """Whether ``cls.acquire`` takes a ``priority`` argument (looked up once per class)."""
+    got = _TAKES_PRIORITY.get(cls)
+    if got is None:
+        try:
+            params = inspect.signature(cls.acquire).parameters  # type: ignore[attr-defined]
+            got = "priority" in params or any(
+                p.kind is p.VAR_KEYWORD for p in params.values())
+        except (TypeError, ValueError):
+            got = False
+        _TAKES_PRIORITY[cls] = got
+    return got
 
 
 def _hold(lane: SyncLane, key: str, timeout: float | None, priority: int = 0
@@ -904,8 +925,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             priority: an ``int`` in ``[-2**31, 2**31 - 1]``, the priority of the waits
                 on the in-process counting lanes (:class:`Lane`; see
                 :meth:`Lane.acquire`; a subclass of :class:`Lane` gets it through its
-                own ``acquire``). Per-key lanes keep their arrival order, and Redis lanes
-                and lanes of other kinds serve FIFO: there it changes nothing.
+                own ``acquire``, if that takes a ``priority``). Per-key lanes keep their
+                arrival order, and Redis lanes and lanes of other kinds serve FIFO:
+                there it changes nothing.
 
         Returns:
             a context manager; entering waits and yields a :class:`MultiHold`

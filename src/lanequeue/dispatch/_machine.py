@@ -1013,11 +1013,17 @@ class Machine:
         t._claim = ours
         if t.state in TERMINAL:
             # Ended while asking (cancelled, cleared, timed out): give its claim
-            # back (also after an error: it may have landed). Its value is its own,
-            # so a retry's claim of the id is never taken with it.
-            if ours is not False and t.dedupe_id is not None:
+            # back. Its value is its own, so a retry's claim of the id is never taken
+            # with it. (After an error the claim may land later: give_back_later, in
+            # _claimed, sees to it and keeps it recorded as returned meanwhile.)
+            if t.dedupe_id is None or isinstance(ours, BaseException):
+                pass
+            elif ours is not False:
                 t._forget = True
                 fx.ended.append(t)  # (told again: only the give-back is left)
+            elif self.window is not None:
+                # Never held: nothing to give back, nor to remember as returned.
+                self.window.forget_returned(t.dedupe_id, t._number)
         else:
             self._settle(t.key, fx)
 
@@ -1503,8 +1509,10 @@ class Machine:
             del self._dedupe[t.dedupe_id]  # type: ignore[arg-type]
         if returned is not None:
             returned[t._number] = until
-            # (A claim in flight is given back when it answers: _claimed.)
-            t._forget = t._claim is not CLAIMING
+            # (A claim in flight is given back when it answers: _claimed; a claim that
+            # failed, by the window's give_back_later, which keeps the record until its
+            # last attempt, as the claim may still land.)
+            t._forget = t._claim is not CLAIMING and not isinstance(t._claim, BaseException)
         fx.ended.append(t)
         self._disarm(t)
         return True

@@ -207,8 +207,9 @@ class RedisDedupeWindow:
                     del table[n]
             return "".join(f"{n} " for n in table)
 
-    def _forget_returned(self, dedupe_id: str, number: int) -> None:
-        """The give-back of a returned claim answered: the claim is gone from Redis."""
+    def forget_returned(self, dedupe_id: str, number: int) -> None:
+        """Drop the record of a returned claim: its give-back answered (the claim is gone
+        from Redis), or it never held the id (it answered 'not ours')."""
         with self._returned_lock:
             table = self._returned.get(dedupe_id)
             if table is not None:
@@ -252,7 +253,7 @@ class RedisDedupeWindow:
         table[number] = until
         try:
             self._call(self._give_back, dedupe_id, [number])
-            self._forget_returned(dedupe_id, number)
+            self.forget_returned(dedupe_id, number)
         except Exception as exc:
             log.warning("dedupe window on Redis: could not give back %s (%s: %s); it "
                         "lasts until its TTL", shown(dedupe_id), type(exc).__name__, exc)
@@ -279,7 +280,7 @@ class RedisDedupeWindow:
         try:
             self._call(self._give_back, claim[0], [claim[1]])
             if left == 0:  # (a claim may land until the last attempt)
-                self._forget_returned(*claim)
+                self.forget_returned(*claim)
         except Exception as exc:
             (log.warning if left == 0 else log.debug)(
                 "dedupe window on Redis: could not give back %s after a failed claim "
