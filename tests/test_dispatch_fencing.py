@@ -36,13 +36,6 @@ def _shown(queue: Any, key: str) -> dict[str, int]:
     return out
 
 
-def _turn_sync(queue: Any, seen: list[tuple[Turn, dict[str, int], dict[str, int]]]) -> Any:
-    def fn() -> None:
-        turn = current_turn()
-        seen.append((turn, turn.fencing_tokens, _shown(queue, turn.key)))
-    return fn
-
-
 def _check(seen: list[tuple[Turn, dict[str, int], dict[str, int]]]) -> None:
     (t1, first, shown1), (t2, second, shown2) = seen
     assert list(first) == ["session", "global"]  # in the order they were taken
@@ -52,30 +45,49 @@ def _check(seen: list[tuple[Turn, dict[str, int], dict[str, int]]]) -> None:
     assert t1.fencing_tokens == {} and t2.fencing_tokens == {}  # released by now
 
 
-def _thread_lanes() -> LaneQueue:
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["in-process", "redis"])
+def test_a_thread_turn_reads_its_fencing_tokens(where: str, request: Any) -> None:
     q = LaneQueue()
-    q.add_session_lane("session")
-    q.add_lane("global", max_concurrent=4)
-    return q
-
-
-@pytest.mark.timeout(30)
-def test_a_thread_turn_reads_its_fencing_tokens() -> None:
-    q = _thread_lanes()
+    if where == "redis":
+        client, prefix = (request.getfixturevalue(f) for f in ("redis_client", "redis_prefix"))
+        q.add(RedisSessionLane(client, "session", prefix=prefix, lease_s=10.0))
+        q.add(RedisLane(client, "global", max_concurrent=2, prefix=prefix, lease_s=10.0))
+    else:
+        q.add_session_lane("session")
+        q.add_lane("global", max_concurrent=4)
     seen: list[Any] = []
+
+    def fn() -> None:
+        turn = current_turn()
+        seen.append((turn, turn.fencing_tokens, _shown(q, turn.key)))
+
     d = ThreadDispatcher(q)
     try:
         for _ in range(2):
-            d.submit("web:42", _turn_sync(q, seen)).result(WAIT)
+            d.submit("web:42", fn).result(WAIT)
         _check(seen)
     finally:
         d.close()
 
 
-@pytest.mark.timeout(30)
-def test_an_asyncio_turn_reads_its_fencing_tokens() -> None:
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["in-process", "redis"])
+def test_an_asyncio_turn_reads_its_fencing_tokens(where: str, request: Any) -> None:
     async def main() -> list[Any]:
-        q = build_default_async_lanes()
+        import redis.asyncio as aredis
+
+        client = None
+        if where == "redis":
+            server, prefix = (request.getfixturevalue(f) for f in ("redis_server",
+                                                                   "redis_prefix"))
+            client = aredis.Redis(host=server.host, port=server.port)
+            q = AsyncLaneQueue()
+            q.add(AsyncRedisSessionLane(client, "session", prefix=prefix, lease_s=10.0))
+            q.add(AsyncRedisLane(client, "global", max_concurrent=2, prefix=prefix,
+                                 lease_s=10.0))
+        else:
+            q = build_default_async_lanes()
         seen: list[Any] = []
         d = Dispatcher(q)
 
@@ -84,55 +96,13 @@ def test_an_asyncio_turn_reads_its_fencing_tokens() -> None:
             await asyncio.sleep(0)
             seen.append((turn, turn.fencing_tokens, _shown(q, turn.key)))
 
-        for _ in range(2):
-            await d.submit("web:42", fn)
-        await d.drain(timeout_s=WAIT)
-        return seen
-
-    _check(asyncio.run(main()))
-
-
-@pytest.mark.timeout(60)
-def test_a_thread_turn_reads_its_redis_fencing_tokens(redis_client: Any,
-                                                       redis_prefix: str) -> None:
-    q = LaneQueue()
-    q.add(RedisSessionLane(redis_client, "session", prefix=redis_prefix, lease_s=10.0))
-    q.add(RedisLane(redis_client, "global", max_concurrent=2, prefix=redis_prefix,
-                    lease_s=10.0))
-    seen: list[Any] = []
-    d = ThreadDispatcher(q)
-    try:
-        for _ in range(2):
-            d.submit("web:42", _turn_sync(q, seen)).result(WAIT)
-        _check(seen)
-    finally:
-        d.close()
-
-
-@pytest.mark.timeout(60)
-def test_an_asyncio_turn_reads_its_redis_fencing_tokens(redis_server: Any,
-                                                         redis_prefix: str) -> None:
-    async def main() -> list[Any]:
-        import redis.asyncio as aredis
-
-        client = aredis.Redis(host=redis_server.host, port=redis_server.port)
-        q = AsyncLaneQueue()
-        q.add(AsyncRedisSessionLane(client, "session", prefix=redis_prefix, lease_s=10.0))
-        q.add(AsyncRedisLane(client, "global", max_concurrent=2, prefix=redis_prefix,
-                             lease_s=10.0))
-        seen: list[Any] = []
-        d = Dispatcher(q)
-
-        async def fn() -> None:
-            turn = current_turn()
-            seen.append((turn, turn.fencing_tokens, _shown(q, turn.key)))
-
         try:
             for _ in range(2):
                 await d.submit("web:42", fn)
             assert await d.drain(timeout_s=WAIT)
         finally:
-            await client.aclose()
+            if client is not None:
+                await client.aclose()
         return seen
 
     _check(asyncio.run(main()))
