@@ -809,3 +809,20 @@ def test_report_checks_the_policys_real_cap() -> None:
 def test_config_limit_replays_the_first_requests() -> None:
     result = run_replay(read_trace(), ReplayConfig(speed=5000, limit=25))
     assert result.report.requests == 25
+
+
+@pytest.mark.timeout(60)
+def test_cli_header_says_how_many_run_at_once_under_global_serial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The header's "global cap 64" alone read as 64 at once; under ``global-serial``
+    the session lane's one permit lets one request work at a time, and the header says
+    so (under ``session`` it is the cap itself, and the header adds nothing)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join([line(0, 10, 1), line(100, 10, 2)]) + "\n")
+    assert main(["replay", str(trace), "--speed", "1000", "--policy", "global-serial"]) == 0
+    out = capsys.readouterr().out
+    assert "global cap 64 (at most 1 at once under this policy), speed 1000x" in out
+    assert main(["replay", str(trace), "--speed", "1000"]) == 0
+    out = capsys.readouterr().out
+    assert "global cap 64, speed 1000x" in out

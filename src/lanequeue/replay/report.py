@@ -227,8 +227,10 @@ class ReplayReport:
         speed = f"{self.speed:g}"
         lines = [
             f"lanequeue replay: {printable(self.source, MAX_SOURCE_CHARS)}",
-            f"policy {self.policy}, runtime {self.runtime}, global cap {self.global_cap}, "
-            f"speed {speed}x, "
+            f"policy {self.policy}, runtime {self.runtime}, global cap {self.global_cap}"
+            + ("" if self.cap_at_once == self.global_cap
+               else f" (at most {self.cap_at_once} at once under this policy)")
+            + f", speed {speed}x, "
             + (
                 "service times from the trace"
                 if self.tpot_ms is None
