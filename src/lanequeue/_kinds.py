@@ -116,6 +116,9 @@ class LaneKind(LaneOps, Generic[C]):
                 f"{where} 'clock' must be a callable returning seconds, not {clock!r}"
             )
         self._ops_init(where, warn_after_s, on_wait, warn_hold_s)
+        # What ``acquire`` makes (the face's ``_hold_class``), read from the instance: an
+        # instance attribute is a specialised load on CPython 3.11, a class one is not.
+        self._new_hold: type[Any] = type(self)._hold_class  # type: ignore[attr-defined]
 
     #: The core's ``waits_at_grant`` from the start: True for a face whose waiters'
     #: ``since`` is on the core's clock (threads); the asyncio faces set it when they

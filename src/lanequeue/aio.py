@@ -48,9 +48,11 @@ from ._core import (
     Core,
     CountingCore,
     CountingHoldSteps,
+    MultiHoldSteps,
     SessionHoldSteps,
     Waiter,
     ended_error,
+    entered_twice,
     record,
     recorded,
 )
@@ -337,6 +339,7 @@ class _AsyncFace:
     face: Literal["asyncio"] = "asyncio"
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     _hold_class: ClassVar[type[AsyncHold]]  # what acquire() makes, as cls() (_DropWatch)
+    _new_hold: type[AsyncHold]  # the same, read from the instance (see LaneKind.__init__)
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -596,7 +599,8 @@ class _AsyncFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         # (a made class: object.__init__, no frame; see _DropWatch): the hot path
-        hold = self._hold_class()  # type: ignore[call-arg]
+        new = self._new_hold
+        hold = new()  # type: ignore[call-arg]
         hold.lane = self
         hold.key = key
         hold._token = 0
@@ -818,42 +822,66 @@ def _no_prepare(lane: object) -> None:
     """Every in-process lane was checked (bound) before the first take."""
 
 
-class _AsyncMultiAcquire(MultiHold):
-    """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order."""
+class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
+    """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order.
+    With in-process lanes only, entering and leaving run the cores' common steps
+    themselves (:class:`lanequeue._core.MultiHoldSteps`, plain calls: no lane needs an
+    ``await`` unless it must wait)."""
 
     __slots__ = ()
 
-    def _check_loops(self) -> None:
+    def _check_loops(self) -> bool:
         """Check that the caller runs on the loop of every in-process lane of the plan
         (binding them on first use), before anything is taken or released: a refusal
-        (RuntimeError) changes nothing. (Each lane's ``_bind``, without its frames.)"""
+        (RuntimeError) changes nothing. (Each lane's ``_bind``, without its frames.)
+        Returns True when a core of the plan was seen busy (its ``seen_busy`` hint)."""
         ident = get_ident()
+        busy = False
         lane: Any  # an _AsyncFace wherever core is not None (no cast: it is a call)
         for lane, core in self._plan.steps:
             if core is not None:
                 fast = lane._fast_loop
                 if fast is None or fast._thread_id != ident:
                     lane._bind_loop()
+                if core.seen_busy:
+                    busy = True
+        return busy
+
+    def _take_rest(self, pending: Any) -> None:
+        """A take of :meth:`_steps_in` must wait: back to ``__aenter__``, which parks."""
+        return None
+
+    def _release_all(self, block_error: BaseException | None) -> None:
+        """Give back every in-process hold taken, last first: the plain release pass of
+        :meth:`_steps_in` (an interrupt between two takes) and :meth:`_steps_out` (a pass
+        after one an interrupt stopped: only what the cores still hold)."""
+        cores, taken, key = self._plan.cores, self._taken, self._key
+        assert cores is not None  # (the steps run for in-process plans only)
+        again = self._stage == MULTI_LEAVING
+        self._stage = MULTI_LEAVING
+        while taken:  # last taken first
+            end_last(taken, cores[len(taken) - 1], key, again)
 
     async def __aenter__(self) -> MultiHold:
         if self._stage:
-            raise RuntimeError(
-                "this acquire_all(...) was entered already (single use, even after a "
-                "timeout); call acquire_all again")
-        self._check_loops()
-        self._stage = MULTI_ENTERED
+            raise entered_twice()
+        busy = self._check_loops()
         plan = self._plan
         cores = plan.cores
         budget = self._budget_s
         if cores is not None and budget != 0:
-            # Fast path: in-process lanes only (all bound to this loop, checked above).
-            # Take each core in turn and park on the lane where a take must wait, as the
-            # general loop (``MultiHold._acquiring``) does, without its generator: the
-            # ONE budget runs from the first wait, on the loop's clock.
+            # In-process lanes only (all bound to this loop, checked above). Unless one
+            # was seen busy, the steps take every free one; where a take must wait, park
+            # on that lane, as the general loop (``MultiHold._acquiring``) does, without
+            # its generator: the ONE budget runs from the first wait, on the loop's clock.
             key, taken = self._key, self._taken
             deadline: float | None = None
             try:
-                for core in cores:
+                if busy:
+                    self._stage = MULTI_ENTERED
+                elif self._steps_in() is not None:  # (it sets the stage)
+                    return self
+                for core in cores[len(taken):]:
                     # (a busy look goes straight to the line: see _looks_busy)
                     # (a grant is appended to ``taken`` in its own commit, here and
                     # by ``_park``)
@@ -878,6 +906,7 @@ class _AsyncMultiAcquire(MultiHold):
             except BaseException as exc:  # timed out, cancelled or interrupted: give
                 await self._release_all_async(exc)  # back all (``exc`` propagates)
                 raise
+        self._stage = MULTI_ENTERED
         # The loop's clock, like the timers that end the waits.
         steps = self._acquiring(asyncio.get_running_loop().time, _no_prepare, None)
         try:
@@ -905,18 +934,13 @@ class _AsyncMultiAcquire(MultiHold):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        cores, taken = self._plan.cores, self._taken
-        if cores is None:
+        if self._plan.cores is None:
             await self._release_all_async(exc)
+            self.__class__ = _AsyncMultiAcquire  # ended: no finalizer from here on
         else:
-            # In-process lanes only (the exit runs in the task that entered: on their loop).
-            key = self._key
-            # A pass after one an interrupt stopped releases only what the cores hold.
-            again = self._stage == MULTI_LEAVING
-            self._stage = MULTI_LEAVING
-            while taken:  # last taken first
-                end_last(taken, cores[len(taken) - 1], key, again)
-        self.__class__ = _AsyncMultiAcquire  # ended: no finalizer from here on (_DropWatch)
+            # In-process lanes only (the exit runs in the task that entered: on their
+            # loop): the plain steps, which end it (no finalizer from here on).
+            self._steps_out(exc_type, exc, tb)
 
     @must_await
     async def release(self) -> None:
@@ -1001,6 +1025,9 @@ class _WatchedAsyncMultiAcquire(_MultiDropWatch, _AsyncMultiAcquire):
     until its block is left."""
 
     __slots__ = ()
+
+
+_AsyncMultiAcquire._ended_class = _AsyncMultiAcquire
 
 class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
     """A registry of named asyncio lanes, composed per request by :meth:`acquire_all`.

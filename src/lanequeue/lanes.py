@@ -156,6 +156,7 @@ class _ThreadFace:
     _waits_at_grant = True  # a waiter's ``since`` is on the core's clock (see _park)
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     _hold_class: ClassVar[type[ThreadHold]]  # what acquire() makes, as cls() (_DropWatch)
+    _new_hold: type[ThreadHold]  # the same, read from the instance (see LaneKind.__init__)
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -311,7 +312,8 @@ class _ThreadFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         # (a made class: object.__init__, no frame; see _DropWatch): the hot path
-        hold = self._hold_class()  # type: ignore[call-arg]
+        new = self._new_hold
+        hold = new()  # type: ignore[call-arg]
         hold.lane = self
         hold.key = key
         hold._token = 0

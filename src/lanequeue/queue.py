@@ -85,13 +85,17 @@ class Plan:
     default budget (the smallest lane timeout, None: no limit), and, when every lane is
     an in-process lane of the queue's face, their cores (the fast path)."""
 
-    __slots__ = ("steps", "budget_s", "cores")
+    __slots__ = ("steps", "budget_s", "cores", "kinds")
 
     def __init__(self, steps: list[Step], budget_s: float | None) -> None:
         self.steps = steps
         self.budget_s = budget_s
         cores = tuple(core for _, core in steps if core is not None)
         self.cores: tuple[Core, ...] | None = cores if len(cores) == len(steps) else None
+        # With the cores: ``(core.per_key, core)`` per step, for the fast path's steps
+        # (:class:`lanequeue._core.MultiHoldSteps`), which branch on the kind first.
+        self.kinds: tuple[tuple[bool, Any], ...] | None = (
+            None if self.cores is None else tuple((cast(Any, c).per_key, c) for c in self.cores))
 
 
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
@@ -424,6 +428,9 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
     run the cores' common steps themselves (:class:`lanequeue._core.MultiHoldSteps`)."""
 
     __slots__ = ()
+
+    __enter__ = MultiHoldSteps._steps_in
+    __exit__ = MultiHoldSteps._steps_out
 
     def _take_rest(self, pending: Any) -> MultiHold:
         """The general loop (:meth:`MultiHold._acquiring`), waiting by blocking."""
