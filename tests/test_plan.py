@@ -443,11 +443,11 @@ def test_cli_plan_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
         main(["plan", str(tokens), "--p99-wait-s", "1", "--min-global", "5", "--max-global", "2"])
         == 2
     )
-    assert ("argument --min-global: min_global (5) > max_global (2)"
+    assert ("argument --min-global: min-global (5) > max-global (2)"
             in capsys.readouterr().err)
     assert main(["plan", str(tokens), "--p99-wait-s", "-1"]) == 2
     assert (
-        "argument --p99-wait-s: p99_wait_s must be a number of seconds from 0 to 1e+09, got -1"
+        "argument --p99-wait-s: p99-wait-s must be a number of seconds from 0 to 1e+09, got -1"
         in capsys.readouterr().err
     )
     empty = tmp_path / "empty.jsonl"
@@ -628,11 +628,11 @@ def test_cli_plan_names_the_range_of_a_refused_setting(
     # 1e400 seconds is refused (a goal must stay a finite float in --json), not overflowed.
     code, err = run_cli(["plan", "--p99-wait-s", "1e400"], capsys)
     assert code == 2
-    assert ("argument --p99-wait-s: p99_wait_s must be a number of seconds from 0 to 1e+09, "
+    assert ("argument --p99-wait-s: p99-wait-s must be a number of seconds from 0 to 1e+09, "
             "got 1e+400\n") in err  # what was given, not its size in digits
     code, err = run_cli(["plan", "--p99-wait-s", "1", "--max-wait-s", "1.5e400"], capsys)
     assert code == 2
-    assert ("argument --max-wait-s: max_wait_s must be a number of seconds from 0 to 1e+09, "
+    assert ("argument --max-wait-s: max-wait-s must be a number of seconds from 0 to 1e+09, "
             "got 1.5e+400\n") in err
     code, err = run_cli(["plan", "--p99-wait-s", "1", "--jobs", HUGE], capsys)
     assert "jobs must be an integer from 1 to 1,024, got 1e+30\n" in err

@@ -575,6 +575,15 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0.0"
         in capsys.readouterr().err
     )
+    # The message names the option, not the Python API's setting (global_cap).
+    assert main(["replay", "--global", "0"]) == 2
+    assert (
+        "argument --global: global must be an integer from 1 to 1,000,000,000, got 0"
+        in capsys.readouterr().err
+    )
+    assert main(["replay", "--idle-timeout", "-1"]) == 2
+    assert "argument --idle-timeout: idle-timeout must be a number of seconds" in (
+        capsys.readouterr().err)
     assert main([]) == 2
     # Checked before the replay starts, not after a minute of it.
     assert main(["replay", "--json", str(tmp_path)]) == 2
@@ -826,3 +835,14 @@ def test_cli_header_says_how_many_run_at_once_under_global_serial(
     assert main(["replay", str(trace), "--speed", "1000"]) == 0
     out = capsys.readouterr().out
     assert "global cap 64, speed 1000x" in out
+
+
+def test_readme_states_the_replays_default_global_cap() -> None:
+    """README, replay options: ``--global N`` defaults to 64 (not the library's 8)."""
+    from lanequeue.queue import DEFAULT_GLOBAL_CONCURRENCY
+    from lanequeue.replay import ReplayConfig
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert ReplayConfig().global_cap == 64 and DEFAULT_GLOBAL_CONCURRENCY == 8
+    assert ("`--global N` (the replay's global lane's permits; default 64, where the "
+            "library's\n`build_default_lanes()` uses 8)") in readme

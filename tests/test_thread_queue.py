@@ -396,7 +396,7 @@ def test_get_lane_refuses_a_name_that_is_not_a_str() -> None:
         queue.add_session_lane("session")
         assert queue.get_lane("nope") is None
         assert queue.get_lane("session") is not None
-        with pytest.raises(TypeError, match=r"get_lane\(\) argument 'name'"):
+        with pytest.raises(TypeError, match=r"get_lane\(\) argument 'name' must be a str, not int"):
             queue.get_lane(1)  # type: ignore[arg-type]
 
 
@@ -435,3 +435,35 @@ def test_a_timed_out_wait_never_ends_another_callers_hold(lanes: list[str]) -> N
         assert s.is_held("k") and other.held
     assert s.stats.unmatched_releases == g.stats.unmatched_releases == 0
     assert s.stats.holders == g.stats.holders == 0
+
+
+@pytest.mark.timeout(10)
+def test_acquire_all_with_timeout_zero_counts_a_refusal_as_rejected() -> None:
+    """README (stats): an ``acquire_all`` with ``timeout_s=0`` that finds a lane busy
+    raises LaneTimeoutError and counts in that lane's ``rejected``, not ``timeouts`` (it
+    never waited), on both faces; the lane taken before it is given back."""
+    import asyncio
+
+    from lanequeue import AsyncLaneQueue, LaneTimeoutError
+
+    queue = LaneQueue()
+    s = queue.add_session_lane("session")
+    g = queue.add_lane("global", max_concurrent=2)
+    with (g.acquire("other"), g.acquire("other2"),
+          pytest.raises(LaneTimeoutError, match="'global'"),
+          queue.acquire_all("k", ["session", "global"], timeout_s=0)):
+        pass
+    assert (g.stats.rejected, g.stats.timeouts, s.active_count) == (1, 0, 0)
+
+    async def main() -> None:
+        aqueue = AsyncLaneQueue()
+        a_s = aqueue.add_session_lane("session")
+        aqueue.add_lane("global")
+        async with a_s.acquire("k"):
+            with pytest.raises(LaneTimeoutError, match="'session'"):
+                async with aqueue.acquire_all("k", ["session", "global"], timeout_s=0):
+                    pass
+        assert (a_s.stats.rejected, a_s.stats.timeouts) == (1, 0)
+        assert aqueue["global"].active_count == 0
+
+    asyncio.run(main())

@@ -415,8 +415,8 @@ class _CoreBase:
         self.seen_busy = False
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
-        # True on a SessionCore: a slot, so that the hot paths that serve both kinds
-        # (MultiHoldSteps) tell them apart with one cheap read.
+        # True on a SessionCore: what the hot paths that serve both kinds
+        # (MultiHoldSteps, through ``Plan.kinds``) branch on.
         self.per_key = False
         _LIVE.add(self)
 

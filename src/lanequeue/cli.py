@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import re
 import sys
 from collections.abc import Sequence
 from fractions import Fraction
@@ -220,9 +221,14 @@ def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
 
 
 def _refused(exc: Exception, options: dict[str, str]) -> str:
-    """The message of a refused setting, naming its option when it names one."""
+    """The message of a refused setting, naming its option when it names one; the
+    settings the message names (the Python API's names, such as ``global_cap``) are
+    given as their options' names there (``global``, for ``--global``)."""
+    text = str(exc)
+    for setting, name in options.items():
+        text = re.sub(rf"\b{re.escape(setting)}\b", name.split("/")[-1].lstrip("-"), text)
     option = options.get(getattr(exc, "setting", ""))
-    return f"argument {option}: {exc}" if option else str(exc)
+    return f"argument {option}: {text}" if option else text
 
 
 def _seconds(text: str) -> Fraction:

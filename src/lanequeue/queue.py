@@ -751,7 +751,7 @@ class QueueBase(Generic[L, CL, SL]):
         if not isinstance(name, str):
             raise TypeError(
                 f"{type(self).__name__}.get_lane() argument 'name' must be a str, "
-                f"got {type(name).__name__}"
+                f"not {type(name).__name__}"
             )
         return self._lanes.get(name)
 
