@@ -177,6 +177,57 @@ def test_acquire_all_from_a_foreign_loop_leaves_nothing_held() -> None:
 
 
 @pytest.mark.timeout(10)
+@pytest.mark.parametrize("op", ["acquire_all", "release", "clear", "close", "drain"])
+def test_an_operation_refused_from_a_foreign_loop_binds_no_lane(op: str) -> None:
+    """An operation over several lanes refused from a foreign loop changes nothing, not
+    even a binding: "global" is bound to loop A (open, its lane quiet but the loop
+    alive), "session" to no loop yet. From loop B each operation raises RuntimeError,
+    and "session" stays unbound, so loop A keeps using both. (It once bound "session" to
+    B on the way to the refusal of "global", and A was refused from then on.)"""
+    q = AsyncLaneQueue()
+    session = q.add_session_lane("session", timeout_s=1)
+    q.add_lane("global", max_concurrent=1, timeout_s=1)
+    loop_a, loop_b = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        async def bind_global() -> Any:
+            async with q["global"].acquire("x"):
+                pass
+            # (made on A, so that release() from B has something to refuse)
+            multi = q.acquire_all("m", ["session", "global"])
+            return multi
+
+        multi = loop_a.run_until_complete(bind_global())
+        assert session._loop is None  # type: ignore[attr-defined]
+
+        async def foreign() -> None:
+            with pytest.raises(RuntimeError, match=BOUND):
+                if op == "acquire_all":
+                    async with q.acquire_all("k", ["session", "global"]):
+                        raise AssertionError("must not enter")
+                elif op == "release":
+                    await multi.release()
+                elif op == "clear":
+                    await q.clear("k")
+                elif op == "close":
+                    await q.close()
+                else:
+                    await q.drain(cancel_waiting=True)
+
+        loop_b.run_until_complete(foreign())
+        assert session._loop is None  # type: ignore[attr-defined]
+
+        async def rightful() -> int:
+            async with q.acquire_all("k", ["session", "global"]) as held:
+                return held["session"].token
+
+        assert loop_a.run_until_complete(rightful()) > 0
+        assert session._loop is loop_a  # type: ignore[attr-defined]
+    finally:
+        loop_a.close()
+        loop_b.close()
+
+
+@pytest.mark.timeout(10)
 @pytest.mark.parametrize("kind", ["session", "counting"])
 def test_asyncio_run_ending_with_pending_tasks_leaves_lane_quiet(kind: str) -> None:
     """asyncio.run cancels the tasks still pending when main returns: a task inside

@@ -192,9 +192,6 @@ class LaneKind(LaneOps, Generic[C]):
         if cancel_waiting:
             core.end_waiters(None, cleared=False)
 
-    def _check_waker(self) -> None:
-        """Check that this caller may wake the lane's waiters (asyncio: on its loop)."""
-
     def clear(self, key: str) -> int:
         """End every wait for ``key``: each waiter raises :class:`LaneClearedError`.
 

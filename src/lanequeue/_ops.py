@@ -115,7 +115,13 @@ class LaneOps:
 
     def _check_waker(self) -> None:
         """Check that this caller may wake the lane's waiters (an in-process asyncio lane:
-        only from its loop); the default lets any caller."""
+        only from its loop, which binds it on first use); the default lets any caller."""
+
+    def _waker_refusal(self) -> Exception | None:
+        """What :meth:`_check_waker` would raise now, without binding anything (None: it
+        would pass), so that an operation over several lanes refuses before it changes
+        any of them; the default lets any caller."""
+        return None
 
     @abstractmethod
     def clear(self, key: str) -> int:

@@ -136,6 +136,14 @@ def _looks_busy(core: Any, key: str) -> bool:
 _WARN, _EXPIRE = 0, 1
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 class _Deadlines:
     """The deadlines of one lane's waits on one loop, behind ONE loop timer.
 
@@ -378,17 +386,48 @@ class _AsyncFace:
             except RuntimeError:  # closed meanwhile
                 pass
 
+    def _loop_refusal(self) -> RuntimeError | None:
+        """The RuntimeError :meth:`_bind_loop` would raise now, or None when the caller
+        runs on the lane's loop or on one it may bind (first use; its old loop closed
+        while the lane is quiet; a forked child). Changes nothing: an operation over
+        several lanes asks each one before it binds any (a refusal changes nothing)."""
+        loop = self._fast_loop
+        if loop is not None and loop._thread_id == get_ident():
+            return None
+        return self._refusal_on(_running_loop())
+
+    _waker_refusal = _loop_refusal
+
+    def _refusal_on(self, running: asyncio.AbstractEventLoop | None) -> RuntimeError | None:
+        """:meth:`_loop_refusal` for the loop running now (None: no loop runs)."""
+        if running is None:
+            return RuntimeError(
+                f"{type(self).__name__} {self.name!r} must be used from its event loop "
+                "(no event loop is running in this thread)")
+        if running is self._loop:
+            return None
+        old = self._loop
+        # A loop of the parent process is not this process's: after os.fork() the lane
+        # is empty (see "fork" in lanequeue._core) and the child binds its own loop.
+        if old is not None and self._loop_pid == os.getpid() and not (
+            old.is_closed() and self._core.holders() == 0 and self._core.waiting == 0
+        ):
+            return RuntimeError(
+                f"{type(self).__name__} {self.name!r} is bound to another event loop; "
+                "a lane serves the tasks of one loop (use one lane per loop, or a Redis "
+                "lane across loops and processes)")
+        return None
+
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, after checking it is this lane's (binding it on first use)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            raise RuntimeError(
-                f"{type(self).__name__} {self.name!r} must be used from its event loop "
-                "(no event loop is running in this thread)"
-            ) from None
+        loop = _running_loop()
+        refusal = self._refusal_on(loop)
+        if refusal is not None:
+            raise refusal
+        assert loop is not None  # (no loop is a refusal)
         if loop is not self._loop:
-            self._rebind(loop)
+            self._loop = loop
+            self._loop_pid = os.getpid()
             self._fast_loop = loop if hasattr(loop, "_thread_id") else None
             # The loop's clock without a Python frame when it is the stock one (the
             # loop's own ``time``, as the timers use, when a loop class or the loop
@@ -396,25 +435,9 @@ class _AsyncFace:
             stock = getattr(loop.time, "__func__", None) is asyncio.BaseEventLoop.time
             self._loop_clock = clock = time.monotonic if stock else loop.time
             # The waits' ``since`` on the core's own clock: its hand-offs observe the
-            # waits they end (see _park). Set while the lane is quiet (see _rebind).
+            # waits they end (see _park). Set while the lane is quiet (_refusal_on).
             self._core.waits_at_grant = clock is self._core._clock
         return loop
-
-    def _rebind(self, loop: asyncio.AbstractEventLoop) -> None:
-        old = self._loop
-        pid = os.getpid()
-        # A loop of the parent process is not this process's: after os.fork() the lane
-        # is empty (see "fork" in lanequeue._core) and the child binds its own loop.
-        if old is not None and self._loop_pid == pid and not (
-            old.is_closed() and self._core.holders() == 0 and self._core.waiting == 0
-        ):
-            raise RuntimeError(
-                f"{type(self).__name__} {self.name!r} is bound to another event loop; "
-                "a lane serves the tasks of one loop (use one lane per loop, or a Redis "
-                "lane across loops and processes)"
-            )
-        self._loop = loop
-        self._loop_pid = pid
 
     async def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
@@ -837,14 +860,21 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
         Returns True when a core of the plan was seen busy (its ``seen_busy`` hint)."""
         ident = get_ident()
         busy = False
+        to_bind: list[Any] | None = None
         lane: Any  # an _AsyncFace wherever core is not None (no cast: it is a call)
         for lane, core in self._plan.steps:
             if core is not None:
                 fast = lane._fast_loop
                 if fast is None or fast._thread_id != ident:
-                    lane._bind_loop()
+                    refusal = lane._loop_refusal()  # every lane asked before any is bound
+                    if refusal is not None:
+                        raise refusal
+                    to_bind = [lane] if to_bind is None else [*to_bind, lane]
                 if core.seen_busy:
                     busy = True
+        if to_bind is not None:
+            for lane in to_bind:
+                lane._bind_loop()
         return busy
 
     def _take_rest(self, pending: Any) -> None:

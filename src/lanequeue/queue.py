@@ -814,6 +814,10 @@ class QueueBase(Generic[L, CL, SL]):
         """The lanes, after checking that the caller may wake the waiters of every one of
         them (asyncio: on each lane's loop): a refusal changes nothing."""
         lanes = self._ops_lanes()
+        for lane in lanes:  # every lane checked before any is bound (a refusal changes
+            refusal = lane._waker_refusal()  # nothing, not even a binding)
+            if refusal is not None:
+                raise refusal
         for lane in lanes:
             lane._check_waker()
         return lanes
