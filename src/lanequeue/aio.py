@@ -869,7 +869,9 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
                     refusal = lane._loop_refusal()  # every lane asked before any is bound
                     if refusal is not None:
                         raise refusal
-                    to_bind = [lane] if to_bind is None else [*to_bind, lane]
+                    if to_bind is None:  # (no list made on the hot path)
+                        to_bind = []
+                    to_bind.append(lane)
                 if core.seen_busy:
                     busy = True
         if to_bind is not None:
@@ -966,7 +968,7 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
     ) -> None:
         if self._plan.cores is None:
             await self._release_all_async(exc)
-            self.__class__ = _AsyncMultiAcquire  # ended: no finalizer from here on
+            self.__class__ = self._ended_class  # ended: no finalizer from here on
         else:
             # In-process lanes only (the exit runs in the task that entered: on their
             # loop): the plain steps, which end it (no finalizer from here on).
