@@ -425,6 +425,45 @@ def test_hold_times_appended_then_bucketed_in_batches_match_bucket_by_bucket(
     assert hold.count == 2 * HELD_BATCH + 7 and hold.sum == pytest.approx(want.sum)
 
 
+@pytest.mark.parametrize("way", ["hold", "release", "acquire_all"])
+@pytest.mark.parametrize("cls", [Lane, SessionLane])
+def test_hold_times_stay_bounded_under_a_long_hold(
+    cls: Any, way: str, fake_clock: FakeClock
+) -> None:
+    """A release folds the appended hold times once its token reaches the lane's
+    threshold (a batch past the last fold). A hold kept across many batches (its token
+    below every later threshold) does not stop the folds: the list never holds more than
+    a batch plus the holds alive at the last fold, on every path a release takes (a
+    hold's exit, an early ``release()``, ``acquire_all``'s exit), and every hold time
+    is counted once."""
+    from lanequeue._obs import HELD_BATCH
+
+    queue = LaneQueue()
+    lane = (queue.add_lane("g", max_concurrent=4, clock=fake_clock) if cls is Lane
+            else queue.add_session_lane("s", clock=fake_clock))
+    lane.track_holds()
+    hist = lane._core.hold_hist
+    long = lane.acquire("long")
+    long.__enter__()  # token 1, held across every batch below
+    cycles = 5 * HELD_BATCH + 3
+    most = 0
+    for i in range(cycles):
+        if way == "acquire_all":
+            with queue.acquire_all(f"k{i % 3}", [lane.name]):
+                fake_clock.advance(0.002)
+        else:
+            with lane.acquire(f"k{i % 3}") as hold:
+                fake_clock.advance(0.002)
+                if way == "release":
+                    assert hold.release()
+        most = max(most, len(hist))
+    assert most <= HELD_BATCH + 1  # a batch, and the long hold alive at each fold
+    long.__exit__(None, None, None)
+    snap = lane.metrics_snapshot()[0].hold
+    assert snap is not None and snap.count == cycles + 1
+    assert snap.counts[snap.bounds.index(0.005)] == cycles  # 2 ms each
+
+
 def test_fold_buckets_values_on_the_bounds_as_observe_does() -> None:
     """``counts[i]`` holds the values ``<= bounds[i]``: a value ON a bound goes to that
     bound's bucket, whether observed at once or appended and folded."""

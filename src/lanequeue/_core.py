@@ -193,8 +193,9 @@ under the lock, before a grant or a join: a drain set between the two has ended 
 waiters in line already; ``drain()`` / ``close()`` set the flag under that lock, so
 no grant is made after they return); a release observes
 the hold's length only once an exporter turned hold times on (``hold_hist``: one
-append of ``now - since`` to a list, bucketed every :data:`~lanequeue._obs.HELD_BATCH`
-releases and at read time; on a per-key lane the release reads the clock anyway, for
+append of ``now - since`` to a list, bucketed by :meth:`_CoreBase._fold_holds` once
+the token released reaches ``hold_fold_at`` (about every :data:`~lanequeue._obs.HELD_BATCH`
+releases) and at read time; on a per-key lane the release reads the clock anyway, for
 the idle age, so hold times add no clock read there). Waits are
 observed by the faces' slow path (:meth:`_CoreBase.observe_wait`), or, for a face whose
 waiters' ``since`` is on the core's clock (``waits_at_grant``), by the hand-off that ends
@@ -218,7 +219,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar, Protocol
 
 from ._errors import LaneClearedError, LaneDrainingError, shown
-from ._obs import HELD_BATCH, WAIT_BUCKETS, Histogram, HistogramSnapshot
+from ._obs import HELD_BATCH, HOLD_BUCKETS, WAIT_BUCKETS, Histogram, HistogramSnapshot
 
 __all__ = [
     "CLEARED",
@@ -371,6 +372,7 @@ class _CoreBase:
         "wait_hist",
         "waited",
         "hold_hist",
+        "hold_fold_at",
         "per_key",
         "waits_at_grant",
         "seen_busy",
@@ -415,6 +417,8 @@ class _CoreBase:
         self.seen_busy = False
         # Hold times, observed by release once an exporter turns them on (None: off).
         self.hold_hist: Histogram | None = None
+        # The token from which a release folds the hold times (see _fold_holds).
+        self.hold_fold_at = 0
         # True on a SessionCore: what the hot paths that serve both kinds
         # (MultiHoldSteps, through ``Plan.kinds``) branch on.
         self.per_key = False
@@ -542,6 +546,28 @@ class _CoreBase:
                 lock.release()
             except RuntimeError:  # acquire was interrupted before it took the lock
                 pass
+
+    def track_holds(self) -> None:
+        """Start observing hold times (idempotent; see :meth:`_fold_holds`)."""
+        with self._lock:
+            if self.hold_hist is None:
+                self.hold_fold_at = self._token + HELD_BATCH
+                self.hold_hist = Histogram(HOLD_BUCKETS)
+
+    def _fold_holds(self) -> None:
+        """Bucket the hold times appended so far (lock held). A release appends its hold
+        time to ``hold_hist`` and calls this once the token it ends reaches
+        ``hold_fold_at``: one compare of two small integers on the release's path, where a
+        length check costs a builtin call. Bounded: after a fold, the releases that do not
+        fold are those of the holds alive at the fold and of the next
+        :data:`~lanequeue._obs.HELD_BATCH` grants, so the list never holds more values than
+        that. Interrupt-safe: ``fold`` is (see :meth:`Histogram.fold`), and the threshold
+        is a plain store after it (an interrupt between the two leaves the old threshold:
+        the next release folds again)."""
+        held = self.hold_hist
+        if held is not None:
+            held.fold()
+            self.hold_fold_at = self._token + HELD_BATCH
 
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
@@ -893,8 +919,8 @@ class SessionCore(_CoreBase):
                 held = self.hold_hist
                 if held is not None:  # hold times: one append, bucketed in batches
                     held.append(now - entry.since)
-                    if len(held) >= HELD_BATCH:
-                        held.fold()
+                    if entry.token >= self.hold_fold_at:
+                        self._fold_holds()
                 observe = False
                 if waiter is not None and self.waits_at_grant:
                     # The wait this hand-off ends: one append, as hold times (see
@@ -1100,40 +1126,45 @@ class SessionHoldSteps:
 
     def _step_out(self, exc_type: object, exc: object, tb: object) -> None:
         token = self._token
-        if token > 0:  # not released early inside the block
-            core = self.lane._core
-            key = self.key
-            self._token = -token  # type: ignore[misc]  # marked released, then released
-            lock = core._lock
-            try:
-                lock.acquire()  # inside the try: see "Interrupts"
-                entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
-                if entry.token == token and entry.line is None:
-                    clock = core._clock
-                    now = clock()
-                    held = core.hold_hist
-                    if held is not None:  # hold times: as SessionCore.release
-                        held.append(now - entry.since)
-                        if len(held) >= HELD_BATCH:
-                            held.fold()
-                    # -- commit: plain stores only, then one last builtin call --
-                    entry.token = 0
-                    entry.since = now
-                    core._held -= 1
-                    try:
-                        _to_end(core._order, key)
-                    except KeyError:  # the eviction scan dropped it while held
-                        core._order[key] = entry
-                    token = 0  # released here
-            except KeyError:  # no entry: the general release counts it unmatched
-                pass
-            finally:
+        # Released early inside the block? Tested first, so that the compare's jump is
+        # short: CPython 3.11 does not specialise a compare whose jump needs an
+        # EXTENDED_ARG (about 100 instructions per exit).
+        if token <= 0:
+            self.__class__ = self._ended_class
+            return
+        core = self.lane._core
+        key = self.key
+        self._token = -token  # type: ignore[misc]  # marked released, then released
+        lock = core._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts"
+            entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
+            if entry.token == token and entry.line is None:
+                clock = core._clock
+                now = clock()
+                held = core.hold_hist
+                if held is not None:  # hold times: as SessionCore.release
+                    held.append(now - entry.since)
+                    if token >= core.hold_fold_at:
+                        core._fold_holds()
+                # -- commit: plain stores only, then one last builtin call --
+                entry.token = 0
+                entry.since = now
+                core._held -= 1
                 try:
-                    lock.release()
-                except RuntimeError:  # acquire was interrupted before it took it
-                    pass
-            if token:
-                core.release(key, token)
+                    _to_end(core._order, key)
+                except KeyError:  # the eviction scan dropped it while held
+                    core._order[key] = entry
+                token = 0  # released here
+        except KeyError:  # no entry: the general release counts it unmatched
+            pass
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took it
+                pass
+        if token:
+            core.release(key, token)
         self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 
@@ -1183,34 +1214,39 @@ class CountingHoldSteps:
 
     def _step_out(self, exc_type: object, exc: object, tb: object) -> None:
         token = self._token
-        if token > 0:  # not released early inside the block
-            core = self.lane._core
-            key = self.key
-            self._token = -token  # type: ignore[misc]  # marked released, then released
-            lock = core._lock
+        # Released early inside the block? Tested first, so that the compare's jump is
+        # short: CPython 3.11 does not specialise a compare whose jump needs an
+        # EXTENDED_ARG (about 100 instructions per exit).
+        if token <= 0:
+            self.__class__ = self._ended_class
+            return
+        core = self.lane._core
+        key = self.key
+        self._token = -token  # type: ignore[misc]  # marked released, then released
+        lock = core._lock
+        try:
+            lock.acquire()  # inside the try: see "Interrupts"
+            holds = core._holds
+            hold = holds[token]  # (a KeyError: ended by someone else)
+            if hold[0] == key and not core._line and not core._ranked:
+                held = core.hold_hist
+                if held is not None:  # hold times: as CountingCore.release
+                    clock = core._clock
+                    held.append(clock() - hold[1])
+                    if token >= core.hold_fold_at:
+                        core._fold_holds()
+                # -- commit: plain stores only --
+                del holds[token]
+                token = 0  # released here
+        except KeyError:  # no such hold: the general release counts it unmatched
+            pass
+        finally:
             try:
-                lock.acquire()  # inside the try: see "Interrupts"
-                holds = core._holds
-                hold = holds[token]  # (a KeyError: ended by someone else)
-                if hold[0] == key and not core._line and not core._ranked:
-                    held = core.hold_hist
-                    if held is not None:  # hold times: as CountingCore.release
-                        clock = core._clock
-                        held.append(clock() - hold[1])
-                        if len(held) >= HELD_BATCH:
-                            held.fold()
-                    # -- commit: plain stores only --
-                    del holds[token]
-                    token = 0  # released here
-            except KeyError:  # no such hold: the general release counts it unmatched
+                lock.release()
+            except RuntimeError:  # acquire was interrupted before it took it
                 pass
-            finally:
-                try:
-                    lock.release()
-                except RuntimeError:  # acquire was interrupted before it took it
-                    pass
-            if token:
-                core.release(key, token)
+        if token:
+            core.release(key, token)
         self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
 
 
@@ -1334,8 +1370,8 @@ class MultiHoldSteps:
                         held = core.hold_hist
                         if held is not None:  # hold times: as SessionCore.release
                             held.append(now - entry.since)
-                            if len(held) >= HELD_BATCH:
-                                held.fold()
+                            if token >= core.hold_fold_at:
+                                core._fold_holds()
                         # -- commit: plain stores only, then one last builtin call --
                         entry.token = 0
                         entry.since = now
@@ -1353,8 +1389,8 @@ class MultiHoldSteps:
                         if held is not None:  # hold times: as CountingCore.release
                             clock = core._clock
                             held.append(clock() - hold[1])
-                            if len(held) >= HELD_BATCH:
-                                held.fold()
+                            if token >= core.hold_fold_at:
+                                core._fold_holds()
                         # -- commit: plain stores only --
                         del holds[token]
                         token = 0  # released here
@@ -1573,8 +1609,8 @@ class CountingCore(_CoreBase):
                 held = self.hold_hist
                 if held is not None:  # hold times: one append, bucketed in batches
                     held.append(self._clock() - holds[token][1])
-                    if len(held) >= HELD_BATCH:
-                        held.fold()
+                    if token >= self.hold_fold_at:
+                        self._fold_holds()
                 if self._ranked and self._release_ranked(token, dropped):
                     return True
                 line = self._line

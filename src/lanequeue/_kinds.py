@@ -23,7 +23,7 @@ from ._core import (
     parked_grant,
 )
 from ._errors import shown
-from ._obs import HOLD_BUCKETS, Histogram, LaneMetrics
+from ._obs import LaneMetrics
 from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
 from ._validate import (
     argument_of,
@@ -170,10 +170,7 @@ class LaneKind(LaneOps, Generic[C]):
         Off until an exporter calls it, since it costs an append per release, and on a
         counting lane a clock read per release too.
         """
-        core = self._core
-        with core._lock:
-            if core.hold_hist is None:
-                core.hold_hist = Histogram(HOLD_BUCKETS)
+        self._core.track_holds()
 
     @property
     def draining(self) -> bool:

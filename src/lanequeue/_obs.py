@@ -49,10 +49,12 @@ class Histogram(list[float]):
     thread-safe by itself: its owner calls it under its own lock.
 
     Two ways in: :meth:`observe` buckets a value at once; a hot path (the release of a
-    hold) appends the value to the histogram itself, which is a list of the values not
-    bucketed yet (one list append: no method call, no bucket search), and calls
-    :meth:`fold` once it holds :data:`HELD_BATCH` values, which bounds its memory. A
-    snapshot folds what is left first, so both ways give the same histogram."""
+    hold, the end of a wait) appends the value to the histogram itself, which is a list
+    of the values not bucketed yet (one list append: no method call, no bucket search),
+    and calls :meth:`fold` about every :data:`HELD_BATCH` values, which bounds its
+    memory (a wait when the list holds that many; a release by its token, see
+    ``_CoreBase._fold_holds`` in :mod:`lanequeue._core`). A snapshot folds what is left
+    first, so both ways give the same histogram."""
 
     __slots__ = ("bounds", "counts", "sum")
 
