@@ -57,6 +57,19 @@ def _loop_queue(queue: Any, key: str, names: list[str]) -> Callable[[int], None]
     return run
 
 
+def _loop_alternating(first: Any, second: Any, key: str) -> Callable[[int], None]:
+    """n acquisitions, alternating between two lanes (n // 2 rounds of both)."""
+
+    def run(n: int) -> None:
+        for _ in range(n // 2):
+            with first.acquire(key):
+                pass
+            with second.acquire(key):
+                pass
+
+    return run
+
+
 def _loop_lock() -> Callable[[int], None]:
     lock = threading.Lock()
 
@@ -94,6 +107,7 @@ _UNCONTENDED = [
     ("ours_lane", "ours  Lane.acquire(key)", "lane"),
     ("seed_lane", "seed  Lane.acquire(key)", "lane"),
     ("obs_lane", "ours  Lane.acquire(key), metrics on", "lane"),
+    ("mixed", "ours  SessionLane and Lane alternating, per acquire", None),
     ("ours_all", "ours  acquire_all(key, [session, global])", "all"),
     ("seed_all", "seed  acquire_all(key, [session, global])", "all"),
 ]
@@ -128,6 +142,9 @@ def section_uncontended(cfg: Config) -> list[Row]:
         "seed_lane": _loop_lane(seed.Lane("global", max_concurrent=8), KEY),
         "obs_session": _loop_lane(_observed(lanequeue.SessionLane()), KEY),
         "obs_lane": _loop_lane(_observed(lanequeue.Lane("global", max_concurrent=8)), KEY),
+        "mixed": _loop_alternating(
+            lanequeue.SessionLane(), lanequeue.Lane("global", max_concurrent=8), KEY
+        ),
         "ours_all": _loop_queue(lanequeue.build_default_lanes(), KEY, names),
         "seed_all": _loop_queue(seed.build_default_lanes(), KEY, names),
     }
@@ -153,6 +170,19 @@ def section_uncontended(cfg: Config) -> list[Row]:
             goal=f"<= {RATIO_GOAL:.3f}", status=verdict(r, RATIO_GOAL),
             data={"rounds_ratio": ratios},
         ))
+    # Alternating lane classes against each class alone, in the same round: each class
+    # runs its own copy of the shared code (lanequeue._validate.function_copy), so the
+    # sites CPython specialises see one class each.
+    ratios = [
+        m / ((a + b) / 2)
+        for m, a, b in zip(res["mixed"], res["ours_session"], res["ours_lane"], strict=True)
+    ]
+    rows.append(Row(
+        "uncontended", "ratio alternating / alone  SessionLane and Lane", median(ratios), "x",
+        f"no goal; the alternating row against the mean of the two rows alone, median of "
+        f"{len(ratios)} per-round ratios, +-{spread(ratios) * 100:.0f}%",
+        data={"rounds_ratio": ratios},
+    ))
     for kind, label in _OBS_LABELS.items():
         ratios = per_round_ratio(res[f"obs_{kind}"], res[f"ours_{kind}"])
         r = median(ratios)

@@ -1737,3 +1737,39 @@ def test_c18_second_interrupt_after_an_async_hand_off_leaves_nothing_held_once_d
             loop.close()
 
     assert inject_everywhere(run_once, real_points=True) >= 3
+
+
+def test_each_lane_and_hold_class_runs_its_own_copy_of_the_shared_code() -> None:
+    """CPython keeps the specialised sites of a function in its code object: a class
+    that runs shared code on its own instances has its own copy of that code, so a
+    process that uses several lane kinds or both faces keeps every site specialised.
+    The copies are the same code (same bytecode, names, defaults) under their own
+    code object."""
+    import itertools
+
+    from lanequeue import AsyncLane, AsyncSessionLane
+    from lanequeue.aio import _AsyncMultiAcquire
+    from lanequeue.queue import _MultiAcquire
+
+    def hot(cls: type) -> dict[str, Any]:
+        names = ("acquire", "try_acquire", "_park", "__enter__", "__exit__", "__aenter__",
+                 "__aexit__", "_step_in", "_step_out", "_steps_in", "_steps_out")
+        return {n: getattr(cls, n) for n in names if callable(getattr(cls, n, None))}
+
+    lanes: list[Any] = [Lane, SessionLane, AsyncLane, AsyncSessionLane]
+    holds = [lane._hold_class for lane in lanes]
+    multis = [_MultiAcquire, _AsyncMultiAcquire]
+    classes = lanes + holds + multis
+    assert len(set(holds)) == 4
+    seen: dict[int, str] = {}
+    for cls in classes:
+        for name, fn in hot(cls).items():
+            code = fn.__code__
+            where = f"{cls.__name__}.{name}"
+            assert id(code) not in seen, f"{where} shares its code with {seen[id(code)]}"
+            seen[id(code)] = where
+    # the same code, as copies: SessionLane's and Lane's acquire, the holds' steps
+    for a, b in itertools.combinations([Lane.acquire, SessionLane.acquire], 2):
+        assert a.__code__.co_code == b.__code__.co_code and a.__defaults__ == b.__defaults__
+    assert (holds[1].__dict__["__enter__"].__code__.co_code
+            == holds[3].__dict__["_step_in"].__code__.co_code)

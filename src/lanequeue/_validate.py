@@ -12,9 +12,11 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from decimal import Decimal
 from threading import TIMEOUT_MAX
-from typing import NoReturn
+from typing import Any, NoReturn, TypeVar, cast
 
 from ._errors import shown
+
+F = TypeVar("F")
 
 __all__ = [
     "AGEING_MAX", "argument_of", "as_int", "as_seconds", "bad_key", "check_ageing",
@@ -217,14 +219,41 @@ def public_name(cls: type) -> str:
     return name
 
 
+def function_copy(fn: F, qualname: str | None = None) -> F:
+    """A copy of the function ``fn`` with its own code object: the same code, defaults,
+    closure (so ``super()`` is unchanged) and attributes; ``qualname`` renames it.
+
+    CPython 3.11 and later keep a function's inline caches (its specialised attribute
+    loads and stores) in its code object, and a site that sees instances of two classes
+    is not specialised. A class that runs a shared function on its own instances only
+    (each lane class its inherited methods, each hold class its face's steps) takes a
+    copy, so its sites stay specialised when a process uses several lane kinds or both
+    faces (which costs an uncontended cycle several percent when a SessionLane and a
+    Lane alternate, as ``benchmarks/run.py`` prints).
+    """
+    func: Any = fn
+    copy = types.FunctionType(
+        func.__code__.replace(), func.__globals__, func.__name__, func.__defaults__,
+        func.__closure__,
+    )
+    copy.__kwdefaults__ = func.__kwdefaults__
+    copy.__dict__.update(func.__dict__)
+    copy.__doc__ = func.__doc__
+    copy.__annotations__ = func.__annotations__
+    copy.__module__ = func.__module__
+    copy.__qualname__ = func.__qualname__ if qualname is None else qualname
+    return cast(F, copy)
+
+
 def own_signatures(cls: type, *internal: type) -> None:
     """Give ``cls`` its own copy of each method it inherits from an internal base.
 
     An internal base is one of ``internal`` or a class whose name starts with ``_``.
     Python names the function's ``__qualname__`` in its own argument errors, so without
     this ``Lane()`` would report ``CountingKind.__init__() missing 1 required positional
-    argument: 'name'``; with it, ``Lane.__init__() ...``. Public methods and ``__init__``
-    are copied (same code, defaults and closure, so ``super()`` is unchanged).
+    argument: 'name'``; with it, ``Lane.__init__() ...``. Every method is copied, with
+    its own code object (:func:`function_copy`); public ones and ``__init__`` are
+    renamed after ``cls``.
     """
     for base in cls.__mro__[1:]:
         if base not in internal and not base.__name__.startswith("_"):
@@ -232,20 +261,10 @@ def own_signatures(cls: type, *internal: type) -> None:
         for attr, fn in vars(base).items():
             if not isinstance(fn, types.FunctionType):
                 continue
-            if attr.startswith("_") and attr != "__init__":
-                continue
             if id(getattr(cls, attr, None)) != id(fn):  # overridden nearer to cls
                 continue
-            copy = types.FunctionType(
-                fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
-            )
-            copy.__kwdefaults__ = fn.__kwdefaults__
-            copy.__dict__.update(fn.__dict__)
-            copy.__doc__ = fn.__doc__
-            copy.__annotations__ = fn.__annotations__
-            copy.__module__ = fn.__module__
-            copy.__qualname__ = f"{cls.__qualname__}.{attr}"
-            setattr(cls, attr, copy)
+            renamed = attr == "__init__" or not attr.startswith("_")
+            setattr(cls, attr, function_copy(fn, f"{cls.__qualname__}.{attr}" if renamed else None))
 
 
 #: Bounds of a waiter's ``priority`` on a counting lane.

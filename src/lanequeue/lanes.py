@@ -33,7 +33,7 @@ from ._kinds import (
     _DropWatch,
 )
 from ._ops import poll_idle
-from ._validate import check_bool, check_key, check_timeout
+from ._validate import check_bool, check_key, check_timeout, function_copy
 
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
@@ -131,9 +131,10 @@ class _SessionThreadHold(SessionHoldSteps, _DropWatch, ThreadHold):
 
     __slots__ = ()
 
+    # Copies of the steps (own code objects: see function_copy), as every hold class.
     _enter_slow = ThreadHold.__enter__
-    __enter__ = SessionHoldSteps._step_in
-    __exit__ = SessionHoldSteps._step_out
+    __enter__ = function_copy(SessionHoldSteps._step_in, "_SessionThreadHold.__enter__")
+    __exit__ = function_copy(SessionHoldSteps._step_out, "_SessionThreadHold.__exit__")
 
 
 class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
@@ -144,8 +145,8 @@ class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
     __slots__ = ()
 
     _enter_slow = ThreadHold.__enter__
-    __enter__ = CountingHoldSteps._step_in
-    __exit__ = CountingHoldSteps._step_out
+    __enter__ = function_copy(CountingHoldSteps._step_in, "_CountingThreadHold.__enter__")
+    __exit__ = function_copy(CountingHoldSteps._step_out, "_CountingThreadHold.__exit__")
 
 
 class _ThreadFace:

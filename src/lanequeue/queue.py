@@ -56,6 +56,7 @@ from ._validate import (
     check_priority,
     check_timeout,
     check_utf8,
+    function_copy,
     made_by,
     own_signatures,
 )
@@ -429,8 +430,9 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
 
     __slots__ = ()
 
-    __enter__ = MultiHoldSteps._steps_in
-    __exit__ = MultiHoldSteps._steps_out
+    # Copies (own code objects: see function_copy), as every hold class.
+    __enter__ = function_copy(MultiHoldSteps._steps_in, "_MultiAcquire.__enter__")
+    __exit__ = function_copy(MultiHoldSteps._steps_out, "_MultiAcquire.__exit__")
 
     def _take_rest(self, pending: Any) -> MultiHold:
         """The general loop (:meth:`MultiHold._acquiring`), waiting by blocking."""
