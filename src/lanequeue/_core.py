@@ -1095,7 +1095,6 @@ class SessionHoldSteps:
     key: str
     _token: int
     _enter_slow: ClassVar[Callable[[Any], Any]]
-    _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
     def _step_in(self) -> Any:
         if not self._token:
@@ -1130,7 +1129,7 @@ class SessionHoldSteps:
         # short: CPython 3.11 does not specialise a compare whose jump needs an
         # EXTENDED_ARG (about 100 instructions per exit).
         if token <= 0:
-            self.__class__ = self._ended_class
+            self.__class__ = self.lane._ended_hold
             return
         core = self.lane._core
         key = self.key
@@ -1165,7 +1164,7 @@ class SessionHoldSteps:
                 pass
         if token:
             core.release(key, token)
-        self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
+        self.__class__ = self.lane._ended_hold  # ended: no finalizer from here on (_DropWatch)
 
 
 class CountingHoldSteps:
@@ -1187,7 +1186,6 @@ class CountingHoldSteps:
     key: str
     _token: int
     _enter_slow: ClassVar[Callable[[Any], Any]]
-    _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
     def _step_in(self) -> Any:
         if not self._token:
@@ -1218,7 +1216,7 @@ class CountingHoldSteps:
         # short: CPython 3.11 does not specialise a compare whose jump needs an
         # EXTENDED_ARG (about 100 instructions per exit).
         if token <= 0:
-            self.__class__ = self._ended_class
+            self.__class__ = self.lane._ended_hold
             return
         core = self.lane._core
         key = self.key
@@ -1247,7 +1245,7 @@ class CountingHoldSteps:
                 pass
         if token:
             core.release(key, token)
-        self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
+        self.__class__ = self.lane._ended_hold  # ended: no finalizer from here on (_DropWatch)
 
 
 class MultiHoldSteps:

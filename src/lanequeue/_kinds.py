@@ -119,6 +119,9 @@ class LaneKind(LaneOps, Generic[C]):
         # What ``acquire`` makes (the face's ``_hold_class``), read from the instance: an
         # instance attribute is a specialised load on CPython 3.11, a class one is not.
         self._new_hold: type[Any] = type(self)._hold_class  # type: ignore[attr-defined]
+        # The class a hold of it takes once left (its ``_ended_class``, see _DropWatch),
+        # loaded by the holds' exits from here for the same reason.
+        self._ended_hold: type[Any] = self._new_hold._ended_class
 
     #: The core's ``waits_at_grant`` from the start: True for a face whose waiters'
     #: ``since`` is on the core's clock (threads); the asyncio faces set it when they
