@@ -1335,7 +1335,8 @@ class MultiHoldSteps:
         return self
 
     def _steps_out(self, exc_type: object, exc: Any, tb: object) -> None:
-        kinds, taken = self._plan.kinds, self._taken
+        plan = self._plan
+        kinds, taken = plan.kinds, self._taken
         if kinds is None:
             self._release_all(exc)
             self.__class__ = self._ended_class  # ended: no finalizer from here on
@@ -1402,7 +1403,7 @@ class MultiHoldSteps:
             if token:
                 core.release(key, token)
         taken.clear()
-        self.__class__ = self._ended_class  # ended: no finalizer from here on (_DropWatch)
+        self.__class__ = plan.ended  # ended: no finalizer from here on (_DropWatch)
 
 
 class CountingCore(_CoreBase):

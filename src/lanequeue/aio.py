@@ -1098,6 +1098,7 @@ class AsyncLaneQueue(QueueBase[TaskLane, AsyncLane, AsyncSessionLane]):
     _session = AsyncSessionLane
     _face = "asyncio"
     _surface = TaskLane
+    _multi_ended = _AsyncMultiAcquire
 
     def _step(self, lane: TaskLane) -> Step:
         # The core only for the library's own classes: a subclass may override acquire,

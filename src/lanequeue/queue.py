@@ -86,11 +86,15 @@ class Plan:
     default budget (the smallest lane timeout, None: no limit), and, when every lane is
     an in-process lane of the queue's face, their cores (the fast path)."""
 
-    __slots__ = ("steps", "budget_s", "cores", "kinds")
+    __slots__ = ("steps", "budget_s", "cores", "kinds", "ended")
 
-    def __init__(self, steps: list[Step], budget_s: float | None) -> None:
+    def __init__(self, steps: list[Step], budget_s: float | None, ended: type) -> None:
         self.steps = steps
         self.budget_s = budget_s
+        # The class an acquire_all of this plan takes once left (the queue's face's: see
+        # _MultiDropWatch), read by the fast path's exit from here: a slot load, where a
+        # class attribute read through the slotted multi-hold is not specialised.
+        self.ended = ended
         cores = tuple(core for _, core in steps if core is not None)
         self.cores: tuple[Core, ...] | None = cores if len(cores) == len(steps) else None
         # With the cores: ``(core.per_key, core)`` per step, for the fast path's steps
@@ -537,6 +541,7 @@ class QueueBase(Generic[L, CL, SL]):
     _session: type[SL]
     _face: str
     _surface: type[L]
+    _multi_ended: type  # the class an acquire_all takes once left (its Plan's ``ended``)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Python's own argument errors then name LaneQueue / AsyncLaneQueue, not this base.
@@ -854,7 +859,8 @@ class QueueBase(Generic[L, CL, SL]):
             raise ValueError("lane_names must name at least one lane")
         lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
         timeouts = [x.timeout_s for x in lanes if x.timeout_s is not None]
-        plan = Plan([self._step(x) for x in lanes], min(timeouts) if timeouts else None)
+        plan = Plan([self._step(x) for x in lanes], min(timeouts) if timeouts else None,
+                    self._multi_ended)
         if len(self._plans) >= _PLAN_CACHE_MAX:
             self._plans.clear()
         self._plans[names] = plan
@@ -916,6 +922,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
     _session = SessionLane
     _face = "threads"
     _surface = SyncLane
+    _multi_ended = _MultiAcquire
 
     def _step(self, lane: SyncLane) -> Step:
         # The core only for the library's own classes: a subclass may override acquire,
