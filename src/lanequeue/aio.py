@@ -166,17 +166,19 @@ class _Deadlines:
         self.seq = 0
 
     def add(self, when: float, waiter: _TaskWaiter, key: str, what: int, timeout: float,
-            ahead: int) -> None:
+            ahead: int, now: float) -> None:
+        """Push a deadline at ``when`` (loop time); ``now`` is the loop's time read in
+        this same step of the loop (see :meth:`_timer_by`)."""
         heap = self.heap
         if len(heap) > 64 and len(heap) > 2 * self.lane._core._waiting:
             live = [e for e in heap if not e[2].fut.done()]
             heapq.heapify(live)
             self.heap = heap = live
         self.seq += 1
-        self._timer_by(when)  # first: see _timer_by
+        self._timer_by(when, now)  # first: see _timer_by
         heapq.heappush(heap, (when, self.seq, waiter, key, what, timeout, ahead))
 
-    def _timer_by(self, when: float) -> None:
+    def _timer_by(self, when: float, now: float) -> None:
         """Make sure a timer fires at ``when`` or before (Interrupts: "a KeyboardInterrupt
         anywhere"). The rule kept: while the heap holds a live entry, some live timer
         will call :meth:`fire` no later than its time. A new timer is made before the
@@ -188,8 +190,12 @@ class _Deadlines:
         interrupted at its entry, before its first statement, so that nothing re-armed
         it: it is re-armed then too, for the earliest deadline in the heap when that
         comes before ``when`` (the deadlines due meanwhile are served at once, never
-        pushed back to a later wait's)."""
-        if when < self.armed or self.armed <= self.loop.time():
+        pushed back to a later wait's). ``now`` is the loop's time read earlier in this
+        same step of the loop (a waiter's ``since``; :meth:`fire`'s reading), which
+        saves a clock read per wait and is exact here: timers run between steps, so a
+        timer that ran, or a :meth:`fire` that was interrupted, did so before that
+        reading, and a timer that came due after it has not run yet and will."""
+        if when < self.armed or self.armed <= now:
             heap = self.heap
             if heap and heap[0][0] < when:
                 when = heap[0][0]
@@ -226,7 +232,7 @@ class _Deadlines:
                 heapq.heappop(heap)
         finally:
             if heap:
-                self._timer_by(heap[0][0])
+                self._timer_by(heap[0][0], now)
 
 
 class AsyncHold(Hold):
@@ -572,7 +578,7 @@ class _AsyncFace:
             dl = self._deadlines  # _deadlines_of(loop), without its frame
             if dl is None or dl.loop is not loop:
                 dl = self._deadlines_of(cast(asyncio.AbstractEventLoop, loop))
-            dl.add(start + first, waiter, key, what, timeout, ahead)
+            dl.add(start + first, waiter, key, what, timeout, ahead, start)
         return ahead, behind
 
     def _deadlines_of(self, loop: asyncio.AbstractEventLoop) -> _Deadlines:
