@@ -271,7 +271,7 @@ class Waiter:
     call of a Python function could be interrupted before it woke anyone.
     """
 
-    __slots__ = ("token", "left", "wake", "since", "rank")
+    __slots__ = ("token", "left", "wake", "since", "rank", "ahead", "behind")
 
     wake: Callable[[None], object]
     # ``since``: when the face parked it (the face's clock); unset until then (set
@@ -280,6 +280,12 @@ class Waiter:
     # ``rank``: set by a counting core when the waiter joins its FIFO line, as
     # ``(join time, join number)`` (see CountingCore, "Priority"); unset until then.
     rank: tuple[float, int]
+    # Set by the commit that puts it in a line (unset until then), for the slow-wait
+    # warning: ``ahead``, the waiters in that line then (on a counting lane, all its
+    # waiters); ``behind``, when nobody was, since when (core clock) the hold it waits
+    # behind exists (a counting lane: its oldest hold), else None.
+    ahead: int
+    behind: float | None
 
     def __init__(self) -> None:
         self.token = 0
@@ -631,12 +637,6 @@ class _CoreBase:
         with self._lock:
             return self._line_len(key)
 
-    def queued_behind(self, key: str) -> tuple[int, float | None]:
-        """:meth:`queued`, and since when (clock seconds) the hold that a waiter for
-        ``key`` waits behind exists (None: none), read together."""
-        with self._lock:
-            return self._line_len(key), self._blocker_since(key)
-
     def hold_list(self) -> list[tuple[str, int, float]]:
         """Every hold now as (key, token, seconds held)."""
         self._settle()
@@ -857,10 +857,13 @@ class SessionCore(_CoreBase):
                 line = entry.line
                 if line is None:
                     line = OrderedDict()
+                ahead = len(line)
                 # -- commit: plain stores only --
                 # Joined under the same lock hold that saw the holder: the holder's
                 # release must take this lock too, so it will find this waiter in line
                 # (no lost wake-up), and the entry cannot go IDLE while it waits.
+                waiter.ahead = ahead
+                waiter.behind = None if ahead else entry.since
                 entry.line = line
                 line[waiter] = key
                 self._waiting += 1
@@ -1527,6 +1530,10 @@ class CountingCore(_CoreBase):
                 return 0
             now = self._clock()
             seq = self._joins + 1
+            ahead = len(self._line) + len(self._ranked)
+            # (the waiter's own fields, stored before any join: see Waiter)
+            waiter.ahead = ahead
+            waiter.behind = None if ahead else next(iter(holds.values()))[1]
             if priority:
                 self._join_ranked(key, waiter, now - priority * self.ageing_s, seq)
                 return 0

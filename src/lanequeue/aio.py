@@ -569,8 +569,7 @@ class _AsyncFace:
         first = timeout
         what = _EXPIRE
         if warn is not None and (timeout is None or timeout > warn):
-            queued, behind = self._core.queued_behind(key)
-            ahead = queued - 1  # joined at the end: the rest are ahead
+            ahead, behind = waiter.ahead, waiter.behind  # (stored as it joined)
             first = warn
             what = _WARN
         if timeout is not None and first is not None:

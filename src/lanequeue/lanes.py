@@ -239,7 +239,7 @@ class _ThreadFace:
                 return record(into, token)
             warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
-                ahead = self._core.queued(key) - 1  # joined at the end: the rest are ahead
+                ahead = waiter.ahead  # (stored as it joined)
                 granted = waiter.park(warn)
                 if not granted:
                     self._slow_wait(key, clock() - start, ahead)
