@@ -228,8 +228,8 @@ def function_copy(fn: F, qualname: str | None = None) -> F:
     is not specialised. A class that runs a shared function on its own instances only
     (each lane class its inherited methods, each hold class its face's steps) takes a
     copy, so its sites stay specialised when a process uses several lane kinds or both
-    faces (which costs an uncontended cycle several percent when a SessionLane and a
-    Lane alternate, as ``benchmarks/run.py`` prints).
+    faces (``benchmarks/run.py`` prints what alternating a SessionLane and a Lane costs
+    against each alone: its "ratio alternating / alone" row).
     """
     func: Any = fn
     copy = types.FunctionType(
