@@ -1752,7 +1752,7 @@ def test_each_lane_and_hold_class_runs_its_own_copy_of_the_shared_code() -> None
     from lanequeue.queue import _MultiAcquire
 
     def hot(cls: type) -> dict[str, Any]:
-        names = ("acquire", "try_acquire", "_park", "__enter__", "__exit__", "__aenter__",
+        names = ("acquire", "try_acquire", "__enter__", "__exit__", "__aenter__",
                  "__aexit__", "_step_in", "_step_out", "_steps_in", "_steps_out")
         return {n: getattr(cls, n) for n in names if callable(getattr(cls, n, None))}
 
@@ -1773,3 +1773,8 @@ def test_each_lane_and_hold_class_runs_its_own_copy_of_the_shared_code() -> None
         assert a.__code__.co_code == b.__code__.co_code and a.__defaults__ == b.__defaults__
     assert (holds[1].__dict__["__enter__"].__code__.co_code
             == holds[3].__dict__["_step_in"].__code__.co_code)
+    # Private methods are not copied: patching an internal base's reaches every class.
+    from lanequeue._kinds import LaneKind
+
+    for lane in lanes:
+        assert lane.__repr__ is LaneKind.__repr__ and lane._hold_list is LaneKind._hold_list

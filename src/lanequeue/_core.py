@@ -415,8 +415,9 @@ class _CoreBase:
         # before they join the line: a hand-off then observes the wait it ends (one
         # append of ``now - since``, under the lock it holds anyway, before its stores;
         # its commit counts ``waited``), and the face observes only the waits that end
-        # otherwise. An interrupt between the append and the commit may leave a wait
-        # observed twice, as a hold time may be; a grant is never left uncounted.
+        # otherwise. An interrupt between the append and the commit leaves a wait
+        # observed once more for each hand-off it stops (so may a hold time be, for each
+        # release it stops); a grant is never left uncounted.
         self.waits_at_grant = False
         # A hint kept by the asyncio face (no lock, no rule): a take found the lane busy
         # lately, so its next acquire looks before taking (see aio._looks_busy).
@@ -661,7 +662,8 @@ class _CoreBase:
         """In a forked child: a new lock, no holds, no waiters, no entries (the threads
         that held or waited do not exist here). Tokens keep growing from the parent's
         last one, and the counters keep the parent's history: the holds the parent had
-        count as released, so ``acquired == released + holders`` still holds."""
+        count as released, so ``acquired == released + holders`` still holds (they
+        never ended here, so they add no hold time)."""
         self._lock = threading.RLock()
         self._waiting = 0
         self._dropped = []

@@ -229,7 +229,8 @@ def function_copy(fn: F, qualname: str | None = None) -> F:
     (each lane class its inherited methods, each hold class its face's steps) takes a
     copy, so its sites stay specialised when a process uses several lane kinds or both
     faces (``benchmarks/run.py`` prints what alternating a SessionLane and a Lane costs
-    against each alone: its "ratio alternating / alone" row).
+    against each alone: its "ratio alternating / alone" row). A copy is made once, with
+    its class: patching the original function later does not reach it.
     """
     func: Any = fn
     copy = types.FunctionType(
@@ -251,9 +252,11 @@ def own_signatures(cls: type, *internal: type) -> None:
     An internal base is one of ``internal`` or a class whose name starts with ``_``.
     Python names the function's ``__qualname__`` in its own argument errors, so without
     this ``Lane()`` would report ``CountingKind.__init__() missing 1 required positional
-    argument: 'name'``; with it, ``Lane.__init__() ...``. Every method is copied, with
-    its own code object (:func:`function_copy`); public ones and ``__init__`` are
-    renamed after ``cls``.
+    argument: 'name'``; with it, ``Lane.__init__() ...``. Public methods and
+    ``__init__`` are copied (:func:`function_copy`: their own code objects, so each
+    public class's ``acquire`` is specialised for its own instances), renamed after
+    ``cls``. Private ones are not: patching an internal base's private method reaches
+    every lane class, as it always did.
     """
     for base in cls.__mro__[1:]:
         if base not in internal and not base.__name__.startswith("_"):
@@ -261,10 +264,11 @@ def own_signatures(cls: type, *internal: type) -> None:
         for attr, fn in vars(base).items():
             if not isinstance(fn, types.FunctionType):
                 continue
+            if attr.startswith("_") and attr != "__init__":
+                continue
             if id(getattr(cls, attr, None)) != id(fn):  # overridden nearer to cls
                 continue
-            renamed = attr == "__init__" or not attr.startswith("_")
-            setattr(cls, attr, function_copy(fn, f"{cls.__qualname__}.{attr}" if renamed else None))
+            setattr(cls, attr, function_copy(fn, f"{cls.__qualname__}.{attr}"))
 
 
 #: Bounds of a waiter's ``priority`` on a counting lane.

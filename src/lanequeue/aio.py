@@ -341,10 +341,10 @@ class _AsyncSessionHold(SessionHoldSteps, _AsyncHold):
     __slots__ = ()
 
     # Copies (own code objects: see function_copy), as every hold class.
-    __aenter__ = function_copy(AsyncHold.__aenter__, "_AsyncSessionHold.__aenter__")
-    __aexit__ = function_copy(AsyncHold.__aexit__, "_AsyncSessionHold.__aexit__")
-    _step_in = function_copy(SessionHoldSteps._step_in, "_AsyncSessionHold._step_in")
-    _step_out = function_copy(SessionHoldSteps._step_out, "_AsyncSessionHold._step_out")
+    __aenter__ = function_copy(AsyncHold.__aenter__)
+    __aexit__ = function_copy(AsyncHold.__aexit__)
+    _step_in = function_copy(SessionHoldSteps._step_in)
+    _step_out = function_copy(SessionHoldSteps._step_out)
 
 
 class _AsyncCountingHold(CountingHoldSteps, _AsyncHold):
@@ -352,10 +352,10 @@ class _AsyncCountingHold(CountingHoldSteps, _AsyncHold):
 
     __slots__ = ()
 
-    __aenter__ = function_copy(AsyncHold.__aenter__, "_AsyncCountingHold.__aenter__")
-    __aexit__ = function_copy(AsyncHold.__aexit__, "_AsyncCountingHold.__aexit__")
-    _step_in = function_copy(CountingHoldSteps._step_in, "_AsyncCountingHold._step_in")
-    _step_out = function_copy(CountingHoldSteps._step_out, "_AsyncCountingHold._step_out")
+    __aenter__ = function_copy(AsyncHold.__aenter__)
+    __aexit__ = function_copy(AsyncHold.__aexit__)
+    _step_in = function_copy(CountingHoldSteps._step_in)
+    _step_out = function_copy(CountingHoldSteps._step_out)
 
 
 class _AsyncFace:
@@ -870,8 +870,8 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
     __slots__ = ()
 
     # Copies (own code objects: see function_copy), as every hold class.
-    _steps_in = function_copy(MultiHoldSteps._steps_in, "_AsyncMultiAcquire._steps_in")
-    _steps_out = function_copy(MultiHoldSteps._steps_out, "_AsyncMultiAcquire._steps_out")
+    _steps_in = function_copy(MultiHoldSteps._steps_in)
+    _steps_out = function_copy(MultiHoldSteps._steps_out)
 
     def _check_loops(self) -> bool:
         """Check that the caller runs on the loop of every in-process lane of the plan

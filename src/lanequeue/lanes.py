@@ -133,8 +133,8 @@ class _SessionThreadHold(SessionHoldSteps, _DropWatch, ThreadHold):
 
     # Copies of the steps (own code objects: see function_copy), as every hold class.
     _enter_slow = ThreadHold.__enter__
-    __enter__ = function_copy(SessionHoldSteps._step_in, "_SessionThreadHold.__enter__")
-    __exit__ = function_copy(SessionHoldSteps._step_out, "_SessionThreadHold.__exit__")
+    __enter__ = function_copy(SessionHoldSteps._step_in)
+    __exit__ = function_copy(SessionHoldSteps._step_out)
 
 
 class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
@@ -145,8 +145,8 @@ class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
     __slots__ = ()
 
     _enter_slow = ThreadHold.__enter__
-    __enter__ = function_copy(CountingHoldSteps._step_in, "_CountingThreadHold.__enter__")
-    __exit__ = function_copy(CountingHoldSteps._step_out, "_CountingThreadHold.__exit__")
+    __enter__ = function_copy(CountingHoldSteps._step_in)
+    __exit__ = function_copy(CountingHoldSteps._step_out)
 
 
 class _ThreadFace:

@@ -435,8 +435,8 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
     __slots__ = ()
 
     # Copies (own code objects: see function_copy), as every hold class.
-    __enter__ = function_copy(MultiHoldSteps._steps_in, "_MultiAcquire.__enter__")
-    __exit__ = function_copy(MultiHoldSteps._steps_out, "_MultiAcquire.__exit__")
+    __enter__ = function_copy(MultiHoldSteps._steps_in)
+    __exit__ = function_copy(MultiHoldSteps._steps_out)
 
     def _take_rest(self, pending: Any) -> MultiHold:
         """The general loop (:meth:`MultiHold._acquiring`), waiting by blocking."""
