@@ -525,6 +525,25 @@ def test_cli_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "measured" in printed and "simulated" in printed
 
 
+def test_verify_report_says_whether_the_measured_waits_meet_the_goal() -> None:
+    """The measured waits are not a lane invariant (no exit status), but the report
+    says plainly when they miss the goal the cap was planned for."""
+    import dataclasses
+
+    check = verify_plan(generic(VERIFY_ROWS), 2, speed=50.0, goal=PlanGoal(5, max_wait_s=9))
+    met = dataclasses.replace(check, wait_p99_s=2.0, wait_max_s=3.0)
+    assert met.measured_meets_goal() is True
+    assert "goal (p99 wait <= 5 s and max wait <= 9 s): the measured waits meet it" in met.text()
+    for p99, most in ((6.0, 7.0), (2.0, 9.5)):  # the p99 misses; the max misses
+        missed = dataclasses.replace(check, wait_p99_s=p99, wait_max_s=most)
+        assert missed.measured_meets_goal() is False
+        assert "the measured waits MISS it" in missed.text()
+        assert "50 times over" in missed.text() and "lower --speed" in missed.text()
+        assert missed.failed_checks() == []  # not an invariant
+    no_goal = dataclasses.replace(check, goal=None)
+    assert no_goal.measured_meets_goal() is None and "goal (" not in no_goal.text()
+
+
 # --------------------------------------------------------------------------------------
 # The README's section, kept true
 

@@ -242,6 +242,46 @@ def test_acquire_all_without_limit_waits_until_released(park_hooks: ParkHooks) -
     assert not queue["session"].is_held("k")
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("session_first", [True, False])
+def test_registration_order_decides_what_a_queued_turn_holds_while_it_waits(
+    park_hooks: ParkHooks, session_first: bool
+) -> None:
+    """What the README says of the order: a busy conversation's queued turn holds
+    nothing while it waits for its own turn when the session lane is registered first;
+    registered after the counting lane, it holds a global permit meanwhile, and another
+    conversation is refused for want of one."""
+    queue = LaneQueue()
+    if session_first:
+        session = queue.add_session_lane("session")
+        g = queue.add_lane("global", max_concurrent=2)
+    else:
+        g = queue.add_lane("global", max_concurrent=2)
+        session = queue.add_session_lane("session")
+    names = ["session", "global"]
+    first = queue.acquire_all("A", names)
+    first.__enter__()
+    box: dict[str, Any] = {}
+
+    def queued_turn() -> bool:
+        with queue.acquire_all("A", names, timeout_s=math.inf):
+            return True
+
+    t = run_thread("turn", queued_turn, box)
+    assert park_hooks.parked("turn").wait(JOIN_S)
+    assert session.waiting_for("A") == 1
+    assert g.active_count == (1 if session_first else 2)
+    if session_first:
+        with queue.acquire_all("B", names, timeout_s=0):
+            pass
+    else:
+        with pytest.raises(LaneTimeoutError), queue.acquire_all("B", names, timeout_s=0):
+            pass
+    first.__exit__(None, None, None)
+    t.join(JOIN_S)
+    assert box["turn"] is True and g.active_count == 0
+
+
 @pytest.mark.timeout(60)
 def test_opposite_lane_orders_never_deadlock() -> None:
     queue = LaneQueue()

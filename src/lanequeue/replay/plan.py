@@ -876,6 +876,8 @@ class Verification:
         max_key_concurrency: most requests of one conversation working at once.
         errors: requests that failed.
         wall_s: wall-clock seconds of the real run.
+        goal: the goal the cap was planned for (None: not given); :meth:`text` says
+            whether the measured waits meet it.
     """
 
     global_cap: int
@@ -891,6 +893,17 @@ class Verification:
     max_key_concurrency: int
     errors: int
     wall_s: float
+    goal: PlanGoal | None = None
+
+    def measured_meets_goal(self) -> bool | None:
+        """Whether the measured p99 (and max, when the goal has one) wait meet
+        :attr:`goal` (None: no goal). Not a lane invariant: real delays count ``speed``
+        times over in trace seconds, so a miss at a high speed may be the machine's."""
+        goal = self.goal
+        if goal is None:
+            return None
+        return self.wait_p99_s <= goal.p99_wait_s and (
+            goal.max_wait_s is None or self.wait_max_s <= goal.max_wait_s)
 
     def failed_checks(self) -> list[str]:
         """The lane invariants the real run broke (empty when all held)."""
@@ -925,6 +938,17 @@ class Verification:
             f"peak_global {self.peak_global} (cap {self.global_cap}), order_violations "
             f"{self.order_violations}, errors {self.errors}"
         )
+        met = self.measured_meets_goal()
+        if met is not None and self.goal is not None:
+            if met:
+                lines.append(f"goal ({self.goal.describe()}): the measured waits meet it")
+            else:
+                lines.append(
+                    f"goal ({self.goal.describe()}): the measured waits MISS it (the "
+                    f"simulation {'meets' if sim.meets else 'misses'} it at this cap). Real "
+                    f"delays count {self.speed:g} times over in trace seconds: verify again "
+                    "at a lower --speed before trusting either"
+                )
         return "\n".join(lines)
 
 
@@ -950,7 +974,8 @@ def verify_plan(
         tpot_ms: work per output token (see :func:`plan_inputs`).
         speed: divide trace time by this (> 0).
         runtime: ``"threads"`` or ``"asyncio"``.
-        goal: only used to mark the simulated row (default: p99 of 0 s).
+        goal: marks the simulated row (default: p99 of 0 s), and, when given, the
+            report says whether the measured waits meet it.
 
     Returns:
         The Verification: measured and simulated waits in trace seconds, and the lane
@@ -1008,6 +1033,7 @@ def verify_plan(
         max_key_concurrency=record.max_key_concurrency,
         errors=len(record.errors),
         wall_s=record.wall_s,
+        goal=goal,
     )
 
 
