@@ -14,7 +14,16 @@ from typing import Any
 import pytest
 from conftest import FakeClock, FakeClockLoop, run_thread
 
-from lanequeue import AsyncLane, AsyncLaneQueue, AsyncSessionLane, Lane, LaneQueue, SessionLane
+from lanequeue import (
+    AsyncLane,
+    AsyncLaneQueue,
+    AsyncSessionLane,
+    Lane,
+    LaneClearedError,
+    LaneDrainingError,
+    LaneQueue,
+    SessionLane,
+)
 from lanequeue.lanes import _ThreadWaiter
 
 
@@ -223,6 +232,49 @@ def test_asyncio_wait_without_timeout_is_logged_when_it_ends(
                               "ended; the hold it waited behind had lasted 3.000 s)")
         assert second.endswith("(1 waiter was ahead when it joined; logged as the wait "
                                "ended; the holds ahead of it have ended)")
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.parametrize("end", ["clear", "drain"])
+def test_asyncio_wait_without_timeout_ended_without_the_permit_says_so(
+    caplog: pytest.LogCaptureFixture, end: str
+) -> None:
+    """A wait past warn_after_s with no timeout, ended by clear (or a drain that ends the
+    waiters) rather than by a grant, is logged as ended without the permit: the hold
+    ahead of it has not ended."""
+    loop = FakeClockLoop()
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    try:
+        lane = AsyncSessionLane(clock=loop.time)
+        out: list[BaseException] = []
+
+        async def hold() -> None:
+            assert await lane.try_acquire("k")
+
+        async def wait() -> None:
+            try:
+                await lane.acquire_timeout("k", None)
+            except (LaneClearedError, LaneDrainingError) as exc:
+                out.append(exc)
+
+        async def ending() -> None:
+            if end == "clear":
+                assert lane.clear("k") == 1
+            else:
+                assert await lane.drain(cancel_waiting=True) is False
+
+        loop.run_until_complete(hold())
+        loop.create_task(wait())
+        loop.settle()
+        loop.advance(3.0)
+        loop.run_until_complete(ending())
+        loop.settle()
+        assert len(out) == 1 and lane.is_held_nowait("k")
+        [record] = slow_waits(caplog)
+        assert record.getMessage().endswith(
+            "(0 waiters were ahead when it joined; logged as the wait ended; it ended "
+            "without the permit (cleared, drained or closed))")
     finally:
         loop.shutdown()
 

@@ -540,6 +540,9 @@ def test_verify_report_says_whether_the_measured_waits_meet_the_goal() -> None:
         assert "the measured waits MISS it" in missed.text()
         assert "50 times over" in missed.text() and "lower --speed" in missed.text()
         assert missed.failed_checks() == []  # not an invariant
+    # At speed 1, a lower speed is no advice: the replay's own delays remain.
+    slow = dataclasses.replace(check, speed=1.0, wait_p99_s=6.0)
+    assert "no speed removes" in slow.text() and "lower --speed" not in slow.text()
     no_goal = dataclasses.replace(check, goal=None)
     assert no_goal.measured_meets_goal() is None and "goal (" not in no_goal.text()
 

@@ -134,16 +134,18 @@ class LaneOps:
     # -- written once -----------------------------------------------------------------------
 
     def _slow_wait(self, key: str, waited_s: float, ahead: int, *, ended: bool = False,
-                   behind_s: float | None = None) -> None:
+                   behind_s: float | None = None, granted: bool = True) -> None:
         """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
         ``ahead``: the waiters that were ahead of it in line when it joined. ``ended``:
         logged as the wait ended (an asyncio wait without a timeout, which has no timer):
         the current holder may be this very waiter, so the log gives ``behind_s``, how
         long the hold it waited behind had lasted when that hold was handed to it (None:
-        not known, as when other waiters were ahead)."""
+        not known, as when other waiters were ahead); ``granted`` False: it ended without
+        the permit (cleared, drained or closed), and the holds ahead may still hold."""
         if ended:
             holder = ("logged as the wait ended; " + (
-                "the holds ahead of it have ended" if behind_s is None
+                "it ended without the permit (cleared, drained or closed)" if not granted
+                else "the holds ahead of it have ended" if behind_s is None
                 else f"the hold it waited behind had lasted {behind_s:.3f} s"))
         else:
             holder_age = self._holder_age(key)

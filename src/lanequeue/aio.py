@@ -531,9 +531,10 @@ class _AsyncFace:
                 if warn is not None and waited >= warn:
                     # Logged now, at its end: the hold it waited behind has just been
                     # handed over (known when nobody was ahead), maybe to this waiter.
-                    self._slow_wait(key, waited, ahead, ended=True, behind_s=(
-                        self._core._clock() - behind
-                        if ahead == 0 and behind is not None and token > 0 else None))
+                    self._slow_wait(
+                        key, waited, ahead, ended=True, granted=token > 0, behind_s=(
+                            self._core._clock() - behind
+                            if ahead == 0 and behind is not None and token > 0 else None))
             if token < 0:
                 raise ended_error(self.name, key, token)
             return record(into, token)

@@ -945,9 +945,11 @@ class Verification:
             else:
                 lines.append(
                     f"goal ({self.goal.describe()}): the measured waits MISS it (the "
-                    f"simulation {'meets' if sim.meets else 'misses'} it at this cap). Real "
-                    f"delays count {self.speed:g} times over in trace seconds: verify again "
-                    "at a lower --speed before trusting either"
+                    f"simulation {'meets' if sim.meets else 'misses'} it at this cap). The "
+                    "measured waits include the replay's own delays (wake-ups, a busy "
+                    f"machine), counted {self.speed:g} times over in trace seconds"
+                    + (": verify again at a lower --speed before trusting either"
+                       if self.speed > 1 else ", which no speed removes")
                 )
         return "\n".join(lines)
 
