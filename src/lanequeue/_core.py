@@ -561,20 +561,18 @@ class _CoreBase:
                 self.hold_fold_at = self._token + HELD_BATCH
                 self.hold_hist = Histogram(HOLD_BUCKETS)
 
-    def _fold_holds(self) -> None:
-        """Bucket the hold times appended so far (lock held). A release appends its hold
-        time to ``hold_hist`` and calls this once the token it ends reaches
-        ``hold_fold_at``: one compare of two small integers on the release's path, where a
-        length check costs a builtin call. Bounded: after a fold, the releases that do not
-        fold are those of the holds alive at the fold and of the next
-        :data:`~lanequeue._obs.HELD_BATCH` grants, so the list never holds more values than
-        that. Interrupt-safe: ``fold`` is (see :meth:`Histogram.fold`), and the threshold
-        is a plain store after it (an interrupt between the two leaves the old threshold:
-        the next release folds again)."""
-        held = self.hold_hist
-        if held is not None:
-            held.fold()
-            self.hold_fold_at = self._token + HELD_BATCH
+    def _fold_holds(self, held: Histogram) -> None:
+        """Bucket the hold times appended so far to ``held``, the core's ``hold_hist``
+        (lock held). A release appends its hold time to it and calls this once the token
+        it ends reaches ``hold_fold_at``: one compare of two small integers on the
+        release's path, where a length check costs a builtin call. Bounded: after a
+        fold, the releases that do not fold are those of the holds alive at the fold and
+        of the next :data:`~lanequeue._obs.HELD_BATCH` grants, so the list never holds
+        more values than that. Interrupt-safe: ``fold`` is (see :meth:`Histogram.fold`),
+        and the threshold is a plain store after it (an interrupt between the two leaves
+        the old threshold: the next release folds again)."""
+        held.fold()
+        self.hold_fold_at = self._token + HELD_BATCH
 
     def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
@@ -925,7 +923,7 @@ class SessionCore(_CoreBase):
                 if held is not None:  # hold times: one append, bucketed in batches
                     held.append(now - entry.since)
                     if entry.token >= self.hold_fold_at:
-                        self._fold_holds()
+                        self._fold_holds(held)
                 observe = False
                 if waiter is not None and self.waits_at_grant:
                     # The wait this hand-off ends: one append, as hold times (see
@@ -1150,7 +1148,7 @@ class SessionHoldSteps:
                 if held is not None:  # hold times: as SessionCore.release
                     held.append(now - entry.since)
                     if token >= core.hold_fold_at:
-                        core._fold_holds()
+                        core._fold_holds(held)
                 # -- commit: plain stores only, then one last builtin call --
                 entry.token = 0
                 entry.since = now
@@ -1237,7 +1235,7 @@ class CountingHoldSteps:
                     clock = core._clock
                     held.append(clock() - hold[1])
                     if token >= core.hold_fold_at:
-                        core._fold_holds()
+                        core._fold_holds(held)
                 # -- commit: plain stores only --
                 del holds[token]
                 token = 0  # released here
@@ -1280,7 +1278,6 @@ class MultiHoldSteps:
     _stage: int
     _take_rest: Callable[[Any], Any]
     _release_all: Callable[[BaseException | None], None]
-    _ended_class: ClassVar[type]  # the class it takes once left (see _DropWatch)
 
     def _steps_in(self) -> Any:
         if self._stage:
@@ -1344,12 +1341,12 @@ class MultiHoldSteps:
         kinds, taken = plan.kinds, self._taken
         if kinds is None:
             self._release_all(exc)
-            self.__class__ = self._ended_class  # ended: no finalizer from here on
+            self.__class__ = plan.ended  # ended: no finalizer from here on
             return
         key = self._key
         if self._stage == MULTI_LEAVING:  # a pass after one an interrupt stopped: the
             self._release_all(exc)  # general loop releases what the cores still hold
-            self.__class__ = self._ended_class
+            self.__class__ = plan.ended
             return
         self._stage = MULTI_LEAVING  # type: ignore[misc]
         n = len(taken)
@@ -1375,7 +1372,7 @@ class MultiHoldSteps:
                         if held is not None:  # hold times: as SessionCore.release
                             held.append(now - entry.since)
                             if token >= core.hold_fold_at:
-                                core._fold_holds()
+                                core._fold_holds(held)
                         # -- commit: plain stores only, then one last builtin call --
                         entry.token = 0
                         entry.since = now
@@ -1394,7 +1391,7 @@ class MultiHoldSteps:
                             clock = core._clock
                             held.append(clock() - hold[1])
                             if token >= core.hold_fold_at:
-                                core._fold_holds()
+                                core._fold_holds(held)
                         # -- commit: plain stores only --
                         del holds[token]
                         token = 0  # released here
@@ -1535,7 +1532,7 @@ class CountingCore(_CoreBase):
             ahead = len(self._line) + len(self._ranked)
             # (the waiter's own fields, stored before any join: see Waiter)
             waiter.ahead = ahead
-            waiter.behind = None if ahead else next(iter(holds.values()))[1]
+            waiter.behind = None if ahead else self._blocker_since(key)
             if priority:
                 self._join_ranked(key, waiter, now - priority * self.ageing_s, seq)
                 return 0
@@ -1618,7 +1615,7 @@ class CountingCore(_CoreBase):
                 if held is not None:  # hold times: one append, bucketed in batches
                     held.append(self._clock() - holds[token][1])
                     if token >= self.hold_fold_at:
-                        self._fold_holds()
+                        self._fold_holds(held)
                 if self._ranked and self._release_ranked(token, dropped):
                     return True
                 line = self._line
