@@ -1278,6 +1278,7 @@ class MultiHoldSteps:
     _stage: int
     _take_rest: Callable[[Any], Any]
     _release_all: Callable[[BaseException | None], None]
+    _ended_class: ClassVar[type]  # the class a host takes once left (see _DropWatch)
 
     def _steps_in(self) -> Any:
         if self._stage:
