@@ -242,3 +242,58 @@ async def poll_idle_async(idle: Callable[[], bool], timeout_s: float | None) -> 
             return False
         await asyncio.sleep(IDLE_POLL_S if left is None else min(IDLE_POLL_S, left))
     return True
+
+
+class LoopTimer:
+    """Call ``fn(timer)`` at loop time ``when`` (seconds, on ``loop.time()``'s clock), on
+    the loop, where an interrupt in the loop's delivery of the call cannot lose it.
+
+    Why: asyncio's loop delivers a timer through Python code (``_run_once`` moves the due
+    handle to its ready queue, ``Handle._run`` calls it). A ``KeyboardInterrupt`` raised
+    by a signal handler in that stretch, before ``fn``'s first statement (see
+    "Interrupts" in :mod:`lanequeue._core`), ends the loop's run with the handle gone
+    and ``fn`` never called; a loop run again afterwards would then never call it. So
+    this arms TWO handles for the one call: the first to run calls ``fn``, and the other
+    is cancelled once ``fn`` returned. One interrupt stops at most one of them; the
+    other calls ``fn`` (later, when the loop runs again).
+
+    ``fn`` is called at least once, and is called a second time only when an interrupt
+    stopped its first call, or landed right after it returned: it must take a repeat
+    (the timers here act on what is due when they run, so a repeat finds nothing more
+    to do, or finishes what the interrupt stopped). ``timer`` is this object, so that
+    ``fn`` can tell a call of its current timer from a late one. :meth:`cancel` before
+    the call means it never comes. Runs on the loop's thread only (not thread-safe,
+    like the loop's own handles).
+
+    Example::
+
+        timer = LoopTimer(loop, loop.time() + 0.5, lambda t: print("due"))
+        timer.cancel()  # if it is no longer wanted
+    """
+
+    __slots__ = ("fn", "ran", "first", "spare")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float,
+                 fn: Callable[[LoopTimer], object]) -> None:
+        self.fn = fn
+        self.ran = False  # True once fn returned (or the timer was cancelled)
+        self.first = loop.call_at(when, self._run)
+        self.spare = loop.call_at(when, self._run)
+
+    def _run(self) -> None:
+        if self.ran:
+            return  # the other handle's call returned already
+        self.fn(self)
+        self.ran = True
+        self.spare.cancel()  # (whichever handle runs: cancelling a spent one is a no-op)
+        self.first.cancel()
+
+    def cancel(self) -> None:
+        """Call ``fn`` no more (idempotent)."""
+        self.ran = True
+        self.first.cancel()
+        self.spare.cancel()
+
+    def when(self) -> float:
+        """The loop time the call is due at (seconds)."""
+        return self.first.when()

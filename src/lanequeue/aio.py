@@ -65,7 +65,7 @@ from ._kinds import (
     SessionKind,
     _DropWatch,
 )
-from ._ops import CANCEL_WAIT_S, log, poll_idle_async
+from ._ops import CANCEL_WAIT_S, LoopTimer, log, poll_idle_async
 from ._validate import check_bool, check_key, check_timeout, function_copy
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _MultiDropWatch, _send, end_last
@@ -161,7 +161,7 @@ class _Deadlines:
         self.lane = lane
         self.loop = loop
         self.heap: list[tuple[float, int, _TaskWaiter, str, int, float, int]] = []
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: LoopTimer | None = None
         self.armed = math.inf
         self.seq = 0
 
@@ -181,16 +181,17 @@ class _Deadlines:
     def _timer_by(self, when: float, now: float) -> None:
         """Make sure a timer fires at ``when`` or before (Interrupts: "a KeyboardInterrupt
         anywhere"). The rule kept: while the heap holds a live entry, some live timer
-        will call :meth:`fire` no later than its time. A new timer is made before the
-        old one is cancelled, and before the entry it is for is pushed: an interrupt
-        between two steps leaves an extra timer (a spare :meth:`fire` changes nothing),
-        never none; and a wait whose :meth:`add` was interrupted is withdrawn by its
-        task's handler anyway. An armed time already past means the timer ran, or is
-        due and not run yet (the loop was busy past it), or that :meth:`fire` was
-        interrupted at its entry, before its first statement, so that nothing re-armed
-        it: it is re-armed then too, for the earliest deadline in the heap when that
-        comes before ``when`` (the deadlines due meanwhile are served at once, never
-        pushed back to a later wait's). ``now`` is the loop's time read earlier in this
+        will call :meth:`fire` no later than its time. The timer is a
+        :class:`~lanequeue._ops.LoopTimer`, which an interrupt in the loop's delivery
+        of it cannot lose. A new timer is made before the old one is cancelled, and
+        before the entry it is for is pushed: an interrupt between two steps leaves an
+        extra timer (a spare :meth:`fire` changes nothing), never none; and a wait whose
+        :meth:`add` was interrupted is withdrawn by its task's handler anyway. An armed
+        time already past means the timer ran, or is due and not run yet (the loop was
+        busy past it), or that its call was interrupted and its spare handle is to come:
+        it is re-armed then too, for the earliest deadline in the heap when that comes
+        before ``when`` (the deadlines due meanwhile are served at once, never pushed
+        back to a later wait's). ``now`` is the loop's time read earlier in this
         same step of the loop (a waiter's ``since``; :meth:`fire`'s reading), which
         saves a clock read per wait and is exact here: timers run between steps, so a
         timer that ran, or a :meth:`fire` that was interrupted, did so before that
@@ -200,19 +201,22 @@ class _Deadlines:
             if heap and heap[0][0] < when:
                 when = heap[0][0]
             old = self.timer
-            self.timer = self.loop.call_at(when, self.fire)
+            self.timer = LoopTimer(self.loop, when, self.fire)
             self.armed = when
             if old is not None:
                 old.cancel()
 
-    def fire(self) -> None:
+    def fire(self, timer: LoopTimer) -> None:
         """The timer: act on every deadline that has come, then re-arm for the next.
         An entry is acted on before it leaves the heap (a slow-wait entry is swapped for
         its expiry in one step, ``heapreplace``), and the re-arming is in a ``finally``:
         an interrupt in the middle leaves the rest of the due entries to the next
-        :meth:`fire`, armed right away."""
-        self.timer = None
-        self.armed = math.inf
+        :meth:`fire`, armed right away. A late call of a timer already replaced (the
+        spare of an interrupted call, see :class:`~lanequeue._ops.LoopTimer`) serves
+        what is due and leaves the current timer alone."""
+        if timer is self.timer:
+            self.timer = None
+            self.armed = math.inf
         heap, lane = self.heap, self.lane
         now = self.loop.time()
         try:

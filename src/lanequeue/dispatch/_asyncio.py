@@ -3,8 +3,9 @@
 The task enters ``acquire_all(key, lanes)``, calls ``fn`` (a coroutine function, or a
 plain function that then runs on the loop) and releases; cancelling the task is how a turn
 is interrupted, before or after it holds the lanes (the lanes' own cancellation safety
-gives back what was taken). Timers are the loop's (``loop.call_later``), so the loop's
-clock is the dispatcher's clock.
+gives back what was taken). Timers are the loop's (a :class:`~lanequeue._ops.LoopTimer`,
+which an interrupt in its delivery cannot lose), so the loop's clock is the dispatcher's
+clock.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._ops import LoopTimer
 from ..contract import must_await
 from ._base import DispatcherBase
 from ._machine import _CURRENT, Job, Ticket, Timer
@@ -203,8 +205,11 @@ class Dispatcher(DispatcherBase):
         return 0.0 if loop is None else loop.time()
 
     def _call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
-        assert self._loop is not None
-        return self._loop.call_later(delay, fn)
+        loop = self._loop
+        assert loop is not None
+        # (a timer an interrupt in its delivery cannot lose; the machine's timers take
+        # the repeat it may make, see LoopTimer)
+        return LoopTimer(loop, loop.time() + delay, lambda _timer: fn())
 
     def _launch(self, job: Job) -> None:
         assert self._loop is not None

@@ -119,7 +119,10 @@ Ending, and who decides
 Timers and memory
 =================
 The face gives one primitive, ``call_later`` (the loop's timers on asyncio, one timer
-thread on threads), on the dispatcher's clock. The machine keeps at most one timer for all
+thread on threads), on the dispatcher's clock. On asyncio an interrupt in the loop's
+delivery of a timer cannot lose it (:class:`~lanequeue._ops.LoopTimer`), and a timer's
+call may then come twice: each timer's step acts on what is due when it runs, so a
+repeat finds nothing more to do. The machine keeps at most one timer for all
 start deadlines (a heap of pending tickets by deadline; entries of tickets that started or
 ended are dropped lazily and the heap is rebuilt once they are most of it), one per key
 waiting for a collect window, one per running job with a ``run_timeout_s``, and one that

@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
-from .._ops import CANCEL_WAIT_S, poll_idle_async
+from .._ops import CANCEL_WAIT_S, LoopTimer, poll_idle_async
 from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
@@ -90,12 +90,15 @@ class _Cleanup(asyncio.Task[T]):
         TimeoutError raised."""
         expired = False
 
-        def expire() -> None:
+        def expire(_timer: LoopTimer) -> None:
             nonlocal expired
+            if expired:
+                return  # a repeat (see LoopTimer): the task takes one cancellation
             expired = True
             asyncio.Task.cancel(self)  # (the one cancellation this task takes)
 
-        handle = self.get_loop().call_later(wait, expire)
+        loop = self.get_loop()
+        handle = LoopTimer(loop, loop.time() + wait, expire)
         try:
             return await aw
         except asyncio.CancelledError as exc:

@@ -1,0 +1,246 @@
+"""Interrupts in the delivery of a loop timer: the asyncio faces' timers are
+:class:`lanequeue._ops.LoopTimer`, which a ``KeyboardInterrupt`` landing anywhere in the
+loop's call of it (``Handle._run``'s entry, the timer's own entry, the callee's entry, or
+anywhere inside the callee) cannot lose. A plain ``loop.call_at`` handle is consumed by
+such an interrupt, and the lane's waits then never timed out.
+
+The injector raises ``KeyboardInterrupt`` at the N-th point (a Python function's entry or
+return, a builtin's return) inside a timer's delivery, counted from ``Handle._run``'s
+entry for a LoopTimer, for N = 1, 2, ... until the run completes with no injection left.
+After each injection (injection off) the loop is run on, and every deadline must still
+come: the waits end timed out, each counted once, each slow wait reported at most once.
+"""
+
+from __future__ import annotations
+
+import sys
+from asyncio import events
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from conftest import FakeClockLoop
+from dispatch_helpers import Stepped, Turns
+
+import lanequeue
+from lanequeue import AsyncLane, AsyncSessionLane
+from lanequeue._ops import LoopTimer
+
+_PKG = str(Path(lanequeue.__file__).resolve().parent)
+_HANDLE_RUN = events.Handle._run.__code__
+
+
+def _ours(frame: FrameType) -> bool:
+    """A Handle._run frame delivering one of our LoopTimers."""
+    cb = frame.f_locals.get("self")
+    cb = getattr(cb, "_callback", None)
+    return isinstance(getattr(cb, "__self__", None), LoopTimer)
+
+
+class Injector:
+    """Raises KeyboardInterrupt at the ``n``-th point inside a LoopTimer's delivery."""
+
+    def __init__(self, n: int, only: Callable[[FrameType], bool] | None = None) -> None:
+        self.n = n
+        self.only = only  # count only the points of frames it accepts
+        self.count = 0
+        self.fired: str | None = None
+        self.depth = 0  # > 0 inside a delivery
+
+    def point(self, frame: FrameType, what: str) -> None:
+        if self.fired is not None or (self.only is not None and not self.only(frame)):
+            return
+        self.count += 1
+        if self.count == self.n:
+            self.fired = f"{frame.f_code.co_qualname} {what}"
+            raise KeyboardInterrupt(self.fired)
+
+    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event != "call":
+            return None
+        if frame.f_code is _HANDLE_RUN and _ours(frame):
+            self.depth += 1
+            self.point(frame, "call")
+            return self.local
+        if self.depth and frame.f_code.co_filename.startswith(_PKG):
+            self.point(frame, "call")
+            return self.local
+        return None
+
+    def local(self, frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "return":
+            if frame.f_code is _HANDLE_RUN:
+                self.depth -= 1
+            else:
+                self.point(frame, "return")
+        return self.local
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if (event == "c_return" and self.depth
+                and frame.f_code.co_filename.startswith(_PKG)):
+            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
+
+    def run(self, step: Callable[[], None]) -> None:
+        """Run ``step`` traced; an injected interrupt ends it (and is swallowed)."""
+        sys.settrace(self.trace)
+        sys.setprofile(self.profile)
+        try:
+            step()
+        except KeyboardInterrupt:
+            assert self.fired is not None  # ours, not the test's
+        finally:
+            sys.settrace(None)
+            sys.setprofile(None)
+            self.depth = 0
+
+
+def _lane_case(kind: str, inj: Injector) -> None:
+    """A holder; waits a (timeout 3 s) and b (1 s), both slow past 0.5 s; the clock
+    moves past each deadline with the injector on, then on without it."""
+    loop = FakeClockLoop()
+    warned: list[str] = []
+
+    def on_wait(lane: Any, key: str, waited_s: float, ahead: int) -> None:
+        warned.append(key)
+
+    if kind == "session":
+        lane: Any = AsyncSessionLane("s", timeout_s=None, warn_after_s=0.5, on_wait=on_wait)
+        keys = ("k", "k", "k")
+    else:
+        lane = AsyncLane("g", max_concurrent=1, timeout_s=None, warn_after_s=0.5,
+                         on_wait=on_wait)
+        keys = ("h", "a", "b")
+    try:
+        holder = loop.create_task(lane.try_acquire(keys[0]))
+        loop.settle()
+        assert holder.result() is True
+        a = loop.create_task(lane.acquire_timeout(keys[1], 3.0))
+        b = loop.create_task(lane.acquire_timeout(keys[2], 1.0))
+        loop.settle()
+        assert lane.waiting == 2
+        for to in (1000.6, 1001.1, 1003.1):
+            loop.fake_now = to
+            inj.run(loop.settle)
+            loop.settle()  # injection off: what the interrupt left runs on
+        assert a.done() and b.done(), f"a wait outlived its deadline ({inj.fired})"
+        assert a.result() is False and b.result() is False
+        st = lane.stats
+        assert (st.timeouts, st.waiters, st.holders) == (2, 0, 1), (st, inj.fired)
+        assert len(warned) <= 2, (warned, inj.fired)  # one per wait at most
+        if inj.fired is None:
+            assert len(warned) == 2  # and, uninterrupted, exactly one
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["session", "counting"])
+def test_an_interrupt_anywhere_in_a_lane_timers_delivery_never_loses_a_deadline(
+        kind: str) -> None:
+    n = 1
+    while True:
+        inj = Injector(n)
+        _lane_case(kind, inj)
+        if inj.fired is None:
+            break
+        n += 1
+    assert n > 10, f"the tracer saw only {n - 1} points: it did not reach the timer"
+    print(f"{kind}: {n - 1} injection points")
+
+
+@pytest.mark.timeout(30)
+def test_a_plain_loop_handle_would_be_lost_where_a_loop_timer_is_not() -> None:
+    """The fault this guards against, shown on the loop itself: an interrupt at
+    ``Handle._run``'s entry consumes a ``call_at`` handle for good; a LoopTimer's call
+    comes anyway, once."""
+    loop = FakeClockLoop()
+    plain: list[int] = []
+    ours: list[LoopTimer] = []
+    try:
+        def due() -> None:
+            plain.append(1)
+
+        loop.call_at(1001.0, due)
+        first = Injector(1)
+
+        def trace_plain(frame: FrameType, event: str, arg: Any) -> Any:
+            if (event == "call" and frame.f_code is _HANDLE_RUN
+                    and getattr(frame.f_locals["self"], "_callback", None) is due):
+                first.point(frame, "call")
+            return None
+
+        loop.fake_now = 1001.0
+        sys.settrace(trace_plain)
+        try:
+            loop.settle()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        loop.settle()
+        assert first.fired is not None and plain == []  # lost
+
+        timer = LoopTimer(loop, 1002.0, ours.append)
+        inj = Injector(1)
+        loop.fake_now = 1002.0
+        inj.run(loop.settle)
+        assert inj.fired is not None and "Handle._run" in inj.fired
+        loop.settle()
+        assert ours == [timer]  # it came, once
+        assert timer.ran
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(30)
+def test_a_cancelled_loop_timer_never_calls() -> None:
+    loop = FakeClockLoop()
+    calls: list[LoopTimer] = []
+    try:
+        timer = LoopTimer(loop, 1001.0, calls.append)
+        assert timer.when() == 1001.0
+        timer.cancel()
+        timer.cancel()  # idempotent
+        loop.advance(5.0)
+        assert calls == []
+        done = LoopTimer(loop, 1010.0, calls.append)
+        loop.advance(5.0)
+        assert calls == [done]
+        done.cancel()  # after its call: nothing more
+        loop.advance(5.0)
+        assert calls == [done]
+    finally:
+        loop.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_in_the_delivery_of_a_dispatchers_deadline_never_loses_it() -> None:
+    """The asyncio Dispatcher's start deadline rides on a LoopTimer too: a pending turn
+    whose deadline timer's delivery is interrupted still ends timed out."""
+    n = 1
+    while True:
+        s = Stepped(global_cap=4)
+        turns = Turns()
+        try:
+            first = s.submit("k", turns.turn, "first")
+            late = s.submit("k", turns.turn, "late", timeout_s=1.0)
+            assert not late.done()
+            inj = Injector(n, only=lambda f: f.f_code is _HANDLE_RUN or f.f_code.co_name in (
+                "_run", "<lambda>", "_deadlines_due"))
+            s.loop.fake_now += 1.5
+            inj.run(s.loop.settle)
+            s.settle()
+            assert late.done(), f"the start deadline was lost ({inj.fired})"
+            kind, _exc = s.outcome(late)
+            assert kind == "err" and late.state == "timed_out", (late, inj.fired)
+            turns.finish("first")
+            s.settle()
+            assert first.done()
+        finally:
+            s.close()
+        if inj.fired is None:
+            break
+        n += 1
+    assert n > 3, f"the tracer saw only {n - 1} points"
