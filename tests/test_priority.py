@@ -101,6 +101,19 @@ def test_higher_priority_is_served_first_fifo_among_equals(fake_clock: FakeClock
     assert (st_.waiters, st_.holders, st_.acquired, st_.released) == (0, 0, 7, 7)
 
 
+def test_ahead_counts_every_waiter_in_line_whatever_its_priority(
+    fake_clock: FakeClock,
+) -> None:
+    """What the slow-wait warning's ``ahead`` is documented to be on a lane with
+    priorities: every waiter in line as it joined, even those it will be served
+    before (counting only the ones ranked before it would cost O(line) per join)."""
+    core, token = full_core(fake_clock)
+    low1, low2, urgent = join(core, "low1", 0), join(core, "low2", 0), join(core, "u", 9)
+    assert (low1.ahead, low2.ahead, urgent.ahead) == (0, 1, 2)
+    assert (low1.behind, low2.behind, urgent.behind) == (fake_clock.now, None, None)
+    assert serve_all(core, token) == ["u", "low1", "low2"]
+
+
 def test_equal_priorities_at_the_same_instant_are_fifo(fake_clock: FakeClock) -> None:
     core, token = full_core(fake_clock)
     names = [f"w{i}" for i in range(8)]

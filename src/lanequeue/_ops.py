@@ -136,7 +136,9 @@ class LaneOps:
     def _slow_wait(self, key: str, waited_s: float, ahead: int, *, ended: bool = False,
                    behind_s: float | None = None, granted: bool = True) -> None:
         """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
-        ``ahead``: the waiters that were ahead of it in line when it joined. ``ended``:
+        ``ahead``: the waiters that were ahead of it in line when it joined (on a
+        counting lane with priorities: all the waiters then in line, whatever their
+        priority; counting only those ranked before it costs O(line) per join). ``ended``:
         logged as the wait ended (an asyncio wait without a timeout, which has no timer):
         the current holder may be this very waiter, so the log gives ``behind_s``, how
         long the hold it waited behind had lasted when that hold was handed to it (None:

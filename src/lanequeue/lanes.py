@@ -434,7 +434,8 @@ class Lane(_ThreadFace, CountingKind):
         timeout_s: default wait of ``acquire`` in seconds; None waits without limit.
         clock: monotonic clock in seconds for hold ages and waits (replaceable in tests).
         warn_after_s: a wait longer than this many seconds is logged once (lane, key,
-            seconds waited, waiters ahead when it joined, age of the hold it waits
+            seconds waited, waiters ahead when it joined (with priorities: all the
+            waiters then in line, whatever their priority), age of the hold it waits
             behind); None: never. Default 2.0.
         on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
             its exceptions are logged, not raised.
