@@ -33,7 +33,7 @@ import pytest
 from interrupt_timer import sigalrm_interrupts
 
 import lanequeue.dispatch as dispatch_pkg
-from lanequeue import LaneQueue, ThreadDispatcher, TurnError
+from lanequeue import LaneQueue, ThreadDispatcher, TurnError, current_turn
 
 WAIT = 10.0
 _PKG = Path(dispatch_pkg.__file__).resolve().parent
@@ -216,6 +216,37 @@ def test_interrupt_at_every_point_of_cancel_leaves_the_dispatcher_whole() -> Non
             assert victim.reason == "cancelled"
         assert told and told[0] is victim, inj.fired  # its callback ran (maybe twice)
         _check_whole(d, [first, victim, after], inj)
+
+    assert inject_everywhere(run_once) > 10
+
+
+def test_interrupt_at_every_point_of_a_cancel_of_a_running_turn_still_tells_the_turn() -> None:
+    """A cancel of a RUNNING thread turn interrupted anywhere still sets the turn's
+    cancel event (the end is recorded before the turn is signalled, and the signal is
+    sent again with the face's interrupt): a turn that waits for it ends, cancelled."""
+
+    def run_once(inj: Injector) -> None:
+        d = _dispatcher()
+        started = threading.Event()
+        told: list[bool] = []
+
+        def turn() -> None:
+            started.set()
+            told.append(current_turn().cancel_event.wait(WAIT))
+
+        running = d.submit("conv", turn)
+        assert started.wait(WAIT)
+        try:
+            with inj.active():
+                d.cancel(running)
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        # Asked again (the first ask wins: a no-op if the interrupted one was recorded,
+        # so its own signal must have reached the turn).
+        d.cancel(running)
+        assert _ended(running) == "cancelled" and running.reason == "cancelled", inj.fired
+        assert told == [True], inj.fired  # told at once, not after waiting WAIT out
+        _check_whole(d, [running], inj)
 
     assert inject_everywhere(run_once) > 10
 

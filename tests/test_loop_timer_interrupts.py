@@ -13,6 +13,8 @@ come: the waits end timed out, each counted once, each slow wait reported at mos
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import sys
 from asyncio import events
 from collections.abc import Callable
@@ -215,32 +217,149 @@ def test_a_cancelled_loop_timer_never_calls() -> None:
         loop.shutdown()
 
 
-@pytest.mark.timeout(60)
-def test_an_interrupt_in_the_delivery_of_a_dispatchers_deadline_never_loses_it() -> None:
-    """The asyncio Dispatcher's start deadline rides on a LoopTimer too: a pending turn
-    whose deadline timer's delivery is interrupted still ends timed out."""
+def _sweep(case: Callable[[Injector], None], least: int) -> int:
+    """Run ``case`` with an injection at point 1, 2, ... until none is left."""
     n = 1
     while True:
+        inj = Injector(n)
+        case(inj)
+        if inj.fired is None:
+            assert n > least, f"the tracer saw only {n - 1} points"
+            return n - 1
+        n += 1
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_anywhere_in_a_dispatchers_start_deadline_timer_never_loses_it() -> None:
+    """The asyncio Dispatcher's start deadline: a pending turn whose deadline timer is
+    interrupted anywhere (in its delivery, or inside the machine's step) still ends
+    timed out, and never runs."""
+
+    def case(inj: Injector) -> None:
         s = Stepped(global_cap=4)
         turns = Turns()
         try:
             first = s.submit("k", turns.turn, "first")
             late = s.submit("k", turns.turn, "late", timeout_s=1.0)
             assert not late.done()
-            inj = Injector(n, only=lambda f: f.f_code is _HANDLE_RUN or f.f_code.co_name in (
-                "_run", "<lambda>", "_deadlines_due"))
             s.loop.fake_now += 1.5
             inj.run(s.loop.settle)
             s.settle()
             assert late.done(), f"the start deadline was lost ({inj.fired})"
-            kind, _exc = s.outcome(late)
-            assert kind == "err" and late.state == "timed_out", (late, inj.fired)
+            assert (late.state, late.reason) == ("timed_out", "start timeout"), (
+                late, inj.fired)
             turns.finish("first")
             s.settle()
-            assert first.done()
+            assert first.done() and turns.started() == ["first"]
+            st_ = s.d.stats
+            assert (st_.pending, st_.running, st_.timed_out, st_.done) == (0, 0, 1, 1)
         finally:
             s.close()
-        if inj.fired is None:
-            break
-        n += 1
-    assert n > 3, f"the tracer saw only {n - 1} points"
+
+    _sweep(case, 10)
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_anywhere_in_a_dispatchers_run_timeout_timer_still_ends_the_turn() -> None:
+    """A run timeout whose timer is interrupted anywhere still cancels the running turn
+    (the end is recorded before the turn is signalled, and signalled again with the
+    face's interrupt), and the ticket ends timed out."""
+
+    def case(inj: Injector) -> None:
+        s = Stepped(global_cap=4)
+        turns = Turns()
+        try:
+            t = s.submit("k", turns.turn, "slow", run_timeout_s=1.0)
+            assert turns.started() == ["slow"]
+            s.loop.fake_now += 1.5
+            inj.run(s.loop.settle)
+            s.settle()
+            assert t.done(), f"the run timeout was lost ({inj.fired}): {t}"
+            assert (t.state, t.reason) == ("timed_out", "run timeout"), (t, inj.fired)
+            assert ("cancelled", "slow") in turns.log
+        finally:
+            s.close()
+
+    _sweep(case, 10)
+
+
+@pytest.mark.timeout(60)
+def test_a_repeated_deadline_call_leaves_one_deadline_timer() -> None:
+    """An interrupt right after a deadline timer's call returned makes the call come
+    again (its spare); the repeat leaves the timer set since alone, so the machine
+    still keeps one deadline timer, and each later deadline is served by one call."""
+    from lanequeue.dispatch import _machine
+
+    calls: list[float] = []
+    orig = _machine.Machine._deadlines_due
+
+    def counted(self: Any, due: float) -> None:
+        calls.append(due)
+        orig(self, due)
+
+    def deadline_timers(loop: Any) -> int:
+        owners = {getattr(h._callback, "__self__", None) for h in loop._scheduled
+                  if not h.cancelled()}
+        return sum(1 for o in owners if isinstance(o, LoopTimer) and not o.ran)
+
+    _machine.Machine._deadlines_due = counted  # type: ignore[method-assign]
+    s = Stepped(global_cap=4)
+    turns = Turns()
+    try:
+        s.submit("k", turns.turn, "first")
+        late = [s.submit("k", turns.turn, f"t{i}", timeout_s=1.0 + i) for i in range(5)]
+        assert deadline_timers(s.loop) == 1
+        returned = Injector(1, only=lambda f: f.f_code.co_name == "_run"
+                            and f.f_code.co_filename.endswith("_ops.py"))
+
+        def trace(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "call" and frame.f_code is LoopTimer._run.__code__:
+                return local
+            return None
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == ran_line:  # right after fn returned
+                returned.point(frame, "after fn returned")
+            return local
+
+        lines, first_line = inspect.getsourcelines(LoopTimer._run)
+        ran_line = first_line + next(
+            i for i, line in enumerate(lines) if line.strip() == "self.ran = True")
+        s.loop.fake_now += 1.5
+        sys.settrace(trace)
+        try:
+            s.loop.settle()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        assert returned.fired is not None
+        s.settle()
+        assert late[0].state == "timed_out" and not late[1].done()
+        assert len(calls) == 2  # the call, and its repeat
+        assert deadline_timers(s.loop) == 1
+        for i in range(1, 5):
+            s.advance(1.0)
+            assert late[i].state == "timed_out"
+            assert deadline_timers(s.loop) == (1 if i < 4 else 0)
+        assert len(calls) == 2 + 4  # one call per later deadline
+    finally:
+        _machine.Machine._deadlines_due = orig  # type: ignore[method-assign]
+        s.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_loop_timer_on_uvloop_calls_once_and_knows_its_time() -> None:
+    """On uvloop (a test dependency), whose ``call_at`` for a time already due gives a
+    plain handle without ``when()``: the timer still calls once and tells its time."""
+    uvloop = pytest.importorskip("uvloop")
+    loop = uvloop.new_event_loop()
+    calls: list[LoopTimer] = []
+    try:
+        past = LoopTimer(loop, loop.time() - 1.0, calls.append)
+        soon = LoopTimer(loop, loop.time() + 0.01, calls.append)
+        assert past.when() < soon.when()
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert calls == [past, soon]
+    finally:
+        loop.close()

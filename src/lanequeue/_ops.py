@@ -273,12 +273,13 @@ class LoopTimer:
         timer.cancel()  # if it is no longer wanted
     """
 
-    __slots__ = ("fn", "ran", "first", "spare")
+    __slots__ = ("fn", "ran", "first", "spare", "_when")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, when: float,
                  fn: Callable[[LoopTimer], object]) -> None:
         self.fn = fn
         self.ran = False  # True once fn returned (or the timer was cancelled)
+        self._when = when
         self.first = loop.call_at(when, self._run)
         self.spare = loop.call_at(when, self._run)
 
@@ -297,5 +298,5 @@ class LoopTimer:
         self.spare.cancel()
 
     def when(self) -> float:
-        """The loop time the call is due at (seconds)."""
-        return self.first.when()
+        """The loop time the call is due at (seconds), as given."""
+        return self._when

@@ -121,8 +121,13 @@ Timers and memory
 The face gives one primitive, ``call_later`` (the loop's timers on asyncio, one timer
 thread on threads), on the dispatcher's clock. On asyncio an interrupt in the loop's
 delivery of a timer cannot lose it (:class:`~lanequeue._ops.LoopTimer`), and a timer's
-call may then come twice: each timer's step acts on what is due when it runs, so a
-repeat finds nothing more to do. The machine keeps at most one timer for all
+call may then come twice: each timer's call carries the time it was set for, so a
+repeat leaves alone a timer set since, and acts only on what is due (a due ticket's
+deadline entry leaves the heap once the ticket ended, so an interrupted step leaves it
+to the repeat; see :meth:`Machine._deadlines_due_locked`). An end asked of a running turn
+(cancel, interrupt, run timeout) is recorded before the turn is signalled, and the
+signal is sent again with the face's interrupt, so an interrupt in between loses
+neither. The machine keeps at most one timer for all
 start deadlines (a heap of pending tickets by deadline; entries of tickets that started or
 ended are dropped lazily and the heap is rebuilt once they are most of it), one per key
 waiting for a collect window, one per running job with a ``run_timeout_s``, and one that
@@ -591,7 +596,7 @@ class Turn:
             return self._event
 
     def _signal(self) -> None:
-        """Set the cancel event (machine lock held; Event.set never blocks)."""
+        """Set the cancel event (any thread; idempotent; Event.set never blocks)."""
         self._cancelled = True
         if self._event is not None:
             self._event.set()
@@ -753,11 +758,11 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def _sweep_if_alive(ref: weakref.ref[Machine]) -> None:
+def _sweep_if_alive(ref: weakref.ref[Machine], due: float) -> None:
     """The dedupe sweep timer's call: the machine's sweep, unless it was collected."""
     machine = ref()
     if machine is not None:
-        machine._sweep()
+        machine._sweep(due)
 
 
 class Machine:
@@ -805,6 +810,7 @@ class Machine:
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
         self._dedupe_timer: Timer | None = None
+        self._dedupe_due = 0.0  # when the dedupe sweep timer is set for
         # Shared window claimed on the caller's thread: id -> the signal of the one claim
         # of it in flight here, set once that claim's submit is done (a _Signal, not a
         # threading.Event: an interrupt in its wait or set cannot leave a lock held).
@@ -1127,9 +1133,9 @@ class Machine:
         if self._deadline_timer is None or t.deadline < self._deadline_due:
             if self._deadline_timer is not None:
                 fx.timers.append(self._deadline_timer)
-            self._deadline_due = t.deadline
-            self._deadline_timer = self.face._call_later(max(0.0, t.deadline - now),
-                                                        self._deadlines_due)
+            due = self._deadline_due = t.deadline
+            self._deadline_timer = self.face._call_later(max(0.0, due - now),
+                                                        lambda: self._deadlines_due(due))
 
     def _disarm(self, t: Ticket) -> None:
         """``t`` left PENDING: its heap entry is now stale (lock held). Once most of the
@@ -1149,28 +1155,43 @@ class Machine:
                 heapq.heapify(self._deadlines)
                 self._stale = 0
 
-    def _deadlines_due(self) -> None:
-        """The deadline timer fired: end every pending ticket whose deadline passed."""
-        self._step(self._deadlines_due_locked)
+    def _deadlines_due(self, due: float) -> None:
+        """The deadline timer set for ``due`` fired: end every pending ticket whose
+        deadline passed."""
+        self._step(self._deadlines_due_locked, due)
 
-    def _deadlines_due_locked(self, fx: _Effects) -> None:
-        """The locked step of :meth:`_deadlines_due` (see :meth:`_step`)."""
-        self._deadline_timer = None
+    def _deadlines_due_locked(self, fx: _Effects, due: float) -> None:
+        """The locked step of :meth:`_deadlines_due` (see :meth:`_step`). A repeated
+        call (an interrupt may make one, see "Timers and memory") is told by its
+        ``due``: a timer set since is left alone. A due ticket is ended first and its
+        entry popped when met again, ended: an interrupt in between leaves the entry
+        for the repeat, and a ticket it left out of its line ends by :meth:`_repair`,
+        timed out as well."""
+        if due == self._deadline_due:
+            self._deadline_timer = None  # this timer's call (or a repeat of it)
         now = self.face._now()
-        heap = self._deadlines
-        while heap and (heap[0][0] <= now or not heap[0][2]._armed):
-            t = heapq.heappop(heap)[2]
-            if not t._armed:
-                self._stale -= 1
+        while True:
+            heap = self._deadlines  # (re-read: an end may rebuild it, see _disarm)
+            if not heap:
+                break
+            deadline, _, t = heap[0]
+            if not t._armed or t.state in TERMINAL:
+                heapq.heappop(heap)
+                if t._armed:  # ended, its entry not yet marked stale
+                    t._armed = False
+                else:
+                    self._stale -= 1
                 continue
-            t._armed = False
+            if deadline > now:
+                break
             self._detach(t, fx)
             self._end(t, TIMED_OUT, "start timeout", fx)
             self._tidy(t.key, self._keys.get(t.key))
-        if heap:
-            self._deadline_due = heap[0][0]
-            self._deadline_timer = self.face._call_later(max(0.0, heap[0][0] - now),
-                                                        self._deadlines_due)
+        heap = self._deadlines
+        if heap and self._deadline_timer is None:
+            due = self._deadline_due = heap[0][0]
+            self._deadline_timer = self.face._call_later(max(0.0, due - now),
+                                                        lambda: self._deadlines_due(due))
 
     # -- forming and admitting jobs -------------------------------------------------------
 
@@ -1196,7 +1217,8 @@ class Machine:
                         if k.timer is not None:
                             fx.timers.append(k.timer)
                         k.timer_due = due
-                        k.timer = self.face._call_later(due - now, lambda: self._wake(key))
+                        k.timer = self.face._call_later(
+                            due - now, lambda: self._wake(key, due))
                     return
         else:
             n = 1
@@ -1238,14 +1260,17 @@ class Machine:
         self._runners += 1
         fx.launch.append(job)
 
-    def _wake(self, key: str) -> None:
-        self._step(self._wake_locked, key)
+    def _wake(self, key: str, due: float) -> None:
+        self._step(self._wake_locked, key, due)
 
-    def _wake_locked(self, fx: _Effects, key: str) -> None:
-        """The locked step of :meth:`_wake` (see :meth:`_step`)."""
+    def _wake_locked(self, fx: _Effects, key: str, due: float) -> None:
+        """The locked step of :meth:`_wake` (see :meth:`_step`): the collect window set
+        to end at ``due`` ended. A repeated call (see "Timers and memory") leaves a
+        timer set since alone."""
         k = self._keys.get(key)
         if k is not None:
-            k.timer = None
+            if k.timer_due == due:
+                k.timer = None
             self._advance(key, k, self.face._now(), fx)
 
     def budget(self, job: Job) -> float | None:
@@ -1454,8 +1479,12 @@ class Machine:
                 if t.state == RUNNING and t._job is not None and t._job.outcome is not None:
                     self._conclude(t._job, fx)
                 elif t.state == PENDING and t.id not in placed:
-                    # Taken out of its line and not put anywhere: it cannot run.
-                    self._end(t, CANCELLED, "interrupted", fx)
+                    # Taken out of its line and not put anywhere: it cannot run. (Its
+                    # start deadline passed: it was being timed out, see _deadlines_due.)
+                    if t.deadline is not None and t.deadline <= now:
+                        self._end(t, TIMED_OUT, "start timeout", fx)
+                    else:
+                        self._end(t, CANCELLED, "interrupted", fx)
             for key, k in list(self._keys.items()):
                 if k.job is None:
                     if k.arrivals and k.arrivals[0]._claim is not CLAIMING:
@@ -1561,8 +1590,8 @@ class Machine:
         returns (lock held)."""
         if job.end_req is None:
             job.end_req = (state, reason)
+            fx.interrupt.append(job)  # (first: see _after)
             job.turn._signal()
-            fx.interrupt.append(job)
 
     def _drop_steered(self, job: Job, state: str, reason: str, fx: _Effects) -> int:
         """End the tickets steered into ``job`` and not taken as ``state``; returns how
@@ -1579,9 +1608,9 @@ class Machine:
         job is skipped when the heap reaches it; an ADMITTING job's runner is interrupted
         (asyncio) or finds it abandoned once it holds the lanes (threads)."""
         job.abandoned = True
-        job.turn._signal()
         if job.phase == ADMITTING:
-            fx.interrupt.append(job)
+            fx.interrupt.append(job)  # (first: see _after)
+        job.turn._signal()
         if k.job is job:
             k.job = None
             for t in reversed(job.steered):
@@ -1686,8 +1715,8 @@ class Machine:
             if job is not None and job.end_req is None and all(
                     x._end_req is not None for x in job.tickets + job.taken):
                 job.end_req = (CANCELLED, "cancelled")
+                fx.interrupt.append(job)  # (first: see _after)
                 job.turn._signal()
-                fx.interrupt.append(job)
         return True
 
     def clear(self, key: str) -> int:
@@ -1776,8 +1805,9 @@ class Machine:
         # a dispatcher dropped without close() must not be kept alive by it (for up to
         # dedupe_ttl_s) with its threads.
         me = weakref.ref(self)
+        self._dedupe_due = due
         self._dedupe_timer = self.face._call_later(max(0.0, due - now),
-                                                   lambda: _sweep_if_alive(me))
+                                                   lambda: _sweep_if_alive(me, due))
 
     def _expire_dedupe(self, now: float) -> None:
         # The table is in insertion order and every entry lives dedupe_ttl_s: the front
@@ -1789,12 +1819,15 @@ class Machine:
                 break
             table.popitem(last=False)
 
-    def _sweep(self) -> None:
+    def _sweep(self, due: float) -> None:
+        """The dedupe sweep timer set for ``due`` fired. A repeated call (see "Timers
+        and memory") leaves a timer set since alone."""
         with self._lock:
             now = self.face._now()
-            self._dedupe_timer = None
+            if due == self._dedupe_due:
+                self._dedupe_timer = None
             self._expire_dedupe(now)
-            if self._dedupe:
+            if self._dedupe and self._dedupe_timer is None:
                 self._arm_sweep(now)
             elif len(self._dedupe) == 0:
                 self._dedupe = OrderedDict()  # drop the table a burst grew
@@ -1933,7 +1966,12 @@ class Machine:
             timers[-1].cancel()
             timers.pop()
         while fx.interrupt:
-            face._interrupt(fx.interrupt[-1])
+            job = fx.interrupt[-1]
+            # The turn's signal again: the step records the interrupt before it signals
+            # (a plain store, then this builtin append), so an interrupt at the entry
+            # of the step's own _signal call loses neither.
+            job.turn._signal()
+            face._interrupt(job)
             fx.interrupt.pop()
         while fx.n_launched < len(fx.launch):
             face._launch(fx.launch[fx.n_launched])
