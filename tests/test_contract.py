@@ -217,6 +217,43 @@ async def test_timeout_zero_does_not_wait(f: Face) -> None:
 
 
 @contract
+async def test_a_hold_dropped_without_being_entered_warns(f: Face) -> None:
+    """``lane.acquire(key)`` without ``with`` / ``async with`` holds nothing: the hold,
+    once garbage-collected, warns with a RuntimeWarning naming the lane and the key (as
+    Python warns of a coroutine never awaited). A hold entered and left, one whose
+    enter timed out, and the holds ``try_acquire`` / ``acquire_timeout`` take do not."""
+    lane = f.lane("unentered", timeout_s=None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        lane.acquire("forgot")  # (the statement's value is dropped at once)
+        gc.collect()
+        never = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+        assert len(never) == 1, [str(w.message) for w in seen]
+        text = str(never[0].message)
+        assert "'unentered'" in text and "'forgot'" in text and "never held" in text
+        assert lane.active_count == 0 and lane.waiting == 0
+        seen.clear()
+        async with f.hold(lane.acquire("k")):
+            with pytest.raises(LaneTimeoutError):
+                await f.enter(lane.acquire("k", timeout_s=0))
+            assert await f.q(lane.acquire_timeout("k", 0)) is False
+        assert await f.q(lane.try_acquire("k")) is True
+        assert await f.q(lane.manual_release("k")) is True
+        # The same for acquire_all over this lane class.
+        queue = f.queue()
+        queue.add(lane)
+        async with f.hold(queue.acquire_all("k", ["unentered"])):
+            pass
+        gc.collect()
+        assert [w for w in seen if issubclass(w.category, RuntimeWarning)] == []
+        queue.acquire_all("forgot", ["unentered"])
+        gc.collect()
+        never = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+        assert len(never) == 1 and "'forgot'" in str(never[0].message), never
+        assert "['unentered']" in str(never[0].message)
+
+
+@contract
 async def test_timeout_positive_waits_that_long(f: Face) -> None:
     """``timeout_s > 0`` waits at most that long: LaneTimeoutError (acquire) or False
     (acquire_timeout) when nothing came, the permit when it came in time."""

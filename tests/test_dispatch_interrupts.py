@@ -424,3 +424,38 @@ def test_a_ticket_ended_in_a_job_waiting_for_its_lanes_is_never_run_or_counted_t
     assert (s.submitted, s.cancelled, s.done, s.pending, s.running) == (1, 1, 0, 0, 0), s
     assert d.submit("k", str, "next").result(WAIT) == "next"  # the key goes on
     d.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_interrupt_anywhere_in_a_cancel_event_set_never_leaves_its_lock_held() -> None:
+    """``Turn.cancel_event`` (a threading.Event) set while a thread waits on it, with an
+    interrupt at every point of the ``set`` where CPython can deliver one (the standard
+    library's Condition code included): a second ``set`` never blocks, and the waiter is
+    told. A plain ``threading.Event`` could leave its lock held there, and both would
+    block for good."""
+    from lanequeue.dispatch._machine import _CancelEvent
+
+    def run_once(inj: Injector) -> None:
+        ev = _CancelEvent()
+        assert isinstance(ev, threading.Event)
+        told: list[bool] = []
+        waiter = threading.Thread(target=lambda: told.append(ev.wait(WAIT)))
+        waiter.start()
+        time.sleep(0.005)  # (the waiter parks; if not yet, its wait sees the flag)
+        try:
+            with inj.active():
+                ev.set()
+        except KeyboardInterrupt:
+            assert inj.fired is not None
+        setter = threading.Thread(target=ev.set, daemon=True)
+        setter.start()
+        setter.join(5.0)
+        assert not setter.is_alive(), f"a second set blocked ({inj.fired})"
+        waiter.join(5.0)
+        assert told == [True], inj.fired
+
+    _TRACED.add(threading.__file__)
+    try:
+        assert inject_everywhere(run_once) > 5
+    finally:
+        _TRACED.discard(threading.__file__)

@@ -259,6 +259,60 @@ def test_an_interrupt_anywhere_in_a_dispatchers_start_deadline_timer_never_loses
     _sweep(case, 10)
 
 
+@pytest.mark.timeout(180)
+def test_an_interrupt_in_the_deadline_step_keeps_the_stale_count_and_later_deadlines() -> None:
+    """The deadline step pops stale entries (tickets that left their line) as well: an
+    interrupt anywhere in it must not leave the count of stale entries too high, which
+    would let a later ordinary cancel drop the heap with a live deadline in it."""
+
+    def case(inj: Injector) -> None:
+        s = Stepped(global_cap=4)
+        turns = Turns()
+        try:
+            first = s.submit("k", turns.turn, "first")
+            gone = s.submit("k", turns.turn, "gone", timeout_s=0.5)
+            late = s.submit("k", turns.turn, "late", timeout_s=1.0)
+            later = s.submit("k", turns.turn, "later", timeout_s=3.0)
+            other = s.submit("k", turns.turn, "other", timeout_s=5.0)
+            s.call(s.d.cancel, gone)  # its deadline entry is stale now
+            s.loop.fake_now += 1.5
+            inj.run(s.loop.settle)
+            s.settle()
+            assert late.state == "timed_out", (late, inj.fired)
+            s.call(s.d.cancel, other)  # an ordinary cancel: must not drop "later"'s entry
+            s.advance(2.0)  # 3.5 s: past "later"'s deadline
+            assert (later.state, later.reason) == ("timed_out", "start timeout"), (
+                later, inj.fired, s.d._machine._deadlines, s.d._machine._stale)
+            turns.finish("first")
+            s.settle()
+            assert first.done() and turns.started() == ["first"], inj.fired
+        finally:
+            s.close()
+
+    _sweep(case, 10)
+
+
+@pytest.mark.timeout(60)
+def test_a_repeated_launch_leaves_the_run_timeout_to_the_task_that_runs_the_turn() -> None:
+    """A launch repeated after an interrupt (its effect ran twice) makes a second task
+    that returns at once: the turn's interrupt still reaches the task that runs it."""
+    s = Stepped(global_cap=4)
+    turns = Turns()
+    try:
+        t = s.submit("k", turns.turn, "slow", run_timeout_s=1.0)
+        assert turns.started() == ["slow"]
+        job = t._job
+        runner = job.runner
+        s.call(s.d._launch, job)  # the repeat: refused by enter, returns at once
+        s.settle()
+        assert job.runner is runner and job.handle is runner
+        s.advance(1.5)
+        assert (t.state, t.reason) == ("timed_out", "run timeout") and (
+            ("cancelled", "slow") in turns.log)
+    finally:
+        s.close()
+
+
 @pytest.mark.timeout(120)
 def test_an_interrupt_anywhere_in_a_dispatchers_run_timeout_timer_still_ends_the_turn() -> None:
     """A run timeout whose timer is interrupted anywhere still cancels the running turn

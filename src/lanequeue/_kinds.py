@@ -443,7 +443,10 @@ class Hold:
 
     lane: Any
     _is_multi: ClassVar[bool] = False  # (a MultiHold: see lanequeue._core.record)
-    # ``_parked``: (its waiter, 0) once its acquire parked (see parked_grant); unset before.
+    # ``_parked``: (its waiter, 0) once its acquire parked (see parked_grant); None once
+    # its enter took the general path; unset before (never entered, or taken by the
+    # enter's own step, which stores the token).
+    _parked: tuple[Any, int] | None
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None, token: int = 0) -> None:
         self.lane = lane
@@ -548,6 +551,7 @@ class _DropWatch:
     lane: Any
     key: str
     _token: int
+    _parked: tuple[Any, int] | None
 
     def __del__(self) -> None:
         try:
@@ -571,12 +575,32 @@ class _DropWatch:
             # Never granted, or granted to its parked waiter and recorded nowhere: the
             # wait's handler was stopped by a second interrupt (see parked_grant).
             token = parked_grant(self, 0)
-            if not token or not self.lane._core.owns(self.key, token):
+            if not token:
+                try:
+                    self._parked  # noqa: B018  (set by the general path of every enter)
+                except AttributeError:  # never entered: acquire() without with
+                    warn_unentered(f"{type(self.lane).__name__} {self.lane.name!r}", self.key)
+                return
+            if not self.lane._core.owns(self.key, token):
                 return
             self.lane._core._dropped.append((self.key, token))
         self._token = -token  # type: ignore[misc]  # ended (see the class)
         self.lane._dropped_hold()
         warn_dropped(self.lane, self.key, token)
+
+
+def warn_unentered(made: str, key: str, usage: str = "lane.acquire(key)") -> None:
+    """The ``RuntimeWarning`` of a hold that was made and dropped without being entered
+    (``lane.acquire(key)`` without ``with``: it never waited and never held), as
+    Python's own for a coroutine never awaited. ``made``: what made it (``SessionLane
+    's'``)."""
+    warnings.warn(
+        f"{made}: the hold made for key {shown(key)} was garbage-collected without being "
+        f"entered (or an interrupt stopped its enter before it began), so it never held "
+        f"anything: use it as 'with {usage}:' ('async with' on asyncio)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def warn_dropped(lane: Any, key: str, token: int) -> None:

@@ -259,8 +259,9 @@ class LoopTimer:
     is cancelled once ``fn`` returned. One interrupt stops at most one of them; the
     other calls ``fn`` (later, when the loop runs again).
 
-    ``fn`` is called at least once, and is called a second time only when an interrupt
-    stopped its first call, or landed right after it returned: it must take a repeat
+    ``fn`` is called at least once, and is called a second time only when its first
+    call raised (an interrupt, or any exception: logged by the loop, as any callback's)
+    or an interrupt landed right after it returned: it must take a repeat
     (the timers here act on what is due when they run, so a repeat finds nothing more
     to do, or finishes what the interrupt stopped). ``timer`` is this object, so that
     ``fn`` can tell a call of its current timer from a late one. :meth:`cancel` before
@@ -280,6 +281,9 @@ class LoopTimer:
         self.fn = fn
         self.ran = False  # True once fn returned (or the timer was cancelled)
         self._when = when
+        # (None first: a handle armed by a constructor an interrupt stopped still runs)
+        self.first: asyncio.TimerHandle | None = None
+        self.spare: asyncio.TimerHandle | None = None
         self.first = loop.call_at(when, self._run)
         self.spare = loop.call_at(when, self._run)
 
@@ -288,14 +292,16 @@ class LoopTimer:
             return  # the other handle's call returned already
         self.fn(self)
         self.ran = True
-        self.spare.cancel()  # (whichever handle runs: cancelling a spent one is a no-op)
-        self.first.cancel()
+        self.cancel()  # the other handle (cancelling a spent one is a no-op)
 
     def cancel(self) -> None:
         """Call ``fn`` no more (idempotent)."""
         self.ran = True
-        self.first.cancel()
-        self.spare.cancel()
+        first, spare = self.first, self.spare
+        if first is not None:
+            first.cancel()
+        if spare is not None:
+            spare.cancel()
 
     def when(self) -> float:
         """The loop time the call is due at (seconds), as given."""

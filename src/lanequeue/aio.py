@@ -261,12 +261,14 @@ class AsyncHold(Hold):
         lane = self.lane
         fast = lane._fast_loop  # lane._bind(), without its frame: before any take
         if fast is None or fast._thread_id != get_ident():
+            self._parked = None  # entered (a hold never entered warns when dropped)
             lane._bind_loop()
         core = lane._core
         # The hold's own step first (an IDLE key, a free permit: see _AsyncHold), unless
         # the lane was seen busy: then the look below sends a busy key to the line.
         if not core.seen_busy and self._step_in() is not None:
             return self
+        self._parked = None  # entered (a hold never entered warns when dropped: _DropWatch)
         if self._token:
             raise RuntimeError("this hold was already entered (a hold is single use, even after "
                                "it ended); call lane.acquire(key) again")
@@ -643,13 +645,17 @@ class _AsyncFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         # (a made class: object.__init__, no frame; see _DropWatch): the hot path
+        # The arguments checked before the hold is made: a hold made and dropped unused
+        # warns (see _DropWatch), and this one was never the caller's.
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        rank = priority if priority is _ZERO else self._rank(priority)
         new = self._new_hold
         hold = new()  # type: ignore[call-arg]
         hold.lane = self
         hold.key = key
         hold._token = 0
-        hold._timeout_s = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        hold._priority = priority if priority is _ZERO else self._rank(priority)
+        hold._timeout_s = timeout
+        hold._priority = rank
         return hold
 
     @must_await
@@ -922,7 +928,11 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
     async def __aenter__(self) -> MultiHold:
         if self._stage:
             raise entered_twice()
-        busy = self._check_loops()
+        try:
+            busy = self._check_loops()
+        except BaseException:
+            self._stage = MULTI_ENTERED  # (refused, not forgotten: no warning when dropped)
+            raise
         plan = self._plan
         cores = plan.cores
         budget = self._budget_s

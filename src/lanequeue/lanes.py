@@ -96,6 +96,7 @@ class ThreadHold(Hold):
     _ended_class: ClassVar[type]  # what a hold left through its block becomes: this class
 
     def __enter__(self) -> ThreadHold:
+        self._parked = None  # entered (a hold never entered warns when dropped: _DropWatch)
         if self._token:
             raise RuntimeError("this hold was already entered (a hold is single use, even after "
                                "it ended); call lane.acquire(key) again")
@@ -313,13 +314,17 @@ class _ThreadFace:
         if key.__class__ is not str or not key:
             key = check_key(key)
         # (a made class: object.__init__, no frame; see _DropWatch): the hot path
+        # The arguments checked before the hold is made: a hold made and dropped unused
+        # warns (see _DropWatch), and this one was never the caller's.
+        timeout = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        rank = priority if priority is _ZERO else self._rank(priority)
         new = self._new_hold
         hold = new()  # type: ignore[call-arg]
         hold.lane = self
         hold.key = key
         hold._token = 0
-        hold._timeout_s = self.timeout_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        hold._priority = priority if priority is _ZERO else self._rank(priority)
+        hold._timeout_s = timeout
+        hold._priority = rank
         return hold
 
     def try_acquire(self, key: str) -> bool:

@@ -47,6 +47,7 @@ from ._kinds import (
     OnWait,
     SessionKind,
     warn_dropped,
+    warn_unentered,
 )
 from ._obs import StuckHold
 from ._ops import LaneOps, check_ops_arguments, poll_idle
@@ -381,6 +382,7 @@ class _MultiDropWatch:
     _plan: Plan
     _taken: list[Any]
     _parked: tuple[Any, int]
+    _stage: int
 
     def __del__(self) -> None:
         try:
@@ -409,6 +411,10 @@ class _MultiDropWatch:
             self._drop(taken, (at, parked))
         elif taken:
             self._drop(taken, None)
+        elif self._stage == MULTI_MADE:  # never entered: acquire_all() without with
+            names = [lane.name for lane, _ in self._plan.steps]
+            warn_unentered(f"acquire_all over {names}", self._key,
+                           "queue.acquire_all(key, names)")
 
     def _drop(self, taken: list[Any], parked: tuple[int, int] | None) -> None:
         """The finalizer's work after the records, out of ``__del__`` (whose frame, made
@@ -882,13 +888,16 @@ class QueueBase(Generic[L, CL, SL]):
             # A lane other than the queue's own in-process ones (a Redis lane) may refuse
             # a key it cannot send: refused here, before anything is taken or waited for.
             check_utf8(key)
+        # (checked before it is made: one made and dropped unused warns, _MultiDropWatch)
+        budget = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
+        rank = priority if priority is _ZERO else check_priority(priority)
         multi = cls()  # no __init__ frame: the made classes have object's
         multi._plan = plan
         multi._taken = []
         multi._key = key
         multi._stage = MULTI_MADE
-        multi._budget_s = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
-        multi._priority = priority if priority is _ZERO else check_priority(priority)
+        multi._budget_s = budget
+        multi._priority = rank
         return multi
 
 

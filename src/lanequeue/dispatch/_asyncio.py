@@ -218,7 +218,8 @@ class Dispatcher(DispatcherBase):
             self._machine.finish(job, False, asyncio.CancelledError())
             return
         task = self._loop.create_task(self._run(job))
-        job.handle = task
+        if job.handle is None:  # (a launch repeated after an interrupt: the first task's)
+            job.handle = task
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._reap(t, job))
 
@@ -271,7 +272,9 @@ class Dispatcher(DispatcherBase):
             pass
 
     def _interrupt(self, job: Job) -> None:
-        task = job.handle
+        # The task that runs the job (Machine.enter), else the first launched: a launch
+        # repeated after an interrupt makes a task that returns at once.
+        task = job.runner if job.runner is not None else job.handle
         if task is not None and task is not asyncio.current_task():
             task.cancel()
 

@@ -74,9 +74,10 @@ exception, may land anywhere in ``submit``, ``cancel``, ``clear``, ``close`` or 
 report (``finish``), at any point where CPython checks for one (see "Interrupts" in
 ``lanequeue._core``). Whatever the point, the dispatcher stays whole: a ticket that was
 made either ends (``cancelled``, reason ``"interrupted"`` for a new ticket taken out of
-its line and put nowhere; the cancel asked for, for a ticket being cancelled) or runs to
-its end; no gate slot or runner count is lost; the counters agree; ``drain`` can reach
-True. The interrupted call itself raises the exception. How:
+its line and put nowhere, or ``timed_out``, ``"start timeout"``, when its start deadline
+had passed; the cancel asked for, for a ticket being cancelled) or runs to its end; no
+gate slot or runner count is lost; the counters agree; ``drain`` can reach True. The
+interrupted call itself raises the exception. How:
 
 - A locked block runs inside a ``try`` whose handler calls :meth:`Machine._repair` (one
   frame, :meth:`Machine._step`, serves every operation but ``submit``): under the lock it
@@ -102,10 +103,10 @@ True. The interrupted call itself raises the exception. How:
   ``Condition`` in Python code) and the thread face's idle notice. Turns, timers, the
   shared window's calls and its give-backs after failed claims go to the faces' or the
   window's threads by one put on a ``SimpleQueue`` (:mod:`._workers`), never through a
-  lock taken in Python code. Limit: ``Turn.cancel_event`` is a
-  ``threading.Event`` (its documented type); an interrupt inside its ``set`` may leave
-  that event's own lock held, so a ``fn`` that blocks in ``cancel_event.wait()`` (rather
-  than polling ``is_set()``) could then wait out its timeout.
+  lock taken in Python code. ``Turn.cancel_event`` is a ``threading.Event`` (its
+  documented type) whose lock is taken as :class:`_Signal`'s is (:class:`_CancelEvent`),
+  so a ``fn`` blocked in ``cancel_event.wait()`` is told even when an interrupt landed
+  inside the ``set`` that tells it (the effect sets it again).
 
 Ending, and who decides
 =======================
@@ -292,8 +293,9 @@ class Ticket:
     ``"failed"``, ``"cancelled"``, ``"dropped"``, ``"rejected"``, ``"timed_out"``,
     ``"deduped"``; ``reason`` says why a non-done state was reached (``"busy"``,
     ``"overflow"``, ``"superseded"``, ``"cancelled"``, ``"cleared"``, ``"closed"``,
-    ``"start timeout"``, ``"run timeout"``, ``"interrupted"`` (an interrupt in ``submit``
-    left it in no line), ``"loop shut down"`` (asyncio: the event loop shut down), ...),
+    ``"start timeout"``, ``"run timeout"``, ``"interrupted"`` (an interrupt, in ``submit``
+    say, left it in no line before its start deadline), ``"loop shut down"`` (asyncio:
+    the event loop shut down), ...),
     None otherwise.
 
     Waiting: ``await ticket`` (asyncio) or ``ticket.result(timeout)`` (any thread) returns
@@ -487,32 +489,70 @@ class _Signal:
         self._flag = False
 
     def set(self) -> None:
-        lock = self._lock
-        try:
-            lock.acquire()  # inside the try
-            self._flag = True
-            self._cond.notify_all()
-        finally:
-            try:  # (the release's own call first: no frame of ours before it)
-                lock.release()
-            except RuntimeError:  # not held: interrupted before the acquire
-                pass
+        _set_flag(self, True)
 
     def is_set(self) -> bool:
         return self._flag
 
     def wait(self, timeout: float | None = None) -> bool:
-        lock = self._lock
+        return _wait_flag(self, timeout)
+
+
+def _set_flag(sig: Any, flag: bool) -> None:
+    """Set (or clear) the flag of a :class:`_Signal` or :class:`_CancelEvent`, waking
+    its waiters when set: the lock taken as the first statement inside the ``try``."""
+    lock = sig._lock
+    try:
+        lock.acquire()  # inside the try
+        sig._flag = flag
+        if flag:
+            sig._cond.notify_all()
+    finally:
+        try:  # (the release's own call first: no frame of ours before it)
+            lock.release()
+        except RuntimeError:  # not held: interrupted before the acquire
+            pass
+
+
+def _wait_flag(sig: Any, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: no limit) for the flag of a
+    :class:`_Signal` or :class:`_CancelEvent`; returns it."""
+    lock = sig._lock
+    try:
+        lock.acquire()  # inside the try
+        if not sig._flag:
+            sig._cond.wait_for(sig.is_set, timeout)
+        return bool(sig._flag)
+    finally:
         try:
-            lock.acquire()  # inside the try
-            if not self._flag:
-                self._cond.wait_for(self.is_set, timeout)
-            return self._flag
-        finally:
-            try:
-                lock.release()
-            except RuntimeError:  # not held: interrupted before the acquire, or in a wait
-                pass
+            lock.release()
+        except RuntimeError:  # not held: interrupted before the acquire, or in a wait
+            pass
+
+
+class _CancelEvent(threading.Event):
+    """``Turn.cancel_event``: a ``threading.Event`` (its documented type) whose lock an
+    interrupt cannot leave held, for the reason and by the steps of :class:`_Signal`
+    (an ``RLock`` taken inside a ``try``). A plain ``Event`` enters its ``Condition``
+    in Python code: an interrupt inside ``set`` could leave its lock taken, and a turn
+    in ``cancel_event.wait()`` would then block for good, as would a second ``set``."""
+
+    def __init__(self) -> None:  # (no super().__init__: its Condition has a plain Lock)
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._flag = False
+
+    def set(self) -> None:
+        _set_flag(self, True)
+
+    def clear(self) -> None:
+        _set_flag(self, False)
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return _wait_flag(self, timeout)
 
 
 def _on_loop(loop: Any) -> bool:
@@ -590,7 +630,7 @@ class Turn:
     def cancel_event(self) -> threading.Event:
         with self._job.machine._lock:
             if self._event is None:
-                self._event = threading.Event()
+                self._event = _CancelEvent()
                 if self._cancelled:
                     self._event.set()
             return self._event
@@ -1139,7 +1179,11 @@ class Machine:
 
     def _disarm(self, t: Ticket) -> None:
         """``t`` left PENDING: its heap entry is now stale (lock held). Once most of the
-        heap is stale it is rebuilt (amortised O(1)), so ended tickets are not kept."""
+        heap is stale it is rebuilt (amortised O(1)), so ended tickets are not kept.
+        ``_stale`` must never count more entries than are stale: once it equals the
+        heap's length the heap is dropped, with any live entry in it. So every change
+        lowers it before the entry goes and raises it after the entry is marked, and
+        :meth:`_repair` counts it again."""
         if t._armed:
             t._armed = False
             self._stale += 1
@@ -1151,9 +1195,11 @@ class Machine:
                     self._deadline_timer.cancel()
                     self._deadline_timer = None
             elif self._stale > 64 and self._stale * 2 > len(heap):
-                self._deadlines = [e for e in heap if e[2]._armed]
-                heapq.heapify(self._deadlines)
+                live = [e for e in heap if e[2]._armed]
+                heapq.heapify(live)
+                # -- commit: plain stores --
                 self._stale = 0
+                self._deadlines = live
 
     def _deadlines_due(self, due: float) -> None:
         """The deadline timer set for ``due`` fired: end every pending ticket whose
@@ -1176,11 +1222,13 @@ class Machine:
                 break
             deadline, _, t = heap[0]
             if not t._armed or t.state in TERMINAL:
-                heapq.heappop(heap)
-                if t._armed:  # ended, its entry not yet marked stale
+                # The count first, then the pop: an interrupt between them leaves the
+                # count low (a rebuild comes later), never high (see _disarm).
+                if t._armed:  # ended, its entry not yet marked stale: never counted
                     t._armed = False
                 else:
                     self._stale -= 1
+                heapq.heappop(heap)
                 continue
             if deadline > now:
                 break
@@ -1491,6 +1539,14 @@ class Machine:
                         self._settle(key, fx)
                     self._advance(key, k, now, fx)
             self._fill_gate(fx)
+            # The stale deadline entries, counted again (see _disarm); and a timer for
+            # the live ones, in case the interrupt stopped the step that re-arms it.
+            heap = self._deadlines
+            self._stale = sum(1 for e in heap if not e[2]._armed)
+            if heap and self._stale < len(heap) and self._deadline_timer is None:
+                due = self._deadline_due = min(e[0] for e in heap if e[2]._armed)
+                self._deadline_timer = self.face._call_later(
+                    max(0.0, due - now), lambda: self._deadlines_due(due))
 
     def _fill_gate(self, fx: _Effects) -> None:
         ready = self._ready

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from .._errors import shown
-from .._kinds import Hold
+from .._kinds import Hold, warn_unentered
 from ._wake import owner_id
 
 __all__ = ["ENDED", "HELD", "PENDING", "RELEASING", "RedisHoldBase"]
@@ -75,6 +75,19 @@ class RedisHoldBase(Hold):
         # Called (no argument) once the loss of this hold's lease is noticed: the
         # dispatcher's, for the turn that runs under it (see _watch_loss).
         self._on_loss: Any = None
+
+    def __del__(self) -> None:
+        # A hold made by acquire() and dropped without being entered (``with`` forgotten)
+        # warns, as an in-process one does (see lanequeue._kinds._DropWatch); every take
+        # marks the hold first (_take), also the holds try_acquire and acquire_timeout make.
+        try:
+            self._parked  # noqa: B018
+        except AttributeError:
+            try:
+                lane, key = self.lane, self.key
+            except AttributeError:  # interrupted while being made
+                return
+            warn_unentered(f"{type(lane).__name__} {lane.name!r}", key)
 
     @property
     def lost(self) -> bool:

@@ -828,6 +828,7 @@ class RedisLaneBase(ABC, Generic[H]):
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for the grant of
         ``hold``; True once granted (the hold is registered and renewed; ``kept``: owned
         by this lane object, see :meth:`_register`)."""
+        hold._parked = None  # taken (a hold never entered warns when dropped)
         key = hold.key
         wait = timeout != 0
         t0 = time.monotonic()
