@@ -254,6 +254,29 @@ async def test_a_hold_dropped_without_being_entered_warns(f: Face) -> None:
 
 
 @contract
+async def test_a_hold_is_single_use_even_after_its_enter_timed_out(f: Face) -> None:
+    """A hold is single use: entered again after it ended, or after its enter timed out
+    (nothing was granted), it raises RuntimeError and takes nothing, even once the key
+    or permit is free; ``acquire`` makes a fresh hold for a new try."""
+    lane = f.lane("single", timeout_s=None)
+    late = lane.acquire("k", timeout_s=0)
+    async with f.hold(lane.acquire("k")):
+        with pytest.raises(LaneTimeoutError):
+            await f.enter(late)
+    assert lane.active_count == 0
+    with pytest.raises(RuntimeError, match="already entered"):
+        await f.enter(late)  # the key is free now: still refused
+    assert lane.active_count == 0 and lane.stats.acquired == 1
+    used = lane.acquire("k")
+    async with f.hold(used):
+        pass
+    with pytest.raises(RuntimeError, match="already entered"):
+        await f.enter(used)
+    async with f.hold(lane.acquire("k")):  # a fresh hold
+        assert lane.active_count == 1
+
+
+@contract
 async def test_timeout_positive_waits_that_long(f: Face) -> None:
     """``timeout_s > 0`` waits at most that long: LaneTimeoutError (acquire) or False
     (acquire_timeout) when nothing came, the permit when it came in time."""

@@ -269,9 +269,10 @@ class AsyncHold(Hold):
         if not core.seen_busy and self._step_in() is not None:
             return self
         self._parked = None  # entered (a hold never entered warns when dropped: _DropWatch)
-        if self._token:
+        # (a hold of the public class: one that ended, or whose enter timed out)
+        if self._token or self.__class__ is AsyncHold:
             raise RuntimeError("this hold was already entered (a hold is single use, even after "
-                               "it ended); call lane.acquire(key) again")
+                               "it ended or timed out); call lane.acquire(key) again")
         key, timeout = self.key, self._timeout_s
         # (a busy look goes straight to the line: see _looks_busy) A grant is stored in
         # ``self._token`` by the core's commit, or by ``_park`` before its wait's handler
@@ -283,6 +284,9 @@ class AsyncHold(Hold):
                 core.seen_busy = True
                 token = await lane._park(key, timeout, self._priority, self)
             if not token:
+                # Nothing granted (the wait withdrew): the hold ends, single use (its
+                # class then enters by this general path, which refuses it).
+                self.__class__ = lane._ended_hold
                 raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         return self
 
@@ -371,6 +375,7 @@ class _AsyncFace:
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     _hold_class: ClassVar[type[AsyncHold]]  # what acquire() makes, as cls() (_DropWatch)
     _new_hold: type[AsyncHold]  # the same, read from the instance (see LaneKind.__init__)
+    _ended_hold: type[AsyncHold]  # what its holds become once ended (LaneKind.__init__)
     name: str
     timeout_s: float | None
     warn_after_s: float | None
@@ -931,7 +936,9 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
         try:
             busy = self._check_loops()
         except BaseException:
-            self._stage = MULTI_ENTERED  # (refused, not forgotten: no warning when dropped)
+            # Refused, not forgotten: no warning when dropped (its own loop may still
+            # enter it: a refusal changes nothing, see _check_loops).
+            self._parked = None
             raise
         plan = self._plan
         cores = plan.cores

@@ -97,15 +97,19 @@ class ThreadHold(Hold):
 
     def __enter__(self) -> ThreadHold:
         self._parked = None  # entered (a hold never entered warns when dropped: _DropWatch)
-        if self._token:
+        # (a hold of the public class: one that ended, or whose enter timed out)
+        if self._token or self.__class__ is ThreadHold:
             raise RuntimeError("this hold was already entered (a hold is single use, even after "
-                               "it ended); call lane.acquire(key) again")
+                               "it ended or timed out); call lane.acquire(key) again")
         lane, key, timeout = self.lane, self.key, self._timeout_s
         # A grant is stored in ``self._token`` by the core's commit, or by ``_park``
         # before its wait's handler ends: an interrupt right after it leaves the permit
         # to this hold (its finalizer), not to nobody.
         if not lane._core.take(key, timeout != 0, None, self) and (
                 timeout == 0 or not lane._park(key, timeout, self._priority, self)):
+            # Nothing granted (the wait withdrew): the hold ends, single use (its class
+            # then enters by this general path, which refuses it; no finalizer).
+            self.__class__ = lane._ended_hold
             raise LaneTimeoutError(lane.name, key, timeout, type(lane).__name__)
         return self
 
@@ -159,6 +163,7 @@ class _ThreadFace:
     _core: Any  # CountingCore or SessionCore (the kind's): same take/release/withdraw
     _hold_class: ClassVar[type[ThreadHold]]  # what acquire() makes, as cls() (_DropWatch)
     _new_hold: type[ThreadHold]  # the same, read from the instance (see LaneKind.__init__)
+    _ended_hold: type[ThreadHold]  # what its holds become once ended (LaneKind.__init__)
     name: str
     timeout_s: float | None
     warn_after_s: float | None

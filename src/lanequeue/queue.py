@@ -137,12 +137,15 @@ class MultiHold:
     # _taken: per step taken so far, its token (in-process core) or its Hold (others);
     # _priority: the priority its waits on in-process counting lanes have (checked);
     # _stage: MULTI_MADE, MULTI_ENTERED from the first __enter__ on (single use, as a
-    # hold), MULTI_LEAVING once a release pass began (see lanequeue._core.end_marked).
+    # hold), MULTI_LEAVING once a release pass began (see lanequeue._core.end_marked);
+    # _parked: (its waiter, steps taken) once a wait parked (see parked_grant), None once
+    # an asyncio enter was refused by its loop check; unset before.
     _key: str
     _plan: Plan
     _taken: list[Any]
     _budget_s: float | None
     _priority: int
+    _parked: tuple[Any, int] | None
     _stage: int
 
     def _rank_for(self, core: Core) -> int:
@@ -381,7 +384,7 @@ class _MultiDropWatch:
     _key: str
     _plan: Plan
     _taken: list[Any]
-    _parked: tuple[Any, int]
+    _parked: tuple[Any, int] | None
     _stage: int
 
     def __del__(self) -> None:
@@ -406,12 +409,14 @@ class _MultiDropWatch:
         # stopped by a second interrupt (see parked_grant).
         parked = parked_grant(self, len(taken))
         if parked:
-            at = self._parked[1]
+            at = cast(tuple[Any, int], self._parked)[1]  # (set: a grant was found there)
             cast(Any, self._plan.steps[at][1])._dropped.append((self._key, parked))
             self._drop(taken, (at, parked))
         elif taken:
             self._drop(taken, None)
-        elif self._stage == MULTI_MADE:  # never entered: acquire_all() without with
+        elif (self._stage == MULTI_MADE and not hasattr(self, "_parked")
+              and hasattr(self, "_budget_s")):  # (made whole: its last store is in)
+            # never entered (acquire_all() without with), nor refused at its enter
             names = [lane.name for lane, _ in self._plan.steps]
             warn_unentered(f"acquire_all over {names}", self._key,
                            "queue.acquire_all(key, names)")
@@ -892,10 +897,10 @@ class QueueBase(Generic[L, CL, SL]):
         budget = plan.budget_s if timeout_s is LANE_DEFAULT else check_timeout(timeout_s)
         rank = priority if priority is _ZERO else check_priority(priority)
         multi = cls()  # no __init__ frame: the made classes have object's
+        multi._stage = MULTI_MADE  # (first: the finalizer reads it once _taken is set)
         multi._plan = plan
         multi._taken = []
         multi._key = key
-        multi._stage = MULTI_MADE
         multi._budget_s = budget
         multi._priority = rank
         return multi

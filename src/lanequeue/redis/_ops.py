@@ -80,6 +80,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
     # -- the acquisition procedure, wrapped ----------------------------------------------
 
     def _take(self, hold: H, timeout: float | None, kept: bool = False) -> Steps[bool]:
+        hold._parked = None  # taken (refused or not: a hold never entered warns if dropped)
         if self._draining:
             raise LaneDrainingError(self.name, hold.key)
         owner = hold.owner

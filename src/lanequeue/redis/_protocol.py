@@ -1172,8 +1172,9 @@ class RedisLaneBase(ABC, Generic[H]):
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
         if hold._state != PENDING:
             raise RuntimeError("this hold was already entered (a hold is single use, even after "
-                               "it ended); call lane.acquire(key) again")
+                               "it ended or timed out); call lane.acquire(key) again")
         if not (yield from self._take(hold, hold._timeout_s)):
+            hold._state = ENDED  # nothing granted: single use all the same
             raise LaneTimeoutError(self.name, hold.key, hold._timeout_s, type(self).__name__)
 
     def _exit(self, hold: H, failed: bool) -> Steps[None]:
