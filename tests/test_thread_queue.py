@@ -507,3 +507,36 @@ def test_acquire_all_with_timeout_zero_counts_a_refusal_as_rejected() -> None:
         assert aqueue["global"].active_count == 0
 
     asyncio.run(main())
+
+
+def test_acquire_all_reads_a_clock_its_lanes_share_once_per_grant() -> None:
+    """The fast path of ``acquire_all`` reads a clock that its lanes share once for all
+    their grants (the instant of the call's grants), and each lane's own clock when they
+    differ: the hold ages it records are each lane's clock's."""
+    reads: list[str] = []
+
+    def clock_of(name: str, at: float) -> Any:
+        def clock() -> float:
+            reads.append(name)
+            return at
+        return clock
+
+    shared = clock_of("shared", 100.0)
+    q = LaneQueue()
+    q.add(SessionLane("session", clock=shared))
+    q.add(Lane("global", max_concurrent=2, clock=shared))
+    with q.acquire_all("k", ["session", "global"]):
+        pass  # (a new key takes the general path, which reads the clock itself)
+    reads.clear()
+    with q.acquire_all("k", ["session", "global"]):
+        assert reads == ["shared"]  # one read, for both grants
+        assert q["session"]._core.held_since() == {"k": 0.0}
+    reads.clear()
+    q2 = LaneQueue()
+    q2.add(SessionLane("session", clock=clock_of("own-session", 5.0)))
+    q2.add(Lane("global", max_concurrent=2, clock=clock_of("own-global", 7.0)))
+    with q2.acquire_all("k", ["session", "global"]):
+        pass
+    reads.clear()
+    with q2.acquire_all("k", ["session", "global"]):
+        assert reads == ["own-session", "own-global"]  # each lane's own clock

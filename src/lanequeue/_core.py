@@ -1289,6 +1289,10 @@ class MultiHoldSteps:
         if cores is None or self._budget_s == 0.0:  # (a float or None: a float compare)
             return self._take_rest(None)
         key = self._key
+        # One clock reading serves the cores that share its clock (the default): read
+        # under the first one's lock, it is the instant of this acquire_all's grants.
+        last: Any = None
+        now = 0.0
         try:
             # Each attribute of a core is loaded at a site of its kind's own: a load
             # site that sees two classes is not specialised (CPython 3.11), which cost
@@ -1303,7 +1307,9 @@ class MultiHoldSteps:
                         # LaneDrainingError)
                         if not entry.token and not core.draining:
                             clock = core._clock
-                            now = clock()
+                            if clock is not last:
+                                now = clock()
+                                last = clock
                             # -- commit: plain stores, then one last builtin --
                             core._token = token = core._token + 1
                             entry.token = token
@@ -1316,7 +1322,9 @@ class MultiHoldSteps:
                         # a free permit (nobody waits), and not draining
                         if len(holds) < core.capacity and not core.draining:
                             clock = core._clock
-                            now = clock()
+                            if clock is not last:
+                                now = clock()
+                                last = clock
                             # -- commit: plain stores, then one last builtin --
                             core._token = token = core._token + 1
                             holds[token] = (key, now)
