@@ -433,10 +433,10 @@ def test_an_interrupt_anywhere_in_a_cancel_event_set_never_leaves_its_lock_held(
     library's Condition code included): a second ``set`` never blocks, and the waiter is
     told. A plain ``threading.Event`` could leave its lock held there, and both would
     block for good."""
-    from lanequeue.dispatch._machine import _CancelEvent
+    from lanequeue.dispatch._machine import _Signal
 
     def run_once(inj: Injector) -> None:
-        ev = _CancelEvent()
+        ev = _Signal()
         assert isinstance(ev, threading.Event)
         told: list[bool] = []
         waiter = threading.Thread(target=lambda: told.append(ev.wait(WAIT)))

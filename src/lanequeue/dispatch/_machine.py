@@ -98,15 +98,15 @@ interrupted call itself raises the exception. How:
   (``await ticket`` copes). ``on_drop`` is called at most once per batch.
 - A runner whose report was interrupted at its very entry reports again (``job.reported``).
 - The locks that threads wait on are never entered through Python code (see
-  ``lanequeue._core``): a ticket's wait and the wait for another submit's claim of the
-  same id (:class:`_Signal`, not ``threading.Event``, whose ``set`` and ``wait`` enter a
-  ``Condition`` in Python code) and the thread face's idle notice. Turns, timers, the
-  shared window's calls and its give-backs after failed claims go to the faces' or the
-  window's threads by one put on a ``SimpleQueue`` (:mod:`._workers`), never through a
-  lock taken in Python code. ``Turn.cancel_event`` is a ``threading.Event`` (its
-  documented type) whose lock is taken as :class:`_Signal`'s is (:class:`_CancelEvent`),
-  so a ``fn`` blocked in ``cancel_event.wait()`` is told even when an interrupt landed
-  inside the ``set`` that tells it (the effect sets it again).
+  ``lanequeue._core``): a ticket's wait, the wait for another submit's claim of the
+  same id and a turn's ``cancel_event`` (:class:`_Signal`: a ``threading.Event``, the
+  cancel event's documented type, whose lock is not taken in Python code, as
+  ``Event``'s ``set`` and ``wait`` do through a ``Condition``), and the thread face's
+  idle notice. So a ``fn`` blocked in ``cancel_event.wait()`` is told even when an
+  interrupt landed inside the ``set`` that tells it (the effect sets it again). Turns,
+  timers, the shared window's calls and its give-backs after failed claims go to the
+  faces' or the window's threads by one put on a ``SimpleQueue`` (:mod:`._workers`),
+  never through a lock taken in Python code.
 
 Ending, and who decides
 =======================
@@ -470,72 +470,17 @@ class Ticket:
         return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
 
 
-class _Signal:
-    """A one-way flag threads wait for, like ``threading.Event``, whose lock an interrupt
-    cannot leave held: ``Event`` enters a ``Condition`` through its Python-level
-    ``__enter__`` (an interrupt there leaves the lock taken, and every later ``set`` or
-    ``wait`` blocks for ever). Here the lock is an ``RLock`` taken as the first statement
-    inside a ``try`` whose ``finally`` releases it (see "Interrupts" in
-    ``lanequeue._core``); an interrupt inside ``Condition.wait`` that left it released
-    already makes that release refuse (an ``RLock`` is not released for another thread),
-    and the interrupt goes on. A :meth:`set` cut short is made whole by setting it again
-    (see "Interrupts")."""
-
-    __slots__ = ("_lock", "_cond", "_flag")
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._flag = False
-
-    def set(self) -> None:
-        _set_flag(self, True)
-
-    def is_set(self) -> bool:
-        return self._flag
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return _wait_flag(self, timeout)
-
-
-def _set_flag(sig: Any, flag: bool) -> None:
-    """Set (or clear) the flag of a :class:`_Signal` or :class:`_CancelEvent`, waking
-    its waiters when set: the lock taken as the first statement inside the ``try``."""
-    lock = sig._lock
-    try:
-        lock.acquire()  # inside the try
-        sig._flag = flag
-        if flag:
-            sig._cond.notify_all()
-    finally:
-        try:  # (the release's own call first: no frame of ours before it)
-            lock.release()
-        except RuntimeError:  # not held: interrupted before the acquire
-            pass
-
-
-def _wait_flag(sig: Any, timeout: float | None) -> bool:
-    """Wait up to ``timeout`` seconds (None: no limit) for the flag of a
-    :class:`_Signal` or :class:`_CancelEvent`; returns it."""
-    lock = sig._lock
-    try:
-        lock.acquire()  # inside the try
-        if not sig._flag:
-            sig._cond.wait_for(sig.is_set, timeout)
-        return bool(sig._flag)
-    finally:
-        try:
-            lock.release()
-        except RuntimeError:  # not held: interrupted before the acquire, or in a wait
-            pass
-
-
-class _CancelEvent(threading.Event):
-    """``Turn.cancel_event``: a ``threading.Event`` (its documented type) whose lock an
-    interrupt cannot leave held, for the reason and by the steps of :class:`_Signal`
-    (an ``RLock`` taken inside a ``try``). A plain ``Event`` enters its ``Condition``
-    in Python code: an interrupt inside ``set`` could leave its lock taken, and a turn
-    in ``cancel_event.wait()`` would then block for good, as would a second ``set``."""
+class _Signal(threading.Event):
+    """A flag threads wait for: a ``threading.Event`` (``Turn.cancel_event``'s documented
+    type) whose lock an interrupt cannot leave held. ``Event`` enters a ``Condition``
+    through its Python-level ``__enter__`` (an interrupt there leaves the lock taken, and
+    every later ``set`` or ``wait`` blocks for ever). Here the lock is an ``RLock`` taken
+    as the first statement inside a ``try`` whose ``finally`` releases it (see
+    "Interrupts" in ``lanequeue._core``); an interrupt inside ``Condition.wait`` that
+    left it released already makes that release refuse (an ``RLock`` is not released for
+    another thread), and the interrupt goes on. A :meth:`set` cut short is made whole by
+    setting it again (see "Interrupts"). Used for a ticket's wait, a claim in flight and
+    a turn's cancel event."""
 
     def __init__(self) -> None:  # (no super().__init__: its Condition has a plain Lock)
         self._lock = threading.RLock()
@@ -543,16 +488,39 @@ class _CancelEvent(threading.Event):
         self._flag = False
 
     def set(self) -> None:
-        _set_flag(self, True)
+        self._store(True)
 
     def clear(self) -> None:
-        _set_flag(self, False)
+        self._store(False)
+
+    def _store(self, flag: bool) -> None:
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try
+            self._flag = flag
+            if flag:
+                self._cond.notify_all()
+        finally:
+            try:  # (the release's own call first: no frame of ours before it)
+                lock.release()
+            except RuntimeError:  # not held: interrupted before the acquire
+                pass
 
     def is_set(self) -> bool:
         return self._flag
 
     def wait(self, timeout: float | None = None) -> bool:
-        return _wait_flag(self, timeout)
+        lock = self._lock
+        try:
+            lock.acquire()  # inside the try
+            if not self._flag:
+                self._cond.wait_for(self.is_set, timeout)
+            return self._flag
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # not held: interrupted before the acquire, or in a wait
+                pass
 
 
 def _on_loop(loop: Any) -> bool:
@@ -630,7 +598,7 @@ class Turn:
     def cancel_event(self) -> threading.Event:
         with self._job.machine._lock:
             if self._event is None:
-                self._event = _CancelEvent()
+                self._event = _Signal()
                 if self._cancelled:
                     self._event.set()
             return self._event
