@@ -1141,9 +1141,14 @@ class Machine:
         if self._deadline_timer is None or t.deadline < self._deadline_due:
             if self._deadline_timer is not None:
                 fx.timers.append(self._deadline_timer)
-            due = self._deadline_due = t.deadline
-            self._deadline_timer = self.face._call_later(max(0.0, due - now),
-                                                        lambda: self._deadlines_due(due))
+            self._arm_deadline_timer(t.deadline, now)
+
+    def _arm_deadline_timer(self, due: float, now: float) -> None:
+        """The one deadline timer, set for ``due`` (lock held; the caller cancels any
+        timer it replaces). Its call carries ``due``: see :meth:`_deadlines_due_locked`."""
+        self._deadline_due = due
+        self._deadline_timer = self.face._call_later(max(0.0, due - now),
+                                                    lambda: self._deadlines_due(due))
 
     def _disarm(self, t: Ticket) -> None:
         """``t`` left PENDING: its heap entry is now stale (lock held). Once most of the
@@ -1205,9 +1210,7 @@ class Machine:
             self._tidy(t.key, self._keys.get(t.key))
         heap = self._deadlines
         if heap and self._deadline_timer is None:
-            due = self._deadline_due = heap[0][0]
-            self._deadline_timer = self.face._call_later(max(0.0, due - now),
-                                                        lambda: self._deadlines_due(due))
+            self._arm_deadline_timer(heap[0][0], now)
 
     # -- forming and admitting jobs -------------------------------------------------------
 
@@ -1512,9 +1515,7 @@ class Machine:
             heap = self._deadlines
             self._stale = sum(1 for e in heap if not e[2]._armed)
             if heap and self._stale < len(heap) and self._deadline_timer is None:
-                due = self._deadline_due = min(e[0] for e in heap if e[2]._armed)
-                self._deadline_timer = self.face._call_later(
-                    max(0.0, due - now), lambda: self._deadlines_due(due))
+                self._arm_deadline_timer(min(e[0] for e in heap if e[2]._armed), now)
 
     def _fill_gate(self, fx: _Effects) -> None:
         ready = self._ready
