@@ -18,7 +18,7 @@ from conftest import FakeClock, ParkHooks, run_thread
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lanequeue import Lane, LaneQueue, SessionLane
+from lanequeue import AsyncSessionLane, Lane, LaneQueue, SessionLane
 from lanequeue.metrics import PrometheusCollector, instrument_otel
 
 
@@ -162,6 +162,40 @@ def test_prometheus_output_matches_the_lane(
     assert got[("lanequeue_hold_seconds_sum", lab)] == pytest.approx(0.8)
     # Never the key as a label.
     assert not any(dict(labels).get(name) == "k" for (_, labels) in got for name in dict(labels))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("view", ["metrics_snapshot", "prometheus", "status", "stats"])
+@pytest.mark.parametrize("face", ["thread", "asyncio"])
+def test_every_view_evicts_the_expired_entries_before_it_reads(
+    view: str, face: str, fake_clock: FakeClock
+) -> None:
+    # Entries that expired while nothing touched the lane: the first read of any view
+    # already counts them evicted, and never shows them gone from the live count
+    # without counting them (sessions + evicted is the entries ever made).
+    cls = SessionLane if face == "thread" else AsyncSessionLane
+    lane = cls("sess", idle_timeout_s=1.0, clock=fake_clock)
+    core = lane._core  # the core's own steps: no loop needed for the asyncio face
+    for key in ("old1", "old2"):
+        core.release(key, core.take(key, False))
+    core.take("live", False)  # held from here on: never evicted
+    fake_clock.advance(5.0)  # the two idle entries expire; nothing touches the lane
+    if view == "metrics_snapshot":
+        [m] = lane.metrics_snapshot()
+        sessions, evicted = m.sessions, m.stats.evicted
+    elif view == "prometheus":
+        registry = CollectorRegistry()
+        PrometheusCollector(lane, registry=registry)
+        got = samples(registry)
+        lab = (("kind", "session"), ("lane", "sess"))
+        sessions, evicted = got[("lanequeue_sessions", lab)], got[("lanequeue_evicted_total", lab)]
+    elif view == "status":
+        st = lane.status()
+        sessions, evicted = st["sessions"], st["stats"]["evicted"]
+    else:
+        evicted = lane.stats.evicted
+        sessions = len(lane._core._entries)
+    assert (sessions, evicted) == (1, 2)
 
 
 def test_prometheus_queue_reports_each_lane_and_lanes_added_later() -> None:

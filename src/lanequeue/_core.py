@@ -574,17 +574,37 @@ class _CoreBase:
         held.fold()
         self.hold_fold_at = self._token + HELD_BATCH
 
-    def metrics_read(self) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None]:
+    def metrics_read(
+        self,
+    ) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None, int | None]:
         """The counters, the wait histogram (its first bucket includes the immediate
-        grants: ``acquired - waited``) and the hold histogram (None: off), read together."""
+        grants: ``acquired - waited``), the hold histogram (None: off) and the live
+        per-key entries (None: a counting core), read together in one hold of the lock,
+        after the expired entries are evicted (so ``evicted`` counts every entry the
+        live count no longer has)."""
         self._settle()
         with self._lock:
+            live = self._live_entries()
             hold = self.hold_hist
             return (
                 self._stats(self.holders()),
                 self.wait_hist.snapshot(self._token - self.waited),
                 None if hold is None else hold.snapshot(),
+                live,
             )
+
+    def view(self) -> tuple[LaneStats, int | None]:
+        """The counters and the live per-key entries (None: a counting core), read
+        together as :meth:`metrics_read` reads them (for ``status()``)."""
+        self._settle()
+        with self._lock:
+            live = self._live_entries()
+            return self._stats(self.holders()), live
+
+    def _live_entries(self) -> int | None:
+        """(lock held) The live per-key entries, after evicting the expired ones; None
+        on a counting core, which has none."""
+        return None
 
     def end_waiters(self, key: str | None, cleared: bool) -> int:
         """End the waits of ``key`` (None: every key) through the grant machinery: each
@@ -1043,8 +1063,11 @@ class SessionCore(_CoreBase):
         """Live entries (held or idle), after dropping the expired ones."""
         self._settle()
         with self._lock:
-            self._evict(self._clock(), room=False)
-            return len(self._entries)
+            return self._live_entries()
+
+    def _live_entries(self) -> int:
+        self._evict(self._clock(), room=False)
+        return len(self._entries)
 
     def holders(self) -> int:
         self._settle()
@@ -1070,6 +1093,7 @@ class SessionCore(_CoreBase):
     def stats(self) -> LaneStats:
         self._settle()
         with self._lock:
+            self._evict(self._clock(), room=False)  # as every view: see metrics_read
             return self._stats(self._held)
 
 

@@ -145,7 +145,7 @@ class LaneKind(LaneOps, Generic[C]):
         (:mod:`lanequeue.metrics`); read under the lane's lock, O(keys with waiters).
         Also logs the holds past ``warn_hold_s`` not logged yet. Thread-safe."""
         core = self._core
-        stats, wait, hold = core.metrics_read()
+        stats, wait, hold, sessions = core.metrics_read()
         oldest = self._oldest_wait_s()
         if self.warn_hold_s is not None:
             self._check_holds(core.hold_list())
@@ -155,7 +155,7 @@ class LaneKind(LaneOps, Generic[C]):
             stats=stats,
             wait=wait,
             hold=hold,
-            sessions=self._sessions(),
+            sessions=sessions,
             oldest_wait_s=oldest,
         )]
 
@@ -163,9 +163,6 @@ class LaneKind(LaneOps, Generic[C]):
         """Seconds the longest current waiter has waited (0.0: nobody waits)."""
         oldest = self._core.oldest_wait_since()
         return 0.0 if oldest is None else max(0.0, self._wait_clock() - oldest)
-
-    def _sessions(self) -> int | None:
-        return None
 
     def track_holds(self) -> None:
         """Start observing hold times for ``lanequeue_hold_seconds`` (idempotent).
@@ -256,17 +253,20 @@ class LaneKind(LaneOps, Generic[C]):
         Also logs the holds past ``warn_hold_s`` not logged yet."""
         if self.warn_hold_s is not None:
             self._check_holds(self._core.hold_list())
+        stats, sessions = self._core.view()  # one instant (see Core.metrics_read)
         return {
             "kind": type(self).__name__,
             "name": self.name,
             "timeout_s": self.timeout_s,
-            "active": self._core.holders(),
-            "waiting": self._core.waiting,
-            "stats": self._core.stats().to_dict(),
-            **self._limits(),
+            "active": stats.holders,
+            "waiting": stats.waiters,
+            "stats": stats.to_dict(),
+            **self._limits(sessions),
         }
 
-    def _limits(self) -> dict[str, Any]:
+    def _limits(self, sessions: int | None = None) -> dict[str, Any]:
+        """The kind's limits and sizes for ``status()`` and ``repr`` (``sessions``: the
+        live entries read with the counters, else read now)."""
         return {}
 
     def __repr__(self) -> str:
@@ -341,7 +341,7 @@ class CountingKind(LaneKind[CountingCore]):
             "max_concurrent": self._core.capacity,
         }
 
-    def _limits(self) -> dict[str, Any]:
+    def _limits(self, sessions: int | None = None) -> dict[str, Any]:
         return {"max_concurrent": self._core.capacity, "available": self.available}
 
 
@@ -400,9 +400,6 @@ class SessionKind(LaneKind[SessionCore]):
         """Entries alive now, held or idle (expired idle entries are dropped first)."""
         return self._core.session_count()
 
-    def _sessions(self) -> int | None:
-        return self._core.session_count()
-
     def cleanup_idle(self) -> int:
         """Evict the idle entries older than ``idle_timeout_s`` now; return how many.
 
@@ -419,10 +416,10 @@ class SessionKind(LaneKind[SessionCore]):
         """Callers in line for ``key`` now (the face publishes it as ``waiting_for``)."""
         return self._core.waiting_for(check_key(key))
 
-    def _limits(self) -> dict[str, Any]:
+    def _limits(self, sessions: int | None = None) -> dict[str, Any]:
         return {
             "max_sessions": self._core.max_sessions,
-            "sessions": self._core.session_count(),
+            "sessions": self._core.session_count() if sessions is None else sessions,
         }
 
 
