@@ -24,6 +24,7 @@ from lanequeue import (
     ThreadDispatcher,
     TurnCancelledError,
     TurnTimedOutError,
+    build_default_async_lanes,
     current_turn,
 )
 
@@ -162,6 +163,39 @@ def test_timeout_zero_runs_on_an_idle_key_and_never_waits() -> None:
         assert behind.state == "timed_out" and behind.reason == "start timeout"
         go.set()
         assert await first == "held"
+        ad.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_timeout_zero_does_not_wait_for_a_collect_window() -> None:
+    """``timeout_s=0`` under ``collect`` with a ``debounce_s``: on an idle key the turn
+    runs at once, a batch of one (the window used to hold it back past its deadline, so
+    it always ended ``timed_out`` and never ran); behind a batch pending in its window
+    the key is busy, and it ends ``timed_out`` at once, the batch untouched."""
+    window = 60.0  # longer than the test's bound: a turn held by it would never run
+    d = ThreadDispatcher(lanes(), busy="collect", debounce_s=window)
+    try:
+        assert d.submit("idle", list, "x", timeout_s=0).result(WAIT) == ["x"]
+        pending = d.submit("open", list, "a")  # its window is open for 60 s
+        behind = d.submit("open", list, "b", timeout_s=0)
+        assert behind.state == "timed_out" and behind.reason == "start timeout"
+        assert pending.state == "pending" and d.pending("open") == 1
+    finally:
+        d.close()
+
+    async def main() -> None:
+        ad = Dispatcher(build_default_async_lanes(), busy="collect", debounce_s=window)
+
+        async def batch(texts: list[str]) -> list[str]:
+            return texts
+
+        assert await ad.submit("idle", batch, "x", timeout_s=0) == ["x"]
+        pending = ad.submit("open", batch, "a")
+        behind = ad.submit("open", batch, "b", timeout_s=0)
+        assert behind.state == "timed_out" and behind.reason == "start timeout"
+        assert pending.state == "pending" and ad.pending("open") == 1
         ad.close()
 
     asyncio.run(main())

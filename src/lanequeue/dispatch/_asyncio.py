@@ -79,7 +79,9 @@ class Dispatcher(DispatcherBase):
             none, which turns dedupe off.
         debounce_s: under ``collect``, the quiet window in seconds: a merged call starts
             once no new turn of the key came for this long (0: merge whatever is
-            pending when the key frees up).
+            pending when the key frees up). The window counts against each ticket's
+            ``timeout_s`` (one that runs out in it ends ``timed_out``); a ticket with
+            ``timeout_s=0`` on an idle key does not wait for it.
         max_wait_s: under ``collect``, the longest the first pending turn waits for the
             window (None: no bound).
         ageing_s: a turn waiting in the dispatcher gains one priority level per

@@ -1122,9 +1122,11 @@ class Machine:
         and its runner then takes the lanes without waiting (its budget is 0: lanes not
         free end it ``timed_out``, "start timeout"). Else it ends so at once. No timer: a
         timer due at once raced the runner, which a thread dispatcher's timer often won,
-        ending turns that would have started on an idle key (lock held)."""
+        ending turns that would have started on an idle key. Alone in its key's line (an
+        idle key), it does not wait for a collect window (``debounce_s``): it runs now,
+        a batch of one; behind other pending turns the key is busy (lock held)."""
         if k.job is None:
-            self._advance(t.key, k, now, fx)
+            self._advance(t.key, k, now, fx, close=len(k.line) == 1)
         job = t._job
         if job is None or job.phase != ADMITTING:
             self._detach(t, fx)
@@ -1214,8 +1216,10 @@ class Machine:
 
     # -- forming and admitting jobs -------------------------------------------------------
 
-    def _advance(self, key: str, k: _Key, now: float, fx: _Effects) -> None:
-        """Form the key's next job if it has none (lock held)."""
+    def _advance(self, key: str, k: _Key, now: float, fx: _Effects, *,
+                 close: bool = False) -> None:
+        """Form the key's next job if it has none (lock held); ``close``: at once, even
+        when a collect window (``debounce_s``) would hold it back."""
         if k.job is not None:
             return
         line = k.line
@@ -1227,7 +1231,7 @@ class Machine:
             n = 1
             while n < len(line) and line[n].fn == head.fn and line[n].busy == "collect":
                 n += 1
-            if self.debounce_s > 0:
+            if self.debounce_s > 0 and not close:
                 due = line[n - 1].submitted_at + self.debounce_s
                 if self.max_wait_s is not None:
                     due = min(due, head.submitted_at + self.max_wait_s)
