@@ -236,7 +236,9 @@ class LaneKind(LaneOps, Generic[C]):
 
     @property
     def stats(self) -> LaneStats:
-        """An atomic snapshot of the counters (:class:`LaneStats`)."""
+        """An atomic snapshot of the counters (:class:`LaneStats`). A per-key lane first
+        evicts its expired idle entries, as every view does (``status()``,
+        ``metrics_snapshot()``, ``session_count``), so ``evicted`` counts them."""
         return self._core.stats()
 
     def statistics(self) -> LaneStats:
