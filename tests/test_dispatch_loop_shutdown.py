@@ -128,6 +128,56 @@ def test_loop_shutdown_in_either_order_starts_nothing_and_ends_everything(first:
     _check_ended(d, tickets)
 
 
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["own_task", "from_outside"])
+def test_one_turn_task_cancelled_alone_is_not_the_loop_shutting_down(how: str) -> None:
+    """A turn whose task alone is cancelled (``fn`` cancelling its own task, or code
+    cancelling that one task) ends ``cancelled``, ``"cancelled"``; the turn of another
+    conversation runs on, and later submits are taken. (It used to be taken for the
+    loop's shutdown: the whole dispatcher closed, every other ticket ended "loop shut
+    down" and every later submit raised DispatcherDrainingError.)"""
+    async def main() -> None:
+        d = Dispatcher(_queue())
+        other_go = asyncio.Event()
+        started = asyncio.Event()
+
+        async def other() -> str:
+            await other_go.wait()
+            return "other"
+
+        tasks: list[asyncio.Task[Any] | None] = []
+
+        async def victim() -> str:
+            tasks.append(asyncio.current_task())
+            started.set()
+            if how == "own_task":
+                assert tasks[0] is not None
+                tasks[0].cancel()
+            await asyncio.Event().wait()  # the cancel lands here
+            return "never"
+
+        t_other = d.submit("b", other)
+        t_victim = d.submit("a", victim)
+        await started.wait()
+        if how == "from_outside":
+            assert tasks[0] is not None
+            tasks[0].cancel()
+        with pytest.raises(TurnCancelledError):
+            await t_victim
+        assert (t_victim.state, t_victim.reason) == ("cancelled", "cancelled")
+        assert t_other.state == "running" and not d.draining
+        other_go.set()
+        assert await t_other == "other"
+        assert await d.submit("a", _echo, "again") == "again"
+        assert await d.drain(WAIT)
+
+    asyncio.run(main())
+
+
+async def _echo(x: Any) -> Any:
+    return x
+
+
 def test_after_the_loop_shut_down_the_dispatcher_takes_no_turn() -> None:
     holder: dict[str, Any] = {}
 

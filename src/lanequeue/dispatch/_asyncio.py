@@ -128,8 +128,10 @@ class Dispatcher(DispatcherBase):
     Ctrl-C included), the dispatcher closes itself: every ticket still pending or running
     ends at once as ``cancelled``, reason ``"loop shut down"``, and no turn starts any
     more. While it has work, one task of its own (``"lanequeue-dispatch-watch"``) waits
-    for that; it ends when the dispatcher is idle. A loop closed without cancelling its
-    tasks tells it nothing: call :meth:`close` first there.
+    for that; it ends when the dispatcher is idle. A turn whose task alone is cancelled
+    (``asyncio.current_task().cancel()`` in ``fn``) ends ``cancelled`` and the others go
+    on (see :meth:`_shutting_down`). A loop closed without cancelling its tasks tells it
+    nothing: call :meth:`close` first there.
 
     Example::
 
@@ -179,6 +181,7 @@ class Dispatcher(DispatcherBase):
         # The watch over the loop's shutdown: a task of the loop while work is left
         # (see _watch), and the future that ends it when the dispatcher is idle.
         self._watch_end: asyncio.Future[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._shut = False  # the loop shut down: every ticket ended, nothing starts
 
     def _submitted(self, ticket: Ticket) -> None:
@@ -227,7 +230,8 @@ class Dispatcher(DispatcherBase):
 
     def _reap(self, task: asyncio.Task[None], job: Job) -> None:
         self._tasks.discard(task)
-        if task.cancelled() and not job.abandoned and job.end_req is None:
+        if (task.cancelled() and not job.abandoned and job.end_req is None
+                and self._shutting_down()):
             self._loop_shut_down()  # cancelled by nobody here: the loop's shutdown
         if not job.reported and job.runner in (None, task):
             # Cancelled before its first step (an abandoned job, or the loop shutting
@@ -287,7 +291,22 @@ class Dispatcher(DispatcherBase):
         if self._watch_end is None and not self._shut:
             assert self._loop is not None
             end = self._watch_end = self._loop.create_future()
-            self._loop.create_task(self._watch(end), name="lanequeue-dispatch-watch")
+            self._watch_task = self._loop.create_task(
+                self._watch(end), name="lanequeue-dispatch-watch")
+
+    def _shutting_down(self) -> bool:
+        """Whether a task of this dispatcher that was cancelled from outside is the
+        loop's shutdown. ``asyncio.run`` (Ctrl-C included) cancels every task of the
+        loop at once, before any of them runs again, so the watch task, which nothing
+        else cancels, is being cancelled too. A turn that cancels its own task (or code
+        that cancels one turn's task) is not a shutdown: that turn ends ``cancelled``
+        and the others go on. True where it cannot be told (Python 3.10, which has no
+        ``Task.cancelling()``; no live watch task)."""
+        watch = self._watch_task
+        if watch is None or watch.done():
+            return True
+        cancelling = getattr(watch, "cancelling", None)
+        return not callable(cancelling) or bool(cancelling())
 
     async def _watch(self, end: asyncio.Future[None]) -> None:
         """Wait until the dispatcher is idle (``idle`` ends the wait). Cancelled first,
@@ -353,9 +372,10 @@ class Dispatcher(DispatcherBase):
         except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
             ok, value = False, exc
             if (isinstance(exc, asyncio.CancelledError) and not job.abandoned
-                    and job.end_req is None and _cancelled_from_outside()):
-                # Nobody here cancelled the task (that leaves end_req or abandoned):
-                # the loop's shutdown did.
+                    and job.end_req is None and _cancelled_from_outside()
+                    and self._shutting_down()):
+                # Nobody here cancelled the task (that leaves end_req or abandoned),
+                # and every task of the loop is being cancelled: its shutdown.
                 self._loop_shut_down()
         try:
             machine.finish(job, ok, value)
