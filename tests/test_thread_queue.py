@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from conftest import ParkHooks, run_thread
 
 from lanequeue import (
     DEFAULT_GLOBAL_CONCURRENCY,
+    AsyncLaneQueue,
     Lane,
     LaneQueue,
     LaneStats,
@@ -19,6 +22,7 @@ from lanequeue import (
     NotOwnerError,
     SessionLane,
     SyncLane,
+    build_default_async_lanes,
     build_default_lanes,
 )
 from lanequeue._kinds import LANE_DEFAULT
@@ -132,6 +136,36 @@ def test_acquire_all_takes_lanes_in_registration_order() -> None:
         ("release", "y", "k"),
         ("release", "x", "k"),
     ]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("face", ["thread", "asyncio"])
+def test_acquire_all_warns_when_a_per_key_lane_comes_after_another(face: str) -> None:
+    """Registered after the counting lane, the session lane is taken second: a request
+    would hold a global permit while it waits for its key. acquire_all says so (once per
+    plan: its plan is cached), naming both lanes; the default order says nothing."""
+    queue: Any = LaneQueue() if face == "thread" else AsyncLaneQueue()
+    queue.add_lane("global", max_concurrent=2)
+    queue.add_session_lane("session")
+    good: Any = build_default_lanes() if face == "thread" else build_default_async_lanes()
+
+    async def use(q: Any) -> None:
+        for _ in range(2):
+            if face == "thread":
+                with q.acquire_all("k", ["session", "global"]):
+                    pass
+            else:
+                async with q.acquire_all("k", ["session", "global"]):
+                    pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(use(queue))
+        asyncio.run(use(good))
+    [w] = caught
+    assert w.category is RuntimeWarning and w.filename == __file__
+    assert "per-key lane 'session' was registered after 'global'" in str(w.message)
+    assert "Register per-key lanes first" in str(w.message)
 
 
 def test_acquire_all_rolls_back_foreign_lanes_in_reverse() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Generic, TypeVar, cast, overload
 
@@ -487,6 +488,24 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
             hold = _send(steps, _caught(hold.release))
 
 
+def _warn_key_lane_late(queue: str, lanes: Sequence[Any]) -> None:
+    """A RuntimeWarning when a per-key lane (one with ``is_held``) comes after another
+    lane in ``lanes`` (an ``acquire_all``'s, in registration order, the order it takes
+    them): a request then holds the earlier lane's permit while it waits for its key,
+    and the other keys wait for those permits (head-of-line blocking). Once per plan
+    (plans are cached); Python's warning filters show each message once by default."""
+    for i, lane in enumerate(lanes):
+        if i and hasattr(lane, "is_held") and not hasattr(lanes[i - 1], "is_held"):
+            warnings.warn(
+                f"{queue}.acquire_all(): the per-key lane {lane.name!r} was registered "
+                f"after {lanes[i - 1].name!r}, and acquire_all takes lanes in registration "
+                f"order: a request holds its {lanes[i - 1].name!r} permit while it waits "
+                "for its key, and other keys wait for those permits. Register per-key "
+                "lanes first (as build_default_lanes() does)",
+                RuntimeWarning, stacklevel=5)
+            return
+
+
 def _check_backend(backend: object, maker: str, call: str) -> None:
     """TypeError naming ``call``'s argument ``backend`` unless it can make lanes (a
     :class:`LaneBackend`)."""
@@ -869,6 +888,7 @@ class QueueBase(Generic[L, CL, SL]):
         if not names:
             raise ValueError("lane_names must name at least one lane")
         lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
+        _warn_key_lane_late(type(self).__name__, lanes)
         timeouts = [x.timeout_s for x in lanes if x.timeout_s is not None]
         plan = Plan([self._step(x) for x in lanes], min(timeouts) if timeouts else None,
                     self._multi_ended)
@@ -952,7 +972,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
         Args:
             key: the request's key (a session key); non-empty ``str``.
             lane_names: names of registered lanes, in any order; they are taken in
-                registration order.
+                registration order (a per-key lane registered after another lane warns:
+                a RuntimeWarning, once per list of names, as a request would hold the
+                other lane's permit while it waits for its key).
             timeout_s: seconds for the WHOLE call; omitted: the smallest ``timeout_s`` of
                 the named lanes; None (or ``math.inf``): no limit; 0: take them only if
                 all are free now.
