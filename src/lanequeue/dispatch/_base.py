@@ -372,8 +372,11 @@ class DispatcherBase:
         the gate's name (the smallest counting lane, or ``"workers"``): waiting for the
         dispatcher's turn at the counting lanes; ``"lanes"``: waiting inside
         ``acquire_all`` (a draining lane still serves the waiters already in its line);
-        ``"debounce"``: a collect window; None: nothing waits); plus ``draining``,
-        ``closed``, ``admitted``, ``slots``, ``ready`` and ``dedupe_entries``. The
+        ``"debounce"``: a collect window; ``"dedupe"``: the shared dedupe window has
+        not answered yet; None: nothing waits); plus ``draining``, ``closed``,
+        ``slots`` (turns that may be past the gate at once; None: no gate),
+        ``admitted`` (past it now), ``ready`` (waiting at it) and ``dedupe_entries``
+        (ids remembered). The
         dispatcher's own ``drain()`` / ``close(cancel_pending=False)`` block nothing:
         its pending turns still run (see ``draining`` at the top level)."""
         return self._machine.snapshot(
