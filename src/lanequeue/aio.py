@@ -65,7 +65,7 @@ from ._kinds import (
     SessionKind,
     _DropWatch,
 )
-from ._ops import CANCEL_WAIT_S, LoopTimer, log, poll_idle_async
+from ._ops import CANCEL_WAIT_S, LoopTimer, log, noted_cancel_wait, poll_idle_async
 from ._validate import check_bool, check_key, check_timeout, function_copy
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _MultiDropWatch, _send, end_last
@@ -1042,10 +1042,26 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
         not keep it for each release's bound; a second cancellation ends the wait at
         once); then the CancelledError is raised, in place of ``block_error`` or a
         release error: a cancelled task sees its CancelledError. What the background task
-        cannot release is logged."""
+        cannot release is logged.
+
+        Giving back the lanes of an enter that a cancellation stopped while a lane was
+        cleaning up after it (a Redis lane waits up to CANCEL_WAIT_S for that, and says
+        when it began: see :func:`~lanequeue._ops.note_cancel_wait`), the releases run
+        in the background from the start, waited for only what is left of that same
+        CANCEL_WAIT_S: a cancelled ``acquire_all`` ends within it, as a cancelled
+        acquire does."""
         steps = self._releasing(block_error)
         hold = next(steps, None)
         clock = asyncio.get_running_loop().time
+        began = noted_cancel_wait(block_error)
+        if began is not None and hold is not None:
+            rest = asyncio.get_running_loop().create_task(_release_rest(steps, hold))
+            _RELEASING.add(rest)
+            rest.add_done_callback(_RELEASING.discard)
+            left = CANCEL_WAIT_S - (clock() - began)
+            if left > 0:
+                await asyncio.wait((rest,), timeout=left)
+            return
         while hold is not None:
             started = clock()
             try:
@@ -1088,6 +1104,11 @@ async def _release_rest(steps: Any, hold: Any) -> None:
                 hold = _send(steps, exc)
             else:
                 hold = _send(steps, None)
+    except asyncio.CancelledError:
+        # (This task was cancelled too: the event loop is shutting down, say.)
+        log.warning("acquire_all: the releases after a cancellation were cancelled in "
+                    "turn (the event loop shutting down?); a hold they did not release "
+                    "is ended by its lane's own clean-up, or lapses with its lease")
     except BaseException as exc:  # the first release error, raised by the steps' end
         log.warning("acquire_all: a release after a cancellation failed: %s: %s",
                     type(exc).__name__, exc)

@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
-from .._ops import CANCEL_WAIT_S, LoopTimer, poll_idle_async
+from .._ops import CANCEL_WAIT_S, LoopTimer, note_cancel_wait, poll_idle_async
 from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
@@ -242,16 +242,18 @@ async def drive(steps: Steps[T]) -> T:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise
             task = _start_cleanup(_rest(steps, exc))
+            # (When the wait began goes with the CancelledError: see note_cancel_wait.)
+            began = asyncio.get_running_loop().time()
             await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
             if not task.done():  # the clean-up goes on in the background
-                raise asyncio.CancelledError(*exc.args) from None
+                raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from None
             try:
                 task.result()
             except asyncio.CancelledError:
                 raise
             except BaseException as err:  # (a release that found the hold not ours)
-                raise asyncio.CancelledError(*exc.args) from err
-            raise asyncio.CancelledError(*exc.args) from None
+                raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from err
+            raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from None
         except BaseException as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it

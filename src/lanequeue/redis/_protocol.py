@@ -619,13 +619,16 @@ class RedisLaneBase(ABC, Generic[H]):
                 f"(a forked child): release it in the process that acquired it"
             )
 
-    def _lost_error(self, hold: RedisHoldBase) -> LeaseLostError:
+    def _lost_error(self, hold: RedisHoldBase, freed: bool = False) -> LeaseLostError:
         """The error of releasing a hold whose lease is gone: the same class whether the
-        loss was noticed before the release was sent or learnt from its answer."""
+        loss was noticed before the release was sent or learnt from its answer. ``freed``:
+        the release found the hold still in Redis (lost by this process's own clock or
+        presence check, not by the server) and freed it there."""
         return LeaseLostError(
             f"lane {self.name!r}: the lease of key {shown(hold.key)} (fencing token "
             f"{hold.token}) was lost (it ran out, or a renewal failed or came too late); "
-            f"the key may belong to another holder; nothing was released"
+            + ("the server still had it, and this release freed it there"
+               if freed else "the key may belong to another holder; nothing was released")
         )
 
     def _freed_error(self, hold: RedisHoldBase) -> NotOwnerError:
@@ -1163,7 +1166,7 @@ class RedisLaneBase(ABC, Generic[H]):
         if was_lost or not freed:
             if not was_lost:
                 self._notice_lost(hold)  # refused: the server no longer has it
-            raise self._lost_error(hold)
+            raise self._lost_error(hold, freed is True)
         if committed:
             self._hold_released(hold)
         return True
