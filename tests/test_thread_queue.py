@@ -293,7 +293,11 @@ def test_registration_order_decides_what_a_queued_turn_holds_while_it_waits(
         g = queue.add_lane("global", max_concurrent=2)
         session = queue.add_session_lane("session")
     names = ["session", "global"]
-    first = queue.acquire_all("A", names)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = queue.acquire_all("A", names)
+    assert [str(w.message).split(":")[0] for w in caught] == (
+        [] if session_first else ["LaneQueue.acquire_all()"])  # the warning of the order
     first.__enter__()
     box: dict[str, Any] = {}
 
