@@ -382,7 +382,8 @@ def test_c23_a_queue_mixing_lanes_refuses_the_key_before_taking_anything(
         q.acquire_all(bad, ["session", "global"])  # its key busy: refused, not waited
     assert time.monotonic() - t0 < 1.0
     assert q["session"].manual_release(bad)
-    assert q.acquire_all(bad, ["session"]) is not None  # in-process lanes only: taken
+    with q.acquire_all(bad, ["session"]):  # in-process lanes only: taken
+        assert q["session"].is_held(bad)
     d = ThreadDispatcher(q)
     try:
         with pytest.raises(ValueError, match=r"^ThreadDispatcher\.submit\(\) argument "
@@ -1061,6 +1062,8 @@ def test_two_protocol_versions_on_one_lane_are_refused_never_double_granted(
 # -- item 10: the timing promises of the package docstring -----------------------------
 
 
+@pytest.mark.filterwarnings(  # the ghost's hold: made by hand, never entered
+    "ignore:.*garbage-collected without being entered:RuntimeWarning")
 def test_dead_waiter_handed_the_key_blocks_it_at_most_its_liveness_window(
     server: RedisServer,
 ) -> None:
