@@ -18,7 +18,14 @@ from conftest import FakeClock, ParkHooks, run_thread
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lanequeue import AsyncSessionLane, Lane, LaneQueue, SessionLane
+from lanequeue import (
+    AsyncSessionLane,
+    Lane,
+    LaneQueue,
+    SessionLane,
+    ThreadDispatcher,
+    build_default_lanes,
+)
 from lanequeue.metrics import PrometheusCollector, instrument_otel
 
 
@@ -198,6 +205,91 @@ def test_every_view_evicts_the_expired_entries_before_it_reads(
     assert (sessions, evicted) == (1, 2)
 
 
+def _dispatcher_run(clock: FakeClock) -> tuple[Any, threading.Event, list[Any]]:
+    """A ThreadDispatcher on the fake clock with one ticket in each state: running (its
+    turn waits for the event returned), pending behind it (for 2.5 s), done, failed,
+    rejected, cancelled, and a deduped submit."""
+    d = ThreadDispatcher(build_default_lanes(), clock=clock)
+    go, started = threading.Event(), threading.Event()
+
+    def held() -> str:
+        started.set()
+        assert go.wait(10)
+        return "held"
+
+    def boom() -> None:
+        raise ValueError("boom")
+
+    running = d.submit("a", held)
+    assert started.wait(10)
+    pending = d.submit("a", str, "x")
+    clock.advance(2.5)
+    done = d.submit("c", str, "y", dedupe_id="e1")
+    assert done.result(10) == "y"
+    assert d.submit("c", str, "y", dedupe_id="e1") is done  # deduped: the same ticket
+    failed = d.submit("b", boom)
+    with pytest.raises(ValueError):
+        failed.result(10)
+    rejected = d.submit("a", str, "z", busy="reject")
+    cancelled = d.submit("a", str, "w")
+    d.cancel(cancelled)
+    states = [t.state for t in (running, pending, done, failed, rejected, cancelled)]
+    assert states == ["running", "pending", "done", "failed", "rejected", "cancelled"]
+    return d, go, [running, pending]
+
+
+@pytest.mark.timeout(30)
+def test_a_dispatcher_exports_its_own_series_and_its_lanes(fake_clock: FakeClock) -> None:
+    """A dispatcher as the target: its counters by state, pending and running, the
+    oldest pending ticket's wait, all equal to its stats (and submitted equal to the
+    ended tickets plus pending and running), with its queue's lanes beside them; the
+    same through OpenTelemetry."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    d, go, left = _dispatcher_run(fake_clock)
+    try:
+        registry = CollectorRegistry()
+        PrometheusCollector(d, registry=registry)
+        got = samples(registry)
+        reader = InMemoryMetricReader()
+        instrument_otel(d, meter_provider=MeterProvider(metric_readers=[reader]))
+        points: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for p in metric.data.data_points:
+                        points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
+        st = d.stats
+        assert (st.submitted, st.done, st.failed, st.rejected, st.cancelled, st.deduped,
+                st.pending, st.running) == (6, 1, 1, 1, 1, 1, 1, 1)
+        for figures in (got, points):
+            assert figures[("lanequeue_dispatch_submitted_total", ())] == st.submitted
+            ended = {state: figures[("lanequeue_dispatch_ended_total", (("state", state),))]
+                     for state in ("done", "failed", "cancelled", "dropped", "rejected",
+                                   "timed_out")}
+            assert ended == {"done": 1, "failed": 1, "cancelled": 1, "dropped": 0,
+                             "rejected": 1, "timed_out": 0}
+            assert figures[("lanequeue_dispatch_deduped_total", ())] == 1
+            assert figures[("lanequeue_dispatch_merged_total", ())] == 0
+            assert figures[("lanequeue_dispatch_steered_total", ())] == 0
+            assert figures[("lanequeue_dispatch_pending", ())] == 1
+            assert figures[("lanequeue_dispatch_running", ())] == 1
+            assert figures[("lanequeue_dispatch_oldest_pending_seconds", ())] == 2.5
+            assert (sum(ended.values()) + figures[("lanequeue_dispatch_pending", ())]
+                    + figures[("lanequeue_dispatch_running", ())]
+                    == figures[("lanequeue_dispatch_submitted_total", ())])
+            # The queue's lanes are there too (the running turn holds both).
+            assert figures[("lanequeue_holders", (("kind", "session"),
+                                                  ("lane", "session")))] == 1
+            assert figures[("lanequeue_holders", (("kind", "counting"),
+                                                  ("lane", "global")))] == 1
+    finally:
+        go.set()
+        assert [t.result(10) for t in left] == ["held", "x"]
+        d.close()
+
+
 def test_prometheus_queue_reports_each_lane_and_lanes_added_later() -> None:
     queue = LaneQueue()
     queue.add_session_lane("session")
@@ -253,10 +345,10 @@ def test_prometheus_registry_refuses_a_second_collector(auto_describe: bool) -> 
 def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:
     """The error names the call and the argument, as a lane constructor's does."""
     with pytest.raises(TypeError, match=r"^PrometheusCollector\(\) argument 'target' must "
-                                        "be a lane or a queue"):
+                                        "be a lane, a queue of lanes or a dispatcher"):
         PrometheusCollector(object(), registry=CollectorRegistry())
     with pytest.raises(TypeError, match=r"^instrument_otel\(\) argument 'target' must be a "
-                                        "lane or a queue"):
+                                        "lane, a queue of lanes or a dispatcher"):
         instrument_otel(42)
 
 

@@ -34,6 +34,37 @@ name                                type       meaning
 ``lane`` (the lane's name) and ``kind`` (``session`` or ``counting``); lanes that report a
 ``scope`` (Redis: ``process`` or ``lane``) add that label.
 
+A target may also be a dispatcher (:class:`~lanequeue.Dispatcher`,
+:class:`~lanequeue.ThreadDispatcher`): its queue's lanes, as above, and the
+dispatcher's own series, read from its ``stats`` and ``snapshot()`` (no labels but
+``state``; one dispatcher per registry):
+
+==============================================  =========  ==============================
+name                                            type       meaning
+==============================================  =========  ==============================
+``lanequeue_dispatch_submitted_total``          counter    tickets submitted (a deduped
+                                                           submit is not one)
+``lanequeue_dispatch_ended_total``              counter    tickets ended; label
+                                                           ``state``: ``done``,
+                                                           ``failed``, ``cancelled``,
+                                                           ``dropped``, ``rejected``,
+                                                           ``timed_out``
+``lanequeue_dispatch_deduped_total``            counter    submits answered by an earlier
+                                                           ticket of their ``dedupe_id``
+``lanequeue_dispatch_merged_total``             counter    tickets run in another's call
+                                                           (``collect``)
+``lanequeue_dispatch_steered_total``            counter    tickets taken from a running
+                                                           turn's inbox (``steer``)
+``lanequeue_dispatch_pending``                  gauge      tickets not started now
+``lanequeue_dispatch_running``                  gauge      tickets running now
+``lanequeue_dispatch_oldest_pending_seconds``   gauge      the oldest pending ticket's
+                                                           wait so far (0: none)
+==============================================  =========  ==============================
+
+``submitted_total`` equals the sum of ``ended_total`` over its states plus ``pending``
+and ``running`` (read at one instant: the counters and these gauges come from one
+``stats``).
+
 Cost: nothing per acquisition; attaching an exporter turns on hold-time observation
 (:meth:`~lanequeue.Lane.track_holds`: a clock read and a list append per release, bucketed
 in batches),
@@ -73,6 +104,25 @@ _GAUGES = (
     ("lanequeue_sessions", "Live per-key entries, held or idle (session lanes)."),
     ("lanequeue_oldest_wait_seconds", "Seconds the longest current wait has lasted."),
 )
+#: The dispatcher's series (see the module docstring).
+_DISPATCH_ENDED = ("done", "failed", "cancelled", "dropped", "rejected", "timed_out")
+_DISPATCH_ENDED_HELP = ("Tickets ended, by state (done, failed, cancelled, dropped, "
+                        "rejected, timed_out).")
+_DISPATCH_COUNTERS = (
+    ("lanequeue_dispatch_submitted", "submitted",
+     "Tickets submitted (a deduped submit is not one)."),
+    ("lanequeue_dispatch_deduped", "deduped",
+     "Submits answered by an earlier ticket of their dedupe_id."),
+    ("lanequeue_dispatch_merged", "merged", "Tickets run in another ticket's call (collect)."),
+    ("lanequeue_dispatch_steered", "steered",
+     "Tickets taken from a running turn's inbox (steer)."),
+)
+_DISPATCH_GAUGES = (
+    ("lanequeue_dispatch_pending", "Tickets not started now."),
+    ("lanequeue_dispatch_running", "Tickets running now."),
+    ("lanequeue_dispatch_oldest_pending_seconds",
+     "Seconds the oldest pending ticket has waited so far (0: none)."),
+)
 _WAIT_HELP = ("Wait of each acquisition in seconds (0 for an immediate grant); reason: "
               "key_busy (session lane) or lane_full (counting lane).")
 _HOLD_HELP = "Hold times in seconds, observed at release."
@@ -90,19 +140,44 @@ def _need(module: str, extra: str, user: str) -> None:
             f"pip install 'lanequeue[{extra}]'") from exc
 
 
+def _dispatcher(target: Any) -> Any:
+    """``target`` if it is a dispatcher, else None."""
+    from .dispatch._base import DispatcherBase
+
+    return target if isinstance(target, DispatcherBase) else None
+
+
 def lane_sources(target: Any, name: str = "target") -> list[Any]:
     """The lanes behind ``target``: ``[target]`` for a lane, every lane with
-    ``metrics_snapshot`` for a queue (in registration order). Raises TypeError for
-    anything else, naming ``name`` (an exporter passes its call and argument:
-    ``"PrometheusCollector() argument 'target'"``)."""
+    ``metrics_snapshot`` for a queue (in registration order), its queue's for a
+    dispatcher. Raises TypeError for anything else, naming ``name`` (an exporter passes
+    its call and argument: ``"PrometheusCollector() argument 'target'"``)."""
     if isinstance(target, MetricsSource):
         return [target]
+    dispatcher = _dispatcher(target)
+    if dispatcher is not None:
+        target = dispatcher._queue
     lanes = getattr(target, "list_lanes", None)
     if callable(lanes):
         return [lane for lane in (target[n] for n in lanes()) if isinstance(lane, MetricsSource)]
     raise TypeError(
-        f"{name} must be a lane or a queue of lanes, not {type(target).__name__}"
+        f"{name} must be a lane, a queue of lanes or a dispatcher, not {type(target).__name__}"
     )
+
+
+def _dispatch_read(dispatcher: Any) -> tuple[Any, float]:
+    """A dispatcher's ``stats`` and the wait so far of its oldest pending ticket."""
+    keys = dispatcher.snapshot()["keys"]
+    oldest = max((float(k["oldest_wait_s"]) for k in keys.values()), default=0.0)
+    return dispatcher.stats, oldest
+
+
+def _dispatch_gauge(stats: Any, oldest: float, name: str) -> float:
+    if name == "lanequeue_dispatch_pending":
+        return float(stats.pending)
+    if name == "lanequeue_dispatch_running":
+        return float(stats.running)
+    return oldest
 
 
 def _snapshots(target: Any, hold_times: bool) -> list[LaneMetrics]:
@@ -136,11 +211,12 @@ def _le(bound: float) -> str:
 
 
 class PrometheusCollector:
-    """A prometheus_client collector of one lane or one queue's lanes (extra
-    ``[prometheus]``).
+    """A prometheus_client collector of one lane, one queue's lanes, or one dispatcher
+    and its queue's lanes (extra ``[prometheus]``).
 
     Args:
-        target: a lane, or a queue (its lanes at each scrape).
+        target: a lane, a queue (its lanes at each scrape), or a dispatcher (its own
+            series, and its queue's lanes: see the module docstring).
         registry: the ``CollectorRegistry`` to register on; None: prometheus_client's
             default ``REGISTRY``.
         hold_times: observe hold times for ``lanequeue_hold_seconds`` (a clock read per
@@ -157,7 +233,7 @@ class PrometheusCollector:
     Raises:
         ImportError: prometheus_client is not installed (the message names the extra,
             ``lanequeue[prometheus]``).
-        TypeError: ``target`` is neither a lane nor a queue; ``registry`` is not a
+        TypeError: ``target`` is not a lane, a queue or a dispatcher; ``registry`` is not a
             registry (has no ``register``/``unregister``) nor None; ``hold_times`` is
             not a bool.
         ValueError: from prometheus_client (``Duplicated timeseries``), if the registry
@@ -212,14 +288,20 @@ class PrometheusCollector:
 
     def collect(self) -> Iterator[Any]:
         """The metric families now (called by prometheus_client at each scrape)."""
-        return self._families(_snapshots(self._target, self._hold_times))
+        dispatcher = _dispatcher(self._target)
+        read = None if dispatcher is None else _dispatch_read(dispatcher)
+        return self._families(_snapshots(self._target, self._hold_times), read)
 
-    def _families(self, snaps: list[LaneMetrics]) -> Iterator[Any]:
+    def _families(self, snaps: list[LaneMetrics],
+                  dispatch: tuple[Any, float] | None = None) -> Iterator[Any]:
         from prometheus_client.core import (
             CounterMetricFamily,
             GaugeMetricFamily,
             HistogramMetricFamily,
         )
+
+        if _dispatcher(self._target) is not None:
+            yield from self._dispatch_families(dispatch)
 
         scoped = any(m.scope is not None for m in snaps)
         labels = ["lane", "kind", "scope"] if scoped else ["lane", "kind"]
@@ -252,6 +334,30 @@ class PrometheusCollector:
             yield counter
 
 
+    @staticmethod
+    def _dispatch_families(read: tuple[Any, float] | None) -> Iterator[Any]:
+        """The dispatcher's families (``read``: its stats and oldest wait; None: the
+        families without samples, for :meth:`describe`)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for name, field, help_text in _DISPATCH_COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=[])
+            if read is not None:
+                counter.add_metric([], getattr(read[0], field))
+            yield counter
+        ended = CounterMetricFamily("lanequeue_dispatch_ended", _DISPATCH_ENDED_HELP,
+                                    labels=["state"])
+        if read is not None:
+            for state in _DISPATCH_ENDED:
+                ended.add_metric([state], getattr(read[0], state))
+        yield ended
+        for name, help_text in _DISPATCH_GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=[])
+            if read is not None:
+                gauge.add_metric([], _dispatch_gauge(read[0], read[1], name))
+            yield gauge
+
+
 def _buckets(h: HistogramSnapshot) -> list[tuple[str, float]]:
     return [(_le(bound), float(n)) for bound, n in h.cumulative()]
 
@@ -259,10 +365,12 @@ def _buckets(h: HistogramSnapshot) -> list[tuple[str, float]]:
 def instrument_otel(
     target: Any, *, meter_provider: Any = None, hold_times: bool = True
 ) -> list[Any]:
-    """Report one lane's or one queue's metrics through OpenTelemetry (extra ``[otel]``).
+    """Report one lane's, one queue's or one dispatcher's metrics through OpenTelemetry
+    (extra ``[otel]``).
 
     Args:
-        target: a lane, or a queue (its lanes at each collection).
+        target: a lane, a queue (its lanes at each collection), or a dispatcher (its own
+            series, and its queue's lanes).
         meter_provider: the ``MeterProvider`` to use; None: the global one
             (``opentelemetry.metrics.get_meter_provider()``).
         hold_times: as for :class:`PrometheusCollector`.
@@ -280,8 +388,8 @@ def instrument_otel(
     Raises:
         ImportError: opentelemetry-api is not installed (the message names the extra,
             ``lanequeue[otel]``).
-        TypeError: ``target`` is neither a lane nor a queue; ``hold_times`` is not a
-            bool.
+        TypeError: ``target`` is not a lane, a queue or a dispatcher; ``hold_times`` is
+            not a bool.
     """
     _need("opentelemetry.metrics", "otel", "instrument_otel")
     from opentelemetry import metrics as otel
@@ -335,6 +443,9 @@ def instrument_otel(
         return cb
 
     instruments: list[Any] = []
+    dispatcher = _dispatcher(target)
+    if dispatcher is not None:
+        instruments.extend(_otel_dispatch(meter, dispatcher))
     for name, help_text in _GAUGES:
         unit = "s" if name.endswith("_seconds") else "1"
         instruments.append(meter.create_observable_gauge(
@@ -351,3 +462,37 @@ def instrument_otel(
                 f"{name}_{part}", callbacks=[hist_cb(name, part)], unit=unit,
                 description=help_text))
     return instruments
+
+
+def _otel_dispatch(meter: Any, dispatcher: Any) -> list[Any]:
+    """The dispatcher's instruments (see the module docstring), read at collection."""
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def counter_cb(field: str) -> Any:
+        def cb(options: CallbackOptions) -> Iterable[Observation]:
+            yield Observation(getattr(dispatcher.stats, field))
+        return cb
+
+    def ended_cb(options: CallbackOptions) -> Iterable[Observation]:
+        stats = dispatcher.stats
+        for state in _DISPATCH_ENDED:
+            yield Observation(getattr(stats, state), {"state": state})
+
+    def gauge_cb(name: str) -> Any:
+        def cb(options: CallbackOptions) -> Iterable[Observation]:
+            stats, oldest = _dispatch_read(dispatcher)
+            yield Observation(_dispatch_gauge(stats, oldest, name))
+        return cb
+
+    out: list[Any] = []
+    for name, field, help_text in _DISPATCH_COUNTERS:
+        out.append(meter.create_observable_counter(
+            f"{name}_total", callbacks=[counter_cb(field)], unit="1", description=help_text))
+    out.append(meter.create_observable_counter(
+        "lanequeue_dispatch_ended_total", callbacks=[ended_cb], unit="1",
+        description=_DISPATCH_ENDED_HELP))
+    for name, help_text in _DISPATCH_GAUGES:
+        unit = "s" if name.endswith("_seconds") else "1"
+        out.append(meter.create_observable_gauge(
+            name, callbacks=[gauge_cb(name)], unit=unit, description=help_text))
+    return out
