@@ -10,6 +10,7 @@ that case (``CALL_WAIT_S``) is set to 1 s so the tests stay short.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import threading
@@ -362,6 +363,77 @@ def test_async_acquire_all_cancelled_while_leaving_ends_within_the_cancel_wait(
     outcome, took = asyncio.run(main())
     assert outcome == "cancelled", outcome
     assert took < CANCEL_WAIT_S + 0.5 * SLACK, took
+    assert left_behind(server, redis_prefix, ["k"]) == []
+
+
+class _CtrlC(BaseException):
+    """What the test's SIGINT handler raises: an interrupt (not an Exception, as
+    KeyboardInterrupt is not; one of our own, so that one arriving late cannot end the
+    test session)."""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["acquire_all", "with"])
+def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_wait(
+    server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A real SIGINT to a thread blocked on a frozen server: in ``acquire_all`` holding
+    the session lane and waiting for the full ``g``, or in a ``with`` block of a hold.
+    Observed before: the release of the lanes taken (given back by acquire_all, or left
+    by the block) waited for its reply, the whole call bound (5.5 s with a 5 s bound).
+    Expected: the interrupt comes through within one CANCEL_WAIT_S, counted from the
+    interrupt (the releases go on in the clean-up threads); after SIGCONT nothing is
+    held. CANCEL_WAIT_S is made 2 s and the call bound 8 s, far apart whatever the load."""
+    import signal
+
+    from lanequeue import LaneQueue
+    from lanequeue.redis import RedisLane
+    from lanequeue.redis import _sync as redis_sync
+
+    wait_s = 2.0
+    monkeypatch.setattr(redis_sync, "CANCEL_WAIT_S", wait_s)
+    monkeypatch.setattr(_args, "CALL_WAIT_S", 8.0)
+    main = threading.main_thread()
+    assert threading.current_thread() is main  # (the SIGINT goes to this thread)
+    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+    queue = LaneQueue()
+    queue.add(RedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE))
+    queue.add(RedisLane(client, "g", max_concurrent=1, prefix=redis_prefix, lease_s=LEASE))
+    with queue.acquire_all("warm", ["session", "g"]):
+        pass  # connections, listener, presence and the clean-up threads made first
+    blocker = queue["g"].acquire("other")
+    blocker.__enter__()  # g is full
+    sent: list[float] = []
+
+    def ctrl_c() -> None:
+        time.sleep(0.5)  # in g's line, or inside the block
+        server.freeze()
+        time.sleep(0.2)
+        sent.append(time.monotonic())
+        signal.pthread_kill(main.ident or 0, signal.SIGINT)
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        raise _CtrlC
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    helper = threading.Thread(target=ctrl_c)
+    try:
+        helper.start()
+        with pytest.raises(_CtrlC):
+            if how == "acquire_all":
+                with queue.acquire_all("k", ["session", "g"], timeout_s=30):
+                    pass
+            else:
+                with queue["session"].acquire("k"):
+                    time.sleep(30)  # the interrupt lands here
+        took = time.monotonic() - sent[0]
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        helper.join()
+        server.thaw()
+    assert took < 1.5 * wait_s, took
+    with contextlib.suppress(LeaseLostError):  # (lost in the freeze, or not)
+        blocker.__exit__(None, None, None)
     assert left_behind(server, redis_prefix, ["k"]) == []
 
 

@@ -46,17 +46,18 @@ _WAIT_BEGAN = "_lanequeue_wait_began"  # (the attribute; see noted_cancel_wait)
 
 
 def note_cancel_wait(exc: BaseException, began: float) -> BaseException:
-    """Record on ``exc``, the CancelledError a lane raises after waiting for its
-    clean-up, the loop time at which that wait began (when the cancellation came), so
-    that what the same cancellation goes on to clean up (an ``acquire_all`` giving back
-    the lanes it took) waits only what is left of :data:`CANCEL_WAIT_S`, not a new one.
+    """Record on ``exc`` (a CancelledError a lane raises after waiting for its clean-up,
+    or the KeyboardInterrupt whose clean-up a thread waits for) when that wait began (the
+    loop's time on asyncio, ``time.monotonic()`` on threads), so that what the same
+    cancellation or interrupt goes on to clean up (an ``acquire_all`` giving back the
+    lanes it took) waits only what is left of :data:`CANCEL_WAIT_S`, not a new one.
     Returns ``exc``."""
     setattr(exc, _WAIT_BEGAN, began)
     return exc
 
 
 def noted_cancel_wait(exc: BaseException | None) -> float | None:
-    """The loop time :func:`note_cancel_wait` recorded on ``exc``, or None."""
+    """The time :func:`note_cancel_wait` recorded on ``exc``, or None."""
     began = getattr(exc, _WAIT_BEGAN, None)
     return began if isinstance(began, float) else None
 

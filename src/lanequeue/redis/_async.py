@@ -486,7 +486,7 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     def _local_waiters(self) -> int:
         return self._wk().count
 
-    async def _aside(self, steps: Steps[None]) -> None:
+    async def _aside(self, steps: Steps[None], interrupt: BaseException | None = None) -> None:
         # A clean-up runs in the task a cancellation moved it to (see drive), which a
         # second cancellation cannot stop; reached otherwise, its own drive moves it to a
         # task of its own at the first cancellation.

@@ -343,11 +343,13 @@ class RedisLaneBase(ABC, Generic[H]):
         """Waiters of this process registered with this client's wake-up listener."""
 
     @abstractmethod
-    def _aside(self, steps: Steps[None]) -> Any:
+    def _aside(self, steps: Steps[None], interrupt: BaseException | None = None) -> Any:
         """Step: run the clean-up procedure ``steps`` to its end where no interrupt of
         the caller can stop it half way (see :meth:`_abandon`); the caller waits for it
         at most :data:`~lanequeue._ops.CANCEL_WAIT_S`, and an interrupt of that wait
-        leaves it running."""
+        leaves it running. ``interrupt``: what stopped the caller (the thread face notes
+        on it when its wait began, so that what the same interrupt cleans up next waits
+        only what is left of that CANCEL_WAIT_S)."""
 
     @abstractmethod
     def _new_event(self) -> Any:
@@ -974,7 +976,7 @@ class RedisLaneBase(ABC, Generic[H]):
             raise
         except GeneratorExit:
             raise  # closed without running to its end: no more I/O to be had
-        except BaseException:
+        except BaseException as exc:
             # Interrupted (KeyboardInterrupt, an async exception, a cancelled task) at
             # any point, maybe after the server queued or granted us: leave no ghost in
             # line, pass on a grant. A grant already recorded (HELD: in the registry)
@@ -985,7 +987,7 @@ class RedisLaneBase(ABC, Generic[H]):
             # weak: see _lease). The same after _take returned, up to the caller's
             # ``with`` block: nothing there needs handling.
             if hold._state != HELD:
-                yield from self._abandon(hold)
+                yield from self._abandon(hold, interrupt=exc)
             else:  # (the interrupt may have stopped _granted before its duties)
                 self._see_to(hold)
             raise
@@ -1058,7 +1060,8 @@ class RedisLaneBase(ABC, Generic[H]):
             if self._joins.get(key) is mine:
                 del self._joins[key]
 
-    def _abandon(self, hold: H, count: bool = True) -> Steps[None]:
+    def _abandon(self, hold: H, count: bool = True,
+                 interrupt: BaseException | None = None) -> Steps[None]:
         """An interrupted wait: leave the line and pass on a grant that arrived
         meanwhile (``count``: as a cancelled wait). Best effort: if Redis fails, the
         line entry dies with its liveness.
@@ -1069,7 +1072,7 @@ class RedisLaneBase(ABC, Generic[H]):
         run ends the caller's wait for them, not the clean-up, which would otherwise
         leave a grant it had been handed in Redis, nobody's, for a whole lease."""
         try:
-            yield self._aside, (self._withdraw_and_pass(hold),)
+            yield self._aside, (self._withdraw_and_pass(hold), interrupt)
         finally:
             if count:
                 self._count_outcome(cancelled=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -27,7 +28,7 @@ from redis.cluster import RedisCluster
 
 from .._errors import NotOwnerError
 from .._kinds import LANE_DEFAULT
-from .._ops import CANCEL_WAIT_S, poll_idle
+from .._ops import CANCEL_WAIT_S, note_cancel_wait, noted_cancel_wait, poll_idle
 from .._validate import check_bool, check_timeout
 from ..contract import not_held_error
 from ..dispatch._workers import Service
@@ -140,14 +141,27 @@ def _finish_aside(box: list[Any]) -> None:
                 pass
 
 
-def _run_aside(steps: Steps[None]) -> None:
+def _run_aside(steps: Steps[None], interrupt: BaseException | None = None) -> None:
     """Run the clean-up ``steps`` in the clean-up service and wait for it at most
     :data:`~lanequeue._ops.CANCEL_WAIT_S` (an interrupt ends the wait; the clean-up goes
-    on). Without a service (none could be started), in the caller."""
+    on). Without a service (none could be started), in the caller.
+
+    ``interrupt``: the interrupt being handled. The first clean-up of an interrupt
+    notes on it when its wait began (:func:`~lanequeue._ops.note_cancel_wait`); a later
+    one of the same interrupt (the lanes an ``acquire_all`` gives back after its wait
+    was interrupted) waits only what is left of that CANCEL_WAIT_S."""
     service = _cleanups
     if service is None:
         drive(steps)
         return
+    wait = CANCEL_WAIT_S
+    if interrupt is not None:
+        now = time.monotonic()
+        began = noted_cancel_wait(interrupt)
+        if began is None:
+            note_cancel_wait(interrupt, now)
+        else:
+            wait = max(0.0, CANCEL_WAIT_S - (now - began))
     post = service.post
     box: list[Any] = [steps]
     post((_finish_aside, box))  # -- the hand-over: one C call --
@@ -155,7 +169,7 @@ def _run_aside(steps: Steps[None]) -> None:
     done.acquire()
     box.append(done)
     if box[0] is not None:  # not finished yet (a finisher that got here first woke nobody)
-        done.acquire(timeout=CANCEL_WAIT_S)
+        done.acquire(timeout=wait)
 
 
 #: The same-key sequencer's one-shot event (see :class:`~._wake.Gate`).
@@ -193,13 +207,38 @@ class RedisHold(RedisHoldBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        drive(self.lane._exit(self, exc_type is not None))
+        steps = self.lane._exit(self, exc_type is not None)
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            # Left by an interrupt (Ctrl-C): the release runs aside, waited for at most
+            # CANCEL_WAIT_S (its error, if any, is logged: the interrupt propagates).
+            _run_aside(steps, exc)
+        else:
+            drive(steps)
 
     def release(self) -> bool:
-        """End this hold (see the class docstring for the return value and errors)."""
+        """End this hold (see the class docstring for the return value and errors).
+
+        Called while an interrupt is being handled (in an ``except KeyboardInterrupt``
+        block, or by ``acquire_all`` giving back its lanes as one propagates), it waits
+        for the server at most :data:`~lanequeue._ops.CANCEL_WAIT_S` and returns True:
+        the release goes on in the background if it has not ended (what it raises
+        then is logged; a hold it could not release lapses with its lease)."""
+        interrupt = _interrupt_handled()
+        if interrupt is not None:
+            # (its errors logged, as leaving does)
+            _run_aside(self.lane._exit(self, True), interrupt)
+            return True
         if not drive(self.lane._release(self)):
             raise not_held(self)
         return True
+
+
+def _interrupt_handled() -> BaseException | None:
+    """The exception this thread handles if it is not an ``Exception`` (a
+    KeyboardInterrupt, a SystemExit), else None: a release then must not keep it for a
+    frozen server's whole bound."""
+    handled = sys.exc_info()[1]
+    return None if handled is None or isinstance(handled, Exception) else handled
 
 
 def not_held(hold: RedisHoldBase) -> NotOwnerError:
@@ -291,8 +330,8 @@ class _SyncFace(RedisOps[RedisHold]):
     def _local_waiters(self) -> int:
         return self._wk().count
 
-    def _aside(self, steps: Steps[None]) -> None:
-        _run_aside(steps)
+    def _aside(self, steps: Steps[None], interrupt: BaseException | None = None) -> None:
+        _run_aside(steps, interrupt)
 
     def _new_event(self) -> _Turn:
         return _Turn()
