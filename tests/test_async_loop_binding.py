@@ -225,7 +225,7 @@ def test_an_operation_refused_from_a_foreign_loop_binds_no_lane(op: str) -> None
 
         assert loop_a.run_until_complete(rightful()) > 0
         assert session._loop is loop_a  # type: ignore[attr-defined]
-        del multi
+        multi = None
         gc.collect()  # (its warning comes here, under this test's filter)
     finally:
         loop_a.close()
