@@ -44,6 +44,19 @@ def server(own_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> RedisSer
     return own_server
 
 
+def _async_queue(server: RedisServer, prefix: str, cap: int) -> tuple[Any, Any]:
+    """An asyncio client without a socket timeout, and a queue of a Redis session lane
+    and a Redis counting lane ``g`` of ``cap`` permits over it."""
+    from lanequeue import AsyncLaneQueue
+    from lanequeue.redis import AsyncRedisLane
+
+    client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
+    queue = AsyncLaneQueue()
+    queue.add(AsyncRedisSessionLane(client, prefix=prefix, lease_s=LEASE))
+    queue.add(AsyncRedisLane(client, "g", max_concurrent=cap, prefix=prefix, lease_s=LEASE))
+    return client, queue
+
+
 def left_behind(server: RedisServer, prefix: str, keys: list[str]) -> list[str]:
     """What a fresh lane object sees of ``keys`` (holders, live waiters), waiting up to
     the lease plus a waiter's liveness window for ghosts to lapse: [] when nothing is."""
@@ -323,17 +336,11 @@ def test_async_acquire_all_cancelled_while_leaving_ends_within_the_cancel_wait(
     for its whole bound (the task ended after the call bound). Expected: the task ends
     within CANCEL_WAIT_S of the cancellation (the other releases go on in the
     background); after SIGCONT nothing is held."""
-    from lanequeue import AsyncLaneQueue
-    from lanequeue.redis import AsyncRedisLane
 
     monkeypatch.setattr(_args, "CALL_WAIT_S", 4.0)
 
     async def main() -> tuple[str, float]:
-        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
-        queue = AsyncLaneQueue()
-        queue.add(AsyncRedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE))
-        queue.add(AsyncRedisLane(client, "g", max_concurrent=2, prefix=redis_prefix,
-                                 lease_s=LEASE))
+        client, queue = _async_queue(server, redis_prefix, 2)
         inside = asyncio.Event()
         leave = asyncio.Event()
 
@@ -447,9 +454,7 @@ def test_async_acquire_all_cancelled_while_waiting_ends_within_one_cancel_wait(
     counted from the cancellation (the release of the session lane goes on in the
     background); after SIGCONT nothing is held. CANCEL_WAIT_S is made 2 s here, so that
     the two outcomes (2 s, 4 s) are far apart whatever the machine's load."""
-    from lanequeue import AsyncLaneQueue
     from lanequeue import aio as aio_module
-    from lanequeue.redis import AsyncRedisLane
     from lanequeue.redis import _async as redis_async
 
     wait_s = 2.0
@@ -458,11 +463,7 @@ def test_async_acquire_all_cancelled_while_waiting_ends_within_one_cancel_wait(
     monkeypatch.setattr(_args, "CALL_WAIT_S", 6.0)
 
     async def main() -> tuple[str, float]:
-        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=None)
-        queue = AsyncLaneQueue()
-        queue.add(AsyncRedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE))
-        queue.add(AsyncRedisLane(client, "g", max_concurrent=1, prefix=redis_prefix,
-                                 lease_s=LEASE))
+        client, queue = _async_queue(server, redis_prefix, 1)
         async with queue.acquire_all("warm", ["session", "g"]):
             pass  # connections, listener and presence made before the freeze
         blocker = queue["g"].acquire("other")

@@ -1055,12 +1055,7 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
         clock = asyncio.get_running_loop().time
         began = noted_cancel_wait(block_error)
         if began is not None and hold is not None:
-            rest = asyncio.get_running_loop().create_task(_release_rest(steps, hold))
-            _RELEASING.add(rest)
-            rest.add_done_callback(_RELEASING.discard)
-            left = CANCEL_WAIT_S - (clock() - began)
-            if left > 0:
-                await asyncio.wait((rest,), timeout=left)
+            await _release_rest_aside(steps, hold, began)
             return
         while hold is not None:
             started = clock()
@@ -1072,15 +1067,10 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
                 except BaseException as exc:
                     raise cancelled from exc
                 if hold is not None:
-                    rest = asyncio.get_running_loop().create_task(_release_rest(steps, hold))
-                    _RELEASING.add(rest)
-                    rest.add_done_callback(_RELEASING.discard)
                     # The cancelled release may have waited for its own clean-up already:
                     # CANCEL_WAIT_S counts from the start of that release, whose wait
                     # began after the cancellation came.
-                    left = CANCEL_WAIT_S - (clock() - started)
-                    if left > 0:
-                        await asyncio.wait((rest,), timeout=left)
+                    await _release_rest_aside(steps, hold, started)
                 raise
             except BaseException as exc:
                 hold = _send(steps, exc)
@@ -1090,6 +1080,19 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
 
 #: Releases going on after their task was cancelled (strong references until they end).
 _RELEASING: set[asyncio.Task[None]] = set()
+
+
+async def _release_rest_aside(steps: Any, hold: Any, since: float) -> None:
+    """Release ``hold`` and the rest of ``steps`` in a task of their own, and wait for
+    it until :data:`~lanequeue._ops.CANCEL_WAIT_S` after ``since`` (loop time; a new
+    cancellation ends the wait at once); the releases go on after that."""
+    loop = asyncio.get_running_loop()
+    rest = loop.create_task(_release_rest(steps, hold))
+    _RELEASING.add(rest)
+    rest.add_done_callback(_RELEASING.discard)
+    left = CANCEL_WAIT_S - (loop.time() - since)
+    if left > 0:
+        await asyncio.wait((rest,), timeout=left)
 
 
 async def _release_rest(steps: Any, hold: Any) -> None:
