@@ -444,26 +444,24 @@ def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_
     assert left_behind(server, redis_prefix, ["k"]) == []
 
 
-def test_async_acquire_all_cancelled_while_waiting_ends_within_one_cancel_wait(
-    server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A task in ``queue.acquire_all(key, ["session", "g"])`` holds the session lane and
-    waits for the full ``g`` when the server freezes and the task is cancelled. Observed
-    before: the wait's clean-up took its CANCEL_WAIT_S, then giving back the session lane
-    took another (1.0 s in all with the stock 0.5 s). Expected: one CANCEL_WAIT_S in all,
-    counted from the cancellation (the release of the session lane goes on in the
-    background); after SIGCONT nothing is held. CANCEL_WAIT_S is made 2 s here, so that
-    the two outcomes (2 s, 4 s) are far apart whatever the machine's load."""
+def _cancel_acquire_all_waiting(
+    server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch, wait_s: float,
+    again_after: float | None,
+) -> tuple[str, float]:
+    """A task in ``queue.acquire_all("k", ["session", "g"])`` holds the session lane and
+    waits for the full ``g`` when the server freezes and the task is cancelled (again
+    ``again_after`` seconds later, while the lane waits for its clean-up, unless None),
+    with CANCEL_WAIT_S made ``wait_s``. Returns how the task ended and how long after the
+    first cancellation; after SIGCONT nothing may be held."""
     from lanequeue import aio as aio_module
     from lanequeue.redis import _async as redis_async
 
-    wait_s = 2.0
     monkeypatch.setattr(aio_module, "CANCEL_WAIT_S", wait_s)
     monkeypatch.setattr(redis_async, "CANCEL_WAIT_S", wait_s)
     monkeypatch.setattr(_args, "CALL_WAIT_S", 6.0)
 
     async def main() -> tuple[str, float]:
-        client, queue = _async_queue(server, redis_prefix, 1)
+        client, queue = _async_queue(server, prefix, 1)
         async with queue.acquire_all("warm", ["session", "g"]):
             pass  # connections, listener and presence made before the freeze
         blocker = queue["g"].acquire("other")
@@ -478,8 +476,15 @@ def test_async_acquire_all_cancelled_while_waiting_ends_within_one_cancel_wait(
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)  # in g's line
         server.freeze()
+        assert not _CLEANUPS
         t0 = time.monotonic()
         task.cancel()
+        if again_after is not None:
+            while not _CLEANUPS:  # g's clean-up began: the task waits for it
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(max(0.0, t0 + again_after - time.monotonic()))
+            assert not task.done() and _CLEANUPS
+            task.cancel()
         done, _ = await asyncio.wait([task], timeout=3 * wait_s + SLACK)
         took = time.monotonic() - t0
         server.thaw()
@@ -494,9 +499,42 @@ def test_async_acquire_all_cancelled_while_waiting_ends_within_one_cancel_wait(
         return outcome, took
 
     outcome, took = asyncio.run(main())
+    assert left_behind(server, prefix, ["k"]) == []
+    return outcome, took
+
+
+def test_async_acquire_all_cancelled_while_waiting_ends_within_one_cancel_wait(
+    server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task in ``queue.acquire_all(key, ["session", "g"])`` holds the session lane and
+    waits for the full ``g`` when the server freezes and the task is cancelled. Observed
+    before: the wait's clean-up took its CANCEL_WAIT_S, then giving back the session lane
+    took another (1.0 s in all with the stock 0.5 s). Expected: one CANCEL_WAIT_S in all,
+    counted from the cancellation (the release of the session lane goes on in the
+    background); after SIGCONT nothing is held. CANCEL_WAIT_S is made 2 s here, so that
+    the two outcomes (2 s, 4 s) are far apart whatever the machine's load."""
+    wait_s = 2.0
+    outcome, took = _cancel_acquire_all_waiting(server, redis_prefix, monkeypatch,
+                                                wait_s, None)
     assert outcome == "cancelled", outcome
     assert took < 1.5 * wait_s, took  # (before: 2 * wait_s)
-    assert left_behind(server, redis_prefix, ["k"]) == []
+
+
+def test_async_acquire_all_cancelled_twice_while_waiting_ends_within_one_cancel_wait(
+    server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, and the task is cancelled again while ``g`` waits for its clean-up
+    (three quarters of CANCEL_WAIT_S after the first cancellation). The second
+    cancellation ends that wait at once, and its CancelledError says when the wait began.
+    Observed before: it did not, so giving back the session lane waited a whole new
+    CANCEL_WAIT_S from the second cancellation (1.75 CANCEL_WAIT_S in all). Expected: one
+    CANCEL_WAIT_S in all, counted from the first cancellation; after SIGCONT nothing is
+    held. CANCEL_WAIT_S is made 2 s here (outcomes 2 s and 3.5 s)."""
+    wait_s = 2.0
+    outcome, took = _cancel_acquire_all_waiting(server, redis_prefix, monkeypatch,
+                                                wait_s, 0.75 * wait_s)
+    assert outcome == "cancelled", outcome
+    assert took < 1.375 * wait_s, took  # (before: 1.75 * wait_s)
 
 
 @pytest.mark.parametrize("face", ["threads", "asyncio"])

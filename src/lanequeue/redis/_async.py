@@ -242,14 +242,20 @@ async def drive(steps: Steps[T]) -> T:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise
             task = _start_cleanup(_rest(steps, exc))
-            # (When the wait began goes with the CancelledError: see note_cancel_wait.)
+            # (When the wait began goes with every CancelledError raised from here,
+            # also the one of a cancellation that ends the wait: see note_cancel_wait.)
             began = asyncio.get_running_loop().time()
-            await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
+            try:
+                await asyncio.wait((task,), timeout=CANCEL_WAIT_S)
+            except asyncio.CancelledError as again:  # cancelled again: the wait ends
+                note_cancel_wait(again, began)
+                raise
             if not task.done():  # the clean-up goes on in the background
                 raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from None
             try:
                 task.result()
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as err:  # (the clean-up itself was cancelled)
+                note_cancel_wait(err, began)
                 raise
             except BaseException as err:  # (a release that found the hold not ours)
                 raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from err
