@@ -15,6 +15,7 @@ from conftest import ParkHooks, run_thread
 from lanequeue import (
     DEFAULT_GLOBAL_CONCURRENCY,
     AsyncLaneQueue,
+    Dispatcher,
     Lane,
     LaneQueue,
     LaneStats,
@@ -22,6 +23,7 @@ from lanequeue import (
     NotOwnerError,
     SessionLane,
     SyncLane,
+    ThreadDispatcher,
     build_default_async_lanes,
     build_default_lanes,
 )
@@ -166,6 +168,57 @@ def test_acquire_all_warns_when_a_per_key_lane_comes_after_another(face: str) ->
     assert w.category is RuntimeWarning and w.filename == __file__
     assert "per-key lane 'session' was registered after 'global'" in str(w.message)
     assert "Register per-key lanes first" in str(w.message)
+
+
+@pytest.mark.timeout(20)
+def test_a_dispatcher_over_a_late_per_key_lane_does_not_warn() -> None:
+    """A dispatcher runs one turn per key at a time, so none of its turns waits for its
+    key while it holds a global permit: building a ThreadDispatcher or an asyncio
+    Dispatcher over such a queue, and running their turns (also after a lane added
+    later empties the queue's cache of plans), says nothing. acquire_all called directly
+    with another list of the same lanes still warns, as it does on a queue without a
+    dispatcher."""
+
+    def late(q: Any) -> Any:
+        q.add_lane("global", max_concurrent=2)
+        q.add_session_lane("session")
+        return q
+
+    def order_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+        return [str(w.message).split(":")[0] for w in caught
+                if issubclass(w.category, RuntimeWarning) and "registered after" in
+                str(w.message)]
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        queue = late(LaneQueue())
+        d = ThreadDispatcher(queue, lanes=["session", "global"])
+        try:
+            assert d.submit("a", lambda: "ran").result(JOIN_S) == "ran"
+            queue.add_lane("other")  # (the queue's plans are built anew)
+            assert d.submit("b", lambda: "ran").result(JOIN_S) == "ran"
+        finally:
+            d.close()
+
+        async def on_loop() -> None:
+            aqueue = late(AsyncLaneQueue())
+            ad = Dispatcher(aqueue, lanes=["session", "global"])
+
+            async def ok() -> str:
+                return "ran"
+
+            assert await ad.submit("a", ok) == "ran"
+            aqueue.add_lane("other")
+            assert await ad.submit("b", ok) == "ran"
+            ad.close()
+
+        asyncio.run(on_loop())
+        assert order_warnings(caught) == []
+        with queue.acquire_all("k", ["global", "session"]):  # another list: it warns
+            pass
+        with late(LaneQueue()).acquire_all("k", ["session", "global"]):
+            pass
+    assert order_warnings(caught) == ["LaneQueue.acquire_all()"] * 2
 
 
 def test_acquire_all_rolls_back_foreign_lanes_in_reverse() -> None:

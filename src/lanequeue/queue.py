@@ -493,7 +493,8 @@ def _warn_key_lane_late(queue: str, lanes: Sequence[Any]) -> None:
     lane in ``lanes`` (an ``acquire_all``'s, in registration order, the order it takes
     them): a request then holds the earlier lane's permit while it waits for its key,
     and the other keys wait for those permits (head-of-line blocking). Once per plan
-    (plans are cached); Python's warning filters show each message once by default."""
+    built (plans are cached), never for a dispatcher's (see ``QueueBase._plan``);
+    Python's warning filters show each message once by default."""
     for i, lane in enumerate(lanes):
         if i and hasattr(lane, "is_held") and not hasattr(lanes[i - 1], "is_held"):
             warnings.warn(
@@ -591,6 +592,8 @@ class QueueBase(Generic[L, CL, SL]):
         self._lanes: dict[str, L] = {}
         self._rank: dict[str, int] = {}
         self._plans: dict[tuple[str, ...], Plan] = {}
+        # Lists of names whose plans never warn of their order (see _plan's ``warn``).
+        self._unwarned: set[tuple[str, ...]] = set()
 
     @overload
     def add_lane(
@@ -874,10 +877,16 @@ class QueueBase(Generic[L, CL, SL]):
         (``_hold``)."""
         return (lane, None)
 
-    def _plan(self, names: tuple[str, ...]) -> Plan:
-        """The :class:`Plan` of a tuple of lane names (checked, then cached)."""
+    def _plan(self, names: tuple[str, ...], warn: bool = True) -> Plan:
+        """The :class:`Plan` of a tuple of lane names (checked, then cached). Building
+        it warns when a per-key lane comes after another lane (``_warn_key_lane_late``),
+        unless a call with ``warn`` False was made for the same tuple before, or is this
+        one: a dispatcher's, whose turns (``acquire_all`` with that tuple) it runs one
+        per key at a time, so none waits for its key while it holds another lane."""
         plan = self._plans.get(names)
         if plan is not None:
+            if not warn:
+                self._unwarned.add(names)
             return plan
         for n in names:
             if n not in self._lanes:
@@ -888,7 +897,10 @@ class QueueBase(Generic[L, CL, SL]):
         if not names:
             raise ValueError("lane_names must name at least one lane")
         lanes = [self._lanes[n] for n in sorted(names, key=self._rank.__getitem__)]
-        _warn_key_lane_late(type(self).__name__, lanes)
+        if not warn:
+            self._unwarned.add(names)
+        elif names not in self._unwarned:
+            _warn_key_lane_late(type(self).__name__, lanes)
         timeouts = [x.timeout_s for x in lanes if x.timeout_s is not None]
         plan = Plan([self._step(x) for x in lanes], min(timeouts) if timeouts else None,
                     self._multi_ended)
@@ -974,7 +986,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
             lane_names: names of registered lanes, in any order; they are taken in
                 registration order (a per-key lane registered after another lane warns:
                 a RuntimeWarning, once per list of names, as a request would hold the
-                other lane's permit while it waits for its key).
+                other lane's permit while it waits for its key; not for the list of a
+                dispatcher built over this queue, which runs one turn per key at a
+                time).
             timeout_s: seconds for the WHOLE call; omitted: the smallest ``timeout_s`` of
                 the named lanes; None (or ``math.inf``): no limit; 0: take them only if
                 all are free now.

@@ -109,7 +109,9 @@ class DispatcherBase:
             raise TypeError(f"{where} 'lanes' must be a sequence of lane names, not {lanes!r}")
         names = tuple(lanes)
         try:  # the queue's own check of lane names (acquire_all's): what it would refuse
-            queue._plan(names)
+            # (no warning of the lanes' order: turns of one key never overlap, so none
+            # waits for its key while holding another lane's permit)
+            plan = queue._plan(names, warn=False)
         except KeyError as exc:
             raise KeyError(f"{where} 'lanes': {exc.args[0]}") from None
         except (TypeError, ValueError) as exc:
@@ -141,7 +143,7 @@ class DispatcherBase:
         from ..queue import QueueBase
 
         # A turn's acquire_all refuses a key a Redis lane cannot send: so does submit.
-        self._utf8_keys = isinstance(queue, QueueBase) and queue._plan(names).cores is None
+        self._utf8_keys = isinstance(queue, QueueBase) and plan.cores is None
         counting = counting_lanes(objs)
         slots: int | None = min((cap for _, cap in counting), default=None)
         gate = min(counting, key=lambda c: c[1])[0] if counting else None
