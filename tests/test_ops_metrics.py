@@ -290,6 +290,120 @@ def test_a_dispatcher_exports_its_own_series_and_its_lanes(fake_clock: FakeClock
         d.close()
 
 
+def _otel_points(reader: Any) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:
+    """The data points of one collection of ``reader``, by name and attributes."""
+    points: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
+    for rm in reader.get_metrics_data().resource_metrics:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for p in metric.data.data_points:
+                    points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
+    return points
+
+
+class TickingClock(FakeClock):
+    """A fake clock that moves 10 ms at every read: whatever reads the lane twice sees
+    it at two instants."""
+
+    def __call__(self) -> float:
+        self.now += 0.01
+        return self.now
+
+
+@pytest.mark.timeout(20)
+def test_otel_reports_one_read_of_the_lanes_per_collection() -> None:
+    """The instruments of one collection report one snapshot, as one Prometheus scrape
+    does: while idle entries expire between reads (a clock that moves at each read),
+    ``lanequeue_sessions`` plus ``lanequeue_evicted_total`` is the number of entries ever
+    made in every collection (before, each instrument read the lane anew, so the two came
+    from different instants). Each collection reads anew: two readers of one provider,
+    and the same reader again, each see the entries that expired since."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    clock = TickingClock()
+    lane = SessionLane("sess", idle_timeout_s=0.3, clock=clock)
+    made = 40
+    for i in range(made):
+        with lane.acquire(f"k{i}"):
+            pass
+    readers = [InMemoryMetricReader(), InMemoryMetricReader()]
+    instrument_otel(lane, meter_provider=MeterProvider(metric_readers=readers))
+    lab = (("kind", "session"), ("lane", "sess"))
+    seen: list[tuple[float, float]] = []
+    for reader in (*readers, readers[0]):
+        points = _otel_points(reader)
+        sessions = points[("lanequeue_sessions", lab)]
+        evicted = points[("lanequeue_evicted_total", lab)]
+        assert sessions + evicted == made, (sessions, evicted)
+        seen.append((sessions, evicted))
+        clock.advance(0.1)  # more entries expire before the next collection
+    evictions = [evicted for _, evicted in seen]
+    assert 0 < evictions[0] < evictions[1] < evictions[2] < made, seen
+
+
+@pytest.mark.timeout(30)
+def test_otel_reports_one_read_of_a_dispatcher_per_collection(
+    fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dispatcher's series of one collection come from one ``stats``: submitted equals
+    the ended tickets plus pending and running even when a ticket is submitted between
+    two reads (here, at every read of ``stats``; before, each instrument read it anew,
+    and the gauges counted tickets the counter had not). The next collection reads anew
+    (once: one ticket more)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    d, go, left = _dispatcher_run(fake_clock)
+    real = ThreadDispatcher.stats
+
+    def stats_then_submit(self: Any) -> Any:
+        figures = real.fget(self)  # type: ignore[attr-defined]
+        left.append(self.submit("a", str, "later"))  # pending behind the running turn
+        return figures
+
+    try:
+        reader = InMemoryMetricReader()
+        instrument_otel(d, meter_provider=MeterProvider(metric_readers=[reader]))
+        monkeypatch.setattr(ThreadDispatcher, "stats", property(stats_then_submit))
+        submitted = []
+        for _ in range(2):
+            points = _otel_points(reader)
+            ended = sum(points[("lanequeue_dispatch_ended_total", (("state", state),))]
+                        for state in ("done", "failed", "cancelled", "dropped", "rejected",
+                                      "timed_out"))
+            assert (ended + points[("lanequeue_dispatch_pending", ())]
+                    + points[("lanequeue_dispatch_running", ())]
+                    == points[("lanequeue_dispatch_submitted_total", ())]), points
+            submitted.append(points[("lanequeue_dispatch_submitted_total", ())])
+        assert submitted == [6, 7]
+    finally:
+        monkeypatch.undo()
+        go.set()
+        assert [t.result(10) for t in left] == ["held", "x"] + ["later"] * (len(left) - 2)
+        d.close()
+
+
+def test_otel_shared_read_follows_the_calls_not_their_order() -> None:
+    """The read shared by one collection's callbacks: a callback that already reported
+    the current read begins the next collection, whatever order the callbacks come in;
+    a collection cut short is followed by a fresh read all the same."""
+    from lanequeue.metrics import _PerCollection
+
+    reads = iter(range(1, 100))
+    shared = _PerCollection(lambda: (None, [next(reads)]))  # type: ignore[list-item]
+    a, b, c = shared.seat(), shared.seat(), shared.seat()
+
+    def collect(*seats: int) -> list[Any]:
+        return [shared.get(seat)[1][0] for seat in seats]
+
+    assert collect(a, b, c) == [1, 1, 1]
+    assert collect(c, a, b) == [2, 2, 2]
+    assert collect(b, a) == [3, 3]  # cut short: c was not called
+    assert collect(b, c, a) == [4, 4, 4]
+    assert collect(a) + collect(a) == [5, 6]
+
+
 def test_prometheus_queue_reports_each_lane_and_lanes_added_later() -> None:
     queue = LaneQueue()
     queue.add_session_lane("session")

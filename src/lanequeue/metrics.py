@@ -76,8 +76,9 @@ and off.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
-from typing import Any
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, cast
 
 from ._obs import HistogramSnapshot, LaneMetrics, MetricsSource
 from ._validate import check_bool
@@ -362,6 +363,50 @@ def _buckets(h: HistogramSnapshot) -> list[tuple[str, float]]:
     return [(_le(bound), float(n)) for bound, n in h.cumulative()]
 
 
+#: What the instruments of one :func:`instrument_otel` call report from: the
+#: dispatcher's read (None without a dispatcher) and the lanes' snapshots.
+_Read = tuple[tuple[Any, float] | None, list[LaneMetrics]]
+
+
+class _PerCollection:
+    """One read of the target per OpenTelemetry collection, shared by the callbacks of
+    all the instruments of one :func:`instrument_otel` call, so that the series of one
+    collection come from one instant, as those of one Prometheus scrape do (the
+    sessions beside the evictions, a dispatcher's counters beside its gauges).
+
+    An SDK collection calls the callback of every instrument once (the SDK's, one
+    collection at a time under its meter provider's lock; each reader collects on its
+    own). So a callback that has not yet reported the current read reports it; one that
+    already has begins a new collection, and reads anew; the last callback of a
+    collection lets the read go. Neither the order of the calls nor their timing
+    matters, and a collection cut short (a callback past its deadline) leaves the next
+    one reading anew at its first callback that the short one called."""
+
+    def __init__(self, read: Callable[[], _Read]) -> None:
+        self._read = read
+        self._lock = threading.Lock()
+        self._seats = 0  # the callbacks sharing the reads
+        self._value: _Read | None = None
+        self._served: set[int] = set()  # the callbacks that reported ``_value``
+
+    def seat(self) -> int:
+        """A new callback's number, for :meth:`get`."""
+        self._seats += 1
+        return self._seats
+
+    def get(self, seat: int) -> _Read:
+        """The read of the current collection, for the callback numbered ``seat``."""
+        with self._lock:
+            value = self._value
+            if value is None or seat in self._served:
+                value = self._value = self._read()
+                self._served = set()
+            self._served.add(seat)
+            if len(self._served) >= self._seats:  # the collection's last callback
+                self._value = None
+            return value
+
+
 def instrument_otel(
     target: Any, *, meter_provider: Any = None, hold_times: bool = True
 ) -> list[Any]:
@@ -376,7 +421,9 @@ def instrument_otel(
         hold_times: as for :class:`PrometheusCollector`.
 
     Creates asynchronous instruments on the meter ``"lanequeue"`` whose callbacks read
-    the lanes at collection time, with the names and attributes of the module docstring.
+    the lanes at collection time, with the names and attributes of the module docstring:
+    one read per collection (at its first callback), which all of them report, so that
+    the series of one collection agree as those of one Prometheus scrape do.
     The OpenTelemetry API has no asynchronous histogram, so each histogram is exported
     Prometheus-style as three observable counters: ``<name>_bucket`` (attribute ``le``,
     cumulative), ``<name>_sum`` and ``<name>_count``. Turns on hold-time observation
@@ -413,23 +460,37 @@ def instrument_otel(
             return m.wait, {**attrs(m), "reason": _REASON.get(m.kind, m.kind)}
         return m.hold, attrs(m)
 
+    dispatcher = _dispatcher(target)
+
+    def read() -> _Read:  # (in the order of a Prometheus scrape)
+        dispatch = None if dispatcher is None else _dispatch_read(dispatcher)
+        return dispatch, _snapshots(target, hold_times)
+
+    shared = _PerCollection(read)
+
     def gauge_cb(name: str) -> Any:
+        seat = shared.seat()
+
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in _snapshots(target, hold_times):
+            for m in shared.get(seat)[1]:
                 v = _gauge_value(m, name)
                 if v is not None:
                     yield Observation(v, attrs(m))
         return cb
 
     def counter_cb(field: str) -> Any:
+        seat = shared.seat()
+
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in _snapshots(target, hold_times):
+            for m in shared.get(seat)[1]:
                 yield Observation(_counter_value(m, field), attrs(m))
         return cb
 
     def hist_cb(name: str, part: str) -> Any:
+        seat = shared.seat()
+
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in _snapshots(target, hold_times):
+            for m in shared.get(seat)[1]:
                 h, a = hist_parts(m, name)
                 if h is None:
                     continue
@@ -443,9 +504,8 @@ def instrument_otel(
         return cb
 
     instruments: list[Any] = []
-    dispatcher = _dispatcher(target)
     if dispatcher is not None:
-        instruments.extend(_otel_dispatch(meter, dispatcher))
+        instruments.extend(_otel_dispatch(meter, shared))
     for name, help_text in _GAUGES:
         unit = "s" if name.endswith("_seconds") else "1"
         instruments.append(meter.create_observable_gauge(
@@ -464,23 +524,33 @@ def instrument_otel(
     return instruments
 
 
-def _otel_dispatch(meter: Any, dispatcher: Any) -> list[Any]:
-    """The dispatcher's instruments (see the module docstring), read at collection."""
+def _otel_dispatch(meter: Any, shared: _PerCollection) -> list[Any]:
+    """The dispatcher's instruments (see the module docstring), reporting the read of
+    the collection (``shared``, whose dispatcher's read is not None)."""
     from opentelemetry.metrics import CallbackOptions, Observation
 
+    def stats_of(seat: int) -> tuple[Any, float]:
+        return cast("tuple[Any, float]", shared.get(seat)[0])
+
     def counter_cb(field: str) -> Any:
+        seat = shared.seat()
+
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(getattr(dispatcher.stats, field))
+            yield Observation(getattr(stats_of(seat)[0], field))
         return cb
 
+    ended_seat = shared.seat()
+
     def ended_cb(options: CallbackOptions) -> Iterable[Observation]:
-        stats = dispatcher.stats
+        stats = stats_of(ended_seat)[0]
         for state in _DISPATCH_ENDED:
             yield Observation(getattr(stats, state), {"state": state})
 
     def gauge_cb(name: str) -> Any:
+        seat = shared.seat()
+
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            stats, oldest = _dispatch_read(dispatcher)
+            stats, oldest = stats_of(seat)
             yield Observation(_dispatch_gauge(stats, oldest, name))
         return cb
 
