@@ -8,6 +8,7 @@ park hook (a waiter is in line when it parks) and moves the clock by hand.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from bisect import bisect_left
@@ -203,6 +204,93 @@ def test_every_view_evicts_the_expired_entries_before_it_reads(
         evicted = lane.stats.evicted
         sessions = len(lane._core._entries)
     assert (sessions, evicted) == (1, 2)
+
+
+def _otel_collect(lane: Any) -> None:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    instrument_otel(lane, meter_provider=MeterProvider(metric_readers=[reader]))
+    reader.get_metrics_data()
+
+
+async def _try_nowait(clock: FakeClock) -> tuple[int, int]:
+    lane = AsyncSessionLane("sess", idle_timeout_s=1.0, clock=clock)
+    core = lane._core
+    for key in ("old1", "old2"):
+        core.release(key, core.take(key, False))
+    clock.advance(5.0)
+    assert lane.try_acquire_nowait("new")
+    return core.evicted, len(core._entries)
+
+
+#: What ``SessionLane.idle_timeout_s`` names, and a call of it on a lane (and a queue of
+#: it): the calls that evict the expired idle entries, then those that leave them.
+_EVICTING: dict[str, Any] = {
+    "``acquire``": lambda lane, q: _enter_and_leave(lane.acquire("new")),
+    "``acquire_timeout``": lambda lane, q: lane.acquire_timeout("new", 0),
+    "``try_acquire``": lambda lane, q: lane.try_acquire("new"),
+    "queue's ``acquire_all``": lambda lane, q: _enter_and_leave(q.acquire_all("new", ["sess"])),
+    "``cleanup_idle()``": lambda lane, q: lane.cleanup_idle(),
+    "``session_count``": lambda lane, q: lane.session_count,
+    "``stats``": lambda lane, q: lane.stats,
+    "``statistics()``": lambda lane, q: lane.statistics(),
+    "``status()``": lambda lane, q: lane.status(),
+    "queue's ``status()``": lambda lane, q: q.status(),
+    "``repr(lane)``": lambda lane, q: repr(lane),
+    "``metrics_snapshot()``": lambda lane, q: lane.metrics_snapshot(),
+    "Prometheus scrape": lambda lane, q: samples(_registry_of(lane)),
+    "OpenTelemetry collection": lambda lane, q: _otel_collect(lane),
+}
+_NOT_EVICTING: dict[str, Any] = {
+    "``is_held``": lambda lane, q: lane.is_held("old1"),
+    "``waiting_for``": lambda lane, q: lane.waiting_for("old1"),
+    "``get_active``": lambda lane, q: lane.get_active(),
+    "``active_count``": lambda lane, q: lane.active_count,
+    "``waiting``": lambda lane, q: lane.waiting,
+    "``stuck()``": lambda lane, q: lane.stuck(0.0),
+    "releases": lambda lane, q: lane.manual_release("live"),
+}
+
+
+def _enter_and_leave(hold: Any) -> None:
+    with hold:
+        pass
+
+
+def _registry_of(lane: Any) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    PrometheusCollector(lane, registry=registry)
+    return registry
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("call", [*_EVICTING, *_NOT_EVICTING, "``try_acquire_nowait``"])
+def test_idle_timeout_doc_names_exactly_the_calls_that_evict(
+    call: str, fake_clock: FakeClock
+) -> None:
+    """``SessionLane.idle_timeout_s`` says which calls drop the expired idle entries:
+    each call it names as evicting does (two entries expired while nothing touched the
+    lane: after the call they are gone and counted), and each it names as leaving them
+    does not."""
+    doc = " ".join((SessionLane.idle_timeout_s.__doc__ or "").split())
+    assert call in doc
+    if call == "``try_acquire_nowait``":  # (the asyncio face's)
+        assert asyncio.run(_try_nowait(fake_clock)) == (2, 1)
+        return
+    lane = SessionLane("sess", idle_timeout_s=1.0, clock=fake_clock)
+    queue = LaneQueue()
+    queue.add(lane)
+    assert lane.try_acquire("live")  # held from here on: never evicted
+    core = lane._core
+    for key in ("old1", "old2"):
+        core.release(key, core.take(key, False))
+    fake_clock.advance(5.0)  # the two idle entries expire; nothing touches the lane
+    evicting = call in _EVICTING
+    (_EVICTING if evicting else _NOT_EVICTING)[call](lane, queue)
+    left = {"old1", "old2"} & set(core._entries)
+    assert (core.evicted, left) == ((2, set()) if evicting else (0, {"old1", "old2"}))
 
 
 def _dispatcher_run(clock: FakeClock) -> tuple[Any, threading.Event, list[Any]]:

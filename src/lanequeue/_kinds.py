@@ -391,10 +391,20 @@ class SessionKind(LaneKind[SessionCore]):
         """Seconds an entry with no holder and no waiter is kept (``math.inf`` when the
         lane was made with None).
 
-        An entry past it is dropped by the next new key, ``session_count`` or
-        ``cleanup_idle()`` (none of them waits for ``max_sessions``), so with 0 an entry
-        is gone as soon as it goes idle. With None it is kept until a new key needs its
-        room at ``max_sessions`` (the oldest idle entry goes first)."""
+        No timer drops an entry past it: the next call that evicts does (counted in
+        ``stats.evicted``). These calls are the acquisition of a key that has no entry
+        (``acquire``, ``acquire_timeout``, ``try_acquire``, ``try_acquire_nowait``, a
+        queue's ``acquire_all``; with ``max_sessions`` entries alive it also drops the
+        oldest idle entry), ``cleanup_idle()``, and every view that counts entries or
+        evictions, before it reads: ``session_count``, ``stats`` and ``statistics()``,
+        ``status()`` (and so a queue's ``status()`` and ``repr(lane)``) and
+        ``metrics_snapshot()`` (and so each Prometheus scrape and OpenTelemetry
+        collection). None of them waits for ``max_sessions``. Other calls (``is_held``,
+        ``waiting_for``, ``get_active``, ``active_count``, ``waiting``, ``stuck()``,
+        releases) leave expired entries in place, unseen. With 0 an entry expires as
+        soon as it goes idle, so no view counts it from then on. With None it is kept
+        until a new key needs its room at ``max_sessions`` (the oldest idle entry goes
+        first)."""
         return self._core.idle_timeout_s
 
     @property

@@ -491,9 +491,10 @@ class SessionLane(_ThreadFace, SessionKind):
 
     An entry per key is created on first use and lives while the key has a holder or a
     waiter; then it stays idle for ``idle_timeout_s`` seconds and is evicted (expired
-    entries are dropped whenever a new key arrives, or by :meth:`cleanup_idle`). When a
-    new key arrives with ``max_sessions`` entries alive, the oldest idle entry goes; held
-    entries are never evicted, so the cap is soft.
+    entries are dropped when a new key arrives, by :meth:`cleanup_idle`, and by every
+    view that counts entries or evictions before it reads: see :attr:`idle_timeout_s`).
+    When a new key arrives with ``max_sessions`` entries alive, the oldest idle entry
+    goes; held entries are never evicted, so the cap is soft.
 
     Args:
         name: the lane's name (default ``"session"``).
