@@ -537,6 +537,67 @@ def test_async_acquire_all_cancelled_twice_while_waiting_ends_within_one_cancel_
     assert took < 1.375 * wait_s, took  # (before: 1.75 * wait_s)
 
 
+@pytest.mark.parametrize("outer", ["acquire_all", "acquire"])
+def test_async_nested_blocks_cancelled_on_a_frozen_server_end_within_one_cancel_wait(
+    server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, outer: str
+) -> None:
+    """A task inside ``async with`` a hold of a Redis lane ``h``, itself inside ``async
+    with`` either ``queue.acquire_all(k, ["session", "g"])`` or a Redis session lane's
+    hold, is cancelled on a frozen server. Observed before: each block's release waited a
+    CANCEL_WAIT_S of its own (the inner one raised a new CancelledError that did not say
+    when its wait began), 2 CANCEL_WAIT_S in all. Expected: one CANCEL_WAIT_S in all,
+    counted from the cancellation; the releases go on in the background, and after
+    SIGCONT nothing is held. CANCEL_WAIT_S is made 2 s (outcomes 2 s and 4 s)."""
+    from lanequeue import aio as aio_module
+    from lanequeue.redis import AsyncRedisLane
+    from lanequeue.redis import _async as redis_async
+
+    wait_s = 2.0
+    monkeypatch.setattr(aio_module, "CANCEL_WAIT_S", wait_s)
+    monkeypatch.setattr(redis_async, "CANCEL_WAIT_S", wait_s)
+    monkeypatch.setattr(_args, "CALL_WAIT_S", 6.0)
+
+    async def main() -> tuple[str, float]:
+        client, queue = _async_queue(server, redis_prefix, 2)
+        inner = AsyncRedisLane(client, "h", max_concurrent=2, prefix=redis_prefix,
+                               lease_s=LEASE)
+
+        def outer_hold(key: str) -> Any:
+            if outer == "acquire_all":
+                return queue.acquire_all(key, ["session", "g"], timeout_s=5)
+            return queue["session"].acquire(key, timeout_s=5)
+
+        async with outer_hold("warm"), inner.acquire("warm"):
+            pass  # connections, listener and presence made before the freeze
+        inside = asyncio.Event()
+
+        async def turn() -> None:
+            async with outer_hold("k"), inner.acquire("k"):
+                inside.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(turn())
+        await inside.wait()
+        server.freeze()
+        t0 = time.monotonic()
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=3 * wait_s + SLACK)
+        took = time.monotonic() - t0
+        server.thaw()
+        outcome = "pending" if not done else ("cancelled" if task.cancelled() else
+                                              repr(task.exception()))
+        deadline = time.monotonic() + 3 * 6.0 + SLACK
+        while _CLEANUPS and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await client.aclose()
+        return outcome, took
+
+    outcome, took = asyncio.run(main())
+    assert outcome == "cancelled", outcome
+    assert took < 1.5 * wait_s, took  # (before: 2 * wait_s)
+    assert left_behind(server, redis_prefix, ["k"]) == []
+
+
 @pytest.mark.parametrize("face", ["threads", "asyncio"])
 def test_a_release_without_an_answer_is_counted_once(
     server: RedisServer, redis_prefix: str, face: str

@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
-from .._ops import CANCEL_WAIT_S, LoopTimer, note_cancel_wait, poll_idle_async
+from .._ops import CANCEL_WAIT_S, LoopTimer, note_cancel_wait, noted_cancel_wait, poll_idle_async
 from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
@@ -289,13 +289,31 @@ async def _drive_cancelled(steps: Steps[T], exc: BaseException | None = None) ->
     caller gets a CancelledError (with the args of ``exc``, when it is one) and the
     release goes on in the background (held in ``_CLEANUPS`` until it ends; its outcome
     is taken there, see :func:`_cleanup_done`). Ended within the wait: its result, or
-    what it raised, as :func:`drive` gives them."""
+    what it raised, as :func:`drive` gives them.
+
+    One CANCEL_WAIT_S per cancellation, however many releases it runs: when ``exc``
+    carries the time an earlier clean-up of the same cancellation began to wait (an
+    inner ``async with`` left first, see :func:`~lanequeue._ops.note_cancel_wait`),
+    this one waits only what is left of it, and every CancelledError raised from here
+    carries that time on to the next block out."""
+    loop = asyncio.get_running_loop()
+    began = noted_cancel_wait(exc)
+    if began is None:
+        began = loop.time()
     task = _start_cleanup(drive(steps))
-    await asyncio.wait((task,), timeout=CANCEL_WAIT_S)  # cancelled again: ends
+    try:
+        await asyncio.wait((task,), timeout=max(0.0, began + CANCEL_WAIT_S - loop.time()))
+    except asyncio.CancelledError as again:  # cancelled again: the wait ends
+        note_cancel_wait(again, began)
+        raise
     if not task.done():  # the release goes on in the background
-        raise asyncio.CancelledError(
-            *(exc.args if isinstance(exc, asyncio.CancelledError) else ())) from None
-    return task.result()
+        raise note_cancel_wait(asyncio.CancelledError(
+            *(exc.args if isinstance(exc, asyncio.CancelledError) else ())), began) from None
+    try:
+        return task.result()
+    except asyncio.CancelledError as err:  # (the release itself was cancelled)
+        note_cancel_wait(err, began)
+        raise
 
 
 async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any,
