@@ -342,12 +342,7 @@ def test_a_dispatcher_exports_its_own_series_and_its_lanes(fake_clock: FakeClock
         got = samples(registry)
         reader = InMemoryMetricReader()
         instrument_otel(d, meter_provider=MeterProvider(metric_readers=[reader]))
-        points: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
-        for rm in reader.get_metrics_data().resource_metrics:
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    for p in metric.data.data_points:
-                        points[(metric.name, tuple(sorted(p.attributes.items())))] = p.value
+        points = _otel_points(reader)
         st = d.stats
         assert (st.submitted, st.done, st.failed, st.rejected, st.cancelled, st.deduped,
                 st.pending, st.running) == (6, 1, 1, 1, 1, 1, 1, 1)

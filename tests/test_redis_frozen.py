@@ -57,6 +57,20 @@ def _async_queue(server: RedisServer, prefix: str, cap: int) -> tuple[Any, Any]:
     return client, queue
 
 
+def _ended(task: asyncio.Task[Any]) -> str:
+    """How ``task`` ended: "cancelled", its exception's repr, or "pending"."""
+    if not task.done():
+        return "pending"
+    return "cancelled" if task.cancelled() else repr(task.exception())
+
+
+async def _cleanups_end(within_s: float, poll_s: float = 0.01) -> None:
+    """Wait up to ``within_s`` seconds for the background clean-ups to end."""
+    deadline = time.monotonic() + within_s
+    while _CLEANUPS and time.monotonic() < deadline:
+        await asyncio.sleep(poll_s)
+
+
 def left_behind(server: RedisServer, prefix: str, keys: list[str]) -> list[str]:
     """What a fresh lane object sees of ``keys`` (holders, live waiters), waiting up to
     the lease plus a waiter's liveness window for ghosts to lapse: [] when nothing is."""
@@ -108,9 +122,7 @@ def test_async_cancel_on_a_frozen_server_ends_at_once_and_leaks_nothing(
         ]
         server.thaw()
         # The background clean-ups end within their calls' bounds (two calls each).
-        deadline = time.monotonic() + 2 * CALL_WAIT + SLACK
-        while _CLEANUPS and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _cleanups_end(2 * CALL_WAIT + SLACK)
         left = [] if not _CLEANUPS else [f"{len(_CLEANUPS)} clean-ups still running"]
         await lane.manual_release("k2")
         await client.aclose()
@@ -356,14 +368,11 @@ def test_async_acquire_all_cancelled_while_leaving_ends_within_the_cancel_wait(
         await asyncio.sleep(0.2)  # the task is in its first release, waiting on the server
         t0 = time.monotonic()
         task.cancel()
-        done, _ = await asyncio.wait([task], timeout=4.0 + SLACK)
+        await asyncio.wait([task], timeout=4.0 + SLACK)
         took = time.monotonic() - t0
+        outcome = _ended(task)  # (before the thaw lets a pending task end)
         server.thaw()
-        outcome = "pending" if not done else ("cancelled" if task.cancelled() else
-                                              repr(task.exception()))
-        deadline = time.monotonic() + 2 * 4.0 + SLACK
-        while _CLEANUPS and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _cleanups_end(2 * 4.0 + SLACK)
         await client.aclose()
         return outcome, took
 
@@ -485,16 +494,13 @@ def _cancel_acquire_all_waiting(
             await asyncio.sleep(max(0.0, t0 + again_after - time.monotonic()))
             assert not task.done() and _CLEANUPS
             task.cancel()
-        done, _ = await asyncio.wait([task], timeout=3 * wait_s + SLACK)
+        await asyncio.wait([task], timeout=3 * wait_s + SLACK)
         took = time.monotonic() - t0
+        outcome = _ended(task)  # (before the thaw lets a pending task end)
         server.thaw()
-        outcome = "pending" if not done else ("cancelled" if task.cancelled() else
-                                              repr(task.exception()))
         with pytest.raises(LeaseLostError):  # (lost in the freeze: presence, renewals)
             await blocker.__aexit__(None, None, None)
-        deadline = time.monotonic() + 2 * 6.0 + SLACK
-        while _CLEANUPS and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _cleanups_end(2 * 6.0 + SLACK)
         await client.aclose()
         return outcome, took
 
@@ -581,14 +587,11 @@ def test_async_nested_blocks_cancelled_on_a_frozen_server_end_within_one_cancel_
         server.freeze()
         t0 = time.monotonic()
         task.cancel()
-        done, _ = await asyncio.wait([task], timeout=3 * wait_s + SLACK)
+        await asyncio.wait([task], timeout=3 * wait_s + SLACK)
         took = time.monotonic() - t0
+        outcome = _ended(task)  # (before the thaw lets a pending task end)
         server.thaw()
-        outcome = "pending" if not done else ("cancelled" if task.cancelled() else
-                                              repr(task.exception()))
-        deadline = time.monotonic() + 3 * 6.0 + SLACK
-        while _CLEANUPS and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        await _cleanups_end(3 * 6.0 + SLACK)
         await client.aclose()
         return outcome, took
 
@@ -702,9 +705,7 @@ def test_a_cancelled_release_that_fails_in_the_background_is_not_reported_unretr
         with pytest.raises(asyncio.CancelledError):
             await task
         # The clean-up fails within its bound (the call's, then the renewer's deadline).
-        deadline = time.monotonic() + CALL_WAIT + LEASE + SLACK
-        while _CLEANUPS and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await _cleanups_end(CALL_WAIT + LEASE + SLACK, 0.05)
         assert not _CLEANUPS
         server.thaw()
 
