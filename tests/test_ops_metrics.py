@@ -9,6 +9,7 @@ park hook (a waiter is in line when it parks) and moves the clock by hand.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 import threading
 from bisect import bisect_left
@@ -374,9 +375,11 @@ def test_a_dispatcher_exports_its_own_series_and_its_lanes(fake_clock: FakeClock
 
 
 def _otel_points(reader: Any) -> dict[tuple[str, tuple[tuple[str, Any], ...]], float]:
-    """The data points of one collection of ``reader``, by name and attributes."""
+    """The data points of one collection of ``reader``, by name and attributes (none:
+    the SDK's ``get_metrics_data()`` gives None when no instrument reported)."""
     points: dict[tuple[str, tuple[tuple[str, Any], ...]], float] = {}
-    for rm in reader.get_metrics_data().resource_metrics:
+    data = reader.get_metrics_data()
+    for rm in [] if data is None else data.resource_metrics:
         for sm in rm.scope_metrics:
             for metric in sm.metrics:
                 for p in metric.data.data_points:
@@ -485,6 +488,130 @@ def test_otel_shared_read_follows_the_calls_not_their_order() -> None:
     assert collect(b, a) == [3, 3]  # cut short: c was not called
     assert collect(b, c, a) == [4, 4, 4]
     assert collect(a) + collect(a) == [5, 6]
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("failing", [{1}, {2}, {2, 3}, {1, 2, 3}, {3, 5, 6}])
+@pytest.mark.parametrize("kind", ["queue", "dispatcher"])
+def test_otel_a_failed_read_is_the_read_of_its_collection(
+    failing: set[int], kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read that raises (here the ``global`` lane's ``metrics_snapshot``, at the reads
+    numbered ``failing``) is the read of its collection: that collection has none of the
+    target's series, the SDK logging the one callback that read, and the next one, of
+    either reader, reads anew for every instrument, once. So every collection's series
+    agree with the lanes at that collection (before, the instruments that had not had
+    the failed read reported a read of their own, and in the next collection the one
+    whose read had failed reported the earlier read beside the others' new one)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    queue.add_lane("global", max_concurrent=10)
+    real = queue["global"].metrics_snapshot
+    reads = 0
+
+    def snapshot() -> Any:
+        nonlocal reads
+        reads += 1
+        if reads in failing:
+            raise ConnectionError(f"read {reads} failed")
+        return real()
+
+    queue["global"].metrics_snapshot = snapshot  # type: ignore[method-assign]
+    d = ThreadDispatcher(queue, lanes=("session", "global")) if kind == "dispatcher" else None
+    try:
+        readers = [InMemoryMetricReader(), InMemoryMetricReader()]
+        instrument_otel(queue if d is None else d,
+                        meter_provider=MeterProvider(metric_readers=readers))
+        for n in range(1, 8):
+            for name in ("session", "global"):
+                assert queue[name].acquire_timeout(f"k{n}", 0)  # held: n holders each
+            caplog.clear()
+            with caplog.at_level(logging.ERROR):
+                points = _otel_points(readers[n % 2])
+            failed = [r for r in caplog.records if "Callback failed" in r.getMessage()]
+            if n in failing:
+                assert points == {}, (n, points)
+                assert len(failed) == 1, [r.getMessage() for r in failed]
+                assert failed[0].exc_info is not None
+                assert isinstance(failed[0].exc_info[1], ConnectionError)
+                assert reads == n  # one read per collection
+                continue
+            assert failed == [], (n, [r.getMessage() for r in failed])
+            for name, lane_kind in (("session", "session"), ("global", "counting")):
+                lab = (("kind", lane_kind), ("lane", name))
+                reason = "key_busy" if lane_kind == "session" else "lane_full"
+                wlab = tuple(sorted((*lab, ("reason", reason))))
+                got = (points[("lanequeue_holders", lab)],
+                       points[("lanequeue_acquired_total", lab)],
+                       points[("lanequeue_wait_seconds_count", wlab)],
+                       points[("lanequeue_hold_seconds_count", lab)])
+                assert got == (n, n, n, 0), (n, name, got)
+            assert points[("lanequeue_sessions", (("kind", "session"), ("lane", "session")))] == n
+            if d is not None:
+                assert points[("lanequeue_dispatch_submitted_total", ())] == 0
+                assert points[("lanequeue_dispatch_pending", ())] == 0
+            assert reads == n  # one read per collection, also after a failed one
+    finally:
+        if d is not None:
+            d.close()
+
+
+def test_otel_shared_read_that_raises_is_the_read_of_its_collection() -> None:
+    """A read that raises is the read of its collection wherever it fails, in whatever
+    order the callbacks come: the callback that read gets the exception, the others of
+    that collection nothing (None), and the next collection reads anew for all of them;
+    consecutive failures, a collection of one callback, and a collection cut short by
+    an exception the SDK does not catch, alike."""
+    from lanequeue.metrics import _PerCollection
+
+    count = 0
+    fail: dict[int, type[BaseException]] = {1: ConnectionError, 3: ConnectionError,
+                                             4: ConnectionError, 6: KeyboardInterrupt}
+
+    def read() -> Any:
+        nonlocal count
+        count += 1
+        if count in fail:
+            raise fail[count](f"read {count}")
+        return (None, [count])
+
+    shared = _PerCollection(read)
+    a, b, c = shared.seat(), shared.seat(), shared.seat()
+
+    def collect(*seats: int) -> list[Any]:
+        out: list[Any] = []
+        for seat in seats:
+            try:
+                got = shared.get(seat)
+            except ConnectionError as exc:
+                out.append(str(exc))
+            else:
+                out.append(None if got is None else got[1][0])
+        return out
+
+    assert collect(b, a, c) == ["read 1", None, None]  # fails at its first callback
+    assert collect(c, a, b) == [2, 2, 2]
+    assert collect(a, c, b) == ["read 3", None, None]  # two in a row
+    assert collect(c, b, a) == ["read 4", None, None]
+    assert collect(b, c, a) == [5, 5, 5]
+    with pytest.raises(KeyboardInterrupt):  # the SDK's collection ends there
+        shared.get(a)
+    assert collect(a, b, c) == [7, 7, 7]
+    assert collect(a, b) == [8, 8]  # cut short: c was not called
+    assert count == 8
+    fail[9] = ConnectionError
+    assert collect(a, b, c) == ["read 9", None, None]  # a begins the next one
+    assert collect(a, b, c) == [10, 10, 10]
+
+    alone = _PerCollection(read)
+    only = alone.seat()
+    fail[11] = ConnectionError
+    with pytest.raises(ConnectionError, match="read 11"):
+        alone.get(only)
+    assert alone.get(only) == (None, [12])
 
 
 def test_prometheus_queue_reports_each_lane_and_lanes_added_later() -> None:

@@ -376,35 +376,43 @@ class _PerCollection:
 
     An SDK collection calls the callback of every instrument once (the SDK's, one
     collection at a time under its meter provider's lock; each reader collects on its
-    own). So a callback that has not yet reported the current read reports it; one that
+    own). So a callback that has not yet had the current read reports it; one that
     already has begins a new collection, and reads anew; the last callback of a
-    collection lets the read go. Neither the order of the calls nor their timing
-    matters, and a collection cut short (a callback past its deadline) leaves the next
-    one reading anew at its first callback that the short one called."""
+    collection lets the read go. A read that raises is the read of its collection all
+    the same: the callback that made it raises, the others of that collection report
+    nothing, and the next collection reads anew. Neither the order of the calls nor
+    their timing matters, and a collection cut short (a callback past its deadline, a
+    read that raised an exception the SDK does not catch) leaves the next one reading
+    anew at its first callback that the short one called."""
 
     def __init__(self, read: Callable[[], _Read]) -> None:
         self._read = read
         self._lock = threading.Lock()
         self._seats = 0  # the callbacks sharing the reads
-        self._value: _Read | None = None
-        self._served: set[int] = set()  # the callbacks that reported ``_value``
+        self._begun = False  # a collection is under way: ``_value`` is its read
+        self._value: _Read | None = None  # (None while begun: its read raised)
+        self._served: set[int] = set()  # the callbacks of the collection under way
 
     def seat(self) -> int:
         """A new callback's number, for :meth:`get`."""
         self._seats += 1
         return self._seats
 
-    def get(self, seat: int) -> _Read:
-        """The read of the current collection, for the callback numbered ``seat``."""
+    def get(self, seat: int) -> _Read | None:
+        """The read of the current collection, for the callback numbered ``seat``; None
+        if that read raised (the callback that made it got the exception)."""
         with self._lock:
-            value = self._value
-            if value is None or seat in self._served:
-                value = self._value = self._read()
-                self._served = set()
+            fresh = not self._begun or seat in self._served
+            if fresh:  # a new collection: forget the last one's read, or its failure
+                self._begun, self._value, self._served = True, None, set()
             self._served.add(seat)
-            if len(self._served) >= self._seats:  # the collection's last callback
-                self._value = None
-            return value
+            try:
+                if fresh:
+                    self._value = self._read()  # raises: the collection's read failed
+                return self._value
+            finally:
+                if len(self._served) >= self._seats:  # the collection's last callback
+                    self._begun, self._value = False, None
 
 
 def instrument_otel(
@@ -423,7 +431,10 @@ def instrument_otel(
     Creates asynchronous instruments on the meter ``"lanequeue"`` whose callbacks read
     the lanes at collection time, with the names and attributes of the module docstring:
     one read per collection (at its first callback), which all of them report, so that
-    the series of one collection agree as those of one Prometheus scrape do.
+    the series of one collection agree as those of one Prometheus scrape do. A read
+    that raises is the read of its collection: the callback that made it raises (the
+    SDK logs the exception as that instrument's callback failure), the others report
+    nothing, so that collection has none of these series; the next one reads anew.
     The OpenTelemetry API has no asynchronous histogram, so each histogram is exported
     Prometheus-style as three observable counters: ``<name>_bucket`` (attribute ``le``,
     cumulative), ``<name>_sum`` and ``<name>_count``. Turns on hold-time observation
@@ -468,11 +479,16 @@ def instrument_otel(
 
     shared = _PerCollection(read)
 
+    def lanes_of(seat: int) -> list[LaneMetrics]:
+        """The lanes' snapshots of the collection (none: its read raised)."""
+        got = shared.get(seat)
+        return [] if got is None else got[1]
+
     def gauge_cb(name: str) -> Any:
         seat = shared.seat()
 
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in shared.get(seat)[1]:
+            for m in lanes_of(seat):
                 v = _gauge_value(m, name)
                 if v is not None:
                     yield Observation(v, attrs(m))
@@ -482,7 +498,7 @@ def instrument_otel(
         seat = shared.seat()
 
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in shared.get(seat)[1]:
+            for m in lanes_of(seat):
                 yield Observation(_counter_value(m, field), attrs(m))
         return cb
 
@@ -490,7 +506,7 @@ def instrument_otel(
         seat = shared.seat()
 
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            for m in shared.get(seat)[1]:
+            for m in lanes_of(seat):
                 h, a = hist_parts(m, name)
                 if h is None:
                     continue
@@ -529,29 +545,33 @@ def _otel_dispatch(meter: Any, shared: _PerCollection) -> list[Any]:
     the collection (``shared``, whose dispatcher's read is not None)."""
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    def stats_of(seat: int) -> tuple[Any, float]:
-        return cast("tuple[Any, float]", shared.get(seat)[0])
+    def stats_of(seat: int) -> list[tuple[Any, float]]:
+        """The dispatcher's read of the collection, in a list (empty: the collection's
+        read raised)."""
+        got = shared.get(seat)
+        return [] if got is None else [cast("tuple[Any, float]", got[0])]
 
     def counter_cb(field: str) -> Any:
         seat = shared.seat()
 
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(getattr(stats_of(seat)[0], field))
+            for stats, _ in stats_of(seat):
+                yield Observation(getattr(stats, field))
         return cb
 
     ended_seat = shared.seat()
 
     def ended_cb(options: CallbackOptions) -> Iterable[Observation]:
-        stats = stats_of(ended_seat)[0]
-        for state in _DISPATCH_ENDED:
-            yield Observation(getattr(stats, state), {"state": state})
+        for stats, _ in stats_of(ended_seat):
+            for state in _DISPATCH_ENDED:
+                yield Observation(getattr(stats, state), {"state": state})
 
     def gauge_cb(name: str) -> Any:
         seat = shared.seat()
 
         def cb(options: CallbackOptions) -> Iterable[Observation]:
-            stats, oldest = stats_of(seat)
-            yield Observation(_dispatch_gauge(stats, oldest, name))
+            for stats, oldest in stats_of(seat):
+                yield Observation(_dispatch_gauge(stats, oldest, name))
         return cb
 
     out: list[Any] = []
