@@ -9,9 +9,11 @@ park hook (a waiter is in line when it parks) and moves the clock by hand.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
+import weakref
 from bisect import bisect_left
 from typing import Any
 
@@ -612,6 +614,113 @@ def test_otel_shared_read_that_raises_is_the_read_of_its_collection() -> None:
     with pytest.raises(ConnectionError, match="read 11"):
         alone.get(only)
     assert alone.get(only) == (None, [12])
+
+
+def _acquired(points: dict[tuple[str, tuple[tuple[str, Any], ...]], float]) -> dict[str, float]:
+    """``lanequeue_acquired_total`` of each lane in ``points``."""
+    return {dict(attrs)["lane"]: value for (name, attrs), value in points.items()
+            if name == "lanequeue_acquired_total"}
+
+
+def test_otel_refuses_a_second_call_on_one_meter_provider() -> None:
+    """The SDK answers a second call's instruments with the first's (one instrument of a
+    name per meter), so a second target's series were silently missing: the second call
+    on one provider, of another lane or of the same one, raises ValueError naming the
+    argument, creates nothing and turns nothing on; the first target's series stay
+    exact. Another provider takes the same lane or another one."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    first, other = Lane("a", max_concurrent=3), SessionLane("b")
+    assert first.acquire_timeout("x", 0)
+    for key in ("y", "z"):
+        assert other.acquire_timeout(key, 0)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    assert len(instrument_otel(first, meter_provider=provider)) == 4 + 7 + 6
+    for target in (other, first):
+        with pytest.raises(ValueError, match=r"^instrument_otel\(\) argument 'meter_provider' "
+                                             r"\(MeterProvider\) already has the instruments"
+                                             r".*pass another MeterProvider"):
+            instrument_otel(target, meter_provider=provider)
+    assert other.metrics_snapshot()[0].hold is None  # not turned on
+    points = _otel_points(reader)
+    assert _acquired(points) == {"a": 1}
+    lab = (("kind", "counting"), ("lane", "a"))
+    assert points[("lanequeue_holders", lab)] == 1
+    assert points[("lanequeue_hold_seconds_count", lab)] == 0
+    first.manual_release("x")
+    points = _otel_points(reader)
+    assert (points[("lanequeue_holders", lab)],
+            points[("lanequeue_hold_seconds_count", lab)]) == (0, 1)
+
+    readers = [InMemoryMetricReader(), InMemoryMetricReader()]
+    instrument_otel(other, meter_provider=MeterProvider(metric_readers=[readers[0]]))
+    instrument_otel(first, meter_provider=MeterProvider(metric_readers=[readers[1]]))
+    assert _acquired(_otel_points(readers[0])) == {"b": 2}
+    assert _acquired(_otel_points(readers[1])) == {"a": 1}
+    assert _acquired(_otel_points(reader)) == {"a": 1}
+
+
+def test_otel_refuses_a_second_call_on_the_global_meter_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``meter_provider=None`` is the global provider: a second call with None, or with
+    that provider itself, is refused as on any provider."""
+    import opentelemetry.metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    monkeypatch.setattr(opentelemetry.metrics, "get_meter_provider", lambda: provider)
+    first, other = Lane("a"), Lane("b")
+    assert first.acquire_timeout("x", 0)
+    instrument_otel(first)
+    with pytest.raises(ValueError, match=r"^instrument_otel\(\) argument 'meter_provider' is "
+                                         "None, and the global MeterProvider already has"):
+        instrument_otel(other)
+    with pytest.raises(ValueError, match=r"argument 'meter_provider' \(MeterProvider\)"):
+        instrument_otel(other, meter_provider=provider)
+    assert other.metrics_snapshot()[0].hold is None
+    assert _acquired(_otel_points(reader)) == {"a": 1}
+
+
+def test_otel_holds_its_meter_providers_weakly() -> None:
+    """A provider once instrumented can still be collected; one whose meter could not be
+    made has nothing of the call and takes a later one."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    provider = MeterProvider(shutdown_on_exit=False)
+    instrument_otel(Lane("a"), meter_provider=provider)
+    gone = weakref.ref(provider)
+    del provider
+    gc.collect()
+    assert gone() is None
+
+    class Flaky:
+        """A provider whose first get_meter fails."""
+
+        def __init__(self) -> None:
+            self.reader = InMemoryMetricReader()
+            self.real = MeterProvider(metric_readers=[self.reader], shutdown_on_exit=False)
+            self.calls = 0
+
+        def get_meter(self, name: str) -> Any:
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("no meter yet")
+            return self.real.get_meter(name)
+
+    flaky, lane = Flaky(), Lane("b")
+    with pytest.raises(RuntimeError, match="no meter yet"):
+        instrument_otel(lane, meter_provider=flaky)
+    assert lane.metrics_snapshot()[0].hold is None  # nothing turned on
+    instrument_otel(lane, meter_provider=flaky)
+    assert _acquired(_otel_points(flaky.reader)) == {"b": 0}
+    with pytest.raises(ValueError, match="already has the instruments"):
+        instrument_otel(lane, meter_provider=flaky)
 
 
 def test_prometheus_queue_reports_each_lane_and_lanes_added_later() -> None:

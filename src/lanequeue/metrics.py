@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
@@ -415,6 +416,34 @@ class _PerCollection:
                     self._begun, self._value = False, None
 
 
+#: The meter providers that have the instruments of an :func:`instrument_otel` call,
+#: held weakly (a provider may be collected; one that takes no weak reference is held).
+_otel_providers: list[Callable[[], Any]] = []
+_otel_providers_lock = threading.Lock()
+
+
+def _claim_provider(provider: Any) -> bool:
+    """Note that ``provider`` gets the instruments of an :func:`instrument_otel` call;
+    False (noting nothing) if an earlier call's are there."""
+    with _otel_providers_lock:
+        alive = [ref for ref in _otel_providers if ref() is not None]
+        if any(ref() is provider for ref in alive):
+            return False
+        try:
+            ref: Callable[[], Any] = weakref.ref(provider)
+        except TypeError:
+            ref = lambda: provider  # noqa: E731
+        _otel_providers[:] = [*alive, ref]
+        return True
+
+
+def _release_provider(provider: Any) -> None:
+    """Undo :func:`_claim_provider` (for a call that created no instrument)."""
+    with _otel_providers_lock:
+        _otel_providers[:] = [ref for ref in _otel_providers
+                              if ref() is not None and ref() is not provider]
+
+
 def instrument_otel(
     target: Any, *, meter_provider: Any = None, hold_times: bool = True
 ) -> list[Any]:
@@ -440,6 +469,12 @@ def instrument_otel(
     cumulative), ``<name>_sum`` and ``<name>_count``. Turns on hold-time observation
     (``hold_times``).
 
+    One call per meter provider: the meter ``"lanequeue"`` has one instrument of each
+    name, so the SDK would answer a second call's instruments with the first call's and
+    report the first target only; a second call on the same provider (of any target)
+    is refused. Instrument a queue holding all the lanes, or a dispatcher, or give each
+    target its own ``MeterProvider``.
+
     Returns:
         the instruments created.
 
@@ -448,17 +483,25 @@ def instrument_otel(
             ``lanequeue[otel]``).
         TypeError: ``target`` is not a lane, a queue or a dispatcher; ``hold_times`` is
             not a bool.
+        ValueError: an earlier call instrumented the same meter provider
+            (``meter_provider``, or when it is None the global provider, the object
+            ``get_meter_provider()`` returns now); nothing is created or turned on then.
     """
     _need("opentelemetry.metrics", "otel", "instrument_otel")
     from opentelemetry import metrics as otel
     from opentelemetry.metrics import CallbackOptions, Observation
 
     check_bool(hold_times, "instrument_otel() argument 'hold_times'")
-    for lane in lane_sources(target, "instrument_otel() argument 'target'"):
-        if hold_times:
-            lane.track_holds()
+    lanes = lane_sources(target, "instrument_otel() argument 'target'")
     provider = otel.get_meter_provider() if meter_provider is None else meter_provider
-    meter = provider.get_meter("lanequeue")
+    if not _claim_provider(provider):
+        which = ("is None, and the global MeterProvider" if meter_provider is None
+                 else f"({type(provider).__name__})")
+        raise ValueError(
+            f"instrument_otel() argument 'meter_provider' {which} already has the "
+            "instruments of an earlier instrument_otel() call, and its meter 'lanequeue' "
+            "would report that call's target only: instrument one queue holding all the "
+            "lanes (or a dispatcher), or pass another MeterProvider")
 
     def attrs(m: LaneMetrics) -> dict[str, str]:
         out = {"lane": m.lane, "kind": m.kind}
@@ -520,29 +563,40 @@ def instrument_otel(
         return cb
 
     instruments: list[Any] = []
-    if dispatcher is not None:
-        instruments.extend(_otel_dispatch(meter, shared))
-    for name, help_text in _GAUGES:
-        unit = "s" if name.endswith("_seconds") else "1"
-        instruments.append(meter.create_observable_gauge(
-            name, callbacks=[gauge_cb(name)], unit=unit, description=help_text))
-    for name, field, help_text in _COUNTERS:
-        instruments.append(meter.create_observable_counter(
-            f"{name}_total", callbacks=[counter_cb(field)], unit="1", description=help_text))
     histograms = [("lanequeue_wait_seconds", _WAIT_HELP)]
     if hold_times:
         histograms.append(("lanequeue_hold_seconds", _HOLD_HELP))
-    for name, help_text in histograms:
-        for part, unit in (("bucket", "1"), ("sum", "s"), ("count", "1")):
+    try:
+        meter = provider.get_meter("lanequeue")
+        if dispatcher is not None:
+            _otel_dispatch(meter, shared, instruments)
+        for name, help_text in _GAUGES:
+            unit = "s" if name.endswith("_seconds") else "1"
+            instruments.append(meter.create_observable_gauge(
+                name, callbacks=[gauge_cb(name)], unit=unit, description=help_text))
+        for name, field, help_text in _COUNTERS:
             instruments.append(meter.create_observable_counter(
-                f"{name}_{part}", callbacks=[hist_cb(name, part)], unit=unit,
+                f"{name}_total", callbacks=[counter_cb(field)], unit="1",
                 description=help_text))
+        for name, help_text in histograms:
+            for part, unit in (("bucket", "1"), ("sum", "s"), ("count", "1")):
+                instruments.append(meter.create_observable_counter(
+                    f"{name}_{part}", callbacks=[hist_cb(name, part)], unit=unit,
+                    description=help_text))
+    except BaseException:
+        if not instruments:  # nothing on the provider: a later call may use it
+            _release_provider(provider)
+        raise
+    if hold_times:
+        for lane in lanes:
+            lane.track_holds()
     return instruments
 
 
-def _otel_dispatch(meter: Any, shared: _PerCollection) -> list[Any]:
-    """The dispatcher's instruments (see the module docstring), reporting the read of
-    the collection (``shared``, whose dispatcher's read is not None)."""
+def _otel_dispatch(meter: Any, shared: _PerCollection, out: list[Any]) -> None:
+    """Create the dispatcher's instruments (see the module docstring), reporting the
+    read of the collection (``shared``, whose dispatcher's read is not None), each
+    appended to ``out`` once made."""
     from opentelemetry.metrics import CallbackOptions, Observation
 
     def stats_of(seat: int) -> list[tuple[Any, float]]:
@@ -574,7 +628,6 @@ def _otel_dispatch(meter: Any, shared: _PerCollection) -> list[Any]:
                 yield Observation(_dispatch_gauge(stats, oldest, name))
         return cb
 
-    out: list[Any] = []
     for name, field, help_text in _DISPATCH_COUNTERS:
         out.append(meter.create_observable_counter(
             f"{name}_total", callbacks=[counter_cb(field)], unit="1", description=help_text))
@@ -585,4 +638,3 @@ def _otel_dispatch(meter: Any, shared: _PerCollection) -> list[Any]:
         unit = "s" if name.endswith("_seconds") else "1"
         out.append(meter.create_observable_gauge(
             name, callbacks=[gauge_cb(name)], unit=unit, description=help_text))
-    return out
