@@ -65,7 +65,14 @@ from ._kinds import (
     SessionKind,
     _DropWatch,
 )
-from ._ops import CANCEL_WAIT_S, LoopTimer, log, noted_cancel_wait, poll_idle_async
+from ._ops import (
+    CANCEL_WAIT_S,
+    LoopTimer,
+    log,
+    note_cancel_wait,
+    noted_cancel_wait,
+    poll_idle_async,
+)
 from ._validate import check_bool, check_key, check_timeout, function_copy
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _MultiDropWatch, _send, end_last
@@ -1054,8 +1061,13 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
         hold = next(steps, None)
         clock = asyncio.get_running_loop().time
         began = noted_cancel_wait(block_error)
-        if began is not None and hold is not None:
-            await _release_rest_aside(steps, hold, began)
+        if hold is not None and (began is not None
+                                 or isinstance(block_error, asyncio.CancelledError)):
+            # Left by a cancellation: the releases to await run aside from the start,
+            # waited for one CANCEL_WAIT_S in all (what is left of it, when a clean-up
+            # of the same cancellation began it), noted on the CancelledError.
+            await _release_rest_aside(steps, hold, clock() if began is None else began,
+                                      block_error)
             return
         while hold is not None:
             started = clock()
@@ -1068,12 +1080,26 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
                     raise cancelled from exc
                 if hold is not None:
                     # The cancelled release may have waited for its own clean-up already:
-                    # CANCEL_WAIT_S counts from the start of that release, whose wait
+                    # CANCEL_WAIT_S counts from when that wait began (noted on its
+                    # CancelledError), else from the start of that release, whose wait
                     # began after the cancellation came.
-                    await _release_rest_aside(steps, hold, started)
+                    began = noted_cancel_wait(cancelled)
+                    await _release_rest_aside(steps, hold, started if began is None else
+                                              began, cancelled)
                 raise
             except BaseException as exc:
                 hold = _send(steps, exc)
+                began = noted_cancel_wait(exc)
+                if began is not None and hold is not None:
+                    # A release of a task being cancelled failed within its clean-up wait
+                    # (a Redis error on a frozen server, say): the rest of that same wait
+                    # for the others, and the time goes on with what propagates.
+                    if block_error is not None:
+                        note_cancel_wait(block_error, began)
+                    await _release_rest_aside(steps, hold, began, exc)
+                    if block_error is None:
+                        raise
+                    return
             else:
                 hold = _send(steps, None)
 
@@ -1082,17 +1108,27 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
 _RELEASING: set[asyncio.Task[None]] = set()
 
 
-async def _release_rest_aside(steps: Any, hold: Any, since: float) -> None:
+async def _release_rest_aside(steps: Any, hold: Any, since: float,
+                              going: BaseException | None = None) -> None:
     """Release ``hold`` and the rest of ``steps`` in a task of their own, and wait for
     it until :data:`~lanequeue._ops.CANCEL_WAIT_S` after ``since`` (loop time; a new
-    cancellation ends the wait at once); the releases go on after that."""
+    cancellation ends the wait at once); the releases go on after that. ``since`` is
+    noted (:func:`~lanequeue._ops.note_cancel_wait`) on ``going``, the exception the
+    caller goes on to raise, and on a new cancellation's, so that an enclosing block's
+    clean-up waits only what is left of the same CANCEL_WAIT_S."""
     loop = asyncio.get_running_loop()
+    if going is not None:
+        note_cancel_wait(going, since)
     rest = loop.create_task(_release_rest(steps, hold))
     _RELEASING.add(rest)
     rest.add_done_callback(_RELEASING.discard)
     left = CANCEL_WAIT_S - (loop.time() - since)
     if left > 0:
-        await asyncio.wait((rest,), timeout=left)
+        try:
+            await asyncio.wait((rest,), timeout=left)
+        except asyncio.CancelledError as again:  # cancelled again: the wait ends
+            note_cancel_wait(again, since)
+            raise
 
 
 async def _release_rest(steps: Any, hold: Any) -> None:

@@ -22,6 +22,7 @@ import logging
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any, ClassVar, Generic, TypeVar, cast, overload
 
 from ._core import (
@@ -360,6 +361,11 @@ def _send(steps: Generator[Any, Any, None], result: Any) -> Any:
         return None
 
 
+def _interrupt(exc: BaseException | None) -> BaseException | None:
+    """``exc`` if it is an interrupt (not an ``Exception``: a KeyboardInterrupt, say)."""
+    return None if exc is None or isinstance(exc, Exception) else exc
+
+
 def _caught(release: Callable[[], Any]) -> BaseException | None:
     """Call ``release``; return what it raised, or None."""
     try:
@@ -484,8 +490,15 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
     def _release_all(self, block_error: BaseException | None) -> None:
         steps = self._releasing(block_error)
         hold = next(steps, None)
+        # An interrupt under way (the one that left the block, or one a release raised):
+        # a Redis hold's release then waits for the server only what is left of one
+        # CANCEL_WAIT_S (``_release_during``), whatever ``sys.exc_info()`` shows.
+        interrupt = _interrupt(block_error)
         while hold is not None:
-            hold = _send(steps, _caught(hold.release))
+            during = None if interrupt is None else getattr(hold, "_release_during", None)
+            failed = _caught(hold.release if during is None else partial(during, interrupt))
+            interrupt = interrupt or _interrupt(failed)
+            hold = _send(steps, failed)
 
 
 def _warn_key_lane_late(queue: str, lanes: Sequence[Any]) -> None:

@@ -294,12 +294,14 @@ async def _drive_cancelled(steps: Steps[T], exc: BaseException | None = None) ->
     One CANCEL_WAIT_S per cancellation, however many releases it runs: when ``exc``
     carries the time an earlier clean-up of the same cancellation began to wait (an
     inner ``async with`` left first, see :func:`~lanequeue._ops.note_cancel_wait`),
-    this one waits only what is left of it, and every CancelledError raised from here
-    carries that time on to the next block out."""
+    this one waits only what is left of it; ``exc`` and every exception raised from
+    here carry that time on to the next block out."""
     loop = asyncio.get_running_loop()
     began = noted_cancel_wait(exc)
     if began is None:
         began = loop.time()
+        if exc is not None:
+            note_cancel_wait(exc, began)
     task = _start_cleanup(drive(steps))
     try:
         await asyncio.wait((task,), timeout=max(0.0, began + CANCEL_WAIT_S - loop.time()))
@@ -311,7 +313,7 @@ async def _drive_cancelled(steps: Steps[T], exc: BaseException | None = None) ->
             *(exc.args if isinstance(exc, asyncio.CancelledError) else ())), began) from None
     try:
         return task.result()
-    except asyncio.CancelledError as err:  # (the release itself was cancelled)
+    except BaseException as err:  # (what the release raised, or its cancellation)
         note_cancel_wait(err, began)
         raise
 

@@ -149,19 +149,19 @@ def _run_aside(steps: Steps[None], interrupt: BaseException | None = None) -> No
     ``interrupt``: the interrupt being handled. The first clean-up of an interrupt
     notes on it when its wait began (:func:`~lanequeue._ops.note_cancel_wait`); a later
     one of the same interrupt (the lanes an ``acquire_all`` gives back after its wait
-    was interrupted) waits only what is left of that CANCEL_WAIT_S."""
+    was interrupted, an enclosing ``with`` block) waits only what is left of that
+    CANCEL_WAIT_S. A new interrupt that ends the wait carries the same time on."""
     service = _cleanups
     if service is None:
         drive(steps)
         return
-    wait = CANCEL_WAIT_S
-    if interrupt is not None:
-        now = time.monotonic()
-        began = noted_cancel_wait(interrupt)
-        if began is None:
+    now = time.monotonic()
+    began = noted_cancel_wait(interrupt)
+    if began is None:
+        began = now
+        if interrupt is not None:
             note_cancel_wait(interrupt, now)
-        else:
-            wait = max(0.0, CANCEL_WAIT_S - (now - began))
+    wait = max(0.0, CANCEL_WAIT_S - (now - began))
     post = service.post
     box: list[Any] = [steps]
     post((_finish_aside, box))  # -- the hand-over: one C call --
@@ -169,7 +169,11 @@ def _run_aside(steps: Steps[None], interrupt: BaseException | None = None) -> No
     done.acquire()
     box.append(done)
     if box[0] is not None:  # not finished yet (a finisher that got here first woke nobody)
-        done.acquire(timeout=wait)
+        try:
+            done.acquire(timeout=wait)
+        except BaseException as again:  # a new interrupt ends the wait: it says when
+            note_cancel_wait(again, began)  # the wait began, for the next block out
+            raise
 
 
 #: The same-key sequencer's one-shot event (see :class:`~._wake.Gate`).
@@ -223,7 +227,13 @@ class RedisHold(RedisHoldBase):
         for the server at most :data:`~lanequeue._ops.CANCEL_WAIT_S` and returns True:
         the release goes on in the background if it has not ended (what it raises
         then is logged; a hold it could not release lapses with its lease)."""
-        interrupt = _interrupt_handled()
+        return self._release_during(_interrupt_handled())
+
+    def _release_during(self, interrupt: BaseException | None) -> bool:
+        """:meth:`release` while ``interrupt`` (not an ``Exception``) propagates, or
+        None: as when it is being handled (``acquire_all`` giving back its lanes passes
+        the interrupt that left its block, which ``sys.exc_info()`` does not show when
+        ``contextlib.ExitStack`` calls it)."""
         if interrupt is not None:
             # (its errors logged, as leaving does)
             _run_aside(self.lane._exit(self, True), interrupt)
