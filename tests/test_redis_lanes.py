@@ -7,7 +7,10 @@ not by sleeps; the only sleeps wait for leases or liveness windows to run out on
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -652,6 +655,64 @@ def test_a_client_that_is_not_redis_py_is_a_clear_type_error() -> None:
     for lane_type in (RedisLane, RedisSessionLane):
         with pytest.raises(TypeError, match=r"argument 'client' must be a redis\.Redis"):
             lane_type(None, "x")  # type: ignore[arg-type]
+
+
+_SYNC_HINT = "a redis.Redis (or redis.cluster.RedisCluster) client"
+_ASYNC_HINT = "a redis.asyncio.Redis (or redis.asyncio.cluster.RedisCluster) client"
+
+
+@pytest.mark.parametrize("lane_type", [
+    "RedisLane", "RedisSessionLane", "AsyncRedisLane", "AsyncRedisSessionLane",
+])
+def test_a_lane_made_without_its_client_says_so_first(
+    redis_server: Any, redis_prefix: str, lane_type: str,
+) -> None:
+    """The client left out (``RedisLane("global", max_concurrent=2)``) or given as None
+    is a TypeError naming the class, ``client``, what was given and the call's shape, not
+    Python's "missing 'name'"; the client is checked before any other argument, by
+    position or keyword. A client of the other face is refused as before; a real client
+    of the lane's face makes a working lane, with the constructor's own signature."""
+    cls = getattr(lanequeue.redis, lane_type)
+    is_async = lane_type.startswith("Async")
+    hint = _ASYNC_HINT if is_async else _SYNC_HINT
+
+    def refused(given: str) -> str:
+        return re.escape(f"{lane_type}() argument 'client' must be {hint}, not {given}: "
+                         f"{lane_type}(client, name, ...)")
+
+    with pytest.raises(TypeError, match=rf"^{refused(repr('global') + ' (str)')}$"):
+        cls("global", max_concurrent=2) if "Session" not in lane_type else cls("global")
+    with pytest.raises(TypeError, match=rf"^{refused('None')}$"):
+        cls(None, "x")
+    with pytest.raises(TypeError, match=rf"^{refused('None')}$"):
+        cls(None, 5, timeout_s=-1)  # the client first: not the bad name or timeout
+    with pytest.raises(TypeError, match=rf"^{refused(repr(b'x') + ' (bytes)')}$"):
+        cls(client=b"x", name="x")
+    with pytest.raises(TypeError, match=rf"^{refused('2 (int)')}$"):
+        cls(2, "x")
+    other = (redis.Redis(host=redis_server.host, port=redis_server.port) if is_async
+             else redis.asyncio.Redis(host=redis_server.host, port=redis_server.port))
+    with pytest.raises(TypeError, match=rf"^{re.escape(lane_type)}\(\) argument 'client' "
+                                        rf"must be {re.escape(hint)}, not redis\."):
+        cls(other, "x")
+    assert list(inspect.signature(cls).parameters)[:2] == ["client", "name"]
+
+    async def use(client: Any) -> None:
+        lane = cls(client, "made", prefix=redis_prefix)
+        async with lane.acquire("k") as hold:
+            assert hold.held
+        lane.close()
+        await client.aclose()
+
+    if is_async:
+        asyncio.run(use(redis.asyncio.Redis(host=redis_server.host, port=redis_server.port)))
+    else:
+        client = redis.Redis(host=redis_server.host, port=redis_server.port)
+        lane = cls(client, "made", prefix=redis_prefix)
+        with lane.acquire("k") as hold:
+            assert hold.held
+        lane.close()
+        client.close()
 
 
 def test_a_lost_hold_stays_held_until_released_and_says_it_is_lost(

@@ -55,6 +55,7 @@ from .._validate import (
     check_timeout,
     own_signatures,
     public_name,
+    shown_number,
 )
 from . import _scripts as lua
 from ._args import (
@@ -127,6 +128,10 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 H = TypeVar("H", bound=RedisHoldBase)
 
 T = TypeVar("T")
+L = TypeVar("L", bound="RedisLaneBase[Any]")
+
+#: What is plainly not a client (a value, not an object that could stand for one).
+_NOT_CLIENTS = (str, bytes, bytearray, int, float, complex)
 
 
 #: One piece of I/O a procedure asks its face for: ``fn(*args)``, called by the thread
@@ -180,7 +185,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
         self._cap = check_script_int(check_count(max_concurrent, f"{where} 'max_concurrent'"),
                                      f"{where} 'max_concurrent'")
-        self._client: Any = self._check_client(client)
+        self._client: Any = client  # checked by __new__, before any other argument
         self._lease_ms = max(1, round(self.lease_s * 1000))
         poll = min(MAX_POLL_S, self.lease_s / 3)
         st = socket_timeout(client)
@@ -253,16 +258,37 @@ class RedisLaneBase(ABC, Generic[H]):
 
     _internal_base: ClassVar[bool] = True
 
+    def __new__(cls: type[L], *args: Any, **kwargs: Any) -> L:
+        # Runs before Python binds the arguments to __init__, so a lane made without its
+        # client (``RedisLane("global", max_concurrent=2)``) is told about the client, not
+        # that ``name`` is missing; and before any other argument is checked.
+        if args:
+            cls._check_client(args[0])
+        elif "client" in kwargs:
+            cls._check_client(kwargs["client"])
+        return super().__new__(cls)
+
     @classmethod
     def _check_client(cls, client: Any) -> Any:
         """``client`` if it is of this face's kind (C26: a sync client given to an asyncio
-        lane, or the reverse, is refused here, before any script runs)."""
-        if not isinstance(client, cls._client_types):
+        lane, or the reverse, is refused here, before any script runs); a TypeError naming
+        the class and ``client`` otherwise. A plain value (None, a str, a number) is shown
+        with the call's shape: it is most often the client left out, and the lane's name
+        in its place."""
+        if isinstance(client, cls._client_types):
+            return client
+        where = argument_of(f"{cls.__name__}()")
+        if client is None:
+            given = "None"
+        elif isinstance(client, _NOT_CLIENTS):
+            given = f"{shown_number(client)} ({type(client).__name__})"
+        else:
             raise TypeError(
-                f"{cls.__name__}() argument 'client' must be {cls._client_hint}, not "
+                f"{where} 'client' must be {cls._client_hint}, not "
                 f"{type(client).__module__}.{type(client).__name__}"
             )
-        return client
+        raise TypeError(f"{where} 'client' must be {cls._client_hint}, not {given}: "
+                        f"{cls.__name__}(client, name, ...)")
 
     # -- key layout and script calls (the kind object's) ------------------------------
 
