@@ -751,28 +751,88 @@ def test_prometheus_registers_on_the_default_registry() -> None:
         collector.unregister()
 
 
+_REFUSED = (r"already has the series of another PrometheusCollector, and prometheus_client "
+            r"refuses the same names twice: pass one target holding all the lanes \(a "
+            r"queue, or a dispatcher\), or pass another registry$")
+
+
+def _series(registry: CollectorRegistry) -> list[tuple[str, tuple[tuple[str, str], ...]]]:
+    """Every sample's name and labels in the registry's text output, duplicates kept."""
+    text = generate_latest(registry).decode()
+    return [(s.name, tuple(sorted(s.labels.items())))
+            for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 @pytest.mark.parametrize("auto_describe", [False, True])
 def test_prometheus_registry_refuses_a_second_collector(auto_describe: bool) -> None:
     """Two collectors of lanes with the same names on one registry used to duplicate
-    every series silently: describe() names the families, so prometheus_client's own
-    registry refuses the second one, which turns nothing on."""
+    every series silently: describe() names the families, so the registry refuses the
+    second one (of other lanes, or of the same queue), and the constructor raises
+    ValueError naming the argument and what to do instead, prometheus_client's own
+    error chained; nothing is registered or turned on. The first collector's series
+    stay exact; another registry takes the refused target."""
     registry = CollectorRegistry(auto_describe=auto_describe)
     first, second = LaneQueue(), LaneQueue()
     for q in (first, second):
         q.add_session_lane("session")
         q.add_lane("global", max_concurrent=2)
+    second.add_lane("extra")
     PrometheusCollector(first, registry=registry)
-    with pytest.raises(ValueError, match="Duplicated timeseries"):
-        PrometheusCollector(second, registry=registry)
-    with pytest.raises(ValueError, match="Duplicated timeseries"):
-        PrometheusCollector(Lane("other"), registry=registry)
+    before = samples(registry)
+    for target in (second, Lane("other"), first):
+        with pytest.raises(ValueError, match=r"^PrometheusCollector\(\) argument 'registry' "
+                                             rf"\(CollectorRegistry\) {_REFUSED}") as info:
+            PrometheusCollector(target, registry=registry)
+        assert str(info.value.__cause__).startswith("Duplicated timeseries")
     assert all(m.hold is None for m in second["global"].metrics_snapshot())  # not turned on
+    assert samples(registry) == before
     with first.acquire_all("k", ["session", "global"]):
         pass
     text = generate_latest(registry).decode()
     series = [ln for ln in text.splitlines()
               if ln.startswith('lanequeue_acquired_total{kind="counting",lane="global"}')]
     assert series == ['lanequeue_acquired_total{kind="counting",lane="global"} 1.0']
+    names = _series(registry)
+    assert len(names) == len(set(names))
+    assert {dict(labels)["lane"] for _, labels in names} == {"session", "global"}
+    got = samples(registry)
+    alone = CollectorRegistry()
+    PrometheusCollector(first, registry=alone)
+    assert got == samples(alone)
+    for lane, kind in (("session", "session"), ("global", "counting")):
+        lab = (("kind", kind), ("lane", lane))
+        assert (got[("lanequeue_acquired_total", lab)], got[("lanequeue_holders", lab)],
+                got[("lanequeue_hold_seconds_count", lab)]) == (1, 0, 1)
+
+    other = CollectorRegistry(auto_describe=auto_describe)
+    PrometheusCollector(second, registry=other)
+    assert second["extra"].acquire_timeout("k", 0)
+    theirs = samples(other)
+    assert theirs[("lanequeue_acquired_total", (("kind", "counting"), ("lane", "extra")))] == 1
+    assert theirs[("lanequeue_holders", (("kind", "counting"), ("lane", "extra")))] == 1
+    assert {dict(labels)["lane"] for _, labels in _series(other)} == {
+        "session", "global", "extra"}
+    assert samples(registry) == got
+
+
+def test_prometheus_default_registry_refuses_a_second_collector() -> None:
+    """With ``registry=None`` the message names the default REGISTRY; a ValueError of a
+    registry that is not a duplicate passes as it is."""
+    lane = Lane("default-registry-twice")
+    collector = PrometheusCollector(lane)
+    try:
+        with pytest.raises(ValueError, match=r"^PrometheusCollector\(\) argument 'registry' "
+                                             rf"is None, and the default REGISTRY {_REFUSED}"):
+            PrometheusCollector(Lane("another"))
+    finally:
+        collector.unregister()
+
+    class Picky(CollectorRegistry):
+        def register(self, collector: Any) -> None:
+            raise ValueError("not today")
+
+    with pytest.raises(ValueError, match=r"^not today$"):
+        PrometheusCollector(lane, registry=Picky())
 
 
 def test_exporters_refuse_a_target_that_is_not_a_lane() -> None:

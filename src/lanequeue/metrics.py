@@ -228,9 +228,9 @@ class PrometheusCollector:
     of the lanes.
     Each scrape reads :meth:`metrics_snapshot` of every lane (under each lane's lock,
     briefly). One collector per registry: a second one (of any lanes) has the same metric
-    names, and the registry refuses it (``ValueError: Duplicated timeseries``, since
-    :meth:`describe` names them); use a queue for several lanes. :meth:`unregister`
-    removes it.
+    names, and the registry refuses it (since :meth:`describe` names them), which raises
+    ValueError; pass one target holding all the lanes (a queue, or a dispatcher), or
+    give each collector its own registry. :meth:`unregister` removes it.
 
     Raises:
         ImportError: prometheus_client is not installed (the message names the extra,
@@ -238,9 +238,10 @@ class PrometheusCollector:
         TypeError: ``target`` is not a lane, a queue or a dispatcher; ``registry`` is not a
             registry (has no ``register``/``unregister``) nor None; ``hold_times`` is
             not a bool.
-        ValueError: from prometheus_client (``Duplicated timeseries``), if the registry
-            already has these names (another PrometheusCollector on it, say); nothing is
-            registered then.
+        ValueError: the registry (the default ``REGISTRY`` when ``registry`` is None)
+            already has these names (another PrometheusCollector on it): the message says
+            what to do instead, and prometheus_client's ``Duplicated timeseries`` error is
+            its ``__cause__``; nothing is registered or turned on then.
 
     Example:
 
@@ -271,7 +272,20 @@ class PrometheusCollector:
                 f"{where} 'registry' must be a prometheus_client CollectorRegistry or None, "
                 f"not {type(registry).__name__}")
         self._registry = REGISTRY if registry is None else registry
-        self._registry.register(self)  # refused: nothing turned on
+        try:
+            # Refused before it records anything (prometheus_client checks every name
+            # first): nothing is registered or turned on.
+            self._registry.register(self)
+        except ValueError as exc:
+            if not str(exc).startswith("Duplicated timeseries"):
+                raise
+            which = ("is None, and the default REGISTRY" if registry is None
+                     else f"({type(registry).__name__})")
+            raise ValueError(
+                f"{where} 'registry' {which} already has the series of another "
+                "PrometheusCollector, and prometheus_client refuses the same names twice: "
+                "pass one target holding all the lanes (a queue, or a dispatcher), or pass "
+                "another registry") from exc
         for lane in lanes:
             if hold_times:
                 lane.track_holds()
@@ -283,9 +297,9 @@ class PrometheusCollector:
     def describe(self) -> Iterator[Any]:
         """The metric families, without samples (called by prometheus_client when the
         collector is registered): every registry, the default one or one made with
-        ``auto_describe=False``, then refuses a second collector of these names with its
-        own ``ValueError: Duplicated timeseries``, instead of reporting every series
-        twice. Reads no lane."""
+        ``auto_describe=False``, then refuses a second collector of these names (the
+        ValueError the constructor raises) instead of reporting every series twice.
+        Reads no lane."""
         return self._families([])
 
     def collect(self) -> Iterator[Any]:
