@@ -581,8 +581,10 @@ class _CoreBase:
         grants: ``acquired - waited``), the hold histogram (None: off) and the live
         per-key entries (None: a counting core), read together in one hold of the lock,
         after the expired entries are evicted (so ``evicted`` counts every entry the
-        live count no longer has)."""
+        live count no longer has; evicted beforehand, a bounded number per hold of the
+        lock: see ``SessionCore._evict_expired``)."""
         self._settle()
+        self._evict_expired()
         with self._lock:
             live = self._live_entries()
             hold = self.hold_hist
@@ -597,9 +599,14 @@ class _CoreBase:
         """The counters and the live per-key entries (None: a counting core), read
         together as :meth:`metrics_read` reads them (for ``status()``)."""
         self._settle()
+        self._evict_expired()
         with self._lock:
             live = self._live_entries()
             return self._stats(self.holders()), live
+
+    def _evict_expired(self) -> int:
+        """(lock not held) Evict the expired per-key entries; a counting core has none."""
+        return 0
 
     def _live_entries(self) -> int | None:
         """(lock held) The live per-key entries, after evicting the expired ones; None
@@ -777,6 +784,12 @@ def _warn_unmatched(lane: str, key: str, token: int) -> None:
 
 # Registries smaller than this are never rebuilt: their tables are small anyway.
 _COMPACT_MIN = 1024
+#: Most steps (an entry looked at) one hold of the lock spends evicting: an acquisition
+#: of a new key evicts up to this many entries due (expired, or idle over
+#: ``max_sessions``), more than the one it adds, so a backlog of them (after a burst of
+#: keys) only shrinks, while no caller holds the lock for more than these steps; the
+#: views and ``cleanup_idle()`` evict every entry due, this many per hold of the lock.
+EVICT_STEPS = 64
 
 
 class _Entry:
@@ -1019,9 +1032,12 @@ class SessionCore(_CoreBase):
 
     # -- eviction ------------------------------------------------------------------------
 
-    def _evict(self, now: float, *, room: bool) -> int:
-        """Evict from the front of the order (lock held): expired IDLE entries, then, with
-        ``room`` and the registry at the cap, the oldest IDLE entry. Returns how many.
+    def _evict(self, now: float, *, room: bool) -> bool:
+        """Evict from the front of the order (lock held): expired IDLE entries, and the
+        oldest IDLE entries while the registry is over ``max_sessions`` (at it, with
+        ``room``: room for a new entry), in at most :data:`EVICT_STEPS` steps. Returns
+        True when it stopped for want of steps (more may be due), False when it reached
+        an entry to keep or the end.
 
         HELD entries met at the front leave the order (their release re-inserts them), so
         each step is paid once: O(1) amortised. HELD entries are never evicted: when
@@ -1031,12 +1047,18 @@ class SessionCore(_CoreBase):
         """
         order, entries = self._order, self._entries
         limit = now - self.idle_timeout_s
+        # At the cap, room is made for a new entry; a view drops those over it.
+        cap = self.max_sessions if room else self.max_sessions + 1
         n = 0
+        steps = EVICT_STEPS
         while order:
+            if not steps:
+                break
+            steps -= 1
             key, entry = next(iter(order.items()))
             if entry.token:
                 del order[key]
-            elif entry.since <= limit or (room and len(entries) >= self.max_sessions):
+            elif entry.since <= limit or len(entries) >= cap:
                 del order[key]
                 del entries[key]
                 self.evicted += 1
@@ -1049,23 +1071,44 @@ class SessionCore(_CoreBase):
             self._entries = new_entries
             self._order = new_order
             self._high = len(new_entries)
+        return not steps
+
+    def _evict_expired(self) -> int:
+        """(lock not held) Evict every expired IDLE entry and the oldest IDLE entries
+        over ``max_sessions`` (after a burst of held keys), :data:`EVICT_STEPS` steps per
+        hold of the lock, so that callers of other keys wait for one such hold at most;
+        returns how many went."""
+        lock = self._lock
+        n = 0
+        more = True
+        while more:
+            with lock:
+                before = self.evicted
+                more = self._evict(self._clock(), room=False)
+                n += self.evicted - before
+            if more:
+                # Give up the GIL, so that the callers waiting for the lock take it before
+                # the next hold (a released lock is not handed to its waiters).
+                time.sleep(0)
         return n
 
     def cleanup_idle(self) -> int:
-        """Evict expired idle entries now; return how many went."""
+        """Evict expired idle entries, and idle entries over ``max_sessions``, now;
+        return how many went."""
         self._settle()
-        with self._lock:
-            return self._evict(self._clock(), room=False)
+        return self._evict_expired()
 
     # -- views ---------------------------------------------------------------------------
 
     def session_count(self) -> int:
         """Live entries (held or idle), after dropping the expired ones."""
         self._settle()
+        self._evict_expired()
         with self._lock:
             return self._live_entries()
 
     def _live_entries(self) -> int:
+        # (the view evicted beforehand: what expired since, within one hold's steps)
         self._evict(self._clock(), room=False)
         return len(self._entries)
 
@@ -1092,8 +1135,9 @@ class SessionCore(_CoreBase):
 
     def stats(self) -> LaneStats:
         self._settle()
+        self._evict_expired()  # as every view: see metrics_read
         with self._lock:
-            self._evict(self._clock(), room=False)  # as every view: see metrics_read
+            self._evict(self._clock(), room=False)
             return self._stats(self._held)
 
 

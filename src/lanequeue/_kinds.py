@@ -383,7 +383,9 @@ class SessionKind(LaneKind[SessionCore]):
 
     @property
     def max_sessions(self) -> int:
-        """The soft cap on entries (held entries are never evicted to honour it)."""
+        """The soft cap on entries: held entries are never evicted to honour it, and idle
+        entries over it (after a burst of held keys ends) go oldest first at the calls
+        that evict (see :attr:`idle_timeout_s`)."""
         return self._core.max_sessions
 
     @property
@@ -391,15 +393,20 @@ class SessionKind(LaneKind[SessionCore]):
         """Seconds an entry with no holder and no waiter is kept (``math.inf`` when the
         lane was made with None).
 
-        No timer drops an entry past it: the next call that evicts does (counted in
-        ``stats.evicted``). These calls are the acquisition of a key that has no entry
+        No timer drops an entry past it: the next calls that evict do (counted in
+        ``stats.evicted``). They evict the entries due: idle entries past
+        ``idle_timeout_s``, and the oldest idle entries while more than ``max_sessions``
+        are alive (at ``max_sessions``, an acquisition also makes room for its new
+        entry). These calls are the acquisition of a key that has no entry
         (``acquire``, ``acquire_timeout``, ``try_acquire``, ``try_acquire_nowait``, a
-        queue's ``acquire_all``; with ``max_sessions`` entries alive it also drops the
-        oldest idle entry), ``cleanup_idle()``, and every view that counts entries or
-        evictions, before it reads: ``session_count``, ``stats`` and ``statistics()``,
-        ``status()`` (and so a queue's ``status()`` and ``repr(lane)``) and
-        ``metrics_snapshot()`` (and so each Prometheus scrape and OpenTelemetry
-        collection). None of them waits for ``max_sessions``. Other calls (``is_held``,
+        queue's ``acquire_all``), which evicts up to 64 entries due (more than the one
+        it adds, so a backlog after a burst of keys only shrinks, and no call holds the
+        lane's lock for longer), and ``cleanup_idle()`` and every view that counts
+        entries or evictions, before it reads, which evict every entry due, 64 per hold
+        of the lock: ``session_count``, ``stats`` and ``statistics()``, ``status()`` (and
+        so a queue's ``status()`` and ``repr(lane)``) and ``metrics_snapshot()`` (and so
+        each Prometheus scrape and OpenTelemetry collection). None of them waits for
+        ``max_sessions``. Other calls (``is_held``,
         ``waiting_for``, ``get_active``, ``active_count``, ``waiting``, ``stuck()``,
         releases) leave expired entries in place, unseen. With 0 an entry expires as
         soon as it goes idle, so no view counts it from then on. With None it is kept
@@ -413,7 +420,9 @@ class SessionKind(LaneKind[SessionCore]):
         return self._core.session_count()
 
     def cleanup_idle(self) -> int:
-        """Evict the idle entries older than ``idle_timeout_s`` now; return how many.
+        """Evict the idle entries older than ``idle_timeout_s``, and the oldest idle
+        entries over ``max_sessions``, now; return how many. Takes the lane's lock for
+        64 entries at a time, so other keys' callers are not held up by a long backlog.
 
         Not needed for bounded memory (new keys evict expired entries as they come), but
         handy for a periodic housekeeping call or a test.

@@ -494,7 +494,8 @@ class SessionLane(_ThreadFace, SessionKind):
     entries are dropped when a new key arrives, by :meth:`cleanup_idle`, and by every
     view that counts entries or evictions before it reads: see :attr:`idle_timeout_s`).
     When a new key arrives with ``max_sessions`` entries alive, the oldest idle entry
-    goes; held entries are never evicted, so the cap is soft.
+    goes (and idle entries over the cap, after a burst of held keys, go oldest first,
+    64 per call that evicts); held entries are never evicted, so the cap is soft.
 
     Args:
         name: the lane's name (default ``"session"``).
