@@ -1086,10 +1086,6 @@ class SessionCore(_CoreBase):
                 before = self.evicted
                 more = self._evict(self._clock(), room=False)
                 n += self.evicted - before
-            if more:
-                # Give up the GIL, so that the callers waiting for the lock take it before
-                # the next hold (a released lock is not handed to its waiters).
-                time.sleep(0)
         return n
 
     def cleanup_idle(self) -> int:

@@ -405,8 +405,8 @@ class SessionKind(LaneKind[SessionCore]):
         entries or evictions, before it reads, which evict every entry due, 64 per hold
         of the lock: ``session_count``, ``stats`` and ``statistics()``, ``status()`` (and
         so a queue's ``status()`` and ``repr(lane)``) and ``metrics_snapshot()`` (and so
-        each Prometheus scrape and OpenTelemetry collection). None of them waits for
-        ``max_sessions``. Other calls (``is_held``,
+        each Prometheus scrape and OpenTelemetry collection). Expired entries go whether
+        or not the registry is at ``max_sessions``. Other calls (``is_held``,
         ``waiting_for``, ``get_active``, ``active_count``, ``waiting``, ``stuck()``,
         releases) leave expired entries in place, unseen. With 0 an entry expires as
         soon as it goes idle, so no view counts it from then on. With None it is kept
