@@ -211,6 +211,65 @@ async def in_line_or_done(lane: Any, task: asyncio.Task[Any]) -> None:
         await asyncio.sleep(0.001)
 
 
+@pytest.mark.parametrize("outer", ["acquire_all", "acquire"])
+def test_a_slow_finally_between_blocks_does_not_spend_the_cancel_wait(
+    redis_server: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, outer: str
+) -> None:
+    """A cancelled task leaves an inner Redis block (released at once: the server is
+    healthy), then runs its own ``finally`` for longer than CANCEL_WAIT_S, then leaves
+    the outer block (``acquire_all`` over two Redis lanes, or a Redis hold). Observed
+    before: the inner release had started the cancellation's CANCEL_WAIT_S, so none was
+    left for the outer releases, which went to the background unawaited: the task ended
+    with its outer lanes still held. Expected: a clean-up that ended within its wait
+    spends none of it; when the task ends, nothing is held."""
+    from lanequeue import aio as aio_module
+    from lanequeue.redis import _async as redis_async
+
+    wait_s = 0.3
+    monkeypatch.setattr(aio_module, "CANCEL_WAIT_S", wait_s)
+    monkeypatch.setattr(redis_async, "CANCEL_WAIT_S", wait_s)
+
+    async def main() -> None:
+        client = aredis.Redis(host=redis_server.host, port=redis_server.port)
+        try:
+            queue = AsyncLaneQueue()
+            queue.add(AsyncRedisSessionLane(client, "s", prefix=redis_prefix, lease_s=LEASE_S))
+            queue.add(AsyncRedisLane(client, "g", max_concurrent=1, prefix=redis_prefix,
+                                     lease_s=LEASE_S))
+            h = AsyncRedisLane(client, "h", max_concurrent=1, prefix=redis_prefix,
+                               lease_s=LEASE_S)
+            inside = asyncio.Event()
+
+            def outer_block() -> Any:
+                if outer == "acquire_all":
+                    return queue.acquire_all("k", ["s", "g"])
+                return queue["g"].acquire("k")
+
+            async def turn() -> None:
+                async with outer_block():
+                    try:
+                        async with h.acquire("k"):
+                            inside.set()
+                            await asyncio.Event().wait()
+                    finally:
+                        await asyncio.sleep(2 * wait_s)  # the task's own clean-up
+
+            task = asyncio.create_task(turn())
+            await inside.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert not await queue["s"].is_held("k")
+            assert await queue["g"].try_acquire("other")  # its one permit is free
+            await queue["g"].manual_release("other")
+            assert await h.try_acquire("other")
+            await h.manual_release("other")
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+
+
 def test_cancelled_release_finishes_and_counts(redis_server: Any, redis_prefix: str) -> None:
     """A task cancelled while its hold's release script is on its way: the release runs
     to its end, the key is free, and it counts as released (not as a guess)."""

@@ -456,15 +456,16 @@ def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("case", ["exitstack_leaving", "with_twice", "exitstack_twice"])
+@pytest.mark.parametrize(
+    "case", ["exitstack_leaving", "with_twice", "exitstack_twice", "with_leaving_twice"])
 def test_ctrl_c_on_threads_in_nested_blocks_comes_through_within_one_cancel_wait(
     server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
     """A thread inside ``acquire_all(k, ["session", "g"])`` and, within it, a hold of a
     Redis lane ``h`` (entered through ``contextlib.ExitStack`` or nested ``with``), on a
-    frozen server. ``exitstack_leaving``: one real SIGINT while the block is left, in the
-    inner release; ``*_twice``: a SIGINT in the block, and another 0.75 CANCEL_WAIT_S
-    later, while the inner release's clean-up is waited for. Observed before: under
+    frozen server. ``*_leaving*``: the first real SIGINT while the block is left, in the
+    inner release, else in the block; ``*_twice``: another 0.75 CANCEL_WAIT_S later,
+    while a clean-up is waited for. Observed before: under
     ExitStack, acquire_all's releases did not see the interrupt (``sys.exc_info()`` is
     empty there) and each waited its whole call bound; a second interrupt raised a
     KeyboardInterrupt that did not say when the wait began, so the outer block waited a
@@ -496,7 +497,7 @@ def test_ctrl_c_on_threads_in_nested_blocks_comes_through_within_one_cancel_wait
     def ctrl_c() -> None:
         inside.wait(10)
         server.freeze()
-        if case == "exitstack_leaving":
+        if "leaving" in case:
             leave.set()
         time.sleep(0.3)  # in the inner release, or in the block
         sent.append(time.monotonic())

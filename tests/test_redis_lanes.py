@@ -731,3 +731,30 @@ def test_a_lost_hold_stays_held_until_released_and_says_it_is_lost(
             time.sleep(0.01)
         assert hold.held and hold.lost
     assert not hold.held
+
+
+def test_a_subclass_with_its_own_constructor_is_checked_by_the_base_constructor(
+    redis_server: Any, redis_prefix: str,
+) -> None:
+    """A subclass whose constructor takes its arguments in another order (or by keyword
+    only) is made as before: the client check before Python binds the arguments applies
+    to the library's own constructors only. The base constructor still checks the
+    client it is given, so a wrong one is refused before any script runs."""
+    import redis.asyncio as aredis
+
+    from lanequeue.redis import RedisLane
+
+    class Reordered(RedisLane):
+        def __init__(self, name: str, client: Any, **kw: Any) -> None:
+            super().__init__(client, name, **kw)
+
+    client = redis.Redis(host=redis_server.host, port=redis_server.port)
+    try:
+        lane = Reordered("g", client, max_concurrent=1, prefix=redis_prefix)
+        assert lane.try_acquire("k")
+        assert lane.manual_release("k")
+        for wrong in (None, "localhost", aredis.Redis()):
+            with pytest.raises(TypeError, match="'client' must be"):
+                Reordered("g", wrong, prefix=redis_prefix)
+    finally:
+        client.close()

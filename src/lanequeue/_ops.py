@@ -42,24 +42,39 @@ OnWait = Callable[[Any, str, float, int], object]
 #: each of its calls bounded like any other).
 CANCEL_WAIT_S = 0.5
 
-_WAIT_BEGAN = "_lanequeue_wait_began"  # (the attribute; see noted_cancel_wait)
+_WAIT_SPENT = "_lanequeue_wait_spent"  # (the attribute; see noted_cancel_wait)
 
 
-def note_cancel_wait(exc: BaseException, began: float) -> BaseException:
+def note_cancel_wait(exc: BaseException, began: float, now: float) -> BaseException:
     """Record on ``exc`` (a CancelledError a lane raises after waiting for its clean-up,
-    or the KeyboardInterrupt whose clean-up a thread waits for) when that wait began (the
-    loop's time on asyncio, ``time.monotonic()`` on threads), so that what the same
-    cancellation or interrupt goes on to clean up (an ``acquire_all`` giving back the
-    lanes it took) waits only what is left of :data:`CANCEL_WAIT_S`, not a new one.
-    Returns ``exc``."""
-    setattr(exc, _WAIT_BEGAN, began)
+    or the KeyboardInterrupt whose clean-up a thread waits for) how long the clean-up
+    waits of its cancellation or interrupt have taken so far: until ``now``, from
+    ``began`` (both of one clock: the loop's time on asyncio, ``time.monotonic()`` on
+    threads; ``began`` as :func:`noted_cancel_wait` gave it, when it gave one). What the
+    same cancellation or interrupt goes on to clean up (an enclosing block, an
+    ``acquire_all`` giving back the lanes it took) then waits only what is left of
+    :data:`CANCEL_WAIT_S`, not a new one; the time its own code runs between two
+    clean-ups is not counted. Returns ``exc``."""
+    setattr(exc, _WAIT_SPENT, max(0.0, now - began))
     return exc
 
 
-def noted_cancel_wait(exc: BaseException | None) -> float | None:
-    """The time :func:`note_cancel_wait` recorded on ``exc``, or None."""
-    began = getattr(exc, _WAIT_BEGAN, None)
-    return began if isinstance(began, float) else None
+def noted_cancel_wait(exc: BaseException | None, now: float) -> float | None:
+    """When the clean-up waits recorded on ``exc`` (:func:`note_cancel_wait`) would have
+    begun, had they run in one go up to ``now`` (same clock): a wait that begins at
+    ``now`` waits until ``CANCEL_WAIT_S`` after it. None: nothing was recorded."""
+    spent = getattr(exc, _WAIT_SPENT, None)
+    return now - spent if isinstance(spent, float) else None
+
+
+def carry_cancel_wait(src: BaseException | None, dst: BaseException) -> BaseException:
+    """Record on ``dst`` the time waited that ``src`` records (:func:`note_cancel_wait`),
+    when it is more than ``dst`` records: two exceptions of one interrupt (a second
+    Ctrl-C during the clean-up of the first). Returns ``dst``."""
+    spent = getattr(src, _WAIT_SPENT, None)
+    if isinstance(spent, float) and spent > getattr(dst, _WAIT_SPENT, -1.0):
+        setattr(dst, _WAIT_SPENT, spent)
+    return dst
 
 
 class OpsArguments(TypedDict):

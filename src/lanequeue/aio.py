@@ -1060,7 +1060,7 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
         steps = self._releasing(block_error)
         hold = next(steps, None)
         clock = asyncio.get_running_loop().time
-        began = noted_cancel_wait(block_error)
+        began = noted_cancel_wait(block_error, clock())
         if hold is not None and (began is not None
                                  or isinstance(block_error, asyncio.CancelledError)):
             # Left by a cancellation: the releases to await run aside from the start,
@@ -1083,20 +1083,20 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
                     # CANCEL_WAIT_S counts from when that wait began (noted on its
                     # CancelledError), else from the start of that release, whose wait
                     # began after the cancellation came.
-                    began = noted_cancel_wait(cancelled)
+                    began = noted_cancel_wait(cancelled, clock())
                     await _release_rest_aside(steps, hold, started if began is None else
                                               began, cancelled)
                 raise
             except BaseException as exc:
                 hold = _send(steps, exc)
-                began = noted_cancel_wait(exc)
+                began = noted_cancel_wait(exc, clock())
                 if began is not None and hold is not None:
                     # A release of a task being cancelled failed within its clean-up wait
                     # (a Redis error on a frozen server, say): the rest of that same wait
                     # for the others, and the time goes on with what propagates.
-                    if block_error is not None:
-                        note_cancel_wait(block_error, began)
                     await _release_rest_aside(steps, hold, began, exc)
+                    if block_error is not None:
+                        note_cancel_wait(block_error, began, clock())
                     if block_error is None:
                         raise
                     return
@@ -1112,23 +1112,26 @@ async def _release_rest_aside(steps: Any, hold: Any, since: float,
                               going: BaseException | None = None) -> None:
     """Release ``hold`` and the rest of ``steps`` in a task of their own, and wait for
     it until :data:`~lanequeue._ops.CANCEL_WAIT_S` after ``since`` (loop time; a new
-    cancellation ends the wait at once); the releases go on after that. ``since`` is
-    noted (:func:`~lanequeue._ops.note_cancel_wait`) on ``going``, the exception the
-    caller goes on to raise, and on a new cancellation's, so that an enclosing block's
-    clean-up waits only what is left of the same CANCEL_WAIT_S."""
+    cancellation ends the wait at once); the releases go on after that. The time
+    waited since ``since`` is noted (:func:`~lanequeue._ops.note_cancel_wait`) on
+    ``going``, the exception the caller goes on to raise, and on a new cancellation's,
+    so that an enclosing block's clean-up waits only what is left of the same
+    CANCEL_WAIT_S."""
     loop = asyncio.get_running_loop()
-    if going is not None:
-        note_cancel_wait(going, since)
     rest = loop.create_task(_release_rest(steps, hold))
     _RELEASING.add(rest)
     rest.add_done_callback(_RELEASING.discard)
     left = CANCEL_WAIT_S - (loop.time() - since)
-    if left > 0:
-        try:
-            await asyncio.wait((rest,), timeout=left)
-        except asyncio.CancelledError as again:  # cancelled again: the wait ends
-            note_cancel_wait(again, since)
-            raise
+    try:
+        # (At least one turn of the loop: releases that need no answer end in it.)
+        await asyncio.wait((rest,), timeout=max(0.0, left))
+    except asyncio.CancelledError as again:  # cancelled again: the wait ends
+        note_cancel_wait(again, since, loop.time())
+        if going is not None:
+            note_cancel_wait(going, since, loop.time())
+        raise
+    if going is not None:
+        note_cancel_wait(going, since, loop.time())
 
 
 async def _release_rest(steps: Any, hold: Any) -> None:

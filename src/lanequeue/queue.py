@@ -52,7 +52,7 @@ from ._kinds import (
     warn_unentered,
 )
 from ._obs import StuckHold
-from ._ops import LaneOps, check_ops_arguments, poll_idle
+from ._ops import LaneOps, carry_cancel_wait, check_ops_arguments, poll_idle
 from ._validate import (
     check_bool,
     check_key,
@@ -497,8 +497,14 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
         while hold is not None:
             during = None if interrupt is None else getattr(hold, "_release_during", None)
             failed = _caught(hold.release if during is None else partial(during, interrupt))
-            interrupt = interrupt or _interrupt(failed)
-            hold = _send(steps, failed)
+            newer = _interrupt(failed)
+            if newer is not None:  # (a new one carries the time already waited on)
+                interrupt = carry_cancel_wait(interrupt, newer)
+            try:
+                hold = _send(steps, failed)
+            except BaseException as exc:  # what propagates: the time waited goes with it
+                carry_cancel_wait(interrupt, exc)
+                raise
 
 
 def _warn_key_lane_late(queue: str, lanes: Sequence[Any]) -> None:

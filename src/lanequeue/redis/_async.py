@@ -242,24 +242,28 @@ async def drive(steps: Steps[T]) -> T:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise
             task = _start_cleanup(_rest(steps, exc))
-            # (When the wait began goes with every CancelledError raised from here,
+            # (How long the wait took goes with every CancelledError raised from here,
             # also the one of a cancellation that ends the wait: see note_cancel_wait.)
-            began = asyncio.get_running_loop().time()
+            time = asyncio.get_running_loop().time
+            began = time()
             try:
                 await asyncio.wait((task,), timeout=CANCEL_WAIT_S)
             except asyncio.CancelledError as again:  # cancelled again: the wait ends
-                note_cancel_wait(again, began)
+                note_cancel_wait(again, began, time())
                 raise
             if not task.done():  # the clean-up goes on in the background
-                raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from None
+                raise note_cancel_wait(asyncio.CancelledError(*exc.args), began,
+                                       time()) from None
             try:
                 task.result()
             except asyncio.CancelledError as err:  # (the clean-up itself was cancelled)
-                note_cancel_wait(err, began)
+                note_cancel_wait(err, began, time())
                 raise
             except BaseException as err:  # (a release that found the hold not ours)
-                raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from err
-            raise note_cancel_wait(asyncio.CancelledError(*exc.args), began) from None
+                raise note_cancel_wait(asyncio.CancelledError(*exc.args), began,
+                                       time()) from err
+            raise note_cancel_wait(asyncio.CancelledError(*exc.args), began,
+                                   time()) from None
         except BaseException as exc:
             if getgeneratorstate(steps) == GEN_CLOSED:
                 raise  # the procedure itself raised it
@@ -294,28 +298,36 @@ async def _drive_cancelled(steps: Steps[T], exc: BaseException | None = None) ->
     One CANCEL_WAIT_S per cancellation, however many releases it runs: when ``exc``
     carries the time an earlier clean-up of the same cancellation began to wait (an
     inner ``async with`` left first, see :func:`~lanequeue._ops.note_cancel_wait`),
-    this one waits only what is left of it; ``exc`` and every exception raised from
-    here carry that time on to the next block out."""
+    this one waits only what is left of it; ``exc`` and what is raised from here carry
+    the time waited on to the next block out (not the time the task's own code runs
+    between two blocks)."""
     loop = asyncio.get_running_loop()
-    began = noted_cancel_wait(exc)
+    began = noted_cancel_wait(exc, loop.time())
     if began is None:
         began = loop.time()
+
+    def spent(err: BaseException) -> BaseException:
         if exc is not None:
-            note_cancel_wait(exc, began)
+            note_cancel_wait(exc, began, loop.time())
+        return note_cancel_wait(err, began, loop.time())
+
     task = _start_cleanup(drive(steps))
     try:
         await asyncio.wait((task,), timeout=max(0.0, began + CANCEL_WAIT_S - loop.time()))
     except asyncio.CancelledError as again:  # cancelled again: the wait ends
-        note_cancel_wait(again, began)
+        spent(again)
         raise
     if not task.done():  # the release goes on in the background
-        raise note_cancel_wait(asyncio.CancelledError(
-            *(exc.args if isinstance(exc, asyncio.CancelledError) else ())), began) from None
+        raise spent(asyncio.CancelledError(
+            *(exc.args if isinstance(exc, asyncio.CancelledError) else ()))) from None
     try:
-        return task.result()
+        result = task.result()
     except BaseException as err:  # (what the release raised, or its cancellation)
-        note_cancel_wait(err, began)
+        spent(err)
         raise
+    if exc is not None:
+        spent(exc)
+    return result
 
 
 async def _call(slots: asyncio.Semaphore | AsyncSlots, client: Any, script: Any,

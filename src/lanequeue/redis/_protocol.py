@@ -185,7 +185,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self.on_lease_lost = check_callback(on_lease_lost, f"{where} 'on_lease_lost'")
         self._cap = check_script_int(check_count(max_concurrent, f"{where} 'max_concurrent'"),
                                      f"{where} 'max_concurrent'")
-        self._client: Any = client  # checked by __new__, before any other argument
+        self._client: Any = self._check_client(client)  # (also by __new__, see there)
         self._lease_ms = max(1, round(self.lease_s * 1000))
         poll = min(MAX_POLL_S, self.lease_s / 3)
         st = socket_timeout(client)
@@ -261,11 +261,14 @@ class RedisLaneBase(ABC, Generic[H]):
     def __new__(cls: type[L], *args: Any, **kwargs: Any) -> L:
         # Runs before Python binds the arguments to __init__, so a lane made without its
         # client (``RedisLane("global", max_concurrent=2)``) is told about the client, not
-        # that ``name`` is missing; and before any other argument is checked.
-        if args:
-            cls._check_client(args[0])
-        elif "client" in kwargs:
-            cls._check_client(kwargs["client"])
+        # that ``name`` is missing; and before any other argument is checked. Only for
+        # the library's own constructors (client first): a subclass with a constructor
+        # of its own is checked when it calls this class's ``__init__``.
+        if getattr(cls.__init__, "__module__", "").startswith("lanequeue."):
+            if args:
+                cls._check_client(args[0])
+            elif "client" in kwargs:
+                cls._check_client(kwargs["client"])
         return super().__new__(cls)
 
     @classmethod

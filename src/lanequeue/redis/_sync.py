@@ -146,21 +146,20 @@ def _run_aside(steps: Steps[None], interrupt: BaseException | None = None) -> No
     :data:`~lanequeue._ops.CANCEL_WAIT_S` (an interrupt ends the wait; the clean-up goes
     on). Without a service (none could be started), in the caller.
 
-    ``interrupt``: the interrupt being handled. The first clean-up of an interrupt
-    notes on it when its wait began (:func:`~lanequeue._ops.note_cancel_wait`); a later
-    one of the same interrupt (the lanes an ``acquire_all`` gives back after its wait
-    was interrupted, an enclosing ``with`` block) waits only what is left of that
-    CANCEL_WAIT_S. A new interrupt that ends the wait carries the same time on."""
+    ``interrupt``: the interrupt being handled. A clean-up of an interrupt notes on it
+    how long its wait took (:func:`~lanequeue._ops.note_cancel_wait`); a later one of
+    the same interrupt (the
+    lanes an ``acquire_all`` gives back after its wait was interrupted, an enclosing
+    ``with`` block) waits only what is left of that CANCEL_WAIT_S. A new interrupt that
+    ends the wait carries the same time on."""
     service = _cleanups
     if service is None:
         drive(steps)
         return
     now = time.monotonic()
-    began = noted_cancel_wait(interrupt)
+    began = noted_cancel_wait(interrupt, now)
     if began is None:
         began = now
-        if interrupt is not None:
-            note_cancel_wait(interrupt, now)
     wait = max(0.0, CANCEL_WAIT_S - (now - began))
     post = service.post
     box: list[Any] = [steps]
@@ -171,9 +170,13 @@ def _run_aside(steps: Steps[None], interrupt: BaseException | None = None) -> No
     if box[0] is not None:  # not finished yet (a finisher that got here first woke nobody)
         try:
             done.acquire(timeout=wait)
-        except BaseException as again:  # a new interrupt ends the wait: it says when
-            note_cancel_wait(again, began)  # the wait began, for the next block out
+        except BaseException as again:  # a new interrupt ends the wait: it says how
+            note_cancel_wait(again, began, time.monotonic())  # long, for the next block
+            if interrupt is not None:
+                note_cancel_wait(interrupt, began, time.monotonic())
             raise
+    if interrupt is not None:
+        note_cancel_wait(interrupt, began, time.monotonic())
 
 
 #: The same-key sequencer's one-shot event (see :class:`~._wake.Gate`).
