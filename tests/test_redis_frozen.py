@@ -15,6 +15,7 @@ import gc
 import itertools
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -390,6 +391,31 @@ class _CtrlC(BaseException):
     test session)."""
 
 
+def _raise_ctrl_c(signum: int, frame: Any) -> None:
+    raise _CtrlC
+
+
+@contextlib.contextmanager
+def _sigints_from(send: Callable[[], None]) -> Iterator[None]:
+    """While the block runs, ``send`` runs in a thread of its own and sends SIGINTs to
+    this (the main) thread, whose handler raises :class:`_CtrlC`; afterwards ``send``
+    is waited for (a SIGINT it sends late is handled here, not by pytest) and the
+    handler put back."""
+    import signal
+
+    assert threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _raise_ctrl_c)
+    helper = threading.Thread(target=send)
+    helper.start()
+    try:
+        yield
+    finally:
+        while helper.is_alive():
+            with contextlib.suppress(_CtrlC):
+                helper.join()
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["acquire_all", "with"])
 def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_wait(
@@ -430,14 +456,8 @@ def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_
         sent.append(time.monotonic())
         signal.pthread_kill(main.ident or 0, signal.SIGINT)
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        raise _CtrlC
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    helper = threading.Thread(target=ctrl_c)
     try:
-        helper.start()
-        with pytest.raises(_CtrlC):
+        with _sigints_from(ctrl_c), pytest.raises(_CtrlC):
             if how == "acquire_all":
                 with queue.acquire_all("k", ["session", "g"], timeout_s=30):
                     pass
@@ -446,8 +466,6 @@ def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_
                     time.sleep(30)  # the interrupt lands here
         took = time.monotonic() - sent[0]
     finally:
-        signal.signal(signal.SIGINT, previous)
-        helper.join()
         server.thaw()
     assert took < 1.5 * wait_s, took
     with contextlib.suppress(LeaseLostError):  # (lost in the freeze, or not)
@@ -506,14 +524,8 @@ def test_ctrl_c_on_threads_in_nested_blocks_comes_through_within_one_cancel_wait
             time.sleep(0.75 * wait_s)  # the inner release's clean-up is waited for
             signal.pthread_kill(main.ident or 0, signal.SIGINT)
 
-    def on_sigint(signum: int, frame: Any) -> None:
-        raise _CtrlC
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    helper = threading.Thread(target=ctrl_c)
     try:
-        helper.start()
-        with pytest.raises(_CtrlC):
+        with _sigints_from(ctrl_c), pytest.raises(_CtrlC):
             if case.startswith("exitstack"):
                 with contextlib.ExitStack() as stack:
                     stack.enter_context(queue.acquire_all("k", ["session", "g"], timeout_s=5))
@@ -526,10 +538,6 @@ def test_ctrl_c_on_threads_in_nested_blocks_comes_through_within_one_cancel_wait
                     leave.wait(30)
         took = time.monotonic() - sent[0]
     finally:
-        while helper.is_alive():  # (its last SIGINT handled here, not by pytest)
-            with contextlib.suppress(_CtrlC):
-                helper.join()
-        signal.signal(signal.SIGINT, previous)
         server.thaw()
     assert took < 1.375 * wait_s, took  # (before: 1.75 * wait_s, or the call bounds)
     assert left_behind(server, redis_prefix, ["k"]) == []

@@ -1095,10 +1095,9 @@ class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
                     # (a Redis error on a frozen server, say): the rest of that same wait
                     # for the others, and the time goes on with what propagates.
                     await _release_rest_aside(steps, hold, began, exc)
-                    if block_error is not None:
-                        note_cancel_wait(block_error, began, clock())
                     if block_error is None:
                         raise
+                    note_cancel_wait(block_error, began, clock())
                     return
             else:
                 hold = _send(steps, None)
@@ -1127,11 +1126,10 @@ async def _release_rest_aside(steps: Any, hold: Any, since: float,
         await asyncio.wait((rest,), timeout=max(0.0, left))
     except asyncio.CancelledError as again:  # cancelled again: the wait ends
         note_cancel_wait(again, since, loop.time())
+        raise
+    finally:
         if going is not None:
             note_cancel_wait(going, since, loop.time())
-        raise
-    if going is not None:
-        note_cancel_wait(going, since, loop.time())
 
 
 async def _release_rest(steps: Any, hold: Any) -> None:
