@@ -416,6 +416,24 @@ def _sigints_from(send: Callable[[], None]) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _ctrl_c_queue(server: RedisServer, prefix: str, monkeypatch: pytest.MonkeyPatch,
+                  wait_s: float, cap: int) -> tuple[Any, Any]:
+    """For the real-SIGINT tests: CANCEL_WAIT_S made ``wait_s`` and the call bound 8 s;
+    a thread client without a socket timeout, and a queue of a Redis session lane and a
+    Redis counting lane ``g`` of ``cap`` permits over it."""
+    from lanequeue import LaneQueue
+    from lanequeue.redis import RedisLane
+    from lanequeue.redis import _sync as redis_sync
+
+    monkeypatch.setattr(redis_sync, "CANCEL_WAIT_S", wait_s)
+    monkeypatch.setattr(_args, "CALL_WAIT_S", 8.0)
+    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
+    queue = LaneQueue()
+    queue.add(RedisSessionLane(client, prefix=prefix, lease_s=LEASE))
+    queue.add(RedisLane(client, "g", max_concurrent=cap, prefix=prefix, lease_s=LEASE))
+    return client, queue
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("how", ["acquire_all", "with"])
 def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_wait(
@@ -430,19 +448,9 @@ def test_ctrl_c_on_threads_with_a_frozen_server_comes_through_within_one_cancel_
     held. CANCEL_WAIT_S is made 2 s and the call bound 8 s, far apart whatever the load."""
     import signal
 
-    from lanequeue import LaneQueue
-    from lanequeue.redis import RedisLane
-    from lanequeue.redis import _sync as redis_sync
-
     wait_s = 2.0
-    monkeypatch.setattr(redis_sync, "CANCEL_WAIT_S", wait_s)
-    monkeypatch.setattr(_args, "CALL_WAIT_S", 8.0)
+    _, queue = _ctrl_c_queue(server, redis_prefix, monkeypatch, wait_s, 1)
     main = threading.main_thread()
-    assert threading.current_thread() is main  # (the SIGINT goes to this thread)
-    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
-    queue = LaneQueue()
-    queue.add(RedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE))
-    queue.add(RedisLane(client, "g", max_concurrent=1, prefix=redis_prefix, lease_s=LEASE))
     with queue.acquire_all("warm", ["session", "g"]):
         pass  # connections, listener, presence and the clean-up threads made first
     blocker = queue["g"].acquire("other")
@@ -492,19 +500,11 @@ def test_ctrl_c_on_threads_in_nested_blocks_comes_through_within_one_cancel_wait
     and the call bound 8 s."""
     import signal
 
-    from lanequeue import LaneQueue
-    from lanequeue.redis import RedisLane
-    from lanequeue.redis import _sync as redis_sync
-
     wait_s = 2.0
-    monkeypatch.setattr(redis_sync, "CANCEL_WAIT_S", wait_s)
-    monkeypatch.setattr(_args, "CALL_WAIT_S", 8.0)
+    client, queue = _ctrl_c_queue(server, redis_prefix, monkeypatch, wait_s, 2)
     main = threading.main_thread()
-    assert threading.current_thread() is main  # (the SIGINT goes to this thread)
-    client = redis.Redis(host=server.host, port=server.port, socket_timeout=None)
-    queue = LaneQueue()
-    queue.add(RedisSessionLane(client, prefix=redis_prefix, lease_s=LEASE))
-    queue.add(RedisLane(client, "g", max_concurrent=2, prefix=redis_prefix, lease_s=LEASE))
+    from lanequeue.redis import RedisLane
+
     h = RedisLane(client, "h", max_concurrent=2, prefix=redis_prefix, lease_s=LEASE)
     with queue.acquire_all("warm", ["session", "g"]), h.acquire("warm"):
         pass  # connections, listener, presence and the clean-up threads made first
