@@ -683,6 +683,10 @@ def test_flushall_holder_learns_within_one_renewal_interval(server: RedisServer)
     wait_until(lambda: bool(lost_at), timeout=2)
     assert lost_at[0] - flushed <= 0.3 + 0.1  # one renewal interval, plus scheduling
     assert hold.lost
+    # Its release names the cause: neither its deadline nor its presence, the server.
+    with pytest.raises(LeaseLostError, match="the server no longer had it"):
+        hold.release()
+    assert newcomer.release()
 
 
 # -- fork: a child neither renews nor releases its parent's holds ---------------------
@@ -769,6 +773,8 @@ def test_release_answered_after_the_lease_ran_out_raises_lease_lost(
     def check(held: list[Any], err: BaseException, lanes_: list[Any]) -> None:
         assert isinstance(err, LeaseLostError), repr(err)
         assert "was lost" in str(err) and "nothing was released" in str(err)
+        # The cause: the server kept it past the holder's own deadline.
+        assert "it ran out before a renewal was confirmed" in str(err), str(err)
         assert all(h.lost for h in held)
         # Every hold was released, also those after the first that failed (acquire_all).
         assert not any(h.held for h in held)

@@ -58,7 +58,8 @@ class RedisHoldBase(Hold):
         # renewal that finds the hold gone finds it released by us, not lost (unless its
         # own deadline had passed).
         self._sent = False
-        self._lost = False
+        # '' while not known lost; once noticed lost, why, in words (for LeaseLostError).
+        self._lost = ""
         self._since = 0.0  # monotonic time the grant was asked for
         # The holder's own deadline (monotonic): the lease counted from BEFORE the request
         # that granted (or last renewed) it was sent, less a guard. The server's expiry

@@ -657,7 +657,7 @@ class RedisLaneBase(ABC, Generic[H]):
         presence check, not by the server) and freed it there."""
         return LeaseLostError(
             f"lane {self.name!r}: the lease of key {shown(hold.key)} (fencing token "
-            f"{hold.token}) was lost (it ran out, or a renewal failed or came too late); "
+            f"{hold.token}) was lost: {hold._lost or _loss_cause(hold)}; "
             + ("the server still had it, and this release freed it there"
                if freed else "the key may belong to another holder; nothing was released")
         )
@@ -699,7 +699,7 @@ class RedisLaneBase(ABC, Generic[H]):
         with self._lock:
             if hold._lost:
                 return
-            hold._lost = True
+            hold._lost = _loss_cause(hold)  # (read at the first notice)
             self.leases_lost += 1
             entry = hold._entry
             if entry is not None and entry.live:
@@ -717,8 +717,8 @@ class RedisLaneBase(ABC, Generic[H]):
             except Exception:
                 log.exception("lane %r: telling a turn of its lost lease failed", self.name)
         log.warning(
-            "lane %r: lease of key %s (fencing token %d) lost", self.name, shown(hold.key),
-            hold.token,
+            "lane %r: lease of key %s (fencing token %d) lost: %s", self.name,
+            shown(hold.key), hold.token, hold._lost,
         )
 
     def _call_lost(self, hold: H) -> None:
@@ -1557,3 +1557,18 @@ def renewal(
         if pause is None:
             return
         yield sleep, (pause,)
+
+
+def _loss_cause(hold: RedisHoldBase) -> str:
+    """Why ``hold``'s lease reads lost now, in words (stored as ``hold._lost`` when the
+    loss is first noticed, for its LeaseLostError): its own deadline passed without a
+    confirmed renewal; else its process's presence connection died (see _presence.py);
+    else the server refused it (no longer had it)."""
+    if time.monotonic() >= hold._expires:
+        return "it ran out before a renewal was confirmed (a renewal failed or came too late)"
+    p = hold._presence
+    if p is not None and p.dead:
+        return ("this process's presence connection to the server died, so the server "
+                "may give the key to a waiter at once")
+    return ("the server no longer had it (its lease ran out there, or the key was removed "
+            "from Redis)")
