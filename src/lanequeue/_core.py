@@ -945,52 +945,7 @@ class SessionCore(_CoreBase):
                 return False  # another thread's drain ended it
             entry = self._entries.get(key)
             if entry is not None and (entry.token == token if token else entry.token):
-                line = entry.line
-                waiter = None
-                if line:  # its head, unless it refuses (_next_waiter then drops those)
-                    waiter = next(iter(line))
-                    if not waiter.ready():
-                        waiter = self._next_waiter(line)
-                now = self._clock()
-                held = self.hold_hist
-                if held is not None:  # hold times: one append, bucketed in batches
-                    held.append(now - entry.since)
-                    if entry.token >= self.hold_fold_at:
-                        self._fold_holds(held)
-                observe = False
-                if waiter is not None and self.waits_at_grant:
-                    # The wait this hand-off ends: one append, as hold times (see
-                    # ``waits_at_grant``); its commit counts ``waited``.
-                    observe = True
-                    self.wait_hist.add(now - waiter.since)
-                # -- commit: plain stores only, then one last call --
-                if dropped is not None:
-                    del self._dropped[0]
-                if waiter is None or line is None:
-                    entry.token = 0
-                    entry.since = now
-                    entry.line = None
-                    self._held -= 1
-                    # Last, and a builtin that runs no Python code: it cannot be stopped
-                    # before it is done, and nothing is left to do after it.
-                    try:
-                        _to_end(self._order, key)
-                    except KeyError:  # the eviction scan dropped it while it was held
-                        self._order[key] = entry
-                    return True
-                # Hand-off: the entry stays HELD; no instant exists in which it is free,
-                # so no newcomer can overtake the line.
-                del line[waiter]
-                self._waiting -= 1
-                self._token = granted = self._token + 1
-                waiter.token = granted
-                entry.token = granted
-                entry.since = now
-                if not line:
-                    entry.line = None
-                if observe:
-                    self.waited += 1
-                waiter.wake(None)  # last: the grant is recorded whether or not this returns
+                self._end(entry, key, dropped)
                 return True
             if dropped is not None:
                 del self._dropped[0]
@@ -1007,6 +962,60 @@ class SessionCore(_CoreBase):
     def owns(self, key: str, token: int) -> bool:
         entry = self._entries.get(key)
         return entry is not None and entry.token == token
+
+    def _end(self, entry: _Entry, key: str, dropped: tuple[str, int] | None = None) -> None:
+        """The commit of :meth:`release` (lock held; the hold found: ``entry`` of ``key``
+        is HELD by it): end the hold and hand the key to the first waiter that takes
+        it, else make the entry IDLE. Also called by the holds' own exit step
+        (:class:`SessionHoldSteps`) in its lock hold, when a line waits (a hand-off).
+        ``dropped``: see :meth:`_drain`. Same rules as :meth:`release` ("Interrupts"):
+        calls before stores, plain stores, one last builtin."""
+        line = entry.line
+        waiter = None
+        if line:  # its head, unless it refuses (_next_waiter then drops those)
+            waiter = next(iter(line))
+            if not waiter.ready():
+                waiter = self._next_waiter(line)
+        now = self._clock()
+        held = self.hold_hist
+        if held is not None:  # hold times: one append, bucketed in batches
+            held.append(now - entry.since)
+            if entry.token >= self.hold_fold_at:
+                self._fold_holds(held)
+        observe = False
+        if waiter is not None and self.waits_at_grant:
+            # The wait this hand-off ends: one append, as hold times (see
+            # ``waits_at_grant``); its commit counts ``waited``.
+            observe = True
+            self.wait_hist.add(now - waiter.since)
+        # -- commit: plain stores only, then one last call --
+        if dropped is not None:
+            del self._dropped[0]
+        if waiter is None or line is None:
+            entry.token = 0
+            entry.since = now
+            entry.line = None
+            self._held -= 1
+            # Last, and a builtin that runs no Python code: it cannot be stopped
+            # before it is done, and nothing is left to do after it.
+            try:
+                _to_end(self._order, key)
+            except KeyError:  # the eviction scan dropped it while it was held
+                self._order[key] = entry
+            return
+        # Hand-off: the entry stays HELD; no instant exists in which it is free,
+        # so no newcomer can overtake the line.
+        del line[waiter]
+        self._waiting -= 1
+        self._token = granted = self._token + 1
+        waiter.token = granted
+        entry.token = granted
+        entry.since = now
+        if not line:
+            entry.line = None
+        if observe:
+            self.waited += 1
+        waiter.wake(None)  # last: the grant is recorded whether or not this returns
 
     def _line_of(self, key: str, waiter: Waiter) -> OrderedDict[Waiter, str] | None:
         entry = self._entries.get(key)
@@ -1144,10 +1153,11 @@ class SessionHoldSteps:
     ``__aenter__`` / ``__aexit__`` call them) to save the core's general path on the hot
     path: taking an IDLE entry (nobody holds the key, so nobody waits for
     it), and releasing a HELD entry with nobody in line (observing its hold time when
-    hold times are on, as :meth:`SessionCore.release` does). Everything else (a new key,
-    a busy key, a line to hand over to, a drain, dropped holds to end first) goes to the
-    hold's general path (``_enter_slow``: its result is what entering returns, on
-    asyncio an awaitable) or to :meth:`SessionCore.release`.
+    hold times are on, as :meth:`SessionCore.release` does). A release with a line to
+    hand over to runs the release's commit (:meth:`SessionCore._end`) in the step's own
+    lock hold. Everything else (a new key, a busy key, a drain, dropped holds to end
+    first) goes to the hold's general path (``_enter_slow``: its result is what entering
+    returns, on asyncio an awaitable) or to :meth:`SessionCore.release`.
 
     They live here, next to :meth:`SessionCore.take` and :meth:`SessionCore.release`,
     because they are those methods' steps and follow the same rules ("Interrupts" in the
@@ -1205,23 +1215,27 @@ class SessionHoldSteps:
         try:
             lock.acquire()  # inside the try: see "Interrupts"
             entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
-            if entry.token == token and entry.line is None:
-                clock = core._clock
-                now = clock()
-                held = core.hold_hist
-                if held is not None:  # hold times: as SessionCore.release
-                    held.append(now - entry.since)
-                    if token >= core.hold_fold_at:
-                        core._fold_holds(held)
-                # -- commit: plain stores only, then one last builtin call --
-                entry.token = 0
-                entry.since = now
-                core._held -= 1
-                try:
-                    _to_end(core._order, key)
-                except KeyError:  # the eviction scan dropped it while held
-                    core._order[key] = entry
-                token = 0  # released here
+            if entry.token == token:
+                if entry.line is None:
+                    clock = core._clock
+                    now = clock()
+                    held = core.hold_hist
+                    if held is not None:  # hold times: as SessionCore.release
+                        held.append(now - entry.since)
+                        if token >= core.hold_fold_at:
+                            core._fold_holds(held)
+                    # -- commit: plain stores only, then one last builtin call --
+                    entry.token = 0
+                    entry.since = now
+                    core._held -= 1
+                    try:
+                        _to_end(core._order, key)
+                    except KeyError:  # the eviction scan dropped it while held
+                        core._order[key] = entry
+                    token = 0  # released here
+                elif not core._dropped:  # a line: the release's commit, in this lock hold
+                    core._end(entry, key)
+                    token = 0  # released here
         except KeyError:  # no entry: the general release counts it unmatched
             pass
         finally:
@@ -1241,9 +1255,10 @@ class CountingHoldSteps:
     permit means nobody waits, so taking it overtakes no one, whatever the priority),
     and releasing a hold with nobody in line (neither in the FIFO ``_line`` nor among
     the prioritised ``_ranked``; observing its hold time when hold times are on, as
-    :meth:`CountingCore.release` does). Everything else (a full lane, a drain, dropped
-    holds to end first, a waiter to hand the permit to) goes to the hold's general path
-    (``_enter_slow``) or to :meth:`CountingCore.release`. Same rules ("Interrupts"
+    :meth:`CountingCore.release` does). A release with a waiter to hand the permit to
+    runs the release's commit (:meth:`CountingCore._end`) in the step's own lock hold.
+    Everything else (a full lane, a drain, dropped holds to end first) goes to the hold's
+    general path (``_enter_slow``) or to :meth:`CountingCore.release`. Same rules ("Interrupts"
     in the module docstring); the hold's token is stored in the same commit as the grant.
     """
 
@@ -1293,16 +1308,20 @@ class CountingHoldSteps:
             lock.acquire()  # inside the try: see "Interrupts"
             holds = core._holds
             hold = holds[token]  # (a KeyError: ended by someone else)
-            if hold[0] == key and not core._line and not core._ranked:
-                held = core.hold_hist
-                if held is not None:  # hold times: as CountingCore.release
-                    clock = core._clock
-                    held.append(clock() - hold[1])
-                    if token >= core.hold_fold_at:
-                        core._fold_holds(held)
-                # -- commit: plain stores only --
-                del holds[token]
-                token = 0  # released here
+            if hold[0] == key:
+                if not core._line and not core._ranked:
+                    held = core.hold_hist
+                    if held is not None:  # hold times: as CountingCore.release
+                        clock = core._clock
+                        held.append(clock() - hold[1])
+                        if token >= core.hold_fold_at:
+                            core._fold_holds(held)
+                    # -- commit: plain stores only --
+                    del holds[token]
+                    token = 0  # released here
+                elif not core._dropped:  # waiters: the release's commit, in this lock hold
+                    core._end(token)
+                    token = 0  # released here
         except KeyError:  # no such hold: the general release counts it unmatched
             pass
         finally:
@@ -1319,8 +1338,9 @@ class MultiHoldSteps:
     """The entry and exit of ``acquire_all`` (a mixin of both queues' multi-holds) when
     every lane is in-process: for each core in turn, the same steps the thread holds run
     (:class:`SessionHoldSteps`, :class:`CountingHoldSteps`: an IDLE key or a free permit;
-    a release with nobody in line, observing the hold time when hold times are on), with
-    no call into the core. Any other case of a step goes to the core's ``take`` /
+    a release with nobody in line, observing the hold time when hold times are on; a
+    release with a line, through the core's commit ``_end`` in the same lock hold), with
+    no other call into the core. Any other case of a step goes to the core's ``take`` /
     ``release``. A step that must wait goes to the face's ``_take_rest`` (threads: the
     general loop, with the waiter made there; asyncio: back to ``__aenter__``, which
     parks); an interrupt between two takes gives back what was taken through the face's
@@ -1438,7 +1458,9 @@ class MultiHoldSteps:
                 lock.acquire()  # inside the try: see "Interrupts"
                 if per_key:  # a SessionCore
                     entry = core._entries[key]  # (a KeyError: ended by someone, evicted)
-                    if entry.token == token and entry.line is None:
+                    if entry.token != token:
+                        pass  # not this hold's any more: the general release
+                    elif entry.line is None:
                         clock = core._clock
                         now = clock()
                         held = core.hold_hist
@@ -1455,10 +1477,15 @@ class MultiHoldSteps:
                         except KeyError:  # the eviction scan dropped it while held
                             core._order[key] = entry
                         token = 0  # released here
+                    elif not core._dropped:  # a line: the release's commit, in this hold
+                        core._end(entry, key)
+                        token = 0  # released here
                 else:  # a CountingCore
                     holds = core._holds
                     hold = holds[token]  # (a KeyError: ended by someone else)
-                    if hold[0] == key and not core._line and not core._ranked:
+                    if hold[0] != key:
+                        pass  # not this hold's: the general release
+                    elif not core._line and not core._ranked:
                         held = core.hold_hist
                         if held is not None:  # hold times: as CountingCore.release
                             clock = core._clock
@@ -1467,6 +1494,9 @@ class MultiHoldSteps:
                                 core._fold_holds(held)
                         # -- commit: plain stores only --
                         del holds[token]
+                        token = 0  # released here
+                    elif not core._dropped:  # waiters: the release's commit, in this hold
+                        core._end(token)
                         token = 0  # released here
             except KeyError:  # no such hold: the general release counts it unmatched
                 pass
@@ -1684,49 +1714,7 @@ class CountingCore(_CoreBase):
                 token = next((t for t, h in holds.items() if h[0] == key), 0)
                 found = token != 0
             if found:
-                held = self.hold_hist
-                if held is not None:  # hold times: one append, bucketed in batches
-                    held.append(self._clock() - holds[token][1])
-                    if token >= self.hold_fold_at:
-                        self._fold_holds(held)
-                if self._ranked and self._release_ranked(token, dropped):
-                    return True
-                line = self._line
-                waiter = None
-                if line:  # its head, unless it refuses (_next_waiter then drops those)
-                    waiter = next(iter(line))
-                    if not waiter.ready():
-                        waiter = self._next_waiter(line)
-                # A fresh table once the last waiter leaves: drop the table a long line
-                # grew (made here, before the stores).
-                fresh: OrderedDict[Waiter, str] | None = None
-                now = 0.0
-                observe = False
-                if waiter is not None:
-                    now = self._clock()
-                    if len(line) == 1:
-                        fresh = OrderedDict()
-                    observe = self.waits_at_grant
-                    if observe:  # the wait it ends (as in SessionCore.release)
-                        self.wait_hist.add(now - waiter.since)
-                # -- commit: plain stores only, then the wake-up --
-                if dropped is not None:
-                    del self._dropped[0]
-                del holds[token]
-                if waiter is None:
-                    return True
-                # Hand-off: the permit goes to the first waiter; the holder count never
-                # dips, so no newcomer can take it first.
-                holds[self._token + 1] = (line[waiter], now)
-                del line[waiter]
-                self._waiting -= 1
-                self._token = granted = self._token + 1
-                waiter.token = granted
-                if fresh is not None:
-                    self._line = fresh
-                if observe:
-                    self.waited += 1
-                waiter.wake(None)  # last: the grant is recorded whether or not this returns
+                self._end(token, dropped)
                 return True
             if dropped is not None:
                 del self._dropped[0]
@@ -1739,6 +1727,58 @@ class CountingCore(_CoreBase):
                 pass
         _warn_unmatched(self.name, key, token)
         return False
+
+    def _end(self, token: int, dropped: tuple[str, int] | None = None) -> None:
+        """The commit of :meth:`release` (lock held; the hold ``token`` found, of the key
+        it was asked for): end it and hand its permit to the waiter served next, if
+        any. Also called by the holds' own exit step (:class:`CountingHoldSteps`) in
+        its lock hold, when waiters wait (a hand-off). ``dropped``: see :meth:`_drain`.
+        Same rules as :meth:`release` ("Interrupts"): calls before stores, plain stores,
+        one last builtin."""
+        holds = self._holds
+        held = self.hold_hist
+        if held is not None:  # hold times: one append, bucketed in batches
+            held.append(self._clock() - holds[token][1])
+            if token >= self.hold_fold_at:
+                self._fold_holds(held)
+        if self._ranked and self._release_ranked(token, dropped):
+            return
+        line = self._line
+        waiter = None
+        if line:  # its head, unless it refuses (_next_waiter then drops those)
+            waiter = next(iter(line))
+            if not waiter.ready():
+                waiter = self._next_waiter(line)
+        # A fresh table once the last waiter leaves: drop the table a long line
+        # grew (made here, before the stores).
+        fresh: OrderedDict[Waiter, str] | None = None
+        now = 0.0
+        observe = False
+        if waiter is not None:
+            now = self._clock()
+            if len(line) == 1:
+                fresh = OrderedDict()
+            observe = self.waits_at_grant
+            if observe:  # the wait it ends (as in SessionCore.release)
+                self.wait_hist.add(now - waiter.since)
+        # -- commit: plain stores only, then the wake-up --
+        if dropped is not None:
+            del self._dropped[0]
+        del holds[token]
+        if waiter is None:
+            return
+        # Hand-off: the permit goes to the first waiter; the holder count never
+        # dips, so no newcomer can take it first.
+        holds[self._token + 1] = (line[waiter], now)
+        del line[waiter]
+        self._waiting -= 1
+        self._token = granted = self._token + 1
+        waiter.token = granted
+        if fresh is not None:
+            self._line = fresh
+        if observe:
+            self.waited += 1
+        waiter.wake(None)  # last: the grant is recorded whether or not this returns
 
     def _release_ranked(self, token: int, dropped: tuple[str, int] | None) -> bool:
         """The hand-off of :meth:`release` while prioritised waiters exist (lock held,
