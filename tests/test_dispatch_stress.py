@@ -123,3 +123,55 @@ def test_stress_100k_turns_1k_keys_interrupt_and_collect() -> None:
         print(f"\n{s}\nfootprint after the window: {after}")
     finally:
         loop.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["timeout 0", "cancelled", "low priority"])
+def test_turns_ended_before_the_gate_admits_them_are_not_kept_while_it_is_busy(
+    how: str,
+) -> None:
+    """While one long turn holds the gate (a global lane of one permit), 20,000 turns of
+    new keys end before admission: their start timeout is 0, they are cancelled, or
+    (with ``ageing_s=None``) they wait behind a priority-0 turn and are cancelled. Each
+    left an abandoned job in the gate's heap, kept until the gate popped it: memory grew
+    by one job per such turn for as long as the gate stayed busy. Now the heap is
+    rebuilt once abandoned jobs are most of it, so it stays within twice its live jobs
+    plus 65, and no abandoned job outlives the rebuild."""
+    import threading
+
+    from lanequeue import LaneQueue, ThreadDispatcher
+
+    queue = LaneQueue(warn_after_s=None)
+    queue.add_session_lane("session")
+    queue.add_lane("global", max_concurrent=1)
+    d = ThreadDispatcher(queue, ageing_s=None)
+    release = threading.Event()
+    try:
+        long_turn = d.submit("long", release.wait, 30)
+        for _ in range(3000):  # (3 s at most)
+            if long_turn.state == "running":
+                break
+            release.wait(0.001)
+        assert long_turn.state == "running"
+        m = d._machine
+        queued = d.submit("queued", release.wait, 30)  # a live job at the gate
+        high = 0
+        for i in range(20_000):
+            if how == "timeout 0":
+                t = d.submit(f"conv-{i}", print, timeout_s=0)
+            else:
+                t = d.submit(f"conv-{i}", print, priority=-1 if how == "low priority" else 0)
+                assert t.cancel()
+            assert t.state in ("timed_out", "cancelled")
+            high = max(high, len(m._ready))
+        assert queued.state == "pending"
+        assert high <= 2 * 1 + 65, high
+        gc.collect()
+        abandoned = [o for o in gc.get_objects()
+                     if isinstance(o, Job) and o.machine is m and o.abandoned]
+        assert len(abandoned) <= 65, len(abandoned)
+        assert d.snapshot()["ready"] == 1
+    finally:
+        release.set()
+        assert d.drain(10)
+        d.close()

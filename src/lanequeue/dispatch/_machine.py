@@ -130,7 +130,8 @@ to the repeat; see :meth:`Machine._deadlines_due_locked`). An end asked of a run
 signal is sent again with the face's interrupt, so an interrupt in between loses
 neither. The machine keeps at most one timer for all
 start deadlines (a heap of pending tickets by deadline; entries of tickets that started or
-ended are dropped lazily and the heap is rebuilt once they are most of it), one per key
+ended are dropped lazily and the heap is rebuilt once they are most of it; the gate's heap
+of jobs likewise drops the jobs abandoned before admission), one per key
 waiting for a collect window, one per running job with a ``run_timeout_s``, and one that
 sweeps the dedupe table when its oldest id expires. A key with no job and no pending turn
 is forgotten, and the tables are rebuilt after a burst, so once the work is done and the
@@ -814,6 +815,9 @@ class Machine:
         self._keys: dict[str, _Key] = {}
         self._keys_high = 0  # most keys alive at once since the table was last rebuilt
         self._ready: list[Job] = []  # the gate's heap (abandoned jobs skipped when popped)
+        # Abandoned jobs in it, at most (a hint: see _abandon); it is rebuilt once they
+        # are most of it.
+        self._dead_ready = 0
         self._admitted = 0  # jobs past the gate whose runner has not returned
         self._runners = 0  # runners launched and not returned (gated or not)
         self._dedupe: OrderedDict[str, tuple[Ticket, float]] = OrderedDict()
@@ -1516,6 +1520,7 @@ class Machine:
             self._fill_gate(fx)
             # The stale deadline entries, counted again (see _disarm); and a timer for
             # the live ones, in case the interrupt stopped the step that re-arms it.
+            self._dead_ready = sum(1 for j in self._ready if j.abandoned)
             heap = self._deadlines
             self._stale = sum(1 for e in heap if not e[2]._armed)
             if heap and self._stale < len(heap) and self._deadline_timer is None:
@@ -1527,6 +1532,8 @@ class Machine:
             job = heapq.heappop(ready)
             if not job.abandoned:
                 self._admit(job, fx)
+            elif self._dead_ready:
+                self._dead_ready -= 1
 
     # -- ending tickets -------------------------------------------------------------------
 
@@ -1639,6 +1646,17 @@ class Machine:
         job.abandoned = True
         if job.phase == ADMITTING:
             fx.interrupt.append(job)  # (first: see _after)
+        elif job.phase == READY:  # left in the gate's heap: dropped once most of it
+            self._dead_ready += 1
+            ready = self._ready
+            if self._dead_ready > 64 and self._dead_ready * 2 > len(ready):
+                live = [j for j in ready if not j.abandoned]
+                heapq.heapify(live)
+                # -- commit: one builtin (in place: _fill_gate may hold the list), then
+                # the count (stopped between them, it counts more than are left: the
+                # next rebuild comes early, which is harmless) --
+                ready[:] = live
+                self._dead_ready = 0
         job.turn._signal()
         if k.job is job:
             k.job = None
