@@ -174,6 +174,35 @@ def test_one_turn_task_cancelled_alone_is_not_the_loop_shutting_down(how: str) -
     asyncio.run(main())
 
 
+
+@pytest.mark.timeout(30)
+def test_a_turn_that_cancels_its_own_task_and_returns_does_not_close_an_idle_dispatcher(
+) -> None:
+    """``fn`` cancels its own task and returns without awaiting again, the dispatcher's
+    only work: the cancel reaches the task only after ``fn``'s value was reported (the
+    ticket ends ``done``: nothing was interrupted), and the dispatcher, idle by then,
+    stays open. It used to take the task's end for the loop's shutdown, since no watch
+    task was left to ask: closed for good, every later submit refused."""
+    async def main() -> None:
+        d = Dispatcher(_queue())
+
+        async def gives_up(text: str) -> str:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            return f"re: {text}"
+
+        t1 = d.submit("a", gives_up, "stop")
+        assert await t1 == "re: stop" and t1.state == "done"
+        await asyncio.sleep(0)  # the task's own end (cancelled) is reaped
+        await asyncio.sleep(0)
+        assert not d.draining and not d.snapshot()["closed"]
+        assert await d.submit("b", _echo, "again") == "again"
+        assert await d.drain(WAIT)
+
+    asyncio.run(main())
+
+
 async def _echo(x: Any) -> Any:
     return x
 

@@ -129,8 +129,9 @@ class Dispatcher(DispatcherBase):
     ends at once as ``cancelled``, reason ``"loop shut down"``, and no turn starts any
     more. While it has work, one task of its own (``"lanequeue-dispatch-watch"``) waits
     for that; it ends when the dispatcher is idle. A turn whose task alone is cancelled
-    (``asyncio.current_task().cancel()`` in ``fn``) ends ``cancelled`` and the others go
-    on (see :meth:`_shutting_down`). A loop closed without cancelling its tasks tells it
+    (``asyncio.current_task().cancel()`` in ``fn``) ends ``cancelled`` (``done`` when
+    ``fn`` returns before the cancel lands) and the others go on (see
+    :meth:`_shutting_down`). A loop closed without cancelling its tasks tells it
     nothing: call :meth:`close` first there.
 
     Example::
@@ -230,8 +231,11 @@ class Dispatcher(DispatcherBase):
 
     def _reap(self, task: asyncio.Task[None], job: Job) -> None:
         self._tasks.discard(task)
+        # (A job reported already ended on its own: a cancel that reached its task only
+        # after that, e.g. fn cancelling its own task and returning, ended nothing; with
+        # the dispatcher idle by then, no watch task is left to tell a shutdown by.)
         if (task.cancelled() and not job.abandoned and job.end_req is None
-                and self._shutting_down()):
+                and not job.reported and self._shutting_down()):
             self._loop_shut_down()  # cancelled by nobody here: the loop's shutdown
         if not job.reported and job.runner in (None, task):
             # Cancelled before its first step (an abandoned job, or the loop shutting
