@@ -459,3 +459,52 @@ def test_an_interrupt_anywhere_in_a_cancel_event_set_never_leaves_its_lock_held(
         assert inject_everywhere(run_once) > 5
     finally:
         _TRACED.discard(threading.__file__)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("call", ["wait_idle", "drain"])
+def test_an_interrupt_anywhere_in_waiting_for_idle_raises_it_and_leaves_the_notice_usable(
+    call: str,
+) -> None:
+    """Ctrl-C while a thread waits in ``wait_idle`` or ``drain`` (the standard library's
+    Condition code included, at every point where CPython can deliver one): the call
+    raises the KeyboardInterrupt, or returns False when its wait had ended, and the idle
+    notice's lock is free afterwards (a worker's notice never blocks). The notice was a
+    Condition over a plain Lock: an interrupt inside ``Condition.wait`` left the lock
+    released, and leaving the ``with`` block then raised ``RuntimeError: release unlocked
+    lock`` instead, or released the lock a worker held."""
+    release = threading.Event()
+    d = _dispatcher()
+    busy = d.submit("long", release.wait, WAIT)
+    try:
+        for _ in range(1000):
+            if busy.state == "running":
+                break
+            time.sleep(0.005)
+        assert busy.state == "running"
+
+        def run_once(inj: Injector) -> None:
+            try:
+                with inj.active():
+                    got = getattr(d, call)(0.001)
+                assert got is False
+            except KeyboardInterrupt:
+                assert inj.fired is not None
+            lock = d._idle_lock
+            assert lock.acquire(blocking=False), f"left held ({inj.fired})"
+            lock.release()
+            notice = threading.Thread(target=d._idle, daemon=True)
+            notice.start()
+            notice.join(5.0)
+            assert not notice.is_alive(), f"a notice blocked ({inj.fired})"
+
+        _TRACED.add(threading.__file__)
+        try:
+            assert inject_everywhere(run_once) > 5
+        finally:
+            _TRACED.discard(threading.__file__)
+    finally:
+        release.set()
+        assert busy.result(WAIT) is True
+        assert d.drain(WAIT)
+        d.close()

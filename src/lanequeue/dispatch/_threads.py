@@ -116,10 +116,13 @@ class ThreadDispatcher(DispatcherBase):
         self._service = Service(max_threads=slots, name="lanequeue-dispatch", clock=clock,
                                 poll_s=None if clock is time.monotonic else 0.005)
         self._service.stop_with(self)  # dropped without close()
-        # Entered through the plain lock (a C-level ``__enter__``): an interrupt cannot
-        # leave it held (``Condition.__enter__`` is Python code; see "Interrupts" in
-        # lanequeue._core).
-        self._idle_lock = threading.Lock()
+        # The idle notice, as _Signal's: an RLock taken inside a ``try`` whose ``finally``
+        # releases it (an interrupt cannot leave it held: ``Condition.__enter__`` is
+        # Python code, see "Interrupts" in lanequeue._core), and an RLock because an
+        # interrupt inside ``Condition.wait`` may leave it released already: releasing
+        # it again then refuses (RuntimeError, ignored), where a plain Lock released
+        # whichever thread held it.
+        self._idle_lock = threading.RLock()
         self._idle_cond = threading.Condition(self._idle_lock)
 
     # -- the face -----------------------------------------------------------------------
@@ -134,8 +137,15 @@ class ThreadDispatcher(DispatcherBase):
         self._service.submit(self._run, job)
 
     def _idle(self) -> None:
-        with self._idle_lock:
+        lock = self._idle_lock
+        try:
+            lock.acquire()  # inside the try
             self._idle_cond.notify_all()
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # not held: interrupted before the acquire
+                pass
         if self._machine.closed:
             self._service.stop()
 
@@ -191,8 +201,15 @@ class ThreadDispatcher(DispatcherBase):
         turn is running or pending. Returns True when idle, False when time ran out."""
         timeout = check_timeout(
             timeout_s, f"{type(self).__name__}.wait_idle() argument 'timeout_s'")
-        with self._idle_lock:
+        lock = self._idle_lock
+        try:
+            lock.acquire()  # inside the try (see __init__)
             return self._idle_cond.wait_for(self._machine.is_idle, timeout)
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # not held: interrupted before the acquire, or in a wait
+                pass
 
     def drain(self, timeout_s: float | None = 0.0) -> bool:
         """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
