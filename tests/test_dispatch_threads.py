@@ -201,6 +201,69 @@ def test_timeout_zero_does_not_wait_for_a_collect_window() -> None:
     asyncio.run(main())
 
 
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("how", ["interrupt", "replace", "drop_oldest"])
+def test_timeout_zero_on_a_busy_key_ends_before_its_policy_acts(how: str) -> None:
+    """A turn with ``timeout_s=0`` ("start now or not at all") for a key whose turn runs
+    cannot start now, whatever its policy: it ends ``timed_out`` at once, and its policy
+    never acts (the running turn is not cancelled, the pending ones are not dropped).
+    It used to act first and then time out: the key lost its running and pending turns
+    to a turn that never ran. Where the policy does let it start now (``replace`` over
+    turns that wait for a collect window, with no turn formed), it acts, and the turn
+    runs. Both dispatchers."""
+    kw: dict[str, Any] = {"max_pending": 1, "overflow": "drop_oldest"} \
+        if how == "drop_oldest" else {}
+    busy = None if how == "drop_oldest" else how
+    gates = Gates()
+    d = ThreadDispatcher(lanes(), **kw)
+    try:
+        running = d.submit("k", gates.turn, "a")
+        assert gates.started["a"].wait(WAIT)
+        pending = d.submit("k", gates.turn, "b")
+        late = d.submit("k", gates.turn, "never", busy=busy, timeout_s=0)
+        assert (late.state, late.reason) == ("timed_out", "start timeout")
+        assert running.state == "running" and pending.state == "pending"
+        gates.go["a"].set()
+        gates.go["b"].set()
+        assert running.result(WAIT) == "r:a" and pending.result(WAIT) == "r:b"
+        assert "never" not in gates.order
+    finally:
+        d.close()
+
+    async def main() -> None:
+        ad = Dispatcher(build_default_async_lanes(), **kw)
+        go = asyncio.Event()
+
+        async def work(x: str) -> str:
+            assert x != "never", "a turn that may not wait ran"
+            await go.wait()
+            return x
+
+        first = ad.submit("k", work, "a")
+        await asyncio.sleep(0.01)
+        second = ad.submit("k", work, "b")
+        late = ad.submit("k", work, "never", busy=busy, timeout_s=0)
+        assert (late.state, late.reason) == ("timed_out", "start timeout")
+        assert first.state == "running" and second.state == "pending"
+        go.set()
+        assert await first == "a" and await second == "b"
+        await ad.drain(WAIT)
+        ad.close()
+
+    asyncio.run(main())
+    if how != "replace":
+        return
+    d = ThreadDispatcher(lanes(), busy="collect", debounce_s=60.0)
+    try:
+        waiting = d.submit("w", list, "a")  # its window is open for 60 s: no turn formed
+        now = d.submit("w", list, "b", busy="replace", timeout_s=0)
+        assert now.result(WAIT) == ["b"]
+        assert (waiting.state, waiting.reason) == ("dropped", "superseded")
+    finally:
+        d.close()
+
+
 def test_steer_in_threads() -> None:
     d = ThreadDispatcher(lanes(), busy="steer")
     arrived = threading.Event()

@@ -1088,6 +1088,13 @@ class Machine:
                 self._end(t, REJECTED, reason, fx)
                 self._tidy(t.key, k)
                 return
+            if t.deadline is not None and t.deadline <= now and not self._now_after(
+                    k, policy):
+                # Now or never (timeout_s=0), and not now whatever its policy does: it
+                # ends before the policy acts, so it drops, interrupts and steers nothing.
+                self._end(t, TIMED_OUT, "start timeout", fx)
+                self._tidy(t.key, k)
+                return
             job = k.job
             if policy in ("interrupt", "replace"):
                 # Every pending turn goes: the line and what was steered, not taken.
@@ -1119,6 +1126,24 @@ class Machine:
         self._arm_deadline(t, now, fx)
         if k.job is None:
             self._advance(t.key, k, now, fx)
+
+    def _now_after(self, k: _Key, policy: str) -> bool:
+        """Whether a new turn of the busy key ``k`` under ``policy`` may start at once
+        once its policy has acted (lock held; admission decided already): the key has
+        no job (a running turn, or one formed and not started, ends only later), no
+        pending turn is left ahead of it (``interrupt`` and ``replace`` drop them all,
+        ``drop_oldest`` one when the line is full), and the gate has a free slot. A
+        False answer may be wrong only the safe way: the turn then ends timed out
+        without its policy acting."""
+        if k.job is not None:
+            return False
+        ahead = 0 if policy in ("interrupt", "replace") else len(k.line)
+        if ahead and ahead >= self.max_pending and self.overflow == "drop_oldest":
+            ahead -= 1
+        if ahead:
+            return False
+        return self.slots is None or (self._admitted < self.slots
+                                      and len(self._ready) <= self._dead_ready)
 
     def _now_or_never(self, t: Ticket, k: _Key, now: float, fx: _Effects) -> None:
         """A ticket in line that may not wait (``timeout_s=0``, or a deadline that passed
