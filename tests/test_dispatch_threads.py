@@ -696,3 +696,70 @@ def test_a_dispatcher_dropped_without_close_ends_its_threads() -> None:
     while set(ours()) - before:
         assert time.monotonic() < deadline, sorted(t.name for t in set(ours()) - before)
         time.sleep(0.01)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("end", ["cancel", "clear", "close"])
+def test_a_turn_ended_while_its_runner_waits_for_a_lane_frees_the_runner_at_once(
+    end: str,
+) -> None:
+    """Two turns whose runners wait in ``acquire_all`` for session lanes that another
+    part of the program holds (the scheduler pattern's lanes) are ended before they
+    start: their runners leave the lanes' lines at once and give back their gate
+    slots, so a third, idle conversation runs under the cap of 2 and the dispatcher
+    is idle. The runners used to wait on for the tickets' whole ``timeout_s`` (for ever
+    with None), each holding a gate slot: every other conversation waited at the gate
+    with the global lane free."""
+    q = LaneQueue(warn_after_s=None)
+    session = q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=2)
+    d = ThreadDispatcher(q)
+    try:
+        assert session.try_acquire("c1") and session.try_acquire("c2")
+        t1 = d.submit("c1", str, 1, timeout_s=None)
+        t2 = d.submit("c2", str, 2, timeout_s=None)
+        for _ in range(2000):  # both runners wait in the session lane's lines
+            if session.waiting == 2:
+                break
+            time.sleep(0.001)
+        assert session.waiting == 2
+        if end == "cancel":
+            assert t1.cancel() and t2.cancel()
+        elif end == "clear":
+            assert d.clear("c1") == 1 and d.clear("c2") == 1
+        else:
+            d.close()
+        assert t1.state == t2.state == "cancelled"
+        for _ in range(2000):
+            if session.waiting == 0:
+                break
+            time.sleep(0.001)
+        assert session.waiting == 0 and q["global"].active_count == 0
+        if end != "close":
+            assert d.submit("c3", str, 3).result(WAIT) == "3"
+        assert d.wait_idle(WAIT)
+        assert session.active_count == 2  # the other part's holds are untouched
+    finally:
+        session.manual_release("c1")
+        session.manual_release("c2")
+        d.close()
+
+
+def test_an_acquire_all_given_up_before_it_parks_ends_instead_of_waiting() -> None:
+    """``_end_wait`` on an ``acquire_all`` that has not parked yet (its owner gave up
+    first): its wait, once it joins the line, sees the mark and ends with
+    LaneClearedError at once, leaving nothing in line and nothing taken."""
+    from lanequeue import LaneClearedError
+
+    q = LaneQueue(warn_after_s=None)
+    session = q.add_session_lane("session")
+    glob = q.add_lane("global", max_concurrent=2)
+    assert session.try_acquire("k")
+    multi: Any = q.acquire_all("k", ["session", "global"], timeout_s=WAIT)
+    multi._end_wait()
+    started = time.monotonic()
+    with pytest.raises(LaneClearedError):
+        multi.__enter__()
+    assert time.monotonic() - started < WAIT / 2
+    assert session.waiting == 0 and glob.active_count == 0
+    assert session.manual_release("k")

@@ -613,19 +613,22 @@ class _CoreBase:
         on a counting core, which has none."""
         return None
 
-    def end_waiters(self, key: str | None, cleared: bool) -> int:
+    def end_waiters(self, key: str | None, cleared: bool, only: Waiter | None = None) -> int:
         """End the waits of ``key`` (None: every key) through the grant machinery: each
         waiter able to take a grant is granted the outcome :data:`CLEARED` (``cleared``)
         or :data:`DRAINED` instead of a token, and its face raises the matching error.
-        Returns how many waiters took it (they count as ``cancelled``; a cancelled task
-        refuses it and counts itself when it withdraws). Holders are untouched. Each
-        waiter is one step: asked if it is ``ready()``, then taken out of its line with
-        plain stores, then woken; an interrupt between two steps leaves the waiters not
-        reached yet in line, waiting as before."""
+        ``only``: end that one waiter, if it is still in line for ``key`` (its owner
+        gave up on it), and no other. Returns how many waiters took it (they count as
+        ``cancelled``; a cancelled task refuses it and counts itself when it withdraws).
+        Holders are untouched. Each waiter is one step: asked if it is ``ready()``, then
+        taken out of its line with plain stores, then woken; an interrupt between two
+        steps leaves the waiters not reached yet in line, waiting as before."""
         outcome = CLEARED if cleared else DRAINED
         n = 0
         with self._lock:
             for waiter, line in self._in_line(key):
+                if only is not None and waiter is not only:
+                    continue
                 ready = waiter.ready()
                 # -- commit: plain stores only, then the wake-up --
                 del line[waiter]

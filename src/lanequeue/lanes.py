@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from ._core import (
+    CLEARED,
     Core,
     CountingCore,
     CountingHoldSteps,
@@ -243,6 +244,10 @@ class _ThreadFace:
                 token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
                 return record(into, token)
+            if into is not None and getattr(into, "_aborted", False):
+                # Its owner gave up on it (see _MultiAcquire._end_wait), maybe before
+                # this wait joined the line: it ends as cleared (the handler withdraws).
+                raise ended_error(self.name, key, CLEARED)
             warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = waiter.ahead  # (stored as it joined)

@@ -130,7 +130,8 @@ class MultiHold:
     :mod:`lanequeue._core`).
     """
 
-    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_stage", "_parked")
+    __slots__ = ("_key", "_plan", "_taken", "_budget_s", "_priority", "_stage", "_parked",
+                 "_aborted")
 
     _is_multi: ClassVar[bool] = True  # (see lanequeue._core.record)
 
@@ -141,7 +142,8 @@ class MultiHold:
     # _stage: MULTI_MADE, MULTI_ENTERED from the first __enter__ on (single use, as a
     # hold), MULTI_LEAVING once a release pass began (see lanequeue._core.end_marked);
     # _parked: (its waiter, steps taken) once a wait parked (see parked_grant), None once
-    # an asyncio enter was refused by its loop check; unset before.
+    # an asyncio enter was refused by its loop check; unset before. _aborted: True once
+    # its owner gave up on it (_MultiAcquire._end_wait); unset before.
     _key: str
     _plan: Plan
     _taken: list[Any]
@@ -467,6 +469,23 @@ class _MultiAcquire(MultiHoldSteps, MultiHold):
             self._release_all(exc)
             raise
         return self
+
+    def _end_wait(self) -> None:
+        """End the wait this ``acquire_all`` is parked in, if it still waits in the line
+        of an in-process lane: that wait raises LaneClearedError, and the call gives back
+        what it took, as any failed ``acquire_all`` (a dispatcher's runner whose turn
+        ended before it started). A wait for a Redis lane is left to its timeout. Any
+        thread; a no-op once the wait ended (its waiter is in no line). The mark comes
+        first: a wait that joins a line after the look below sees it and ends itself."""
+        self._aborted = True
+        parked = getattr(self, "_parked", None)
+        if parked is None:
+            return
+        waiter, at = parked
+        steps = self._plan.steps
+        core = steps[at][1] if at < len(steps) else None
+        if core is not None:
+            core.end_waiters(self._key, True, only=waiter)
 
     def _wait(
         self, lane: SyncLane | TaskLane, core: Core | None, got: Any, remaining: float | None

@@ -680,7 +680,7 @@ class Job:
     __slots__ = (
         "machine", "key", "fn", "args", "tickets", "steered", "taken", "phase", "turn",
         "handle", "abandoned", "rank", "run_timer", "started_at", "end_req", "seq",
-        "reported", "formed_at", "run_due", "runner", "outcome",
+        "reported", "formed_at", "run_due", "runner", "outcome", "entering",
     )
 
     def __init__(self, machine: Machine, key: str, tickets: list[Ticket], seq: int) -> None:
@@ -703,6 +703,9 @@ class Job:
         self.end_req: tuple[str, str] | None = None
         self.seq = seq
         self.reported = False  # finish() was called for it
+        # The acquire_all its runner is entering (a face's: the thread face ends its
+        # wait when the job is abandoned, see ThreadDispatcher._interrupt), else None.
+        self.entering: Any = None
         self.formed_at = 0.0  # when the job was formed (the dispatcher's clock)
         self.run_due = math.inf  # when the run timer fires (the dispatcher's clock)
         self.runner: Any = None  # the runner that entered it (Machine.enter)

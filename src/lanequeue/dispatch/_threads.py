@@ -136,6 +136,18 @@ class ThreadDispatcher(DispatcherBase):
     def _launch(self, job: Job) -> None:
         self._service.submit(self._run, job)
 
+    def _interrupt(self, job: Job) -> None:
+        """A job abandoned while its runner waits for its lanes (all its tickets ended
+        before it started): end that wait (its ``acquire_all`` raises, gives back what
+        it took, and the runner reports), so the runner and its gate slot are free at
+        once, not when the wait's timeout passes. A started job's turn sees its cancel
+        event (set by the machine)."""
+        multi = job.entering
+        if multi is not None and job.abandoned:
+            end_wait = getattr(multi, "_end_wait", None)  # (a LaneQueue's acquire_all)
+            if end_wait is not None:
+                end_wait()
+
     def _idle(self) -> None:
         lock = self._idle_lock
         try:
@@ -167,10 +179,12 @@ class ThreadDispatcher(DispatcherBase):
                 priority = machine.lane_priority(job)
                 # Passed only when set: a queue of another kind may not take it.
                 extra = {"priority": priority} if priority else {}
-                with self._queue.acquire_all(
-                        job.key, self._lanes,
-                        timeout_s=float("inf") if budget is None else budget,
-                        **extra) as multi:
+                multi = self._queue.acquire_all(
+                    job.key, self._lanes,
+                    timeout_s=float("inf") if budget is None else budget, **extra)
+                job.entering = multi  # (its wait ends if the job is abandoned)
+                with multi:
+                    job.entering = None
                     if machine.start(job):
                         self._run_under(job, multi)
                         token = _CURRENT.set(job.turn)
