@@ -200,3 +200,69 @@ def test_sigkilled_holder_key_goes_to_next_waiter_within_lease_plus_1s(
         if proc.is_alive():
             proc.kill()
         proc.join(5)
+
+
+def _forking_holder(port: int, prefix: str, ready: Any, child_pid: Any) -> None:
+    client = redis.Redis(port=port)
+    lane = RedisSessionLane(client, prefix=prefix, lease_s=30.0, warn_after_s=None)
+    assert lane.try_acquire("k")
+    pid = os.fork()  # a worker forked after the grant (as multiprocessing's 'fork' does)
+    if pid == 0:
+        time.sleep(60)  # unrelated work; it never touches Redis
+        os._exit(0)
+    child_pid.value = pid
+    ready.set()
+    while True:  # holds (and renews) until killed
+        time.sleep(1)
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_holder_that_forked_a_child_loses_its_keys_in_seconds(
+    redis_server: Any, redis_client: redis.Redis, redis_prefix: str
+) -> None:
+    """The holder forked a child (that never uses Redis) after its grant, then is
+    SIGKILLed: its key moves on in seconds (about 3 s), as without the child. The child
+    used to keep its copy of the holder's presence socket open, so the server saw the
+    holder present until the child ended, and the waiter got the key only once the
+    lease ran out (30 s)."""
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    child_pid = ctx.Value("i", 0)
+    proc = ctx.Process(target=_forking_holder,
+                       args=(redis_server.port, redis_prefix, ready, child_pid))
+    proc.start()
+    try:
+        assert ready.wait(30)
+        lane = RedisSessionLane(redis_client, prefix=redis_prefix, lease_s=30.0,
+                                warn_after_s=None)
+        assert not lane.try_acquire("k")
+        box: dict[str, float] = {}
+
+        def wait() -> None:
+            if lane.acquire_timeout("k", 40):
+                box["granted"] = time.monotonic()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        deadline = time.monotonic() + 5
+        while lane.waiting_for("k") != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        killed = time.monotonic()
+        assert proc.pid is not None
+        os.kill(proc.pid, signal.SIGKILL)
+        t.join(45)
+        assert "granted" in box
+        delay = box["granted"] - killed
+        print(f"\nkey granted {delay:.3f} s after SIGKILL of a holder with a forked child")
+        assert delay <= 8.0, delay
+        assert lane.manual_release("k")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        if child_pid.value:
+            try:
+                os.kill(child_pid.value, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

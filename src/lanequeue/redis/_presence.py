@@ -147,6 +147,9 @@ class Presence:
         self.client_id = 0
         self.ready = Gate()
         self.pid = os.getpid()
+        #: The connection in use (None between two): a forked child closes its copy of
+        #: the socket (see _after_fork).
+        self.conn: Any = None
         threading.Thread(target=self._run, name="lanequeue-presence", daemon=True).start()
 
     def current(self) -> Epoch | None:
@@ -160,7 +163,7 @@ class Presence:
             conn = None
             epoch: Epoch | None = None
             try:
-                conn = self._make()
+                conn = self.conn = self._make()
                 conn.connect()
                 conn.send_command("CLIENT", "ID")
                 self.client_id = int(conn.read_response())
@@ -185,6 +188,7 @@ class Presence:
             finally:
                 self.epoch = None
                 self.client_id = 0
+                self.conn = None
                 if epoch is not None:
                     epoch._die()
                 if conn is not None:
@@ -253,8 +257,20 @@ def presence_for(client: Any) -> Presence | None:
 
 
 def _after_fork() -> None:
+    """In a forked child: no presence of the parent's. Its connections' sockets are
+    closed here, in the child only (redis-py's ``disconnect`` shuts a socket down only
+    in the process that opened it): a child that kept a copy open would keep the
+    parent's presence subscription alive on the server after the parent died (killed),
+    and its holds would wait for their leases instead of moving on in seconds."""
     global _lock
     _lock = threading.Lock()
+    for p in list(_registry.values()):
+        conn = p.conn
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:  # pragma: no cover - closing a copy of a socket
+                pass
     _registry.clear()
 
 
