@@ -1102,3 +1102,57 @@ def test_dead_waiter_handed_the_key_blocks_it_at_most_its_liveness_window(
     blocked = box["at"] - refreshed
     assert 1.0 < blocked <= window + 0.35  # more than a lease, at most the window
     assert nxt.manual_release("k")
+
+
+# -- an ACL user without the lanes' pub/sub channels ------------------------------------
+
+
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_a_user_without_the_lanes_channels_is_refused_at_first_use(
+    server: RedisServer, face: str
+) -> None:
+    """A Redis 7 ACL user with every key and command but no pub/sub channel (a new
+    user's default) is refused at the lane's first use with a LaneBackendError that
+    names the channels to grant, and nothing is taken. Such a user used to be taken on:
+    each release that handed a key on then raised (its hand-off could not be published,
+    after the key had moved on) and presence failed silently, so a killed holder's
+    keys waited for their leases. Granted ``&lq:*``, the same user works."""
+    admin = client_of(server)
+    user = f"app{face}"
+    admin.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "+@all", "resetchannels")
+
+    def client(aio: bool) -> Any:
+        if aio:
+            return redis.asyncio.Redis(host=server.host, port=server.port, username=user,
+                                       password="pw")
+        return redis.Redis(host=server.host, port=server.port, username=user, password="pw")
+
+    def check_threads() -> None:
+        lane = RedisSessionLane(client(False), "acl-s", lease_s=5)
+        with pytest.raises(LaneBackendError, match="channels 'lq:\\*'"):
+            lane.try_acquire("k")
+        assert lane.active_count == 0
+
+    async def check_asyncio() -> None:
+        lane = AsyncRedisSessionLane(client(True), "acl-s", lease_s=5)
+        with pytest.raises(LaneBackendError, match="channels 'lq:\\*'"):
+            await lane.try_acquire("k")
+        assert lane.active_count == 0
+
+    def works() -> None:
+        if face == "threads":
+            lane = RedisSessionLane(client(False), "acl-s", lease_s=5)
+            assert lane.try_acquire("k") and lane.manual_release("k")
+        else:
+            async def body() -> None:
+                lane = AsyncRedisSessionLane(client(True), "acl-s", lease_s=5)
+                assert await lane.try_acquire("k") and await lane.manual_release("k")
+            asyncio.run(body())
+
+    if face == "threads":
+        check_threads()
+    else:
+        asyncio.run(check_asyncio())
+    assert admin.keys("lanequeue:*acl-s*") == []  # refused before any lane key was made
+    admin.execute_command("ACL", "SETUSER", user, "&lq:*")
+    works()

@@ -59,7 +59,7 @@ from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import AsyncSlots, AsyncWaker, Woken, async_waker
-from ._wire import run_async
+from ._wire import PROBE_CHANNEL, run_async
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
@@ -107,7 +107,9 @@ class _Cleanup(asyncio.Task[T]):
             uncancel = getattr(self, "uncancel", None)  # (Python 3.11+)
             if uncancel is not None:
                 uncancel()
-            raise RedisTimeoutError(f"no reply from Redis within {wait:g} s") from exc
+            raise RedisTimeoutError(
+                f"no reply from Redis within {wait:g} s (the wait for a free connection of "
+                f"the client's pool included)") from exc
         finally:
             handle.cancel()
 
@@ -366,7 +368,9 @@ async def _within(aw: Awaitable[T], wait: float) -> T:
                 return await aw
         return await asyncio.wait_for(aw, wait)
     except (asyncio.TimeoutError, TimeoutError) as exc:
-        raise RedisTimeoutError(f"no reply from Redis within {wait:g} s") from exc
+        raise RedisTimeoutError(
+            f"no reply from Redis within {wait:g} s (the wait for a free connection of "
+            f"the client's pool included)") from exc
 
 
 _timeout: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
@@ -497,6 +501,11 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         wk = self._wk()
         async with wk.slots:  # on a connection of the pool, as the scripts
             return await _within(self._client.info("memory"), wk.call_wait_s)
+
+    async def _publish_probe(self) -> Any:
+        wk = self._wk()
+        async with wk.slots:
+            return await _within(self._client.publish(PROBE_CHANNEL, ""), wk.call_wait_s)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)

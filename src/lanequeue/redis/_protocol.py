@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from typing import Any, ClassVar, Generic, TypeVar
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from .._core import LaneStats
 from .._errors import (
@@ -361,6 +361,11 @@ class RedisLaneBase(ABC, Generic[H]):
         bound's connections (see :mod:`._wake`: the first-use check of many callers at
         once opens no connection beyond the bound), within the bound on one call's wait
         (:func:`._args.call_wait`)."""
+
+    @abstractmethod
+    def _publish_probe(self) -> Any:
+        """Step: ``PUBLISH`` an empty message on the library's probe channel
+        (:data:`~._wire.PROBE_CHANNEL`), as :meth:`_memory_info` makes its call."""
 
     @abstractmethod
     def _wk(self) -> Any:
@@ -831,6 +836,20 @@ class RedisLaneBase(ABC, Generic[H]):
                     f"holder key would let a second holder in. Set maxmemory-policy "
                     f"noeviction (or maxmemory 0) on the server used for lanes"
                 )
+        try:
+            yield from self._ask("check", None, self._publish_probe)
+        except LaneBackendError as exc:
+            if isinstance(exc.__cause__, NoPermissionError):
+                # Refused now, not later: its scripts could not publish their hand-offs
+                # (a release would fail after handing the key on), nor its presence
+                # subscribe (a killed holder's keys would wait for their leases).
+                raise LaneBackendError(
+                    f"lane {self.name!r}: the Redis user may not use the lanes' pub/sub "
+                    f"channels ({exc.__cause__}). Grant it the channels 'lq:*' (ACL "
+                    f"SETUSER <user> '&lq:*'; Redis 7 gives a new user no channel unless "
+                    f"acl-pubsub-default is allchannels)"
+                ) from exc.__cause__
+            raise
         self._server_checked = True
 
     def _version_call(self) -> Call:

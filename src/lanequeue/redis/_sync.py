@@ -37,7 +37,7 @@ from ._ops import RedisOps
 from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import Gate, Slots, SyncWaker, Woken, _Slot, sync_waker
-from ._wire import info_sync, run_sync
+from ._wire import info_sync, publish_probe_sync, run_sync
 
 __all__ = ["RedisHold", "RedisLane", "RedisSessionLane"]
 
@@ -323,6 +323,15 @@ class _SyncFace(RedisOps[RedisHold]):
         slot = self._take_slot(wk, slots)
         try:
             return info_sync(self._client, "memory", slot.conn)
+        finally:
+            slots.give(slot)
+
+    def _publish_probe(self) -> Any:
+        wk = self._wk()
+        slots = wk.slots
+        slot = self._take_slot(wk, slots)
+        try:
+            return publish_probe_sync(self._client, slot.conn)
         finally:
             slots.give(slot)
 

@@ -118,6 +118,27 @@ def parse_info(reply: Any) -> dict[str, str]:
     return out
 
 
+#: The channel the first-use check publishes an empty message on: of the library's
+#: (``lq:``), as the wake-up and presence channels, and listened to by nobody.
+PROBE_CHANNEL = "lq:wake:probe"
+
+
+def publish_probe_sync(client: Any, conn: Any = None) -> Any:
+    """``PUBLISH`` an empty message on :data:`PROBE_CHANNEL` over ``conn`` (as
+    :func:`info_sync`), to learn whether the client's user may use the library's
+    channels (an ACL user without them: NoPermissionError)."""
+    if conn is None:
+        return client.publish(PROBE_CHANNEL, "")
+    try:
+        _ready(conn)
+        conn.send_command("PUBLISH", PROBE_CHANNEL, "")
+        return conn.read_response()
+    except BaseException as exc:
+        if not _clean(exc):
+            conn.disconnect()
+        raise
+
+
 def info_sync(client: Any, section: str, conn: Any = None) -> Any:
     """``INFO section`` over ``conn`` (a bare connection this caller owns alone, as in
     :func:`run_sync`): its fields as text; without one, redis-py's ``client.info`` (a
