@@ -39,6 +39,7 @@ from lanequeue.redis import (
     RedisLane,
     RedisSessionLane,
 )
+from lanequeue.redis._keys import base
 from lanequeue.redis._wire import run_sync
 
 
@@ -1156,3 +1157,78 @@ def test_a_user_without_the_lanes_channels_is_refused_at_first_use(
     assert admin.keys("lanequeue:*acl-s*") == []  # refused before any lane key was made
     admin.execute_command("ACL", "SETUSER", user, "&lq:*")
     works()
+
+
+# -- a waiter whose acquire fails while it is in line ------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("face", ["threads", "asyncio"])
+def test_a_waiter_whose_poll_connection_is_cut_leaves_no_entry_for_a_lease(
+    server: RedisServer, face: str
+) -> None:
+    """A holds K; W, then X, wait. During a pause of writes (CLIENT PAUSE WRITE, as a
+    failover issues) W's poll in flight has its connection cut: W's acquire raises
+    LaneBackendError. A then releases: X gets K at once. W's line entry used to stay
+    until its liveness ran out, and A's release handed it K for a whole lease that
+    nobody used (X waited lease_s). Now W's withdraw runs in the background and lands
+    once the server answers again."""
+    lease = 20.0
+    admin = client_of(server)
+
+    def lane(name: str) -> RedisSessionLane:
+        return RedisSessionLane(client_of(server, client_name=name), "cut", lease_s=lease,
+                                warn_after_s=None)
+
+    a, x = lane("A"), lane("X")
+    hold = a.acquire("K").__enter__()
+    outcome: dict[str, Any] = {}
+
+    def w_threads() -> None:
+        try:
+            with lane("W").acquire("K", timeout_s=30):
+                outcome["W"] = "held"
+        except LaneBackendError as exc:
+            outcome["W"] = exc
+
+    def w_asyncio() -> None:
+        async def body() -> None:
+            client = redis.asyncio.Redis(host=server.host, port=server.port,
+                                         client_name="W")
+            w = AsyncRedisSessionLane(client, "cut", lease_s=lease, warn_after_s=None)
+            try:
+                async with w.acquire("K", timeout_s=30):
+                    outcome["W"] = "held"
+            except LaneBackendError as exc:
+                outcome["W"] = exc
+            await asyncio.sleep(1.0)  # (the loop lives on while its clean-up runs)
+        asyncio.run(body())
+
+    def x_waits() -> None:
+        with x.acquire("K", timeout_s=50):
+            outcome["X"] = time.monotonic()
+
+    tw = threading.Thread(target=w_threads if face == "threads" else w_asyncio)
+    tw.start()
+    line = base("lanequeue", "s", "cut", "K") + "q"
+    wait_until(lambda: admin.llen(line) == 1, timeout=5)  # W in line
+    tx = threading.Thread(target=x_waits)
+    tx.start()
+    wait_until(lambda: admin.llen(line) == 2, timeout=5)  # X behind it
+    admin.execute_command("CLIENT", "PAUSE", 3000, "WRITE")
+    try:
+        time.sleep(1.2)  # W's next poll (within a second) waits for the pause
+        for c in admin.client_list():
+            if c.get("name") == "W" and c.get("cmd", "").startswith("evalsha"):
+                admin.execute_command("CLIENT", "KILL", "ID", c["id"])
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    tw.join(10)
+    assert isinstance(outcome.get("W"), LaneBackendError), outcome
+    time.sleep(0.5)  # the background withdraw lands
+    released = time.monotonic()
+    hold.__exit__(None, None, None)
+    tx.join(lease + 10)
+    assert "X" in outcome
+    waited = outcome["X"] - released
+    assert waited < 5.0, waited  # not lease_s

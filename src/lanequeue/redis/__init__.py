@@ -262,8 +262,11 @@ holds in a zset instead of one holder)::
   by more than one lease). ``hold.fencing_token`` is that integer.
 - Errors. Any ``redis.exceptions.RedisError`` (connection refused, timeout, a reply of
   the wrong kind) becomes :class:`~lanequeue.LaneBackendError`, chained. An acquire that
-  raises it holds nothing (the waiter's line entry dies with its liveness; a grant whose
-  reply was lost is never renewed and lapses with its lease); a release that
+  raises it holds nothing: the waiter leaves its line (and passes on a grant made to it
+  meanwhile) through a withdraw sent in the background, which lands once the server
+  answers again (a cut connection, a paused server); if it cannot, the line entry dies
+  with its liveness, and a grant whose reply was lost is never renewed and lapses with
+  its lease. A release that
   raises it stops renewing, so the hold lapses within ``lease_s``. Scripts are idempotent
   per owner id, so redis-py retrying a call whose reply was lost is harmless (except that
   a retried release may then report LeaseLostError, as the script cannot tell its own

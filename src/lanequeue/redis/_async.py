@@ -54,7 +54,7 @@ from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
 from ._ops import RedisOps
-from ._protocol import Call, RedisHoldBase, Step, Steps, T, renewal
+from ._protocol import LATER_MAX, Call, RedisHoldBase, Step, Steps, T, renewal
 from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
@@ -375,6 +375,17 @@ async def _within(aw: Awaitable[T], wait: float) -> T:
 
 _timeout: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
 
+# Background clean-ups nobody waits for (see RedisLaneBase._later): the loop keeps only
+# weak references to its tasks.
+_LATER: set[asyncio.Task[Any]] = set()
+
+
+def _later_done(task: asyncio.Task[Any]) -> None:
+    _LATER.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logging.getLogger("lanequeue.redis").debug(
+            "a background clean-up ended with %r", task.exception())
+
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
     """The rest of a procedure after ``exc`` (its clean-up), in a task of its own; after
@@ -532,6 +543,15 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
 
     def _local_waiters(self) -> int:
         return self._wk().count
+
+    def _later(self, steps: Steps[None]) -> None:
+        # A task of the running loop (the failed acquire's), kept in _LATER until done.
+        if len(_LATER) >= LATER_MAX:
+            steps.close()
+            return
+        task = asyncio.get_running_loop().create_task(drive(steps))
+        _LATER.add(task)
+        task.add_done_callback(_later_done)
 
     async def _aside(self, steps: Steps[None], interrupt: BaseException | None = None) -> None:
         # A clean-up runs in the task a cancellation moved it to (see drive), which a

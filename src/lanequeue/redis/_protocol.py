@@ -141,6 +141,10 @@ Step = tuple[Callable[..., Any], tuple[Any, ...]]
 Steps = Generator[Step, Any, T]
 
 
+#: The most background clean-ups (:meth:`RedisLaneBase._later`) a process runs at once.
+LATER_MAX = 16
+
+
 class RedisLaneBase(ABC, Generic[H]):
     """State, bookkeeping and procedures of one Redis lane object (either kind, either face).
 
@@ -384,6 +388,13 @@ class RedisLaneBase(ABC, Generic[H]):
         leaves it running. ``interrupt``: what stopped the caller (the thread face notes
         on it when its wait began, so that what the same interrupt cleans up next waits
         only what is left of that CANCEL_WAIT_S)."""
+
+    @abstractmethod
+    def _later(self, steps: Steps[None]) -> None:
+        """Run the clean-up ``steps`` in the background, best effort, without waiting
+        for it (a failed acquire's withdraw: see :meth:`_take`). Dropped (closed unrun)
+        while the process already runs :data:`LATER_MAX` of them: the line entry then
+        dies with its liveness, a grant made to it with its lease."""
 
     @abstractmethod
     def _new_event(self) -> Any:
@@ -1012,15 +1023,21 @@ class RedisLaneBase(ABC, Generic[H]):
             self._count_outcome(timed_out=True)
             return False
         except LaneBackendError as exc:
-            # Redis is unreachable: a clean-up call would fail the same way. Our line
-            # entry dies with its liveness; a grant whose reply was lost, with its lease.
-            # But a reply that was not ours (a protocol error), or an error reply (OOM),
+            # A reply that was not ours (a protocol error), or an error reply (OOM),
             # came from a reachable server, which may have queued or granted us: leave,
             # pass a grant on (else a release hands the key to this ghost for a lease).
             # So is a grant that came and could not be kept (no thread to renew it:
             # RuntimeError, see _granted).
             if isinstance(exc.__cause__, (StaleReply, ResponseError, RuntimeError)):
                 yield from self._abandon(hold, count=False)
+            elif wait and hold._state != HELD:
+                # Unreachable (a lost connection, no reply in time): the server may
+                # have queued us, and while our line entry lives a release hands it the
+                # key, for a whole lease nobody uses. The same clean-up, in the
+                # background (the caller hears the error now): it lands once the server
+                # answers again (a cut connection, a pause); failing, the entry dies
+                # with its liveness.
+                self._later(self._withdraw_and_pass(hold))
             raise
         except GeneratorExit:
             raise  # closed without running to its end: no more I/O to be had

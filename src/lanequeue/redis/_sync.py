@@ -34,7 +34,16 @@ from ..contract import not_held_error
 from ..dispatch._workers import Service
 from ._link import SyncLink
 from ._ops import RedisOps
-from ._protocol import Call, RedisHoldBase, RedisLaneBase, Step, Steps, T, renewal
+from ._protocol import (
+    LATER_MAX,
+    Call,
+    RedisHoldBase,
+    RedisLaneBase,
+    Step,
+    Steps,
+    T,
+    renewal,
+)
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import Gate, Slots, SyncWaker, Woken, _Slot, sync_waker
 from ._wire import info_sync, publish_probe_sync, run_sync
@@ -117,9 +126,50 @@ def _renewer(ref: weakref.ref[_SyncFace]) -> None:
             lane._renewer_stopped(claim)
 
 
+# Background clean-ups nobody waits for (a failed acquire's withdraw: see
+# RedisLaneBase._later), on a service of their own (one thread), so that a burst of them
+# in an outage, each up to a call's bound, never delays an interrupt's clean-ups.
+_later_service: Service | None = None
+_later_lock = threading.Lock()
+_later_running = 0  # posted and not finished (at most LATER_MAX)
+
+
+def _run_later(steps: Steps[None]) -> None:
+    """(In the background service) drive ``steps`` to its end, best effort."""
+    global _later_running
+    try:
+        drive(steps)
+    except BaseException as exc:  # (the procedure catches its own; this is a last net)
+        log.debug("a background clean-up ended with %r", exc)
+    finally:
+        with _later_lock:
+            _later_running -= 1
+
+
+def _post_later(steps: Steps[None]) -> None:
+    """Post ``steps`` to the background service (started on first use), unless it runs
+    LATER_MAX already or no thread can be started: then ``steps`` is closed unrun."""
+    global _later_service, _later_running
+    with _later_lock:
+        if _later_running >= LATER_MAX:
+            steps.close()
+            return
+        if _later_service is None:
+            try:
+                _later_service = Service(max_threads=1, name="lanequeue-redis-later")
+            except RuntimeError:  # out of threads: best effort, so nothing
+                steps.close()
+                return
+        _later_running += 1
+    _later_service.post((_run_later, steps))
+
+
 def _forget_cleanups() -> None:
-    global _cleanups
+    global _cleanups, _later_service, _later_lock, _later_running
     _cleanups = None  # the parent's service thread does not exist in a forked child
+    _later_service = None
+    _later_lock = threading.Lock()
+    _later_running = 0
 
 
 os.register_at_fork(after_in_child=_forget_cleanups)
@@ -354,6 +404,9 @@ class _SyncFace(RedisOps[RedisHold]):
 
     def _aside(self, steps: Steps[None], interrupt: BaseException | None = None) -> None:
         _run_aside(steps, interrupt)
+
+    def _later(self, steps: Steps[None]) -> None:
+        _post_later(steps)
 
     def _new_event(self) -> _Turn:
         return _Turn()
