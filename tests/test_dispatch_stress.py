@@ -175,3 +175,38 @@ def test_turns_ended_before_the_gate_admits_them_are_not_kept_while_it_is_busy(
         release.set()
         assert d.drain(10)
         d.close()
+
+
+@pytest.mark.timeout(60)
+def test_awaits_of_a_ticket_that_are_cancelled_leave_nothing_on_it() -> None:
+    """A client polls a long turn's ticket (``asyncio.wait_for(ticket, t)`` timing out,
+    500 times) while another task awaits it to its end: no poll leaves its wake-up on
+    the ticket (each used to, until the ticket ended: memory grew with every poll), and
+    the awaiting task still gets the value."""
+
+    async def main() -> None:
+        queue = AsyncLaneQueue()
+        queue.add_session_lane("session")
+        d = Dispatcher(queue, lanes=["session"])
+        gate = asyncio.Event()
+
+        async def long_turn() -> str:
+            await gate.wait()
+            return "done"
+
+        ticket = d.submit("conv", long_turn, timeout_s=None)
+        waiter = asyncio.ensure_future(_awaited(ticket))
+        await asyncio.sleep(0)
+        for _ in range(500):
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(ticket, 0.0001)
+        assert ticket._callbacks is not None and len(ticket._callbacks) == 1  # the waiter's
+        gate.set()
+        assert await waiter == "done"
+        assert await d.drain(5)
+
+    asyncio.run(main())
+
+
+async def _awaited(ticket: Ticket) -> object:
+    return await ticket

@@ -462,8 +462,16 @@ class Ticket:
                     loop.call_soon_threadsafe(settle)
 
             self.add_done_callback(wake)
-            # A private future: cancelling the awaiting task cancels only this wait.
-            yield from fut.__await__()
+            try:
+                # A private future: cancelling the awaiting task cancels only this wait.
+                yield from fut.__await__()
+            finally:
+                # Its callback goes with it: a caller that polls a long ticket with
+                # ``asyncio.wait_for(ticket, t)`` must not pile one up per poll.
+                with self._machine._lock:
+                    callbacks = self._callbacks
+                    if callbacks is not None and wake in callbacks:
+                        callbacks.remove(wake)
         return self._outcome()
 
     def __repr__(self) -> str:
