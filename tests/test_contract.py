@@ -651,9 +651,11 @@ async def test_unawaited_query_fails_loudly(f: Face) -> None:
         for i, query in enumerate(queries):
             result = query()
             # The error names the public class of the object called and the method
-            # (``AsyncLane.try_acquire()``), never an internal base.
+            # (``AsyncLane.try_acquire()``, ``AsyncHold.release()``), never an internal
+            # base nor the holds' step mixins (it named ``SessionHoldSteps.release``).
             owner = next(c.__name__ for c in type(hold if i == 3 else lane).__mro__
-                         if not c.__name__.startswith("_"))
+                         if not c.__name__.startswith("_")
+                         and not c.__name__.endswith("Steps"))
             with pytest.raises(TypeError, match=rf"^{owner}\.[a-z_]+\(\) must be awaited"):
                 if result:
                     pass
@@ -669,6 +671,10 @@ async def test_unawaited_query_fails_loudly(f: Face) -> None:
     assert await asyncio.create_task(lane.acquire_timeout("h", 0)) is False
     with pytest.warns(RuntimeWarning, match="never awaited"):
         lane.try_acquire("k")  # dropped: the coroutine's own warning
+        gc.collect()
+    with pytest.warns(RuntimeWarning, match=r"coroutine '[A-Za-z]*Hold\.release' was "
+                      "never awaited"):
+        hold.release()  # dropped: named after the hold's public class
         gc.collect()
     assert lane.active_count == 1
     assert await f.q(hold.release()) is True

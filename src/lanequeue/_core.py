@@ -1170,6 +1170,7 @@ class SessionHoldSteps:
     """
 
     __slots__ = ()
+    _mixin: ClassVar[bool] = True  # (never the public name: see public_name)
 
     lane: Any
     key: str
@@ -1266,6 +1267,7 @@ class CountingHoldSteps:
     """
 
     __slots__ = ()
+    _mixin: ClassVar[bool] = True  # (never the public name: see public_name)
 
     lane: Any
     key: str
@@ -1357,6 +1359,7 @@ class MultiHoldSteps:
     """
 
     __slots__ = ()
+    _mixin: ClassVar[bool] = True  # (never the public name: see public_name)
 
     _key: str
     _plan: Any

@@ -614,8 +614,9 @@ def warn_unentered(made: str, key: str, usage: str = "lane.acquire(key)") -> Non
     's'``)."""
     warnings.warn(
         f"{made}: the hold made for key {shown(key)} was garbage-collected without being "
-        f"entered (or an interrupt stopped its enter before it began), so it never held "
-        f"anything: use it as 'with {usage}:' ('async with' on asyncio)",
+        f"entered (or an interrupt stopped its enter before it began, or it was used with "
+        f"the other face's statement, which raised TypeError), so it never held anything: "
+        f"use it as 'with {usage}:' on thread lanes, 'async with {usage}:' on asyncio",
         RuntimeWarning,
         stacklevel=2,
     )

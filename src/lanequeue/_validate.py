@@ -211,11 +211,15 @@ _PUBLIC_NAMES: dict[type, str] = {}
 
 def public_name(cls: type) -> str:
     """The name of ``cls``, or of its nearest base whose name does not start with ``_``
-    (the public class an error should name); remembered per class."""
+    and that is not a mixin of steps (a class whose own ``_mixin`` is True: the holds'
+    ``SessionHoldSteps`` and kin): the public class an error should name; remembered
+    per class."""
     name = _PUBLIC_NAMES.get(cls)
     if name is None:
         name = _PUBLIC_NAMES[cls] = next(
-            (c.__name__ for c in cls.__mro__ if not c.__name__.startswith("_")), cls.__name__)
+            (c.__name__ for c in cls.__mro__
+             if not c.__name__.startswith("_") and not c.__dict__.get("_mixin")),
+            cls.__name__)
     return name
 
 

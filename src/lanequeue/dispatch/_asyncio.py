@@ -64,7 +64,7 @@ class Dispatcher(DispatcherBase):
             ``"replace"`` or ``"collect"`` (see the README's policy table).
         max_pending: pending turns kept per key, >= 0: those in the key's line and those
             steered into its current turn and not taken; the current turn (running, or
-            admitted and waiting for the lanes) is not counted. Admission is decided
+            formed and waiting at the gate or for the lanes) is not counted. Admission is decided
             before the busy policy acts (a rejected turn drops and cancels nothing);
             ``interrupt`` and ``replace`` leave their new turn the one pending turn, so
             only ``max_pending=0`` rejects them.
