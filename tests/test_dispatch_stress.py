@@ -210,3 +210,33 @@ def test_awaits_of_a_ticket_that_are_cancelled_leave_nothing_on_it() -> None:
 
 async def _awaited(ticket: Ticket) -> object:
     return await ticket
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_wait_takes_tickets_and_leaves_no_callback() -> None:
+    """``asyncio.wait`` takes tickets, as ``gather`` and ``wait_for`` do (it used to
+    fail with AttributeError: no ``remove_done_callback``): with a timeout that passes
+    first it returns them pending and takes its callbacks off them; once they end, all
+    done."""
+
+    async def main() -> None:
+        queue = AsyncLaneQueue()
+        queue.add_session_lane("session")
+        d = Dispatcher(queue, lanes=["session"])
+        gate = asyncio.Event()
+
+        async def turn(x: int) -> int:
+            await gate.wait()
+            return x
+
+        tickets = [d.submit(f"k{i}", turn, i) for i in range(3)]
+        done, pending = await asyncio.wait(tickets, timeout=0.01)
+        assert not done and pending == set(tickets)
+        assert all(t._callbacks == [] for t in tickets)
+        gate.set()
+        done, pending = await asyncio.wait(tickets)
+        assert done == set(tickets) and not pending
+        assert sorted([await t for t in tickets]) == [0, 1, 2]
+        assert await d.drain(5)
+
+    asyncio.run(main())

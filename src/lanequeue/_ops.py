@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, TypedDict, cast
@@ -98,9 +101,40 @@ def check_ops_arguments(
     }
 
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def outside_level() -> int:
+    """The ``stacklevel`` of a warning issued by this function's caller that points at
+    the first frame outside this package (the user's call)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 class LaneOps:
     """Slow waits, long holds, ``stuck`` and ``close``, over the interface in the module
     docstring. Thread-safe as far as the interface is."""
+
+    _warned_loop = False  # a wait from an event loop's thread was warned of (once)
+
+    def _warn_loop(self) -> None:
+        """Warn, once per lane, of a thread lane's blocking wait from a thread that runs
+        an asyncio event loop (the thread faces call it when a wait is about to block
+        and ``asyncio.events._get_running_loop()`` is not None): the loop (its other
+        tasks, maybe the holder's release) stops until the wait ends, often for the
+        wait's whole timeout."""
+        self._warned_loop = True
+        warnings.warn(
+            f"{type(self).__name__} {self.name!r}: a blocking wait from a thread that runs "
+            "an asyncio event loop: the loop and its other tasks (maybe the holder, whose "
+            "release would end this wait) stop until it ends. Use the asyncio face in "
+            "async code (AsyncSessionLane, AsyncLane, AsyncRedisSessionLane, "
+            "AsyncRedisLane, build_default_async_lanes())",
+            RuntimeWarning, stacklevel=outside_level())
 
     name: str
     warn_after_s: float | None

@@ -191,7 +191,7 @@ class MustAwait(Coroutine[Any, Any, T_co]):
         short = name.rsplit(".", 1)[-1]
         self._coro.close()
         raise TypeError(
-            f"{name}() must be awaited: on an asyncio lane it is a coroutine, and its "
+            f"{name}() must be awaited: on the asyncio face it is a coroutine, and its "
             f"result without await is not a bool (write `await ....{short}(...)`)"
         )
 

@@ -10,10 +10,7 @@ shared state machine of :mod:`lanequeue._core`.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
-import warnings
 from asyncio.events import _get_running_loop
 from types import TracebackType
 from typing import Any, ClassVar, Literal
@@ -44,20 +41,6 @@ __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
 _TIMEOUT_MAX = threading.TIMEOUT_MAX
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
-
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
-
-
-def _outside_level() -> int:
-    """The ``stacklevel`` of a warning issued by this function's caller that points at
-    the first frame outside this package (the user's call)."""
-    frame = sys._getframe(1)
-    level = 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 class _ThreadWaiter(Waiter):
@@ -190,6 +173,8 @@ class _ThreadFace:
     _idle: Any
     _start_drain: Any
     _rank: Any
+    _warned_loop: bool  # (LaneOps)
+    _warn_loop: Any
 
     def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:
         """Wait up to ``timeout`` seconds (None: no limit, 0: no wait) for a permit.
@@ -266,8 +251,8 @@ class _ThreadFace:
                 # Its owner gave up on it (see _MultiAcquire._end_wait), maybe before
                 # this wait joined the line: it ends as cleared (the handler withdraws).
                 raise ended_error(self.name, key, CLEARED)
-            if _get_running_loop() is not None and not self._warned_loop:
-                self._warn_loop()
+            if not self._warned_loop and _get_running_loop() is not None:
+                self._warn_loop()  # (see LaneOps._warn_loop)
             warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = waiter.ahead  # (stored as it joined)
@@ -302,20 +287,6 @@ class _ThreadFace:
             if not observed and token <= 0:  # (a grant's wait: see above)
                 self._core.observe_wait(clock() - start, False)
             raise
-
-    _warned_loop = False  # a wait from an event loop's thread was warned of (once)
-
-    def _warn_loop(self) -> None:
-        """Warn, once per lane, of a blocking wait from a thread that runs an asyncio
-        event loop: the loop (its other tasks, maybe the holder's release) stops until
-        the wait ends, often for the wait's whole timeout."""
-        self._warned_loop = True
-        warnings.warn(
-            f"{type(self).__name__} {self.name!r}: a blocking wait from a thread that runs "
-            "an asyncio event loop: the loop and its other tasks (maybe the holder, whose "
-            "release would end this wait) stop until it ends. Use the asyncio lanes in "
-            "async code (AsyncSessionLane, AsyncLane, build_default_async_lanes())",
-            RuntimeWarning, stacklevel=_outside_level())
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""

@@ -379,6 +379,20 @@ class Ticket:
                 return
         _call(fn, self)
 
+    def remove_done_callback(self, fn: Callable[[Ticket], Any]) -> int:
+        """Remove every registration of ``fn`` made by :meth:`add_done_callback` that has
+        not been called yet; returns how many (as ``asyncio.Future``'s, so that
+        ``asyncio.wait`` takes tickets). Thread-safe."""
+        with self._machine._lock:
+            callbacks = self._callbacks
+            if callbacks is None:
+                return 0
+            kept = [c for c in callbacks if c != fn]
+            removed = len(callbacks) - len(kept)
+            if removed:
+                callbacks[:] = kept
+            return removed
+
     def _outcome(self) -> Any:
         state = self.state
         if state == DONE:
@@ -468,10 +482,7 @@ class Ticket:
             finally:
                 # Its callback goes with it: a caller that polls a long ticket with
                 # ``asyncio.wait_for(ticket, t)`` must not pile one up per poll.
-                with self._machine._lock:
-                    callbacks = self._callbacks
-                    if callbacks is not None and wake in callbacks:
-                        callbacks.remove(wake)
+                self.remove_done_callback(wake)
         return self._outcome()
 
     def __repr__(self) -> str:

@@ -18,6 +18,7 @@ import threading
 import time
 import weakref
 from _thread import allocate_lock
+from asyncio.events import _get_running_loop
 from collections.abc import Callable
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
@@ -392,6 +393,8 @@ class _SyncFace(RedisOps[RedisHold]):
         self._wk().forget(owner)
 
     def _wait_wake(self, owner: str, block: float) -> int:
+        if not self._warned_loop and _get_running_loop() is not None:
+            self._warn_loop()  # (see LaneOps._warn_loop)
         token = self._wk().wait(owner, self._ops_block(owner, block))
         self._ops_woke(owner)  # raises when clear/drain ended this wait
         return token
