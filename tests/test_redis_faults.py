@@ -289,6 +289,32 @@ def test_c22_evicting_server_is_refused(server: RedisServer, policy: str) -> Non
     assert RedisLane(r, "g").try_acquire("k")
 
 
+def test_c22_a_policy_set_after_first_use_is_refused_at_the_next_check(
+    server: RedisServer,
+) -> None:
+    """An evicting policy set on the live server after a lane's first use is refused
+    from the lane's next check on (with its version claim, every ``_version_ttl_s / 2``
+    of use; made short here): it used to be checked on first use only, and a later
+    evicted holder key let a second holder in."""
+
+    class Quick(RedisSessionLane):
+        _version_ttl_s = 0.4
+
+    r = client_of(server)
+    lane = Quick(r, "later")
+    assert lane.try_acquire("a") and lane.manual_release("a")
+    r.config_set("maxmemory", "100mb")
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        time.sleep(0.25)  # past the next check's time
+        with pytest.raises(LaneBackendError, match="maxmemory-policy 'allkeys-lru'"):
+            lane.try_acquire("b")
+    finally:
+        r.config_set("maxmemory", "0")
+        r.config_set("maxmemory-policy", "noeviction")
+    assert lane.try_acquire("b") and lane.manual_release("b")
+
+
 def test_c22_async_lane_checks_too(server: RedisServer) -> None:
     async def main() -> None:
         r = redis.asyncio.Redis(host=server.host, port=server.port)

@@ -829,7 +829,8 @@ class RedisLaneBase(ABC, Generic[H]):
         self._server_checked = False
 
     def _check_server(self) -> Steps[None]:
-        """First use of this lane object: refuse a server that may evict lane keys (C22).
+        """First use of this lane object (and again every ``_version_ttl_s / 2`` of use,
+        with the version's claim): refuse a server that may evict lane keys (C22).
         Under ``maxmemory`` with any policy but ``noeviction``, Redis deletes keys to make
         room, lane keys included (they all have a TTL, so every ``volatile-*`` policy picks
         them too), and a deleted holder key lets a waiter in next to the live holder."""
@@ -916,6 +917,11 @@ class RedisLaneBase(ABC, Generic[H]):
                     # First use: let the presence connection come up (a few ms), so the
                     # first grants are covered too (see _presence.py).
                     pres.ready.wait(1.0)
+                yield from self._check_server()
+            elif time.monotonic() >= self._version_due:
+                # Again with each claim of the version (every _version_ttl_s / 2 of use):
+                # a policy or an ACL changed on a live server (or a restart with another
+                # configuration) is refused from then on, not only at first use.
                 yield from self._check_server()
             if time.monotonic() >= self._version_due:
                 yield from self._check_version()
