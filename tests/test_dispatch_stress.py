@@ -240,3 +240,41 @@ def test_asyncio_wait_takes_tickets_and_leaves_no_callback() -> None:
         assert await d.drain(5)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_an_await_of_a_ticket_closed_unfinished_takes_no_lock() -> None:
+    """An ``await ticket`` closed unfinished (its loop closed; the garbage collector
+    finalizing the coroutine, in any thread, maybe one inside a dispatcher step that
+    holds the dispatcher's lock) takes no lock: it used to take it to remove its
+    callback, and a thread that held it deadlocked for good."""
+    import threading
+
+    async def main() -> None:
+        queue = AsyncLaneQueue()
+        queue.add_session_lane("session")
+        d = Dispatcher(queue, lanes=["session"])
+        gate = asyncio.Event()
+
+        async def turn() -> str:
+            await gate.wait()
+            return "done"
+
+        ticket = d.submit("k", turn)
+        coro = _awaited(ticket)
+        coro.send(None)  # suspended inside ``await ticket``
+        lock = d._machine._lock
+        lock.acquire()  # as a dispatcher step in this thread would
+        try:
+            closer = threading.Thread(target=coro.close, daemon=True)
+            closer.start()
+            closer.join(2.0)
+            assert not closer.is_alive(), "closing the await waited for the lock"
+        finally:
+            lock.release()
+        closer.join(2.0)
+        gate.set()
+        assert await ticket == "done"
+        assert await d.drain(5)
+
+    asyncio.run(main())

@@ -763,3 +763,55 @@ def test_an_acquire_all_given_up_before_it_parks_ends_instead_of_waiting() -> No
     assert time.monotonic() - started < WAIT / 2
     assert session.waiting == 0 and glob.active_count == 0
     assert session.manual_release("k")
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_ended_just_before_its_runner_records_its_entry_still_frees_the_runner(
+) -> None:
+    """The race the end of a runner's wait must close: the runner has looked at its job
+    (not abandoned yet) and not yet recorded the ``acquire_all`` it enters, when the
+    turn is cancelled. The runner is held at that point (a line tracer on its thread)
+    until the cancel is done; then it must not wait in the busy key's line: it sees the
+    job abandoned and ends its own wait, and the dispatcher is idle at once. (The
+    cancel's end of the wait found nothing recorded, and the runner waited for the key
+    for ever.)"""
+    import inspect
+    import sys
+
+    import lanequeue.dispatch._threads as threads_face
+
+    run_code = threads_face.ThreadDispatcher._run.__code__
+    src, first = inspect.getsourcelines(threads_face.ThreadDispatcher._run)
+    line = first + next(i for i, text in enumerate(src) if "job.entering = multi" in text)
+    at_window, go = threading.Event(), threading.Event()
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not run_code:
+            return None
+
+        def local(f: Any, e: str, a: Any) -> Any:
+            if e == "line" and f.f_lineno == line and not go.is_set():
+                at_window.set()
+                go.wait(5)  # the runner is preempted right here
+            return local
+        return local
+
+    q = LaneQueue(warn_after_s=None)
+    session = q.add_session_lane("session")
+    q.add_lane("global", max_concurrent=4)
+    threading.settrace(tracer)
+    try:
+        d = ThreadDispatcher(q)
+        assert session.try_acquire("k")  # the key is busy
+        t = d.submit("k", str, 1, timeout_s=None)
+        assert at_window.wait(5)
+        assert t.cancel()
+        go.set()
+        assert d.wait_idle(3.0)
+        assert session.waiting == 0
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+        sys.settrace(None)
+        go.set()
+        session.manual_release("k")
+        d.close()

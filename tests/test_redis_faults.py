@@ -1181,7 +1181,13 @@ def test_a_user_without_the_lanes_channels_is_refused_at_first_use(
     else:
         asyncio.run(check_asyncio())
     assert admin.keys("lanequeue:*acl-s*") == []  # refused before any lane key was made
-    admin.execute_command("ACL", "SETUSER", user, "&lq:*")
+    # The wake-up channels alone are not enough: presence subscribes 'lq:live:...'.
+    admin.execute_command("ACL", "SETUSER", user, "&lq:wake:*")
+    if face == "threads":
+        check_threads()
+    else:
+        asyncio.run(check_asyncio())
+    admin.execute_command("ACL", "SETUSER", user, "resetchannels", "&lq:*")
     works()
 
 
@@ -1258,3 +1264,126 @@ def test_a_waiter_whose_poll_connection_is_cut_leaves_no_entry_for_a_lease(
     assert "X" in outcome
     waited = outcome["X"] - released
     assert waited < 5.0, waited  # not lease_s
+
+
+@pytest.mark.timeout(90)
+def test_a_hold_entered_again_after_failed_entries_is_not_released_by_their_clean_ups(
+    server: RedisServer,
+) -> None:
+    """The server freezes; W's entries of one hold fail (LaneBackendError) and W enters
+    the same hold again and again (allowed: an entry refused this way may be retried).
+    Each failed entry leaves a clean-up (its withdraw, in the background) queued under
+    the hold's owner id. Once the server is back W is granted; the clean-ups that run
+    after that must not release W's grant: T, waiting for the key, gets it only once W
+    left its block. (The retried entry asked under the same owner id, so a late
+    clean-up found "its" grant and released it: T got in next to W.)"""
+    lane_w = RedisSessionLane(client_of(server, socket_timeout=1), "again", lease_s=9,
+                              warn_after_s=None)
+    assert lane_w.try_acquire("warm") and lane_w.manual_release("warm")  # first use done
+    hold = lane_w.acquire("k", timeout_s=60)
+    events: list[tuple[str, float]] = []
+    t0 = time.monotonic()
+
+    def w() -> None:
+        while time.monotonic() - t0 < 40:
+            try:
+                with hold:
+                    events.append(("W in", time.monotonic()))
+                    time.sleep(4)
+                    events.append(("W out", time.monotonic()))
+                return
+            except LaneBackendError:
+                time.sleep(0.2)
+
+    resumer = _frozen(server, 4.0)
+    tw = threading.Thread(target=w)
+    tw.start()
+    resumer.join()
+    wait_until(lambda: any(e[0] == "W in" for e in events), timeout=20)
+    t = RedisSessionLane(client_of(server), "again", lease_s=9, warn_after_s=None)
+    with t.acquire("k", timeout_s=30):
+        events.append(("T in", time.monotonic()))
+    tw.join(30)
+    at = dict(events)
+    assert at["W in"] < at["W out"] <= at["T in"], sorted(events, key=lambda e: e[1])
+
+
+@pytest.mark.timeout(60)
+def test_an_asyncio_shutdown_during_an_outage_neither_waits_for_nor_reports_clean_ups(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Waiters whose polls fail on a frozen server leave background withdraws (tasks);
+    the program's ``asyncio.run`` then ends: the shutdown drops them at once, with no
+    "unhandled exception during asyncio.run() shutdown" reported (their calls used to
+    run in clean-up tasks of their own, which the shutdown waited for, a call bound
+    each, and reported when they failed)."""
+    import logging
+
+    ended: list[float] = []
+
+    async def main() -> None:
+        holder = AsyncRedisSessionLane(redis.asyncio.Redis(host=server.host,
+                                                           port=server.port), "down")
+        held = await holder.acquire("k", timeout_s=5).__aenter__()  # (kept: held)
+        client = redis.asyncio.Redis(host=server.host, port=server.port, socket_timeout=1)
+
+        async def waiter() -> str:
+            lane = AsyncRedisSessionLane(client, "down", warn_after_s=None)
+            try:
+                async with lane.acquire("k", timeout_s=30):
+                    return "granted"
+            except LaneBackendError:
+                return "failed"
+
+        tasks = [asyncio.create_task(waiter()) for _ in range(3)]
+        await asyncio.sleep(0.5)  # all three in line
+        proc.send_signal(signal.SIGSTOP)  # frozen until the program has ended
+        try:
+            assert await asyncio.gather(*tasks) == ["failed"] * 3
+            assert held.held
+        finally:
+            ended.append(time.monotonic())
+
+    assert server.proc is not None
+    proc = server.proc
+    try:
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            asyncio.run(main())
+        shutdown = time.monotonic() - ended[0]
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    assert shutdown < 0.5, shutdown
+    assert "unhandled exception during asyncio.run() shutdown" not in caplog.text
+
+
+def test_background_withdraws_of_a_closed_loop_do_not_use_up_the_bound() -> None:
+    """A loop closed without running its pending tasks never ends them: its background
+    withdraws (``_LATER``) are forgotten at the next one, so they neither keep the loop
+    alive nor use up ``LATER_MAX`` for every later loop of the process."""
+    from lanequeue.redis import _async
+    from lanequeue.redis._protocol import LATER_MAX
+
+    before = set(_async._LATER)
+    for _ in range(LATER_MAX):
+        loop = asyncio.new_event_loop()
+        task = loop.create_task(asyncio.sleep(10))
+        _async._LATER.add(task)
+        loop.close()
+        task._log_destroy_pending = False  # (closed unrun on purpose)
+        task.get_coro().close()  # (nor its coroutine's "never awaited")
+    ran: list[bool] = []
+
+    def steps() -> Any:
+        ran.append(True)
+        return
+        yield  # (a procedure of no step)
+
+    async def main() -> None:
+        lane = AsyncRedisSessionLane(redis.asyncio.Redis(port=1), "closed")
+        lane._later(steps())
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert ran == [True]
+    assert not any(t.get_loop().is_closed() for t in _async._LATER - before)

@@ -732,7 +732,7 @@ def test_a_second_interrupt_during_the_clean_up_leaves_no_grant_in_redis(
     def granted(self: Any, hold: Any, token: int, t0: float, kept: bool) -> bool:
         raise KeyboardInterrupt  # the first: the grant came back, nothing recorded yet
 
-    def withdraw_call(self: Any, hold: Any) -> Any:
+    def withdraw_call(self: Any, hold: Any, *owner: Any) -> Any:
         if threading.current_thread() is main:  # the clean-up runs in the caller: the
             sent.set()  # second Ctrl-C lands in it
             raise _SecondInterrupt
@@ -740,7 +740,7 @@ def test_a_second_interrupt_during_the_clean_up_leaves_no_grant_in_redis(
             sent.set()  # caller now, while it waits for the clean-up
             signal.pthread_kill(main.ident or 0, signal.SIGINT)
             time.sleep(0.1)  # the withdraw goes out after the caller was interrupted
-        return real_withdraw(self, hold)
+        return real_withdraw(self, hold, *owner)
 
     def on_sigint(signum: int, frame: Any) -> None:
         raise _SecondInterrupt

@@ -479,10 +479,16 @@ class Ticket:
             try:
                 # A private future: cancelling the awaiting task cancels only this wait.
                 yield from fut.__await__()
-            finally:
-                # Its callback goes with it: a caller that polls a long ticket with
-                # ``asyncio.wait_for(ticket, t)`` must not pile one up per poll.
+            except GeneratorExit:
+                # Closed unfinished (its loop closed, the coroutine collected as garbage,
+                # maybe in a thread that holds the dispatcher's lock): take no lock. The
+                # callback stays until the ticket ends, and does nothing then.
+                raise
+            except BaseException:
+                # Cancelled: its callback goes with it (a caller polling a long ticket
+                # with ``asyncio.wait_for(ticket, t)`` must not pile one up per poll).
                 self.remove_done_callback(wake)
+                raise
         return self._outcome()
 
     def __repr__(self) -> str:

@@ -183,6 +183,10 @@ class ThreadDispatcher(DispatcherBase):
                     job.key, self._lanes,
                     timeout_s=float("inf") if budget is None else budget, **extra)
                 job.entering = multi  # (its wait ends if the job is abandoned)
+                if job.abandoned:
+                    # Abandoned since the look above, maybe before _interrupt could see
+                    # ``entering``: the runner ends its own wait (any that comes).
+                    self._interrupt(job)
                 with multi:
                     job.entering = None
                     if machine.start(job):

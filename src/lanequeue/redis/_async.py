@@ -39,6 +39,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from inspect import GEN_CLOSED, getgeneratorstate
 from types import TracebackType
 from typing import Any, Literal
@@ -59,7 +60,7 @@ from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
 from ._wake import AsyncSlots, AsyncWaker, Woken, async_waker
-from ._wire import PROBE_CHANNEL, run_async
+from ._wire import PROBE_CHANNELS, run_async
 
 __all__ = ["AsyncRedisHold", "AsyncRedisLane", "AsyncRedisSessionLane"]
 
@@ -378,13 +379,36 @@ _timeout: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
 # Background clean-ups nobody waits for (see RedisLaneBase._later): the loop keeps only
 # weak references to its tasks.
 _LATER: set[asyncio.Task[Any]] = set()
+#: True in a background clean-up's task (:func:`_run_later`).
+_BEST_EFFORT: ContextVar[bool] = ContextVar("lanequeue_best_effort", default=False)
+os.register_at_fork(after_in_child=_LATER.clear)  # (the parent's tasks are not the child's)
 
 
-def _later_done(task: asyncio.Task[Any]) -> None:
-    _LATER.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        logging.getLogger("lanequeue.redis").debug(
-            "a background clean-up ended with %r", task.exception())
+async def _run_later(steps: Steps[None]) -> None:
+    """Drive the background clean-up ``steps`` (see RedisLaneBase._later), awaiting
+    each step's I/O and throwing in what it raised, as :func:`drive` does, except that
+    a cancellation (its loop shutting down) drops it at once: it is best effort, and a
+    shutdown should neither wait for it nor report it (its releases and withdraws run
+    in this task, not in clean-up tasks of their own: see ``_BEST_EFFORT``)."""
+    _BEST_EFFORT.set(True)  # (this task's own context)
+    send: Callable[[Any], Step] = steps.send
+    reply: Any = None
+    while True:
+        try:
+            fn, args = send(reply)
+        except StopIteration:
+            return
+        except Exception as exc:  # (the procedure catches its own; a last net)
+            logging.getLogger("lanequeue.redis").debug(
+                "a background clean-up ended with %r", exc)
+            return
+        try:
+            reply, send = await fn(*args), steps.send
+        except asyncio.CancelledError:
+            steps.close()
+            return
+        except Exception as exc:
+            reply, send = exc, steps.throw
 
 
 async def _rest(steps: Steps[T], exc: BaseException) -> T:
@@ -484,6 +508,12 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     async def _run(self, op: str, key: str | None, call: Call) -> Any:
         script, keys, args = call
         wk = self._wk()  # the process's bound on calls in flight per client
+        if (op == "release" or op == "withdraw") and _BEST_EFFORT.get():
+            # A background clean-up's call (_run_later): best effort, dropped with it
+            # when its loop shuts down (no task of its own that the shutdown would wait
+            # for and report).
+            return await _freeing_call(wk.freeing, self._client, script, keys, args,
+                                       wk.call_wait_s)
         if op == "release" or op == "withdraw":
             # Runs to its end even if the caller is cancelled while it waits (C25): a
             # release or withdraw cut short would leave a grant nobody owns. Its bound
@@ -516,7 +546,8 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     async def _publish_probe(self) -> Any:
         wk = self._wk()
         async with wk.slots:
-            return await _within(self._client.publish(PROBE_CHANNEL, ""), wk.call_wait_s)
+            return [await _within(self._client.publish(channel, ""), wk.call_wait_s)
+                    for channel in PROBE_CHANNELS]
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
@@ -545,13 +576,16 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         return self._wk().count
 
     def _later(self, steps: Steps[None]) -> None:
-        # A task of the running loop (the failed acquire's), kept in _LATER until done.
+        # A task of the running loop (the failed acquire's), kept in _LATER until done;
+        # tasks of loops closed meanwhile (never run to their end) are forgotten first.
+        for task in [t for t in _LATER if t.get_loop().is_closed()]:
+            _LATER.discard(task)
         if len(_LATER) >= LATER_MAX:
             steps.close()
             return
-        task = asyncio.get_running_loop().create_task(drive(steps))
+        task = asyncio.get_running_loop().create_task(_run_later(steps))
         _LATER.add(task)
-        task.add_done_callback(_later_done)
+        task.add_done_callback(_LATER.discard)
 
     async def _aside(self, steps: Steps[None], interrupt: BaseException | None = None) -> None:
         # A clean-up runs in the task a cancellation moved it to (see drive), which a

@@ -42,7 +42,7 @@ class RedisHoldBase(Hold):
 
     __slots__ = (
         "owner", "_state", "_lost", "_since", "_expires", "_renew_at", "_paused", "_entry",
-        "_pid", "_presence", "_releaser", "_sent", "_on_loss", "__weakref__",
+        "_pid", "_presence", "_releaser", "_sent", "_on_loss", "_tried", "__weakref__",
     )
 
     def __init__(self, lane: Any, key: str, timeout_s: float | None) -> None:
@@ -58,6 +58,7 @@ class RedisHoldBase(Hold):
         # renewal that finds the hold gone finds it released by us, not lost (unless its
         # own deadline had passed).
         self._sent = False
+        self._tried = False  # an acquisition was asked under ``owner`` (see _take)
         # '' while not known lost; once noticed lost, why, in words (for LeaseLostError).
         self._lost = ""
         self._since = 0.0  # monotonic time the grant was asked for

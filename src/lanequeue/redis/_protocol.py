@@ -77,7 +77,7 @@ from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
 from ._presence import Epoch, Presence, presence_for
-from ._wake import Woken
+from ._wake import Woken, owner_id
 from ._wire import StaleReply, wrap
 
 #: Claim numbers of thread renewers (see RedisLaneBase._claim_renewer).
@@ -317,8 +317,9 @@ class RedisLaneBase(ABC, Generic[H]):
     def _renew_call(self, hold: RedisHoldBase) -> Call:
         return self._k.renew(hold.owner, hold.key)
 
-    def _withdraw_call(self, hold: RedisHoldBase) -> Call:
-        return self._k.withdraw(hold.owner, hold.key)
+    def _withdraw_call(self, hold: RedisHoldBase, owner: str | None = None) -> Call:
+        """The withdraw of ``hold``'s wait asked under ``owner`` (None: its owner id)."""
+        return self._k.withdraw(hold.owner if owner is None else owner, hold.key)
 
     def _info_call(self, key: str | None) -> Call:
         return self._k.info(key)
@@ -368,8 +369,8 @@ class RedisLaneBase(ABC, Generic[H]):
 
     @abstractmethod
     def _publish_probe(self) -> Any:
-        """Step: ``PUBLISH`` an empty message on the library's probe channel
-        (:data:`~._wire.PROBE_CHANNEL`), as :meth:`_memory_info` makes its call."""
+        """Step: ``PUBLISH`` an empty message on each of the library's probe channels
+        (:data:`~._wire.PROBE_CHANNELS`), as :meth:`_memory_info` makes its call."""
 
     @abstractmethod
     def _wk(self) -> Any:
@@ -894,11 +895,17 @@ class RedisLaneBase(ABC, Generic[H]):
         ``hold``; True once granted (the hold is registered and renewed; ``kept``: owned
         by this lane object, see :meth:`_register`)."""
         hold._parked = None  # taken (a hold never entered warns when dropped)
+        if hold._tried:
+            # An earlier attempt of this hold (stopped, or failed) may have a clean-up
+            # still to run under its owner id (in the background: _abandon's, _later's):
+            # this one asks under a new one, which that clean-up cannot touch.
+            hold.owner = owner_id()
+        hold._tried = True
         key = hold.key
         wait = timeout != 0
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
-        in_line = expecting = False
+        in_line = expecting = asked = False
         turn = None
         owner = hold.owner
         try:
@@ -940,6 +947,7 @@ class RedisLaneBase(ABC, Generic[H]):
                     return False
             poll, live_ms = self._poll_plan()
             call = self._acquire_call(hold, wait, live_ms)
+            asked = True  # (from here on the server may have queued us)
             try:
                 granted, value = grant_reply((yield from self._script("acquire", key, call)))
             finally:
@@ -1036,14 +1044,14 @@ class RedisLaneBase(ABC, Generic[H]):
             # RuntimeError, see _granted).
             if isinstance(exc.__cause__, (StaleReply, ResponseError, RuntimeError)):
                 yield from self._abandon(hold, count=False)
-            elif wait and hold._state != HELD:
+            elif wait and asked and hold._state != HELD:
                 # Unreachable (a lost connection, no reply in time): the server may
                 # have queued us, and while our line entry lives a release hands it the
                 # key, for a whole lease nobody uses. The same clean-up, in the
                 # background (the caller hears the error now): it lands once the server
                 # answers again (a cut connection, a pause); failing, the entry dies
                 # with its liveness.
-                self._later(self._withdraw_and_pass(hold))
+                self._later(self._withdraw_and_pass(hold, owner))
             raise
         except GeneratorExit:
             raise  # closed without running to its end: no more I/O to be had
@@ -1143,22 +1151,25 @@ class RedisLaneBase(ABC, Generic[H]):
         run ends the caller's wait for them, not the clean-up, which would otherwise
         leave a grant it had been handed in Redis, nobody's, for a whole lease."""
         try:
-            yield self._aside, (self._withdraw_and_pass(hold), interrupt)
+            yield self._aside, (self._withdraw_and_pass(hold, hold.owner), interrupt)
         finally:
             if count:
                 self._count_outcome(cancelled=True)
 
-    def _withdraw_and_pass(self, hold: H) -> Steps[None]:
-        """:meth:`_abandon`'s calls: the withdraw, and the release of a grant it finds."""
+    def _withdraw_and_pass(self, hold: H, owner: str) -> Steps[None]:
+        """:meth:`_abandon`'s calls: the withdraw, and the release of a grant it finds,
+        for the attempt that asked under ``owner`` (read by the caller: these calls may
+        run later, in the background, when the hold asks again under a new owner id,
+        see :meth:`_take`)."""
         try:
-            call = self._withdraw_call(hold)
+            call = self._withdraw_call(hold, owner)
             granted, token = grant_reply((yield from self._script("withdraw", hold.key, call)))
             if granted:
                 # Released under the token the withdraw answered: the hold itself may not
                 # have recorded it (interrupted before the grant was registered: token 0,
                 # which the release script would not match).
                 yield from self._script("release", hold.key,
-                                        self._k.release(hold.owner, token, hold.key))
+                                        self._k.release(owner, token, hold.key))
         except Exception as exc:
             log.debug("lane %r: clean-up after an abandoned wait failed: %s", self.name, exc)
 

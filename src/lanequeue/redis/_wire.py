@@ -118,21 +118,25 @@ def parse_info(reply: Any) -> dict[str, str]:
     return out
 
 
-#: The channel the first-use check publishes an empty message on: of the library's
-#: (``lq:``), as the wake-up and presence channels, and listened to by nobody.
-PROBE_CHANNEL = "lq:wake:probe"
+#: The channels the server check publishes an empty message on, listened to by nobody:
+#: one of each family the lanes use (wake-ups, presence), as an ACL user's channel
+#: permissions are the same for PUBLISH and SUBSCRIBE.
+PROBE_CHANNELS = ("lq:wake:probe", "lq:live:probe")
 
 
 def publish_probe_sync(client: Any, conn: Any = None) -> Any:
-    """``PUBLISH`` an empty message on :data:`PROBE_CHANNEL` over ``conn`` (as
+    """``PUBLISH`` an empty message on each of :data:`PROBE_CHANNELS` over ``conn`` (as
     :func:`info_sync`), to learn whether the client's user may use the library's
     channels (an ACL user without them: NoPermissionError)."""
     if conn is None:
-        return client.publish(PROBE_CHANNEL, "")
+        return [client.publish(channel, "") for channel in PROBE_CHANNELS]
     try:
         _ready(conn)
-        conn.send_command("PUBLISH", PROBE_CHANNEL, "")
-        return conn.read_response()
+        replies = []
+        for channel in PROBE_CHANNELS:
+            conn.send_command("PUBLISH", channel, "")
+            replies.append(conn.read_response())
+        return replies
     except BaseException as exc:
         if not _clean(exc):
             conn.disconnect()
