@@ -44,6 +44,11 @@ from lanequeue import (
     TaskSessionLane,
 )
 
+# One body drives every face from async test code: a thread lane's wait there is on
+# purpose (another thread ends it), not the mistake its RuntimeWarning is for.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*a blocking wait from a thread that runs an asyncio event loop:RuntimeWarning")
+
 
 @pytest.fixture(params=SPECS, ids=[s.cls for s in SPECS])
 def f(request: pytest.FixtureRequest, redis_server: Any, redis_prefix: str) -> Face:
