@@ -674,7 +674,7 @@ class RedisLaneBase(ABC, Generic[H]):
         presence check, not by the server) and freed it there."""
         return LeaseLostError(
             f"lane {self.name!r}: the lease of key {shown(hold.key)} (fencing token "
-            f"{hold.token}) was lost: {hold._lost or _loss_cause(hold)}; "
+            f"{hold.token}) was lost: {hold._lost}; "
             + ("the server still had it, and this release freed it there"
                if freed else "the key may belong to another holder; nothing was released")
         )

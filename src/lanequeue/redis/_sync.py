@@ -368,23 +368,22 @@ class _SyncFace(RedisOps[RedisHold]):
             wk.lateness.note(now - since, now)
         return slot
 
-    def _memory_info(self) -> Any:
+    def _on_slot(self, call: Callable[[Any, Any], Any]) -> Any:
+        """``call(client, conn)`` on one of the bounded calls in flight (its slot's
+        connection), as the server checks make theirs."""
         wk = self._wk()
         slots = wk.slots
         slot = self._take_slot(wk, slots)
         try:
-            return info_sync(self._client, "memory", slot.conn)
+            return call(self._client, slot.conn)
         finally:
             slots.give(slot)
 
+    def _memory_info(self) -> Any:
+        return self._on_slot(lambda client, conn: info_sync(client, "memory", conn))
+
     def _publish_probe(self) -> Any:
-        wk = self._wk()
-        slots = wk.slots
-        slot = self._take_slot(wk, slots)
-        try:
-            return publish_probe_sync(self._client, slot.conn)
-        finally:
-            slots.give(slot)
+        return self._on_slot(publish_probe_sync)
 
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
