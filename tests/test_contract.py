@@ -993,6 +993,46 @@ async def test_slow_wait_is_reported_once_during_the_wait(f: Face) -> None:
 
 
 @contract
+async def test_a_wait_from_an_event_loops_thread(f: Face) -> None:
+    """A thread lane's wait that parks, from a thread that runs an asyncio event loop (as
+    this body does), stops that loop (maybe the holder's task) until it ends: it warns,
+    once per lane, with a RuntimeWarning that names the lane and the asyncio classes and
+    points at the caller's line (outside the package). A wait that need not park does not
+    warn. An asyncio lane's wait parks the task, not the loop: no warning."""
+    import contract_face
+
+    lane = f.lane(timeout_s=BOUND_S, warn_after_s=None)
+    other = f.lane("other", timeout_s=BOUND_S, warn_after_s=None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        async with f.hold(lane.acquire("free")):  # no park: no warning
+            pass
+        assert await f.q(lane.try_acquire("busy"))
+        for _ in range(2):
+            with pytest.raises(LaneTimeoutError):
+                async with f.hold(lane.acquire("busy", timeout_s=0.2)):
+                    pass
+        assert await f.q(other.try_acquire("busy"))
+        with pytest.raises(LaneTimeoutError):  # once per lane: the other lane warns too
+            async with f.hold(other.acquire("busy", timeout_s=0.2)):
+                pass
+    mine = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+    if f.is_async:
+        assert mine == [], [str(w.message) for w in mine]
+    else:
+        assert len(mine) == 2, [str(w.message) for w in mine]
+        name = type(lane).__name__
+        assert [str(w.message).split(": ")[0] for w in mine] == [f"{name} 'lane'",
+                                                                  f"{name} 'other'"]
+        assert all(": a blocking wait from a thread" in str(w.message) for w in mine)
+        assert f"Async{name}" in str(mine[0].message)
+        # the caller's line: the adapter that entered the hold (this suite's driver)
+        assert {w.filename for w in mine} == {contract_face.__file__}
+    for each in (lane, other):
+        assert await f.q(each.manual_release("busy"))
+
+
+@contract
 async def test_slow_waits_count_the_waiters_ahead_in_their_line(f: Face) -> None:
     """``on_wait``'s ``ahead`` counts the waiters (of this process, on Redis) ahead in
     the line the wait is in: a key's line on a per-key lane, the lane's one line on a

@@ -169,33 +169,3 @@ def test_out_of_threads_never_keeps_a_grant_unrenewed_and_waiters_poll(
     assert out["lost_after_threads_again"] == {"ok": "False"}
     assert out["k_held_at_end"] is False
     assert not holder.is_held("w")
-
-
-def test_a_redis_thread_lanes_wait_from_an_event_loops_thread_warns_once(
-    redis_client: redis.Redis, redis_prefix: str
-) -> None:
-    """As the in-process thread lanes: a RedisSessionLane's blocking wait from a thread
-    that runs an asyncio event loop warns once per lane (RuntimeWarning, naming the
-    asyncio Redis lanes, pointing at the caller's line)."""
-    import asyncio
-    import warnings
-
-    from lanequeue import LaneTimeoutError
-
-    holder = RedisSessionLane(redis_client, prefix=redis_prefix, warn_after_s=None)
-    lane = RedisSessionLane(redis_client, prefix=redis_prefix, warn_after_s=None)
-    assert holder.try_acquire("busy")
-
-    async def main() -> None:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                with pytest.raises(LaneTimeoutError), lane.acquire("busy", timeout_s=0.2):
-                    pass
-        mine = [w for w in seen if issubclass(w.category, RuntimeWarning)]
-        assert len(mine) == 1, [str(w.message) for w in seen]
-        assert "AsyncRedisSessionLane" in str(mine[0].message)
-        assert mine[0].filename == __file__
-
-    asyncio.run(main())
-    assert holder.manual_release("busy")

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from lanequeue import Lane, LaneQueue, LaneTimeoutError, SessionLane
+from lanequeue import Lane, LaneQueue, SessionLane
 
 
 @pytest.mark.parametrize("make", [lambda: Lane("l", max_concurrent=2), lambda: SessionLane()])
@@ -149,31 +149,3 @@ def test_leaving_acquire_all_whose_holds_someone_else_ended() -> None:
         assert (st.unmatched_releases, st.holders) == (1, 0)
     with queue.acquire_all("k", ["session", "global"]):
         assert session.is_held("k") and glob.active_count == 1
-
-
-def test_a_wait_from_a_thread_running_an_event_loop_warns_once() -> None:
-    """A thread lane's blocking wait from a thread that runs an asyncio event loop stops
-    the loop (the holder may be one of its tasks) until the wait ends: it warns, once
-    per lane, with a RuntimeWarning that names the asyncio lanes and points at the
-    caller's line. A wait that need not park (a free key) does not warn."""
-    import asyncio
-    import warnings
-
-    lane = SessionLane("session", warn_after_s=None)
-    assert lane.try_acquire("busy")
-
-    async def main() -> None:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            with lane.acquire("free"):
-                pass
-            for _ in range(2):
-                with pytest.raises(LaneTimeoutError), lane.acquire("busy", timeout_s=0.01):
-                    pass
-        mine = [w for w in seen if issubclass(w.category, RuntimeWarning)]
-        assert len(mine) == 1, [str(w.message) for w in seen]
-        assert "AsyncSessionLane" in str(mine[0].message)
-        assert mine[0].filename == __file__
-
-    asyncio.run(main())
-    assert lane.manual_release("busy")
