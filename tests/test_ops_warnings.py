@@ -291,6 +291,64 @@ def test_asyncio_wait_without_timeout_ended_without_the_permit_says_so(
         loop.shutdown()
 
 
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("how", ["session", "counting", "acquire_all"])
+def test_asyncio_wait_without_timeout_cancelled_is_logged_as_it_ends(
+    caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A wait with no timeout has no deadline that logs it while it waits: cancelled
+    (``asyncio.wait_for`` around it, say) past ``warn_after_s``, it is logged ONCE as it
+    ends, naming the cancellation, and ``on_wait`` is called; one cancelled before
+    ``warn_after_s`` is not logged."""
+    loop = FakeClockLoop()
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    try:
+        seen: list[tuple[Any, str, float, int]] = []
+        on_wait = seen.append
+        queue = AsyncLaneQueue(on_wait=lambda *a: on_wait(a))
+        if how == "session":
+            lane: Any = AsyncSessionLane(clock=loop.time, on_wait=lambda *a: on_wait(a))
+        elif how == "counting":
+            lane = AsyncLane("global", max_concurrent=1, clock=loop.time,
+                             on_wait=lambda *a: on_wait(a))
+        else:
+            lane = queue.add_session_lane("session", clock=loop.time)
+            queue.add_lane("global", max_concurrent=4, clock=loop.time)
+
+        async def hold() -> None:
+            assert await lane.try_acquire("k")
+
+        async def wait() -> None:
+            if how == "acquire_all":
+                async with queue.acquire_all("k", ["session", "global"], timeout_s=None):
+                    pass
+            else:
+                async with lane.acquire("k", timeout_s=None):
+                    pass
+
+        loop.run_until_complete(hold())
+        early = loop.create_task(wait())
+        late = loop.create_task(wait())
+        loop.settle()
+        loop.advance(1.0)
+        early.cancel()  # before warn_after_s (2.0): not logged
+        loop.settle()
+        loop.advance(2.0)
+        assert seen == [] and lane.waiting == 1
+        late.cancel()
+        loop.settle()
+        assert early.cancelled() and late.cancelled()
+        assert seen == [(lane, "k", 3.0, 1)]  # the early one was ahead when it joined
+        [record] = slow_waits(caplog)
+        assert record.getMessage().endswith(
+            "(1 waiter was ahead when it joined; logged as the wait ended; it was ended "
+            "by CancelledError, without the permit)")
+        assert lane.waiting == 0 and lane.is_held_nowait("k") if how != "counting" else (
+            lane.waiting == 0 and lane.active_count == 1)
+    finally:
+        loop.shutdown()
+
+
 def test_on_wait_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     loop = FakeClockLoop()
     caplog.set_level(logging.WARNING, logger="lanequeue")

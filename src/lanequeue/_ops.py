@@ -202,7 +202,8 @@ class LaneOps:
     # -- written once -----------------------------------------------------------------------
 
     def _slow_wait(self, key: str, waited_s: float, ahead: int, *, ended: bool = False,
-                   behind_s: float | None = None, granted: bool = True) -> None:
+                   behind_s: float | None = None, granted: bool = True,
+                   ending: str | None = None) -> None:
         """Log the ONE warning of a wait that passed ``warn_after_s`` and call ``on_wait``.
         ``ahead``: the waiters that were ahead of it in line when it joined (on a
         counting lane with priorities: all the waiters then in line, whatever their
@@ -211,10 +212,14 @@ class LaneOps:
         the current holder may be this very waiter, so the log gives ``behind_s``, how
         long the hold it waited behind had lasted when that hold was handed to it (None:
         not known, as when other waiters were ahead); ``granted`` False: it ended without
-        the permit (cleared, drained or closed), and the holds ahead may still hold."""
+        the permit (cleared, drained or closed), and the holds ahead may still hold;
+        ``ending``: the name of the exception that ended it (a cancellation, an
+        interrupt), if one did."""
         if ended:
             holder = ("logged as the wait ended; " + (
-                "it ended without the permit (cleared, drained or closed)" if not granted
+                f"it was ended by {ending}" + ("" if granted else ", without the permit")
+                if ending is not None
+                else "it ended without the permit (cleared, drained or closed)" if not granted
                 else "the holds ahead of it have ended" if behind_s is None
                 else f"the hold it waited behind had lasted {behind_s:.3f} s"))
         else:

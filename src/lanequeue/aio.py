@@ -544,19 +544,20 @@ class _AsyncFace:
                 self._core.observe_wait(clock() - start, token > 0)
             observed = True
             if ahead >= 0 and timeout is None:
+                was_ahead, ahead = ahead, -1  # (logged here or not: not by the handler)
                 warn = self.warn_after_s
                 waited = clock() - start
                 if warn is not None and waited >= warn:
                     # Logged now, at its end: the hold it waited behind has just been
                     # handed over (known when nobody was ahead), maybe to this waiter.
                     self._slow_wait(
-                        key, waited, ahead, ended=True, granted=token > 0, behind_s=(
+                        key, waited, was_ahead, ended=True, granted=token > 0, behind_s=(
                             self._core._clock() - behind
-                            if ahead == 0 and behind is not None and token > 0 else None))
+                            if was_ahead == 0 and behind is not None and token > 0 else None))
             if token < 0:
                 raise ended_error(self.name, key, token)
             return record(into, token)
-        except BaseException:
+        except BaseException as exc:
             # Cancelled in line, or after the grant but before resuming: withdraw tells
             # which; a permit already ours is passed on at once. First, refuse grants
             # (``ready()`` is False once the future is done; a future already done, the
@@ -564,15 +565,24 @@ class _AsyncFace:
             # the withdraw below, the next releaser drops this waiter instead of handing
             # it the permit. The call's own check comes after it is done.
             fut.cancel()
-            if recorded(into, n):
-                raise  # the grant is its owner's (granted: in no line any more)
-            token = core.withdraw(key, waiter, timed_out=False)
-            if token > 0:
-                core.release(key, token)
-            # (A grant's wait was observed by its hand-off, with ``waits_at_grant``; a
-            # grant at once, in the take above, is no wait.)
-            if not observed and (token <= 0 or not self._core.waits_at_grant):
-                self._core.observe_wait(clock() - start, False)
+            kept = recorded(into, n)  # the grant is its owner's (in no line any more)
+            if not kept:
+                token = core.withdraw(key, waiter, timed_out=False)
+                if token > 0:
+                    core.release(key, token)
+                # (A grant's wait was observed by its hand-off, with ``waits_at_grant``;
+                # a grant at once, in the take above, is no wait.)
+                if not observed and (token <= 0 or not self._core.waits_at_grant):
+                    self._core.observe_wait(clock() - start, False)
+            if ahead >= 0 and timeout is None:
+                # A wait without a timeout has no deadline that logs it while it waits:
+                # one cancelled (or interrupted) past ``warn_after_s`` is logged as it
+                # ends, as one granted is above.
+                warn = self.warn_after_s
+                waited = clock() - start
+                if warn is not None and waited >= warn:
+                    self._slow_wait(key, waited, ahead, ended=True, granted=kept,
+                                    ending=type(exc).__name__)
             raise
 
     def _arm(self, key: str, waiter: _TaskWaiter, start: float, timeout: float | None
