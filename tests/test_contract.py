@@ -1090,3 +1090,11 @@ async def test_metrics_snapshot_counts_waits_and_holds(f: Face) -> None:
     if f.spec.redis and f.counting and not f.is_async:
         wide = lane.metrics_snapshot()[1]
         assert wide.scope == "lane" and wide.stats.holders == 0
+    # A timeout is observed with its length (not as 0, nor left out).
+    before = m.wait.sum
+    async with f.hold(lane.acquire("k")):
+        with pytest.raises(LaneTimeoutError):
+            await f.enter(lane.acquire("k", timeout_s=0.2))
+    m = lane.metrics_snapshot()[0]
+    assert m.stats.timeouts == 1 and m.wait.count == 5
+    assert 0.19 <= m.wait.sum - before < 0.2 + BOUND_S
