@@ -251,6 +251,22 @@ def test_reader_reports_malformed_lines_with_numbers() -> None:
     assert "not a JSON object" in skipped[6]
     assert "timestamp" in skipped[7]
     assert "hash_ids" in skipped[8]
+    # Blank lines are skipped, not malformed: no request is lost with them.
+    assert [s.line for s in trace.skipped if s.blank] == [3, 5]
+    assert [s.line for s in trace.malformed] == [2, 4, 6, 7, 8]
+
+
+@pytest.mark.timeout(10)
+def test_blank_lines_of_a_generic_trace_are_not_malformed() -> None:
+    csv = parse_trace_lines(["timestamp,key,duration_s", "0,a,1", "", "x,a,1", " "],
+                            trace_format="auto")
+    json_lines = parse_trace_lines(
+        ['{"timestamp": 0, "key": "a", "duration_s": 1}', "", "{bad", "\t"],
+        trace_format="auto")
+    for trace, blank, bad in ((csv, [3, 5], [4]), (json_lines, [2, 4], [3])):
+        assert trace.format == "generic" and len(trace.requests) == 1
+        assert [s.line for s in trace.skipped if s.blank] == blank
+        assert [s.line for s in trace.malformed] == bad
 
 
 @pytest.mark.timeout(10)

@@ -50,8 +50,11 @@ reason) is escaped and cut short (:func:`printable`), so a key holding a newline
 prints as one short line.
 
 A line that is blank, is not valid JSON (or CSV), or lacks a field (or holds one of the
-wrong type or out of range) is not fatal: it is skipped and reported with its 1-based line
-number, so one bad line in a production dump does not stop a replay.
+wrong type or out of range) is not fatal here: it is skipped and listed in ``Trace.skipped``
+with its 1-based line number and reason, so one bad line in a production dump does not stop
+a replay. The lines other than blank ones are ``Trace.malformed``: ``lanequeue replay`` and
+``lanequeue plan`` refuse a trace with more of them than ``--max-bad-lines`` allows (1% of
+the request lines by default), rather than replay or plan from a fraction of the traffic.
 """
 
 from __future__ import annotations
@@ -172,10 +175,13 @@ class TraceRequest:
 
 @dataclass(frozen=True)
 class SkippedLine:
-    """A line that was not a valid request: its 1-based ``line`` number and the ``reason``."""
+    """A line that was not a valid request: its 1-based ``line`` number and the ``reason``;
+    ``blank`` when the line holds nothing but white space (no request is lost by passing
+    over it, so it is not malformed: see :attr:`Trace.malformed`)."""
 
     line: int
     reason: str
+    blank: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,6 +200,13 @@ class Trace:
     skipped: tuple[SkippedLine, ...]
     source: str
     format: str = "mooncake"
+
+    @property
+    def malformed(self) -> tuple[SkippedLine, ...]:
+        """The skipped lines that are not blank: lines that held something other than a
+        valid request (invalid JSON or CSV, a missing field, a value of the wrong type or
+        out of range), each a request of the traffic that the trace no longer gives."""
+        return tuple(s for s in self.skipped if not s.blank)
 
     @property
     def conversations(self) -> int:
@@ -385,6 +398,9 @@ def _parse_mooncake(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
         if isinstance(text, SkippedLine):
             skipped.append(text)
             continue
+        if not text.strip():
+            skipped.append(SkippedLine(lineno, "blank line", blank=True))
+            continue
         result = _parse_line(text)
         if isinstance(result, str):
             skipped.append(SkippedLine(lineno, result))
@@ -485,7 +501,7 @@ def _generic_records(
             yield lineno, text
             continue
         if not text.strip():
-            yield lineno, SkippedLine(lineno, "blank line")
+            yield lineno, SkippedLine(lineno, "blank line", blank=True)
             continue
         if mode is None:
             mode = "json" if text.lstrip().startswith("{") else "csv"
