@@ -466,13 +466,15 @@ def test_cli_reports_malformed_lines_with_numbers(
         "timestamp,key,duration_s\n2025-01-31T09:00:00Z,a,1\nnope,a,1\n\n"
         "2025-01-31T09:00:01Z,b,x\n2025-01-31T09:00:02Z,b,1\n"
     )
-    assert main(["plan", str(path), "--p99-wait-s", "0"]) == 0
+    assert main(["plan", str(path), "--p99-wait-s", "0", "--max-bad-lines", "50%"]) == 0
     err = capsys.readouterr().err
     assert "line 3: field 'timestamp'" in err
-    assert "line 4: blank line" in err
     assert "line 5: field 'duration_s'" in err
-    assert "3 invalid lines skipped (of 5 request lines)" in err
-    assert "lanequeue plan: most lines were not requests" in err  # 3 of 5
+    assert "line 4" not in err  # blank: passed over, counted apart
+    assert "lanequeue plan: 1 blank line passed over" in err
+    assert ("lanequeue plan: 2 malformed lines skipped (50% of 4 request lines, within "
+            "--max-bad-lines 50%); planning from the other 2") in err
+    assert "most lines were not requests" not in err  # half of them were
 
 
 # --------------------------------------------------------------------------------------
@@ -937,12 +939,12 @@ def test_trace_names_are_escaped_when_printed(
 ) -> None:
     path = tmp_path / "gateway\nrecommended global cap: 1.csv"
     path.write_text("timestamp,key,duration_s\n0,a,1\nbad,a,1\n")
-    assert main(["plan", str(path), "--p99-wait-s", "1"]) == 0
+    assert main(["plan", str(path), "--p99-wait-s", "1", "--max-bad-lines", "100%"]) == 0
     captured = capsys.readouterr()
     shown = str(path).replace("\n", "\\n")
     assert captured.out.splitlines()[0] == f"lanequeue plan: {shown}"
     assert captured.err.splitlines()[0].startswith(f"lanequeue plan: {shown}: line 3:")
-    assert main(["replay", str(path), "--speed", "1000"]) == 0
+    assert main(["replay", str(path), "--speed", "1000", "--max-bad-lines", "1"]) == 0
     captured = capsys.readouterr()
     assert captured.out.splitlines()[0] == f"lanequeue replay: {shown}"
     assert captured.err.splitlines()[0].startswith(f"lanequeue replay: {shown}: line 3:")

@@ -515,14 +515,16 @@ def test_cli_reports_skipped_lines(tmp_path: Path, capsys: pytest.CaptureFixture
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join([line(0, 10, 1), "{bad", "", line(100, 10, 2)]) + "\n")
     out = tmp_path / "r.json"
-    assert main(["replay", str(trace), "--speed", "1000", "--json", str(out)]) == 0
+    assert main(["replay", str(trace), "--speed", "1000", "--json", str(out),
+                 "--max-bad-lines", "1"]) == 0
     err = capsys.readouterr().err
     assert "line 2: invalid JSON" in err
-    assert "line 3: blank line" in err
-    assert "2 invalid lines skipped (of 4 request lines)" in err
-    assert "most lines were not requests" not in err  # half of them were
+    assert "line 3" not in err and "lanequeue replay: 1 blank line passed over" in err
+    assert ("lanequeue replay: 1 malformed line skipped (33.3% of 3 request lines, within "
+            "--max-bad-lines 1); replaying the other 2") in err
+    assert "most lines were not requests" not in err
     data = json.loads(out.read_text())
-    assert data["skipped_lines"] == 2 and data["requests"] == 2
+    assert data["skipped_lines"] == 2 and data["requests"] == 2  # malformed and blank
 
 
 @pytest.mark.timeout(60)
@@ -534,22 +536,27 @@ def test_cli_reports_the_first_skipped_lines_then_counts_the_rest_as_the_readme_
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join([line(0, 10, 1), *["{bad"] * 25, line(100, 10, 2)]) + "\n")
     out = tmp_path / "r.json"
-    assert main(["replay", str(trace), "--speed", "1000", "--json", str(out)]) == 0
+    assert main(["replay", str(trace), "--speed", "1000", "--json", str(out),
+                 "--max-bad-lines", "100%"]) == 0
     err = capsys.readouterr().err.splitlines()
     listed = [ln for ln in err if ": line " in ln]
     assert [int(ln.split(": line ")[1].split(":")[0]) for ln in listed] == list(range(2, 22))
-    assert "lanequeue replay: ... and 5 more invalid lines skipped" in err
-    assert "lanequeue replay: 25 invalid lines skipped (of 27 request lines)" in err
+    assert "lanequeue replay: ... and 5 more malformed lines skipped" in err
     assert ("lanequeue replay: most lines were not requests: is this a Mooncake or "
             "generic trace (see --help)?") in err
+    assert ("lanequeue replay: 25 malformed lines skipped (92.6% of 27 request lines, "
+            "within --max-bad-lines 100%); replaying the other 2") in err
     assert json.loads(out.read_text())["skipped_lines"] == 25
     assert MAX_LINE_MESSAGES == 20
     text = " ".join(README.read_text().split())
+    assert 'input lines skipped, malformed or blank (see "Malformed lines" below)' in text
     assert (
-        "input lines skipped as malformed (the first 20 are reported on stderr with their "
-        "line numbers and reasons, then a count of the rest, then the total out of the "
-        "lines read; when more than half were skipped, a hint that the file may not be a "
-        "trace of either format)"
+        "is skipped and reported on stderr: the first 20 with their line numbers and "
+        "reasons, then a count of the rest."
+    ) in text
+    assert (
+        "When more than half of the request lines (every line but blank ones and a CSV "
+        "header) are malformed, a hint says the file may not be a trace of either format."
     ) in text
 
 

@@ -6,14 +6,23 @@ waits measured against an exact simulation. Run ``lanequeue replay --help`` for 
 
 Exit status: 0 when the replay ran and every check held; 1 when a check failed (order
 violated, two requests of one conversation at once, the global cap exceeded, a request
-failed); 2 for bad arguments, an unreadable trace, or a backend that cannot be used (bad
-URL, server unreachable, a worker process that failed).
+failed); 2 for bad arguments, a trace that cannot be used, or a backend that cannot be used
+(bad URL, server unreachable, a worker process that failed).
+
+A trace cannot be used when it cannot be read, has no valid request, or has more malformed
+lines (invalid JSON or CSV, a field missing or out of range; blank lines are not counted)
+than ``--max-bad-lines`` allows: a share of its request lines (``1%``, the default) or a
+number of lines. Malformed lines are reported on stderr either way (the first
+:data:`MAX_LINE_MESSAGES` with their numbers and reasons, then a count), so a file of
+another format, or one mostly damaged, is not replayed or planned from the few lines that
+happen to parse.
 
 ``lanequeue plan`` finds the smallest global cap whose simulated waits meet a goal
 (``--p99-wait-s S``, optionally ``--max-wait-s M``) from a trace; see
 :mod:`lanequeue.replay.plan`. Exit status: 0 with a recommendation; 3 when no cap (in the
-range searched) meets the goal; 2 for bad arguments or an unreadable trace; 1 when the
-``--verify`` replay broke a lane invariant.
+range searched) meets the goal; 2 for bad arguments or a trace that cannot be used (as
+for ``replay``, with the same ``--max-bad-lines``); 1 when the ``--verify`` replay broke a
+lane invariant.
 
 ``lanequeue status`` shows the lanes in a Redis (see README, "A live view of a Redis").
 A usage error exits with status 2 after the usage line, as argparse does: ``--prefix ""``
@@ -29,15 +38,21 @@ import importlib.util
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["build_parser", "main"]
+__all__ = ["BadLineLimit", "build_parser", "main"]
 
 #: Skipped trace lines (and failed requests) reported one by one on stderr; the rest are
 #: counted in one line.
 MAX_LINE_MESSAGES = 20
+#: Default of ``--max-bad-lines`` (``replay`` and ``plan``): a trace with more than 1% of
+#: its request lines malformed is refused. A few broken lines of a production dump (a
+#: line cut by a log rotation) pass; a file of another format, or one mostly damaged, is
+#: not planned from the fraction of its traffic that happens to parse.
+DEFAULT_MAX_BAD_LINES = "1%"
 #: Bounds of ``lanequeue status --watch --interval`` (seconds). Each redraw SCANs the
 #: lanes' keys of the whole Redis: more than 10 a second would load a busy server for a
 #: view no one reads faster; beyond an hour ``--watch`` is no longer a live view.
@@ -76,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
             "its service time / SPEED (duration_s, or output tokens * TPOT_MS), then "
             "releases. Reports waits, "
             "order and concurrency as the workers observed them, next to an exact "
-            "simulation of the same policy."
+            "simulation of the same policy. Exit status 1 when a check failed; 2 for bad "
+            "arguments, an unusable backend, or a trace that cannot be used (unreadable, "
+            "no valid request, or more malformed lines than --max-bad-lines allows)."
         ),
     )
     rp.add_argument(
@@ -209,10 +226,28 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="no progress bar (it is shown only on a terminal, with tqdm)",
     )
+    _add_max_bad_lines(rp, "replaying")
     rp.set_defaults(options=_option_names(rp), usage_error=rp.error)
     _add_plan_parser(sub)
     _add_status_parser(sub)
     return parser
+
+
+def _add_max_bad_lines(parser: argparse.ArgumentParser, using: str) -> None:
+    parser.add_argument(
+        "--max-bad-lines",
+        type=_bad_line_limit,
+        default=DEFAULT_MAX_BAD_LINES,
+        metavar="LIMIT",
+        help="malformed trace lines (invalid JSON or CSV, a field missing or out of range) "
+        "allowed: a share of the request lines such as 1%% (0%% allows none), or a "
+        f"number of lines such as 10 (default {DEFAULT_MAX_BAD_LINES.replace('%', '%%')})."
+        f" Each is reported on stderr (the first {MAX_LINE_MESSAGES} with their line "
+        "numbers and reasons, then a count); with more than LIMIT, or no valid line, the "
+        "command exits with "
+        f"status 2 instead of {using} the valid lines alone (100%% uses whatever lines "
+        "are valid). Blank lines are passed over and not counted",
+    )
 
 
 def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -251,7 +286,9 @@ def _add_plan_parser(sub: Any) -> None:
             "(each request takes its conversation's lane, then one global lane) for the "
             "global caps that matter, and recommend the smallest cap whose waits meet "
             "the goal (p99 <= S, and max <= M when given), every smaller cap shown to "
-            "miss it. Exit status 3 when no cap meets the goal."
+            "miss it. Exit status 3 when no cap meets the goal; 2 for bad arguments or a "
+            "trace that cannot be used (unreadable, no valid request, or more malformed "
+            "lines than --max-bad-lines allows)."
         ),
     )
     pp.add_argument(
@@ -336,6 +373,7 @@ def _add_plan_parser(sub: Any) -> None:
         help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "
         "of 50,000 requests or more, else 1)",
     )
+    _add_max_bad_lines(pp, "planning from")
     pp.set_defaults(options=_option_names(pp), usage_error=pp.error)
 
 
@@ -379,32 +417,108 @@ def _progress_bar(total: int, enabled: bool, stream: TextIO) -> Any:
     return tqdm(total=total, file=stream, unit="req", desc="replay", dynamic_ncols=True)
 
 
-def _report_skipped(
-    trace: Any, err: TextIO, command: str = "replay"
-) -> None:
-    """The first :data:`MAX_LINE_MESSAGES` skipped lines of ``trace`` with their numbers
-    and reasons, then how many more, then the total, out of how many request lines; when
-    more than half were skipped, a hint that the file may not be a trace of a format
-    read here."""
+@dataclass(frozen=True)
+class BadLineLimit:
+    """``--max-bad-lines``: how many malformed lines (:attr:`Trace.malformed
+    <lanequeue.replay.Trace.malformed>`) a trace may have before ``replay`` and ``plan``
+    refuse it: a share of its request lines (``share``, from ``P%``) or a number of
+    lines (``count``), as the option was written (``text``)."""
+
+    text: str
+    count: int | None = None
+    share: Fraction | None = None
+
+    def allows(self, bad: int, lines: int) -> bool:
+        """Whether ``bad`` malformed lines of ``lines`` request lines are within the limit
+        (as many as it allows are within it)."""
+        if self.count is not None:
+            return bad <= self.count
+        assert self.share is not None
+        return bad <= self.share * lines
+
+
+def _bad_line_limit(text: str) -> BadLineLimit:
+    """``--max-bad-lines``: ``P%`` (a share of the request lines, 0 to 100) or ``N`` (a
+    number of lines, 0 to 10**9)."""
+    from lanequeue.replay._checks import MAX_COUNT, decimal_text
+
+    stripped = text.strip()
+    if stripped.endswith("%"):
+        decimal = decimal_text(stripped[:-1])
+        if decimal is not None and 0 <= Fraction(decimal) <= 100:
+            return BadLineLimit(stripped, share=Fraction(decimal) / 100)
+    elif re.fullmatch(r"[0-9]{1,10}", stripped) and int(stripped) <= MAX_COUNT:
+        return BadLineLimit(stripped, count=int(stripped))
+    raise argparse.ArgumentTypeError(
+        f"must be a share of the request lines from 0% to 100% (such as 1%) or a number "
+        f"of lines from 0 to {MAX_COUNT:,} (such as 10), not {text!r}")
+
+
+def _percent(part: int, whole: int, above: Fraction | None = None) -> str:
+    """``part / whole`` as a percentage of 3 significant digits, or more where 3 would
+    round a share above ``above`` down to it (``1.0004%`` is not shown as ``1%``)."""
+    exact = Fraction(100 * part, whole)
+    text = ""
+    for digits in range(3, 16):
+        text = f"{float(exact):.{digits}g}"
+        if above is None or Fraction(text) > above * 100:
+            break
+    return f"{text}%"
+
+
+#: What each command does with a trace, for its messages: (infinitive, participle).
+_TRACE_USE = {"replay": ("replay", "replaying"), "plan": ("plan with", "planning from")}
+
+
+def _check_lines(trace: Any, limit: BadLineLimit, err: TextIO, command: str) -> str | None:
+    """Report the malformed lines of ``trace`` on ``err`` and say why the trace cannot be
+    used (the error message), or None when it can.
+
+    Reported: the first :data:`MAX_LINE_MESSAGES` malformed lines with their numbers and
+    reasons, then how many more; the number of blank lines passed over (not malformed: no
+    request is lost with them); when more than half of the request lines were malformed,
+    a hint that the file may not be a trace of a format read here; and, when the
+    malformed lines are within ``limit``, how many were skipped, of how many request
+    lines. Refused: a trace without a valid request, and one with more malformed lines
+    than ``limit`` allows (rather than a replay or plan of a fraction of the traffic).
+    Request lines are every line but blank ones and a CSV header."""
     from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
 
-    skipped = trace.skipped
+    use, using = _TRACE_USE[command]
+    malformed = trace.malformed
+    bad = len(malformed)
+    blank = len(trace.skipped) - bad
+    lines = bad + len(trace.requests)
     source = printable(trace.source, MAX_SOURCE_CHARS)
-    for s in skipped[:MAX_LINE_MESSAGES]:
+    for s in malformed[:MAX_LINE_MESSAGES]:
         print(f"lanequeue {command}: {source}: line {s.line}: {s.reason}; skipped", file=err)
-    if len(skipped) > MAX_LINE_MESSAGES:
-        print(
-            f"lanequeue {command}: ... and {len(skipped) - MAX_LINE_MESSAGES} more "
-            "invalid lines skipped",
-            file=err,
+    if bad > MAX_LINE_MESSAGES:
+        print(f"lanequeue {command}: ... and {bad - MAX_LINE_MESSAGES:,} more malformed "
+              "lines skipped", file=err)
+    if blank:
+        print(f"lanequeue {command}: {blank:,} blank line{'s' if blank > 1 else ''} passed "
+              "over", file=err)
+    if bad * 2 > lines:
+        print(f"lanequeue {command}: most lines were not requests: is this a Mooncake or "
+              "generic trace (see --help)?", file=err)
+    if not trace.requests:
+        why = ("the file is empty" if not trace.skipped
+               else "it has only blank lines" if not bad
+               else f"all {lines:,} of its request lines are malformed")
+        return f"no valid request to {use} in {source}: {why}"
+    if not bad:
+        return None
+    if not limit.allows(bad, lines):
+        return (
+            f"{bad:,} of {lines:,} request lines are malformed "
+            f"({_percent(bad, lines, limit.share)}), more than --max-bad-lines {limit.text} "
+            f"allows: not {using} the other {len(trace.requests):,} (fix the trace, or "
+            "raise the limit: --max-bad-lines 100% uses whatever lines are valid)"
         )
-    if skipped:
-        lines = len(skipped) + len(trace.requests)
-        print(f"lanequeue {command}: {len(skipped):,} invalid lines skipped "
-              f"(of {lines:,} request lines)", file=err)
-        if len(skipped) * 2 > lines:
-            print(f"lanequeue {command}: most lines were not requests: is this a "
-                  "Mooncake or generic trace (see --help)?", file=err)
+    print(f"lanequeue {command}: {bad:,} malformed line{'s' if bad > 1 else ''} skipped "
+          f"({_percent(bad, lines)} of {lines:,} request lines, within --max-bad-lines "
+          f"{limit.text}); {using} the other {len(trace.requests):,}", file=err)
+    return None
 
 
 def _lanes_of(queues: list[Any]) -> list[Any]:
@@ -456,10 +570,10 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
-    _report_skipped(trace, err)
+    refused = _check_lines(trace, args.max_bad_lines, err, "replay")
+    if refused:
+        return fail(refused)
     trace = trace.head(config.limit)
-    if not trace.requests:
-        return fail(f"no valid request to replay in {trace.source}")
     try:
         service_times_us(trace, config.tpot_ms)
     except ValueError as exc:
@@ -543,10 +657,10 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
-    _report_skipped(trace, err)
+    refused = _check_lines(trace, args.max_bad_lines, err, "replay")
+    if refused:
+        return fail(refused)
     trace = trace.head(config.limit)
-    if not trace.requests:
-        return fail(f"no valid request to replay in {trace.source}")
     try:
         service_times_us(trace, config.tpot_ms)  # a generic trace's tokens need tpot_ms
     except ValueError as exc:
@@ -637,9 +751,9 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
         return fail(str(exc))
-    _report_skipped(trace, err, "plan")
-    if not trace.requests:
-        return fail(f"no valid request to plan with in {trace.source}")
+    refused = _check_lines(trace, args.max_bad_lines, err, "plan")
+    if refused:
+        return fail(refused)
     try:
         plan = plan_capacity(
             trace,
