@@ -6,9 +6,14 @@ the test."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +21,7 @@ import pytest
 from lanequeue.cli import main
 from lanequeue.redis import RedisLane, RedisSessionLane
 from lanequeue.redis._keys import base
-from lanequeue.redis._status import StatusReader, parse_lane_key
+from lanequeue.redis._status import PIPE_WIDTH, StatusReader, console_width, parse_lane_key
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -169,6 +174,9 @@ def test_watch_refreshes_until_interrupted(
     assert code == 130 and naps == [0.1, 0.1, 0.1]
     assert reads == [2, 2, 2]  # drawn, then redrawn after each of the first two naps
     assert f"{redis_prefix}/llm (counting, max 2)" in out
+    # Each lane's heading on one line, in the live display too.
+    assert re.search(rf"^{redis_prefix}/llm \(counting, max 2\) holders 2, waiting 1, "
+                     r"oldest wait [0-9.]+ s$", out, re.MULTILINE), out
 
 
 def test_oldest_wait_grows_while_the_waiter_stays(
@@ -423,3 +431,69 @@ def test_an_unknown_option_of_a_command_is_refused_by_that_command(
     assert info.value.code == 2 and cap.out == ""
     assert cap.err.startswith(f"usage: lanequeue {command} ")
     assert f"lanequeue {command}: error: unrecognized arguments: --bogus" in cap.err
+
+
+def _heading(prefix: str, name: str, kind: str, holders: int, waiting: int) -> re.Pattern[str]:
+    """A lane's heading as one whole line of the table's output."""
+    return re.compile(rf"^{re.escape(prefix)}/{name} \({kind}\) holders {holders}, "
+                      rf"waiting {waiting}, oldest wait [0-9]+\.[0-9] s$", re.MULTILINE)
+
+
+def test_table_headings_stay_on_one_line_when_not_on_a_terminal(
+    capsys: pytest.CaptureFixture[str], reader_url: str, busy_lanes: dict[str, int],
+    redis_prefix: str,
+) -> None:
+    """A lane's heading was the table's title, which rich wraps to the table's width:
+    ``.../llm (counting, max 2) holders 2, waiting 1,`` then ``oldest wait 0.1 s`` on a
+    line of its own, padded with blanks."""
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix)
+    assert code == 0, err
+    assert _heading(redis_prefix, "llm", "counting, max 2", 2, 1).search(out), out
+    assert _heading(redis_prefix, "session", "session", 1, 1).search(out), out
+    assert all(line == line.rstrip() for line in out.splitlines())
+
+
+def test_piped_table_is_not_laid_out_for_80_columns_unless_columns_says_so(
+    redis_server: Any, redis_client: Any, redis_prefix: str,
+) -> None:
+    """``lanequeue status | cat``: a pipe is not a terminal, and rich would lay the table
+    out for 80 columns, folding a long heading and a long key over several lines. Piped,
+    each heading and each row is one line; ``COLUMNS`` still sets a width."""
+    prefix = redis_prefix + "-" + "p" * 70
+    key = "conversation-" + "k" * 90
+    lane = RedisSessionLane(redis_client, prefix=prefix, lease_s=30)
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    argv = [sys.executable, "-m", "lanequeue", "status", "--backend", url, "--prefix", prefix]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    with lane.acquire(key):
+        piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20,
+                               stdin=subprocess.DEVNULL)
+        narrow = subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                                env={**env, "COLUMNS": "60"}, stdin=subprocess.DEVNULL)
+    assert piped.returncode == 0, piped.stderr
+    assert _heading(prefix, "session", "session", 1, 0).search(piped.stdout), piped.stdout
+    assert [line for line in piped.stdout.splitlines() if key in line] != []
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 60
+    assert not _heading(prefix, "session", "session", 1, 0).search(narrow.stdout)
+    assert PIPE_WIDTH == 1000
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    assert ("piped or redirected (`| grep`, `> status.txt`) it is not laid out for an "
+            "80-column screen that is not there: each heading and each row stays on one "
+            "line (up to 1,000 columns), unless `COLUMNS` sets a width."
+            ) in " ".join(readme.read_text(encoding="utf-8").split())
+
+
+def test_console_width_is_rich_s_own_on_a_terminal_or_with_columns() -> None:
+    class Out:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    assert console_width(Out(True), {}) is None
+    assert console_width(Out(False), {"COLUMNS": "132"}) is None
+    assert console_width(Out(False), {}) == PIPE_WIDTH
+    assert console_width(Out(False), {"COLUMNS": "wide"}) == PIPE_WIDTH
+    assert console_width(object(), {}) == PIPE_WIDTH

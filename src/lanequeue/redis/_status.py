@@ -26,6 +26,13 @@ from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
 
+#: Width of the table's console when the output is not a terminal (a pipe, a file) and
+#: ``COLUMNS`` does not name one. Rich would otherwise lay the table out for 80 columns
+#: (its width when it finds no terminal), folding long keys and lane headings over
+#: several lines; a pipe has no width, so each line is as long as it needs to be, up to
+#: this.
+PIPE_WIDTH = 1000
+
 _KIND = {"s": "session", "c": "counting"}
 _SUFFIX = re.compile(r"[a-z](:[0-9a-f]+)?\Z")
 _GLOB = re.compile(r"([*?\[\]\\])")
@@ -315,11 +322,13 @@ def render(doc: dict[str, Any]) -> Any:
                               f"({lane['kind']}): unreadable: {shown(lane['error'])}"))
             continue
         cap = lane.get("max_concurrent")
-        title = Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} ({lane['kind']}"
-                     + (f", max {cap}" if cap is not None else "")
-                     + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
-                     f"oldest wait {lane['oldest_wait_s']:.1f} s")
-        table = Table(title=title, title_justify="left")
+        # The lane's heading is a line of its own, not the table's title: rich wraps a
+        # title to the table's width, which is often narrower than the heading.
+        parts.append(Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} ({lane['kind']}"
+                          + (f", max {cap}" if cap is not None else "")
+                          + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
+                          f"oldest wait {lane['oldest_wait_s']:.1f} s"))
+        table = Table()
         table.add_column("key")
         table.add_column("fencing token", justify="right")
         table.add_column("lease left (s)", justify="right")
@@ -338,6 +347,22 @@ def render(doc: dict[str, Any]) -> Any:
                 )
         parts.append(table)
     return Group(*parts)
+
+
+def console_width(out: Any, environ: Any = None) -> int | None:
+    """The width to give rich's console writing to ``out``: None (rich's own choice: the
+    terminal's width, or ``COLUMNS`` when it is set to a number, as rich documents) when
+    ``out`` is a terminal or ``COLUMNS`` is set; else :data:`PIPE_WIDTH`, so that piped
+    output is not laid out for an 80-column terminal that is not there."""
+    import os
+
+    if (os.environ if environ is None else environ).get("COLUMNS", "").isdigit():
+        return None
+    try:
+        terminal = bool(out.isatty())
+    except (AttributeError, OSError, ValueError):  # no isatty, or a closed file
+        terminal = False
+    return None if terminal else PIPE_WIDTH
 
 
 def _quiet_stdout(out: Any) -> None:
@@ -390,7 +415,7 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         from rich.console import Console
         from rich.live import Live
 
-        console = Console(file=out)
+        console = Console(file=out, width=console_width(out))
         if not args.watch:
             console.print(render(reader.read()))
             out.flush()
