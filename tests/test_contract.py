@@ -970,6 +970,48 @@ async def test_stuck_lists_old_holds_with_their_tokens(f: Face) -> None:
 
 
 @contract
+async def test_a_long_hold_is_logged_once_even_if_nothing_checks_while_it_is_held(
+        f: Face) -> None:
+    """``warn_hold_s``: a hold that lasted longer and that no check saw while it was
+    held is logged as it ends ("held its permit ... it has been released"); one a check
+    logged while it was held is not logged again as it ends; a short one never. Two
+    long holds of different keys are both logged (a Redis per-key lane's fencing tokens
+    are per key: two keys may have the same one)."""
+    lane = f.lane(cap=2, warn_hold_s=0.1)
+
+    def lines(logs: Any, words: str) -> list[str]:
+        return [r.getMessage() for r in logs.records if words in r.getMessage()]
+
+    with _captured() as logs:
+        async with f.hold(lane.acquire("short")):
+            pass
+        async with f.hold(lane.acquire("quiet")) as quiet:
+            await asyncio.sleep(0.15)
+        await f.until(lambda: lines(logs, "has been released") != [])
+        [ended] = lines(logs, "has been released")
+        assert ended.startswith("lane 'lane': key 'quiet' held its permit for ")
+        assert f"(token {quiet.token}), past warn_hold_s" in ended
+        seen = await f.enter(lane.acquire("seen"))
+        also = await f.enter(lane.acquire("also"))
+        await asyncio.sleep(0.15)
+        lane.stuck(0)  # a check while they are held: logged now, not again at the end
+        assert sorted(m.split()[3] for m in lines(logs, "has held")) == ["'also'", "'seen'"]
+        await f.leave(also)
+        await f.leave(seen)
+        async with f.hold(lane.acquire("short")):  # (its report follows the others')
+            pass
+        quiet2 = await f.enter(lane.acquire("quiet2"))
+        await asyncio.sleep(0.15)
+        await f.leave(quiet2)
+        await f.until(lambda: len(lines(logs, "has been released")) == 2)
+        await asyncio.sleep(0.05)
+    assert [m.split()[3] for m in lines(logs, "has been released")] == ["'quiet'",
+                                                                       "'quiet2'"]
+    assert len(lines(logs, "has held")) == 2
+    assert not [m for m in lines(logs, "held") if "'short'" in m]
+
+
+@contract
 async def test_slow_wait_is_reported_once_during_the_wait(f: Face) -> None:
     """A wait past ``warn_after_s`` is logged ONCE and ``on_wait(lane, key, waited_s,
     ahead)`` called once; a wait with a timeout is reported while it still waits (a wait

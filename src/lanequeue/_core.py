@@ -210,6 +210,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import queue
 import threading
 import time
 import weakref
@@ -379,6 +380,9 @@ class _CoreBase:
         "waited",
         "hold_hist",
         "hold_fold_at",
+        "hold_shown",
+        "hold_warn_s",
+        "hold_report",
         "per_key",
         "waits_at_grant",
         "seen_busy",
@@ -422,10 +426,16 @@ class _CoreBase:
         # A hint kept by the asyncio face (no lock, no rule): a take found the lane busy
         # lately, so its next acquire looks before taking (see aio._looks_busy).
         self.seen_busy = False
-        # Hold times, observed by release once an exporter turns them on (None: off).
+        # Hold times, observed by release once an exporter turns them on, or a lane's
+        # ``warn_hold_s`` (None: off); read by exporters only when ``hold_shown``.
         self.hold_hist: Histogram | None = None
         # The token from which a release folds the hold times (see _fold_holds).
         self.hold_fold_at = 0
+        self.hold_shown = False  # track_holds() was called
+        # A lane's ``warn_hold_s`` (None: off) and where a release reports a hold that
+        # lasted that long (see watch_holds).
+        self.hold_warn_s: float | None = None
+        self.hold_report: Callable[[], Callable[[str, int, float], object] | None] | None = None
         # True on a SessionCore: what the hot paths that serve both kinds
         # (MultiHoldSteps, through ``Plan.kinds``) branch on.
         self.per_key = False
@@ -555,24 +565,69 @@ class _CoreBase:
                 pass
 
     def track_holds(self) -> None:
-        """Start observing hold times (idempotent; see :meth:`_fold_holds`)."""
+        """Start observing hold times for exporters (idempotent; see :meth:`_fold_holds`)."""
         with self._lock:
             if self.hold_hist is None:
                 self.hold_fold_at = self._token + HELD_BATCH
                 self.hold_hist = Histogram(HOLD_BUCKETS)
+            self.hold_shown = True
 
-    def _fold_holds(self, held: Histogram) -> None:
+    def watch_holds(
+        self, limit: float | None,
+        report: Callable[[], Callable[[str, int, float], object] | None] | None,
+    ) -> None:
+        """Report each hold that lasted ``limit`` seconds or more as it ends (None: stop):
+        the release that ends it calls ``report()`` under the lock (a weak reference to
+        the lane's method: the core does not keep its lane alive) and, when that gives a
+        function, hands it and ``(key, token, seconds held)`` to the reporter thread,
+        which calls it off the lock: a lane's ``warn_hold_s``. Hold times are then observed
+        by every release (as for exporters, which see them only after
+        :meth:`track_holds`), and each release calls :meth:`_fold_holds`, which checks
+        the hold it ended."""
+        if limit is not None:
+            _start_reporter()  # (off the lock: it may start a thread)
+        with self._lock:
+            if limit is None:
+                self.hold_warn_s = None
+                self.hold_fold_at = self._token + HELD_BATCH
+                return
+            if self.hold_hist is None:
+                self.hold_hist = Histogram(HOLD_BUCKETS)
+            self.hold_report = report
+            self.hold_warn_s = limit
+            self.hold_fold_at = 0  # every release calls _fold_holds
+
+    def _fold_holds(self, held: Histogram, key: str, token: int) -> None:
         """Bucket the hold times appended so far to ``held``, the core's ``hold_hist``
-        (lock held). A release appends its hold time to it and calls this once the token
+        (lock held); ``key`` and ``token``: the hold whose time was just appended. A
+        release appends its hold time to it and calls this once the token
         it ends reaches ``hold_fold_at``: one compare of two small integers on the
         release's path, where a length check costs a builtin call. Bounded: after a
         fold, the releases that do not fold are those of the holds alive at the fold and
         of the next :data:`~lanequeue._obs.HELD_BATCH` grants, so the list never holds
         more values than that. Interrupt-safe: ``fold`` is (see :meth:`Histogram.fold`),
         and the threshold is a plain store after it (an interrupt between the two leaves
-        the old threshold: the next release folds again)."""
-        held.fold()
-        self.hold_fold_at = self._token + HELD_BATCH
+        the old threshold: the next release folds again).
+
+        With ``hold_warn_s`` set (:meth:`watch_holds`), every release calls this
+        (``hold_fold_at`` stays 0): a hold that lasted that long is handed to the
+        reporter thread by one builtin call (``SimpleQueue.put``, no Python code: the
+        lock is held, and this runs before the release's stores; an interrupt after it
+        leaves a hold reported that did last that long), and the list is folded once it
+        holds :data:`~lanequeue._obs.HELD_BATCH` values."""
+        limit = self.hold_warn_s
+        if limit is None:
+            held.fold()
+            self.hold_fold_at = self._token + HELD_BATCH
+            return
+        age = held[-1]
+        report = self.hold_report
+        if age >= limit and report is not None:
+            fn = report()  # (the lane's method, alive for as long as the report waits)
+            if fn is not None:
+                _REPORTS[0].put((fn, key, token, age))
+        if len(held) >= HELD_BATCH:
+            held.fold()
 
     def metrics_read(
         self,
@@ -591,7 +646,7 @@ class _CoreBase:
             return (
                 self._stats(self.holders()),
                 self.wait_hist.snapshot(self._token - self.waited),
-                None if hold is None else hold.snapshot(),
+                None if hold is None or not self.hold_shown else hold.snapshot(),
                 live,
             )
 
@@ -710,6 +765,56 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- reports made off the lock ----------------------------------------------------------------
+# A release that ends a hold that lasted a lane's ``warn_hold_s`` runs under the core's lock,
+# where no observer's code may run (a log handler may block, or call into the lane): it
+# puts ``(report, key, token, seconds)`` on this queue with one builtin call (``report``:
+# the lane's method, from the weak reference the core keeps), and a daemon thread,
+# started by the first ``watch_holds``, calls ``report(key, token, seconds)``.
+# A list of one queue, so that a forked child's fresh queue is seen by every core.
+_REPORTS: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue()]
+_reporter: list[threading.Thread] = []
+
+
+def _start_reporter() -> None:
+    """Start the reporter thread of this process, once (idempotent, thread-safe)."""
+    with _reporter_lock:
+        if not _reporter:
+            thread = threading.Thread(target=_run_reports, args=(_REPORTS[0],),
+                                      name="lanequeue-reports", daemon=True)
+            thread.start()
+            _reporter.append(thread)
+
+
+def _run_reports(reports: queue.SimpleQueue[Any]) -> None:
+    while True:
+        fn, key, token, seconds = reports.get()
+        try:
+            fn(key, token, seconds)
+        except Exception:  # (a report's own failure: logged, the thread goes on)
+            log.exception("a lane's report of a long hold failed")
+        del fn  # (not kept alive until the next report)
+
+
+_reporter_lock = threading.Lock()
+
+
+def _reporter_after_fork() -> None:
+    """In a forked child: the parent's reporter thread does not exist here; a new queue,
+    and a new thread if the parent had one."""
+    global _reporter_lock
+    _reporter_lock = threading.Lock()
+    had = bool(_reporter)
+    _reporter.clear()
+    _REPORTS[0] = queue.SimpleQueue()
+    if had:
+        _start_reporter()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reporter_after_fork)
 
 
 #: The stages of an ``acquire_all`` (``MultiHold._stage``): made, entered, and a release
@@ -984,7 +1089,7 @@ class SessionCore(_CoreBase):
         if held is not None:  # hold times: one append, bucketed in batches
             held.append(now - entry.since)
             if entry.token >= self.hold_fold_at:
-                self._fold_holds(held)
+                self._fold_holds(held, key, entry.token)
         observe = False
         if waiter is not None and self.waits_at_grant:
             # The wait this hand-off ends: one append, as hold times (see
@@ -1227,7 +1332,7 @@ class SessionHoldSteps:
                     if held is not None:  # hold times: as SessionCore.release
                         held.append(now - entry.since)
                         if token >= core.hold_fold_at:
-                            core._fold_holds(held)
+                            core._fold_holds(held, key, token)
                     # -- commit: plain stores only, then one last builtin call --
                     entry.token = 0
                     entry.since = now
@@ -1320,7 +1425,7 @@ class CountingHoldSteps:
                         clock = core._clock
                         held.append(clock() - hold[1])
                         if token >= core.hold_fold_at:
-                            core._fold_holds(held)
+                            core._fold_holds(held, key, token)
                     # -- commit: plain stores only --
                     del holds[token]
                     token = 0  # released here
@@ -1473,7 +1578,7 @@ class MultiHoldSteps:
                         if held is not None:  # hold times: as SessionCore.release
                             held.append(now - entry.since)
                             if token >= core.hold_fold_at:
-                                core._fold_holds(held)
+                                core._fold_holds(held, key, token)
                         # -- commit: plain stores only, then one last builtin call --
                         entry.token = 0
                         entry.since = now
@@ -1497,7 +1602,7 @@ class MultiHoldSteps:
                             clock = core._clock
                             held.append(clock() - hold[1])
                             if token >= core.hold_fold_at:
-                                core._fold_holds(held)
+                                core._fold_holds(held, key, token)
                         # -- commit: plain stores only --
                         del holds[token]
                         token = 0  # released here
@@ -1744,9 +1849,10 @@ class CountingCore(_CoreBase):
         holds = self._holds
         held = self.hold_hist
         if held is not None:  # hold times: one append, bucketed in batches
-            held.append(self._clock() - holds[token][1])
+            since = holds[token]
+            held.append(self._clock() - since[1])
             if token >= self.hold_fold_at:
-                self._fold_holds(held)
+                self._fold_holds(held, since[0], token)
         if self._ranked and self._release_ranked(token, dropped):
             return
         line = self._line

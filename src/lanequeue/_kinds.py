@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 import warnings
+import weakref
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ._core import (
@@ -136,6 +137,12 @@ class LaneKind(LaneOps, Generic[C]):
 
     def _hold_list(self) -> list[tuple[str, int, float]]:
         return self._core.hold_list()
+
+    def _watch_holds(self, limit: float | None) -> None:
+        core = getattr(self, "_core", None)  # (None while the constructor makes it)
+        if core is not None:
+            core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
+                self._hold_ended))
 
     def _holder_age(self, key: str) -> float | None:
         return self._core.holder_age(key)
@@ -305,6 +312,7 @@ class CountingKind(LaneKind[CountingCore]):
             ageing,
         )
         self._core.waits_at_grant = self._waits_at_grant
+        self._watch_holds(self.warn_hold_s)  # (the core exists from here)
 
     @property
     def ageing_s(self) -> float:
@@ -374,6 +382,7 @@ class SessionKind(LaneKind[SessionCore]):
             clock,
         )
         self._core.waits_at_grant = self._waits_at_grant
+        self._watch_holds(self.warn_hold_s)  # (the core exists from here)
 
     def _rank(self, priority: object) -> int:
         """A per-key lane has no priority: its waiters are one key's turns, FIFO."""

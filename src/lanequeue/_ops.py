@@ -139,8 +139,8 @@ class LaneOps:
     name: str
     warn_after_s: float | None
     on_wait: OnWait | None
-    warn_hold_s: float | None
-    _warned_holds: set[int]
+    _warn_hold_s: float | None
+    _warned_holds: set[tuple[str, int]]  # (key, token): a Redis lane's tokens are per key
 
     def _ops_init(
         self,
@@ -155,9 +155,40 @@ class LaneOps:
         self.warn_after_s = checked["warn_after_s"]
         #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
         self.on_wait = checked["on_wait"]
-        #: Seconds after which a hold is logged once as long (None: never).
-        self.warn_hold_s = checked["warn_hold_s"]
         self._warned_holds = set()
+        self.warn_hold_s = checked["warn_hold_s"]
+
+    @property
+    def warn_hold_s(self) -> float | None:
+        """Seconds after which a hold is logged once as long (None: never): while it is
+        held, at ``stuck()``, ``status()``, a metrics scrape or a slow-wait warning; and
+        as it ends, if no check logged it before (an in-process lane's release hands it
+        to a reporter thread, so the line comes a moment after the release; a Redis lane
+        logs it in its release). Settable; checked as the constructor's argument."""
+        return self._warn_hold_s
+
+    @warn_hold_s.setter
+    def warn_hold_s(self, value: float | None) -> None:
+        limit = check_timeout(value, f"{type(self).__name__}.warn_hold_s")
+        self._warn_hold_s = limit
+        self._watch_holds(limit)
+
+    def _watch_holds(self, limit: float | None) -> None:
+        """Have the releases of this lane's holds call :meth:`_hold_ended` for a hold
+        that lasted ``limit`` seconds or more (None: stop). The in-process faces give it
+        to their core; a Redis lane checks in its release (the default: nothing)."""
+
+    def _hold_ended(self, key: str, token: int, held_s: float) -> None:
+        """Log a hold that lasted ``warn_hold_s`` or more as it ended, unless a check
+        logged it while it was held (then it is forgotten). Any thread. (A check that
+        read the holds just before this release, or forgot the hold just after it, may
+        log it a second time: a check and a release within moments of each other.)"""
+        warned = self._warned_holds
+        if (key, token) in warned:
+            warned.discard((key, token))
+            return
+        log.warning("lane %r: key %s held its permit for %.3f s (token %d), past "
+                    "warn_hold_s; it has been released", self.name, shown(key), held_s, token)
 
     # -- the interface --------------------------------------------------------------------
 
@@ -246,12 +277,12 @@ class LaneOps:
             return
         warned = self._warned_holds
         for key, token, age in holds:
-            if age >= limit and token not in warned:
-                warned.add(token)
+            if age >= limit and (key, token) not in warned:
+                warned.add((key, token))
                 log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
                             self.name, shown(key), age, token)
         if warned:
-            warned.intersection_update(t for _, t, _ in holds)
+            warned.intersection_update((k, t) for k, t, _ in holds)
 
     def stuck(self, older_than_s: float) -> list[StuckHold]:
         """The holds older than ``older_than_s`` seconds, oldest first.

@@ -459,9 +459,11 @@ class Lane(_ThreadFace, CountingKind):
             behind); None: never. Default 2.0.
         on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
             its exceptions are logged, not raised.
-        warn_hold_s: a hold longer than this many seconds is logged once (checked at
-            ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
-            warning); None (default): never.
+        warn_hold_s: a hold longer than this many seconds is logged once: while it
+            is held, by the checks at ``stuck()``, ``status()``, each metrics snapshot
+            and each slow-wait warning; else as it ends (a moment after its release,
+            from a reporter thread). None (default): never. Hold times are then
+            observed by every release (a little more work each).
         ageing_s: seconds of waiting that raise a waiter by one priority level
             (finite, > 0 and below ``threading.TIMEOUT_MAX``, about 292 years;
             default 30.0), on ``clock``.
@@ -521,9 +523,11 @@ class SessionLane(_ThreadFace, SessionKind):
             behind); None: never. Default 2.0.
         on_wait: called as ``on_wait(lane, key, waited_s, ahead)`` with that warning;
             its exceptions are logged, not raised.
-        warn_hold_s: a hold longer than this many seconds is logged once (checked at
-            ``stuck()``, ``status()``, each metrics snapshot and each slow-wait
-            warning); None (default): never.
+        warn_hold_s: a hold longer than this many seconds is logged once: while it
+            is held, by the checks at ``stuck()``, ``status()``, each metrics snapshot
+            and each slow-wait warning; else as it ends (a moment after its release,
+            from a reporter thread). None (default): never. Hold times are then
+            observed by every release (a little more work each).
 
     Not re-entrant: a thread holding a key that acquires it again waits for itself
     until its timeout (use one hold per request).

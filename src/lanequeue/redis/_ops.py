@@ -173,12 +173,17 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
 
     def _hold_released(self, hold: H) -> None:
         """Observe the time of a hold its release freed (once per hold, after its count;
-        when ``track_holds()`` was called)."""
+        when ``track_holds()`` was called), and log it if it lasted ``warn_hold_s``
+        (unless a check logged it while it was held)."""
         hist = self._hold_hist
-        if hist is not None:
+        limit = self.warn_hold_s
+        if hist is not None or limit is not None:
             held = time.monotonic() - hold._since
-            with self._lock:
-                hist.observe(held)
+            if hist is not None:
+                with self._lock:
+                    hist.observe(held)
+            if limit is not None and held >= limit:
+                self._hold_ended(hold.key, hold.token, held)
 
     # -- the LaneOps interface -------------------------------------------------------------
 

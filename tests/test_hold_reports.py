@@ -1,0 +1,223 @@
+"""``warn_hold_s`` as a hold ends (the contract suite runs the common case on all eight
+classes): the in-process lanes' releases hand a hold that lasted that long to the
+reporter thread (see "reports made off the lock" in lanequeue._core), on the lane's own
+clock, from every release path; hold times are measured for it without showing in the
+metrics; the setting can change on a live lane; a forked child reports too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from lanequeue import AsyncLaneQueue, Lane, LaneQueue, SessionLane
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _Ends(logging.Handler):
+    """The "has been released" records of the lanequeue logger, with a condition to
+    wait for them (they come from the reporter thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+        self.cond = threading.Condition()
+
+        self.probes = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "has been released" in message:
+            with self.cond:
+                if message.startswith("lane 'probe'"):
+                    self.probes += 1
+                else:
+                    self.lines.append(message)
+                self.cond.notify_all()
+
+    def wait_for(self, n: int) -> list[str]:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.lines) >= n, 10), self.lines
+            return list(self.lines)
+
+    def settle(self) -> list[str]:
+        """The lines so far, after a report sent now has been through the thread (the
+        reports are handled in order)."""
+        probe = SessionLane("probe", warn_hold_s=0.0)
+        n = self.probes
+        with probe.acquire("probe"):
+            pass
+        with self.cond:
+            assert self.cond.wait_for(lambda: self.probes > n, 10)
+            return list(self.lines)
+
+
+@pytest.fixture
+def ends() -> Iterator[_Ends]:
+    handler = _Ends()
+    logger = logging.getLogger("lanequeue")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@pytest.mark.parametrize("cls", [Lane, SessionLane])
+def test_a_long_hold_is_measured_on_the_lanes_clock(cls: Any, ends: _Ends) -> None:
+    clock = FakeClock()
+    lane = cls("l", clock=clock, warn_hold_s=5.0)
+    with lane.acquire("k"):
+        clock.advance(4.999)
+    assert ends.settle() == []
+    with lane.acquire("k") as hold:
+        clock.advance(5.0)
+    assert ends.wait_for(1) == [
+        f"lane 'l': key 'k' held its permit for 5.000 s (token {hold.token}), past "
+        "warn_hold_s; it has been released"]
+
+
+def test_every_release_path_reports(ends: _Ends) -> None:
+    """A hold's exit with nobody in line and with a waiter (the hand-off), a release by
+    key, ``hold.release()``, ``acquire_all`` (each lane), and a dropped hold."""
+    clock = FakeClock()
+    lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
+    queue = LaneQueue(warn_hold_s=1.0)
+    queue.add_session_lane("session", clock=clock)
+    queue.add_lane("global", clock=clock)
+
+    with lane.acquire("exit"):
+        clock.advance(1)
+    assert lane.try_acquire("by-key")
+    clock.advance(1)
+    assert lane.manual_release("by-key")
+    with lane.acquire("early") as hold:
+        clock.advance(1)
+        hold.release()
+    # a hand-off: the exit finds a waiter in line
+    hold = lane.acquire("handoff")
+    hold.__enter__()
+    second = lane.acquire("handoff")  # (entered by the thread, left here)
+    waiter = threading.Thread(target=second.__enter__)
+    waiter.start()
+    while lane.waiting_for("handoff") != 1:
+        threading.Event().wait(0.001)
+    clock.advance(1)
+    hold.__exit__(None, None, None)
+    waiter.join(10)
+    assert second.held
+    second.__exit__(None, None, None)  # (short: not reported)
+    with queue.acquire_all("all", ["session", "global"]):
+        clock.advance(1)
+    dropped = lane.acquire("dropped")
+    dropped.__enter__()
+    clock.advance(1)
+    with pytest.warns(ResourceWarning):
+        del dropped
+        gc.collect()
+    assert lane.try_acquire("dropped")  # (the dropped hold ended before this take)
+    assert lane.manual_release("dropped")
+    lines = ends.settle()
+    assert sorted(line.split()[1] + line.split()[3] for line in lines) == sorted([
+        "'s':'exit'", "'s':'by-key'", "'s':'early'", "'s':'handoff'", "'s':'dropped'",
+        "'session':'all'", "'global':'all'"])
+
+
+def test_asyncio_acquire_all_reports(ends: _Ends) -> None:
+    queue = AsyncLaneQueue(warn_hold_s=0.05)
+    queue.add_session_lane("session")
+    queue.add_lane("global")
+
+    async def main() -> None:
+        async with queue.acquire_all("k", ["session", "global"]):
+            await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert sorted(line.split()[1] for line in ends.wait_for(2)) == ["'global':", "'session':"]
+
+
+def test_hold_times_measured_for_it_do_not_show_in_the_metrics(ends: _Ends) -> None:
+    lane = SessionLane("s", warn_hold_s=10.0)
+    with lane.acquire("k"):
+        pass
+    assert lane.metrics_snapshot()[0].hold is None
+    lane.track_holds()
+    with lane.acquire("k"):
+        pass
+    hold = lane.metrics_snapshot()[0].hold
+    assert hold is not None and hold.count == 2  # (measured since warn_hold_s)
+
+
+def test_the_setting_changes_on_a_live_lane(ends: _Ends) -> None:
+    clock = FakeClock()
+    lane = Lane("g", clock=clock)
+    assert lane.warn_hold_s is None
+    with lane.acquire("off"):
+        clock.advance(100)
+    lane.warn_hold_s = 1.0
+    with lane.acquire("on"):
+        clock.advance(1)
+    lane.warn_hold_s = None
+    with lane.acquire("off-again"):
+        clock.advance(100)
+    assert [line.split()[3] for line in ends.settle()] == ["'on'"]
+    with pytest.raises(ValueError, match="warn_hold_s"):
+        lane.warn_hold_s = -1
+    with pytest.raises(TypeError, match="warn_hold_s"):
+        lane.warn_hold_s = "1"  # type: ignore[assignment]
+    assert lane.warn_hold_s is None
+
+
+def test_the_core_does_not_keep_its_lane_alive() -> None:
+    lane = SessionLane("s", warn_hold_s=1.0)
+    ref = weakref.ref(lane)
+    del lane
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX only")
+def test_a_forked_child_reports_its_long_holds() -> None:
+    """The parent's reporter thread does not exist in a child made by fork: the child
+    gets its own (a hold of the child that lasted long is logged there)."""
+    clock = FakeClock()
+    lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
+    with lane.acquire("parent"):  # the parent's reporter thread runs
+        clock.advance(1)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it logged through the pipe, then leave
+        code = 1
+        try:
+            handler = _Ends()
+            logger = logging.getLogger("lanequeue")
+            logger.addHandler(handler)
+            logger.setLevel(logging.WARNING)
+            with lane.acquire("child"):
+                clock.advance(1)
+            lines = handler.wait_for(1)
+            os.write(write, "\n".join(lines).encode())
+            code = 0
+        finally:
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        out = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    assert "key 'child' held its permit for 1.000 s" in out
