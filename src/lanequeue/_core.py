@@ -196,7 +196,10 @@ the hold's length only once an exporter turned hold times on (``hold_hist``: one
 append of ``now - since`` to a list, bucketed by :meth:`_CoreBase._fold_holds` once
 the token released reaches ``hold_fold_at`` (about every :data:`~lanequeue._obs.HELD_BATCH`
 releases) and at read time; on a per-key lane the release reads the clock anyway, for
-the idle age, so hold times add no clock read there). Waits are
+the idle age, so hold times add no clock read there). A lane's ``warn_hold_s``
+(:meth:`_CoreBase.watch_holds`) turns hold times on too, and makes every release call
+``_fold_holds``, which hands a hold that lasted that long to a reporter thread (one
+builtin call under the lock; the lane logs it off the lock). Waits are
 observed by the faces' slow path (:meth:`_CoreBase.observe_wait`), or, for a face whose
 waiters' ``since`` is on the core's clock (``waits_at_grant``), by the hand-off that ends
 them (under the lock it holds anyway; the face observes the others); immediate grants are
