@@ -163,6 +163,7 @@ from __future__ import annotations
 import functools
 import heapq
 import itertools
+import logging
 import math
 import os
 import threading
@@ -193,6 +194,9 @@ if TYPE_CHECKING:  # (typing has them from 3.11; only the type checker needs the
     _Args = TypeVarTuple("_Args")
 
 _R = TypeVar("_R")
+
+#: The dispatcher's logger (a callback that raised, a failed turn never looked at).
+log = logging.getLogger("lanequeue")
 
 __all__ = [
     "BUSY_POLICIES",
@@ -303,13 +307,28 @@ class Ticket:
     ``fn``'s value for ``done``, re-raises ``fn``'s exception for ``failed``, and raises the
     state's :class:`~lanequeue.TurnError` subclass otherwise. Cancelling a task that awaits
     a ticket does not cancel the turn; :meth:`cancel` does. Thread-safe.
+
+    A ``failed`` ticket whose exception nobody took logs it when the ticket is
+    garbage-collected (as asyncio does for a task's exception never retrieved): one ERROR
+    on the ``lanequeue`` logger naming the key and the ticket id, with the exception and
+    its traceback. It is taken by :meth:`result` or :meth:`exception` returning or raising
+    it, by an ``await ticket`` that ends with it, or by a done-callback
+    (:meth:`add_done_callback`) called with the ended ticket: the callback's owner took
+    charge of the outcome, whether it reads it or not. A callback removed before the end
+    does not count, nor does asyncio's own (``asyncio.wait``'s: read the done tickets'
+    results), nor a wait that timed out or an ``await`` cancelled before the end. The log
+    comes from the garbage collector, so from any thread, at any point (a turn's
+    exception usually refers back to its ticket through its traceback: the ticket goes in
+    a collection of cycles, not when the last name of it goes); it takes no lock of the
+    dispatcher. Only failed tickets carry what it takes: a ticket that ends otherwise
+    costs nothing more.
     """
 
     __slots__ = (
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
         "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "_claim",
-        "_number", "_forget", "__weakref__",
+        "_number", "_forget", "_unseen", "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
@@ -343,6 +362,8 @@ class Ticket:
         # The number of its claim in the shared window (its give-back carries it).
         self._number = 0
         self._forget = False  # its claim is to be given back (when its end is told)
+        # Failed and not taken yet: logs the exception when dropped (see _Unretrieved).
+        self._unseen: _Unretrieved | None = None
 
     @property
     def payload(self) -> Any:
@@ -367,7 +388,9 @@ class Ticket:
         """Call ``fn(ticket)`` once the ticket ends (at once if it has), from the thread
         that ends it. Exceptions from ``fn`` are logged and ignored. If an interrupt (a
         ``KeyboardInterrupt``) lands in the dispatcher right after ``fn`` returned, ``fn``
-        may be called a second time (never not at all).
+        may be called a second time (never not at all). Called with a ``failed`` ticket,
+        ``fn`` takes charge of its exception: the ticket does not log it when collected
+        (see :class:`Ticket`).
 
         Raises:
             TypeError: ``fn`` is not callable (checked here, not when the ticket ends)."""
@@ -377,6 +400,8 @@ class Ticket:
             if self._callbacks is not None:
                 self._callbacks.append(fn)
                 return
+        if self._unseen is not None and _takes_outcome(fn):
+            self._taken()
         _call(fn, self)
 
     def remove_done_callback(self, fn: Callable[[Ticket], Any]) -> int:
@@ -399,6 +424,8 @@ class Ticket:
             return self._value
         if state == FAILED:
             assert self._error is not None
+            if self._unseen is not None:
+                self._taken()
             raise self._error
         raise _ERRORS[state](state, self.key, self.reason or state, self.id)
 
@@ -432,6 +459,14 @@ class Ticket:
                 f"ticket {self.id} of key {shown(self.key)} still {self.state} after {timeout} s")
         return self._outcome()
 
+    def _taken(self) -> None:
+        """The failed outcome was taken (see the class docstring): no log when dropped.
+        Any thread; no lock (plain stores: the log is disarmed before it is let go)."""
+        unseen = self._unseen
+        if unseen is not None:
+            unseen.exc = None
+            self._unseen = None
+
     def _wait_event(self) -> _Signal:
         with self._machine._lock:
             if self._event is None:
@@ -462,19 +497,7 @@ class Ticket:
 
             loop = asyncio.get_running_loop()
             fut: asyncio.Future[None] = loop.create_future()
-
-            def wake(_: Ticket) -> None:
-                def settle() -> None:
-                    if not fut.done():
-                        fut.set_result(None)
-
-                if loop.is_closed():
-                    return
-                if _on_loop(loop):
-                    settle()
-                else:
-                    loop.call_soon_threadsafe(settle)
-
+            wake = _Wake(loop, fut)
             self.add_done_callback(wake)
             try:
                 # A private future: cancelling the awaiting task cancels only this wait.
@@ -494,6 +517,74 @@ class Ticket:
     def __repr__(self) -> str:
         extra = f" reason={self.reason!r}" if self.reason else ""
         return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
+
+
+class _Wake:
+    """The done-callback of one ``await ticket``: wakes the awaiting task (from the thread
+    that ends the ticket). Not a taking of the outcome (see :class:`Ticket`): the await
+    takes it when it ends with it, and one cancelled before the end takes nothing."""
+
+    __slots__ = ("loop", "fut")
+
+    def __init__(self, loop: Any, fut: Any) -> None:
+        self.loop = loop
+        self.fut = fut
+
+    def __call__(self, _: Ticket) -> None:
+        loop = self.loop
+        if loop.is_closed():
+            return
+        if _on_loop(loop):
+            _settle(self.fut)
+        else:
+            loop.call_soon_threadsafe(_settle, self.fut)
+
+
+def _settle(fut: Any) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _takes_outcome(fn: Any) -> bool:
+    """Whether a done-callback ``fn`` called with a failed ticket takes its outcome (see
+    :class:`Ticket`): not an ``await``'s wake-up, nor asyncio's own callbacks (``asyncio.wait``
+    only collects the done tickets; its caller is to read them)."""
+    if type(fn) is _Wake:
+        return False
+    module = getattr(fn, "__module__", None)
+    return not (isinstance(module, str) and module.startswith("asyncio."))
+
+
+class _Unretrieved:
+    """Carried by a ``failed`` ticket until its exception is taken (``Ticket._unseen``):
+    dropped with the ticket while it still holds the exception, it logs it (asyncio's
+    ``_TracebackLogger`` did the same for futures). Only failed tickets make one, so a
+    ticket has no finaliser of its own and a turn that succeeds costs nothing.
+
+    ``__del__`` may run in any thread, at any point where the garbage collector runs
+    (inside the dispatcher's locked sections too) and at interpreter shutdown: it reads
+    only its own fields, takes no dispatcher lock, and never raises. Made inert (``exc``
+    None) in :meth:`Machine._end` before it is armed, and disarmed before it is let go
+    (:meth:`Ticket._taken`)."""
+
+    __slots__ = ("key", "tid", "exc")
+
+    key: str
+    tid: int
+    exc: BaseException | None  # (unset until armed)
+
+    def __del__(self) -> None:
+        exc = getattr(self, "exc", None)  # (unset: made, never armed)
+        if exc is None:
+            return
+        self.exc = None
+        try:
+            log.error(
+                "ticket %d of key %s failed and its exception was never retrieved "
+                "(result(), exception(), await ticket, or a done-callback)", self.tid,
+                shown(self.key), exc_info=(type(exc), exc, exc.__traceback__))
+        except Exception:  # (at interpreter shutdown the logging may be gone)
+            pass
 
 
 class _Signal(threading.Event):
@@ -562,9 +653,7 @@ def _call(fn: Callable[..., Any], *args: Any) -> None:
     try:
         fn(*args)
     except Exception:
-        import logging
-
-        logging.getLogger("lanequeue").exception("dispatcher callback %r raised", fn)
+        log.exception("dispatcher callback %r raised", fn)
 
 
 class Inbox:
@@ -1594,15 +1683,22 @@ class Machine:
              value: Any = None, error: BaseException | None = None) -> bool:
         """The ONE place a ticket ends (lock held). False if it had ended already.
 
-        Interrupt-safe (see "Interrupts"): the one lookup first, then plain stores, then
-        ``fx.ended.append`` (a builtin: once it returned the end will be told); the
-        deadline heap's entry is marked stale last (left unmarked, it is dropped when
-        due)."""
+        Interrupt-safe (see "Interrupts"): the one lookup first (and, for ``failed``, the
+        inert :class:`_Unretrieved` it arms), then plain stores, then ``fx.ended.append``
+        (a builtin: once it returned the end will be told); the deadline heap's entry is
+        marked stale last (left unmarked, it is dropped when due)."""
         if t.state in TERMINAL:
             return False
         mine = False
         returned: dict[int, float] | None = None
         until = 0.0
+        unseen: _Unretrieved | None = None
+        if state == FAILED and error is not None:
+            # Inert until the commit arms it (a plain store of its exc): dropped by an
+            # interrupt before that, it logs nothing.
+            unseen = _Unretrieved()
+            unseen.key = t.key
+            unseen.tid = t.id
         if not t._started and t.dedupe_id is not None:
             # A turn that never ran is forgotten, so a genuine retry runs.
             seen = self._dedupe.get(t.dedupe_id)
@@ -1620,6 +1716,9 @@ class Machine:
         t.reason = reason
         t._value = value
         t._error = error
+        if unseen is not None:
+            unseen.exc = error
+            t._unseen = unseen
         t._job = None
         self._c[state] += 1
         if state == DEDUPED:
@@ -2116,6 +2215,8 @@ class Machine:
             event.set()
         while callbacks:
             cb = callbacks[0]
+            if t._unseen is not None and _takes_outcome(cb):
+                t._taken()
             _call(cb, t)
             with self._lock:
                 if callbacks and callbacks[0] is cb:
