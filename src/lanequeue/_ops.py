@@ -30,7 +30,7 @@ from ._errors import shown
 from ._obs import StuckHold
 from ._validate import check_timeout
 
-__all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "OnWait", "log"]
+__all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "LoopWaitWarning", "OnWait", "log"]
 
 log = logging.getLogger("lanequeue")
 
@@ -115,26 +115,55 @@ def outside_level() -> int:
     return level
 
 
-class LaneOps:
-    """Slow waits, long holds, ``stuck`` and ``close``, over the interface in the module
-    docstring. Thread-safe as far as the interface is."""
+class LoopWaitWarning:
+    """The ONE warning of a blocking call made from a thread that runs an asyncio event
+    loop, issued once per object: a thread lane's wait (:class:`LaneOps`), a dispatcher's
+    ``drain``/``wait_idle`` on threads or a wait for one of its tickets
+    (:class:`lanequeue.dispatch._base.DispatcherBase`). The loop (its other tasks, maybe
+    the one whose work would end the wait) stops until the call returns, often for the
+    call's whole timeout.
 
-    _warned_loop = False  # a wait from an event loop's thread was warned of (once)
+    A caller checks, where the call is about to block, ``not self._warned_loop and
+    asyncio.events._get_running_loop() is not None`` (a plain attribute and a C call: no
+    cost on the path that does not block), then calls :meth:`_warn_loop`. The object
+    says what it is (:meth:`_loop_subject`), what else may stop (``_loop_stops``) and
+    what to use instead (``_loop_instead``)."""
 
-    def _warn_loop(self) -> None:
-        """Warn, once per lane, of a thread lane's blocking wait from a thread that runs
-        an asyncio event loop (the thread faces call it when a wait is about to block
-        and ``asyncio.events._get_running_loop()`` is not None): the loop (its other
-        tasks, maybe the holder's release) stops until the wait ends, often for the
-        wait's whole timeout."""
+    _warned_loop = False  # a blocking call from an event loop's thread was warned of
+    #: What else stops with the loop (the words in parentheses).
+    _loop_stops: str = ""
+    #: What to use instead in async code.
+    _loop_instead: str = ""
+
+    def _loop_subject(self) -> str:
+        """How the warning names the object."""
+        return type(self).__name__
+
+    def _warn_loop(self, call: str = "wait") -> None:
+        """Warn (a ``RuntimeWarning`` pointing at the caller's line outside the package)
+        of a blocking ``call`` from a thread that runs an asyncio event loop; only the
+        first time for this object."""
         self._warned_loop = True
         warnings.warn(
-            f"{type(self).__name__} {self.name!r}: a blocking wait from a thread that runs "
-            "an asyncio event loop: the loop and its other tasks (maybe the holder, whose "
-            "release would end this wait) stop until it ends. Use the asyncio face in "
-            "async code (AsyncSessionLane, AsyncLane, AsyncRedisSessionLane, "
-            "AsyncRedisLane, build_default_async_lanes())",
+            f"{self._loop_subject()}: a blocking {call} from a thread that runs an asyncio "
+            f"event loop: the loop and its other tasks ({self._loop_stops}) stop until it "
+            f"ends. {self._loop_instead}",
             RuntimeWarning, stacklevel=outside_level())
+
+
+class LaneOps(LoopWaitWarning):
+    """Slow waits, long holds, ``stuck`` and ``close``, over the interface in the module
+    docstring. Thread-safe as far as the interface is.
+
+    A thread lane's wait that is about to block in a thread that runs an asyncio event
+    loop warns once per lane (:meth:`LoopWaitWarning._warn_loop`)."""
+
+    _loop_stops = "maybe the holder, whose release would end this wait"
+    _loop_instead = ("Use the asyncio face in async code (AsyncSessionLane, AsyncLane, "
+                     "AsyncRedisSessionLane, AsyncRedisLane, build_default_async_lanes())")
+
+    def _loop_subject(self) -> str:
+        return f"{type(self).__name__} {self.name!r}"
 
     name: str
     warn_after_s: float | None
