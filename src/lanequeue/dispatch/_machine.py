@@ -168,6 +168,7 @@ import math
 import os
 import threading
 import weakref
+from asyncio.events import _get_running_loop
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
@@ -252,6 +253,11 @@ class Face(Protocol):
 
     def cancel(self, ticket: Ticket) -> bool: ...
 
+    #: A blocking wait from a thread that runs an event loop was warned of (once).
+    _warned_loop: bool
+
+    def _warn_loop(self, call: str = ...) -> None: ...
+
     #: Runs blocking I/O (the shared dedupe window's calls) off the caller's thread:
     #: ``offload(fn, done)`` calls ``fn()`` elsewhere and then ``done(its result or the
     #: exception it raised)`` on the face's own thread (the event loop). None: the I/O runs
@@ -303,7 +309,8 @@ class Ticket:
     the event loop shut down), ...),
     None otherwise.
 
-    Waiting: ``await ticket`` (asyncio) or ``ticket.result(timeout)`` (any thread) returns
+    Waiting: ``await ticket`` (from any event loop, for the tickets of both dispatchers)
+    or ``ticket.result(timeout)`` (any thread; see there for event loops' threads) returns
     ``fn``'s value for ``done``, re-raises ``fn``'s exception for ``failed``, and raises the
     state's :class:`~lanequeue.TurnError` subclass otherwise. Cancelling a task that awaits
     a ticket does not cancel the turn; :meth:`cancel` does. Thread-safe.
@@ -444,14 +451,25 @@ class Ticket:
         On the thread running an asyncio :class:`~lanequeue.Dispatcher`'s event loop, a
         call that may wait (``timeout`` other than 0) raises RuntimeError at once: the
         turn runs on that loop, which a blocking wait would freeze, so it could never end
-        in time. Use ``await ticket`` there (``result(0)`` still polls)."""
-        return self._result(check_timeout(timeout, "Ticket.result() argument 'timeout'"))
+        in time. Use ``await ticket`` there (``result(0)`` still polls). On a thread that
+        runs another event loop (a ``ThreadDispatcher``'s ticket, or a ``Dispatcher``'s
+        on another loop), a call that has to wait (the ticket has not ended, ``timeout``
+        other than 0) blocks that loop: the first such wait of the dispatcher's tickets
+        warns (``RuntimeWarning``, pointing at the caller's line); ``await ticket``
+        works from any event loop."""
+        return self._result(check_timeout(timeout, "Ticket.result() argument 'timeout'"),
+                            "result()")
 
-    def _result(self, timeout: float | None) -> Any:
-        if timeout != 0 and _on_loop(getattr(self._machine.face, "_loop", None)):
-            raise RuntimeError(
-                f"ticket {self.id} of key {shown(self.key)}: result() and exception() would block "
-                "the event loop that runs the turn; use await ticket")
+    def _result(self, timeout: float | None, call: str) -> Any:
+        if timeout != 0:
+            face = self._machine.face
+            if _on_loop(getattr(face, "_loop", None)):
+                raise RuntimeError(
+                    f"ticket {self.id} of key {shown(self.key)}: result() and exception() "
+                    "would block the event loop that runs the turn; use await ticket")
+            if (self.state not in TERMINAL and not face._warned_loop
+                    and _get_running_loop() is not None):
+                face._warn_loop(f"ticket.{call}")  # (see LoopWaitWarning in lanequeue._ops)
         if not self._wait_event().wait(timeout):
             import concurrent.futures
 
@@ -479,10 +497,11 @@ class Ticket:
         """Like :meth:`result`, but returns the exception instead of raising it (None for
         ``done``). ``timeout`` as for :meth:`result` (checked first: a bad value raises,
         it is never returned as the ticket's exception; on the dispatcher's loop thread a
-        wait raises RuntimeError, as for :meth:`result`)."""
+        wait raises RuntimeError, and on another loop's thread a wait warns, as for
+        :meth:`result`)."""
         wait = check_timeout(timeout, "Ticket.exception() argument 'timeout'")
         try:
-            self._result(wait)
+            self._result(wait, "exception()")
         except TurnError as exc:
             return exc
         except BaseException as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from asyncio.events import _get_running_loop
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -127,6 +128,10 @@ class ThreadDispatcher(DispatcherBase):
 
     # -- the face -----------------------------------------------------------------------
 
+    _loop_instead = ("In async code await the ticket (await ticket works from any event "
+                     "loop), and call drain() or wait_idle() in a thread "
+                     "(await asyncio.to_thread(dispatcher.drain, timeout_s))")
+
     def _now(self) -> float:
         return self._clock()
 
@@ -216,9 +221,19 @@ class ThreadDispatcher(DispatcherBase):
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Block up to ``timeout_s`` seconds (None: no limit; 0: do not wait) until no
-        turn is running or pending. Returns True when idle, False when time ran out."""
+        turn is running or pending. Returns True when idle, False when time ran out.
+
+        Called from a thread that runs an asyncio event loop, a call that has to wait
+        (not idle, ``timeout_s`` other than 0) blocks that loop: the first such call of
+        the dispatcher warns (``RuntimeWarning``); so does :meth:`drain`."""
         timeout = check_timeout(
             timeout_s, f"{type(self).__name__}.wait_idle() argument 'timeout_s'")
+        return self._wait_idle(timeout, "wait_idle()")
+
+    def _wait_idle(self, timeout: float | None, call: str) -> bool:
+        if (timeout != 0 and not self._warned_loop and _get_running_loop() is not None
+                and not self._machine.is_idle()):
+            self._warn_loop(call)  # (see LoopWaitWarning in lanequeue._ops)
         lock = self._idle_lock
         try:
             lock.acquire()  # inside the try (see __init__)
@@ -238,7 +253,7 @@ class ThreadDispatcher(DispatcherBase):
             timeout_s, f"{type(self).__name__}.drain() argument 'timeout_s'")
         self._check_process()
         self._machine.drain()
-        return self.wait_idle(timeout)
+        return self._wait_idle(timeout, "drain()")
 
     def close(self, *, cancel_pending: bool = True) -> None:
         super().close(cancel_pending=cancel_pending)
