@@ -154,7 +154,7 @@ def test_await_of_a_thread_dispatcher_ticket_works_from_an_event_loop(
 
         task = asyncio.create_task(await_it())
         await entered.wait()  # (await_it is now suspended inside ``await running``)
-        assert running.state == "running" and running._callbacks
+        assert not running.done() and running._callbacks  # (it ends only after go)
         go.set()
         return await task
 
@@ -262,3 +262,33 @@ def test_async_dispatcher_ticket_wait_on_another_loop_thread_warns_once(
     assert (w.filename, w.lineno) == (__file__, lines[0])
     assert str(w.message).startswith("Dispatcher: a blocking ticket.exception() from a "
                                      "thread that runs an asyncio event loop")
+
+
+def test_async_dispatcher_wait_on_its_own_loop_raises_also_for_a_failed_ticket(
+        recorded: list[warnings.WarningMessage]) -> None:
+    """On the ``Dispatcher``'s own loop thread, ``exception(timeout)`` with a timeout
+    other than 0 raises the RuntimeError, as ``result`` does, also once the ticket
+    failed: it used to return that RuntimeError as if it were the turn's exception.
+    ``exception(0)`` returns the turn's own exception; no warning either way."""
+
+    class Boom(Exception):
+        pass
+
+    async def main() -> None:
+        d = Dispatcher(build_default_async_lanes())
+
+        async def boom() -> None:
+            raise Boom("the turn's own")
+
+        t = d.submit("k", boom)
+        assert await d.wait_idle(WAIT)
+        assert t.state == "failed"
+        for wait in (t.exception, t.result):
+            with pytest.raises(RuntimeError, match="would block the event loop"):
+                wait(WAIT)
+        assert isinstance(t.exception(0), Boom)
+        with pytest.raises(Boom):
+            t.result(0)
+
+    asyncio.run(main())
+    assert runtime_warnings(recorded) == []

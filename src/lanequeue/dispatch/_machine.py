@@ -457,10 +457,14 @@ class Ticket:
         other than 0) blocks that loop: the first such wait of the dispatcher's tickets
         warns (``RuntimeWarning``, pointing at the caller's line); ``await ticket``
         works from any event loop."""
-        return self._result(check_timeout(timeout, "Ticket.result() argument 'timeout'"),
-                            "result()")
+        self._wait(check_timeout(timeout, "Ticket.result() argument 'timeout'"), "result()")
+        return self._outcome()
 
-    def _result(self, timeout: float | None, call: str) -> Any:
+    def _wait(self, timeout: float | None, call: str) -> None:
+        """Wait for the end (``result`` and ``exception``; ``call`` names the call in the
+        loop-thread warning). Raises RuntimeError on the asyncio dispatcher's loop thread
+        (any ``timeout`` but 0), ``concurrent.futures.TimeoutError`` when ``timeout``
+        passes first."""
         if timeout != 0:
             face = self._machine.face
             if _on_loop(getattr(face, "_loop", None)):
@@ -475,7 +479,6 @@ class Ticket:
 
             raise concurrent.futures.TimeoutError(
                 f"ticket {self.id} of key {shown(self.key)} still {self.state} after {timeout} s")
-        return self._outcome()
 
     def _taken(self) -> None:
         """The failed outcome was taken (see the class docstring): no log when dropped.
@@ -500,12 +503,13 @@ class Ticket:
         wait raises RuntimeError, and on another loop's thread a wait warns, as for
         :meth:`result`)."""
         wait = check_timeout(timeout, "Ticket.exception() argument 'timeout'")
+        # (The wait's own errors, RuntimeError on the loop's thread and TimeoutError, are
+        # raised: never returned as the ticket's exception, also for a failed ticket.)
+        self._wait(wait, "exception()")
         try:
-            self._result(wait, "exception()")
-        except TurnError as exc:
-            return exc
+            self._outcome()
         except BaseException as exc:
-            if self.state == FAILED:
+            if exc is self._error or isinstance(exc, TurnError):  # (not an interrupt's)
                 return exc
             raise
         return None
