@@ -3,7 +3,7 @@
 ``ticket.result(timeout)`` / ``exception(timeout)`` that has to wait, and a
 ``ThreadDispatcher``'s ``drain`` / ``wait_idle`` that has to wait, block the calling
 thread: on a thread that runs an event loop they stop the loop. As the thread lanes do
-(``LoopWaitWarning`` in ``lanequeue._ops``), the first such call of a dispatcher warns, a
+(``LoopWaitWarner`` in ``lanequeue._ops``), the first such call of a dispatcher warns, a
 ``RuntimeWarning`` pointing at the caller's line; a call that does not block (an ended
 ticket, a timeout of 0, an idle dispatcher) does not, nor does a wait from a thread that
 runs no loop (``asyncio.to_thread``'s workers, plain threads). On the thread of the

@@ -30,7 +30,7 @@ from ._errors import shown
 from ._obs import StuckHold
 from ._validate import check_timeout
 
-__all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "LoopWaitWarning", "OnWait", "log"]
+__all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "LoopWaitWarner", "OnWait", "log"]
 
 log = logging.getLogger("lanequeue")
 
@@ -115,7 +115,7 @@ def outside_level() -> int:
     return level
 
 
-class LoopWaitWarning:
+class LoopWaitWarner:
     """The ONE warning of a blocking call made from a thread that runs an asyncio event
     loop, issued once per object: a thread lane's wait (:class:`LaneOps`), a dispatcher's
     ``drain``/``wait_idle`` on threads or a wait for one of its tickets
@@ -151,12 +151,12 @@ class LoopWaitWarning:
             RuntimeWarning, stacklevel=outside_level())
 
 
-class LaneOps(LoopWaitWarning):
+class LaneOps(LoopWaitWarner):
     """Slow waits, long holds, ``stuck`` and ``close``, over the interface in the module
     docstring. Thread-safe as far as the interface is.
 
     A thread lane's wait that is about to block in a thread that runs an asyncio event
-    loop warns once per lane (:meth:`LoopWaitWarning._warn_loop`)."""
+    loop warns once per lane (:meth:`LoopWaitWarner._warn_loop`)."""
 
     _loop_stops = "maybe the holder, whose release would end this wait"
     _loop_instead = ("Use the asyncio face in async code (AsyncSessionLane, AsyncLane, "

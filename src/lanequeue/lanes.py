@@ -252,7 +252,7 @@ class _ThreadFace:
                 # this wait joined the line: it ends as cleared (the handler withdraws).
                 raise ended_error(self.name, key, CLEARED)
             if not self._warned_loop and _get_running_loop() is not None:
-                self._warn_loop()  # (see LoopWaitWarning in lanequeue._ops)
+                self._warn_loop()  # (see LoopWaitWarner in lanequeue._ops)
             warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = waiter.ahead  # (stored as it joined)

@@ -12,7 +12,7 @@ from threading import TIMEOUT_MAX
 from typing import Any
 
 from .._kinds import LANE_DEFAULT
-from .._ops import LoopWaitWarning
+from .._ops import LoopWaitWarner
 from .._validate import (
     as_int,
     check_ageing,
@@ -69,13 +69,13 @@ def check_fn(fn: object, awaits: bool, name: str = "fn") -> None:
                         f"coroutine function {fn!r} (use Dispatcher on asyncio to await it)")
 
 
-class DispatcherBase(LoopWaitWarning):
+class DispatcherBase(LoopWaitWarner):
     """The surface common to :class:`~lanequeue.Dispatcher` and
     :class:`~lanequeue.ThreadDispatcher` (see their docstrings).
 
     A blocking wait of the dispatcher's (a ticket's ``result``/``exception`` that has to
     wait; on threads ``drain``/``wait_idle``) from a thread that runs an asyncio event
-    loop warns once per dispatcher (:class:`~lanequeue._ops.LoopWaitWarning`)."""
+    loop warns once per dispatcher (:class:`~lanequeue._ops.LoopWaitWarner`)."""
 
     _loop_stops = "maybe one that the turn needs"
     _loop_instead = "In async code await the ticket (await ticket works from any event loop)"

@@ -473,7 +473,7 @@ class Ticket:
                     "would block the event loop that runs the turn; use await ticket")
             if (self.state not in TERMINAL and not face._warned_loop
                     and _get_running_loop() is not None):
-                face._warn_loop(f"ticket.{call}")  # (see LoopWaitWarning in lanequeue._ops)
+                face._warn_loop(f"ticket.{call}")  # (see LoopWaitWarner in lanequeue._ops)
         if not self._wait_event().wait(timeout):
             import concurrent.futures
 

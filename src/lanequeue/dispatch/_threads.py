@@ -233,7 +233,7 @@ class ThreadDispatcher(DispatcherBase):
     def _wait_idle(self, timeout: float | None, call: str) -> bool:
         if (timeout != 0 and not self._warned_loop and _get_running_loop() is not None
                 and not self._machine.is_idle()):
-            self._warn_loop(call)  # (see LoopWaitWarning in lanequeue._ops)
+            self._warn_loop(call)  # (see LoopWaitWarner in lanequeue._ops)
         lock = self._idle_lock
         try:
             lock.acquire()  # inside the try (see __init__)

@@ -393,7 +393,7 @@ class _SyncFace(RedisOps[RedisHold]):
 
     def _wait_wake(self, owner: str, block: float) -> int:
         if not self._warned_loop and _get_running_loop() is not None:
-            self._warn_loop()  # (see LoopWaitWarning in lanequeue._ops)
+            self._warn_loop()  # (see LoopWaitWarner in lanequeue._ops)
         token = self._wk().wait(owner, self._ops_block(owner, block))
         self._ops_woke(owner)  # raises when clear/drain ended this wait
         return token
