@@ -243,6 +243,43 @@ def test_asyncio_wait_takes_tickets_and_leaves_no_callback() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_asyncio_wait_and_as_completed_wake_for_a_thread_dispatchers_tickets() -> None:
+    """A ThreadDispatcher's ticket ends in a worker thread: asyncio's own callbacks on it
+    (``asyncio.wait``'s, ``as_completed``'s) run on their loop, which wakes. They used to
+    run in the worker and set a loop future without waking the loop: ``asyncio.wait``
+    hung until something else woke the loop (here, its 20 s timeout)."""
+    import threading
+    import time
+
+    from lanequeue import LaneQueue, ThreadDispatcher
+
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    d = ThreadDispatcher(queue, lanes=["session"])
+    gate = threading.Event()
+    try:
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            t1 = d.submit("a", gate.wait, 20)
+            t2 = d.submit("b", gate.wait, 20)
+            loop.call_later(0.05, gate.set)  # (the loop's timer; the wait has begun)
+            began = time.monotonic()
+            done, pending = await asyncio.wait([t1], timeout=20)
+            assert done == {t1} and not pending
+            assert time.monotonic() - began < 10
+            for next_done in asyncio.as_completed([t2], timeout=20):
+                assert await next_done is True
+            assert time.monotonic() - began < 10
+            assert t1._callbacks is None and t2._callbacks is None
+
+        asyncio.run(main())
+    finally:
+        gate.set()
+        assert d.drain(10)
+        d.close()
+
+
+@pytest.mark.timeout(30)
 def test_an_await_of_a_ticket_closed_unfinished_takes_no_lock() -> None:
     """An ``await ticket`` closed unfinished (its loop closed; the garbage collector
     finalizing the coroutine, in any thread, maybe one inside a dispatcher step that

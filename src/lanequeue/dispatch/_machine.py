@@ -399,10 +399,19 @@ class Ticket:
         ``fn`` takes charge of its exception: the ticket does not log it when collected
         (see :class:`Ticket`).
 
+        asyncio's own callbacks (``asyncio.wait``'s, ``as_completed``'s, which set the
+        loop's futures) are the exception: added from an event loop's thread, they are
+        called on that loop (from another thread, through ``call_soon_threadsafe``), so
+        ``asyncio.wait`` of a :class:`~lanequeue.ThreadDispatcher`'s tickets wakes.
+
         Raises:
             TypeError: ``fn`` is not callable (checked here, not when the ticket ends)."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {fn!r}")
+        if type(fn) is not _Wake and not _takes_outcome(fn):  # asyncio's own callback
+            loop = _get_running_loop()
+            if loop is not None:
+                fn = _OnLoop(loop, fn)
         with self._machine._lock:
             if self._callbacks is not None:
                 self._callbacks.append(fn)
@@ -563,6 +572,32 @@ class _Wake:
             loop.call_soon_threadsafe(_settle, self.fut)
 
 
+class _OnLoop:
+    """One of asyncio's own done-callbacks (see :meth:`Ticket.add_done_callback`), called
+    on the loop it was added from, whichever thread ends the ticket. Equal to the
+    callback it wraps, so ``remove_done_callback`` of that callback removes it."""
+
+    __slots__ = ("loop", "fn")
+
+    def __init__(self, loop: Any, fn: Callable[[Ticket], Any]) -> None:
+        self.loop = loop
+        self.fn = fn
+
+    def __call__(self, ticket: Ticket) -> None:
+        loop = self.loop
+        if loop.is_closed():
+            return
+        if _on_loop(loop):
+            self.fn(ticket)
+        else:
+            loop.call_soon_threadsafe(self.fn, ticket)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or bool(self.fn == other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _settle(fut: Any) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -572,7 +607,7 @@ def _takes_outcome(fn: Any) -> bool:
     """Whether a done-callback ``fn`` called with a failed ticket takes its outcome (see
     :class:`Ticket`): not an ``await``'s wake-up, nor asyncio's own callbacks (``asyncio.wait``
     only collects the done tickets; its caller is to read them)."""
-    if type(fn) is _Wake:
+    if type(fn) is _Wake or type(fn) is _OnLoop:
         return False
     module = getattr(fn, "__module__", None)
     return not (isinstance(module, str) and module.startswith("asyncio."))
