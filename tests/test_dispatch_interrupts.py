@@ -490,7 +490,7 @@ def test_an_interrupt_anywhere_in_waiting_for_idle_raises_it_and_leaves_the_noti
                 assert got is False
             except KeyboardInterrupt:
                 assert inj.fired is not None
-            lock = d._idle_lock
+            lock = d._idle_notice.lock
             assert lock.acquire(blocking=False), f"left held ({inj.fired})"
             lock.release()
             notice = threading.Thread(target=d._idle, daemon=True)

@@ -645,57 +645,77 @@ class _Unretrieved:
             pass
 
 
-class _Signal(threading.Event):
-    """A flag threads wait for: a ``threading.Event`` (``Turn.cancel_event``'s documented
-    type) whose lock an interrupt cannot leave held. ``Event`` enters a ``Condition``
-    through its Python-level ``__enter__`` (an interrupt there leaves the lock taken, and
-    every later ``set`` or ``wait`` blocks for ever). Here the lock is an ``RLock`` taken
-    as the first statement inside a ``try`` whose ``finally`` releases it (see
-    "Interrupts" in ``lanequeue._core``); an interrupt inside ``Condition.wait`` that
-    left it released already makes that release refuse (an ``RLock`` is not released for
-    another thread), and the interrupt goes on. A :meth:`set` cut short is made whole by
-    setting it again (see "Interrupts"). Used for a ticket's wait, a claim in flight and
-    a turn's cancel event."""
+class Notice:
+    """A condition threads wait on, whose lock an interrupt cannot leave held:
+    ``threading.Condition`` is entered through its Python-level ``__enter__`` (an
+    interrupt there leaves the lock taken, and every later notify or wait blocks for
+    ever). Here the lock is an ``RLock`` taken as the first statement inside a ``try``
+    whose ``finally`` releases it (see "Interrupts" in ``lanequeue._core``); an
+    interrupt inside ``Condition.wait`` that left it released already makes that
+    release refuse (an ``RLock`` is not released for another thread; a plain ``Lock``
+    would be, whichever thread held it), and the interrupt goes on. Used by
+    :class:`_Signal` and by the ThreadDispatcher's idle notice."""
 
-    def __init__(self) -> None:  # (no super().__init__: its Condition has a plain Lock)
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._flag = False
+    __slots__ = ("lock", "cond")
 
-    def set(self) -> None:
-        self._store(True)
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.cond = threading.Condition(self.lock)
 
-    def clear(self) -> None:
-        self._store(False)
-
-    def _store(self, flag: bool) -> None:
-        lock = self._lock
+    def notify_all(self) -> None:
+        """Wake every waiter (to look at its predicate again)."""
+        lock = self.lock
         try:
             lock.acquire()  # inside the try
-            self._flag = flag
-            if flag:
-                self._cond.notify_all()
+            self.cond.notify_all()
         finally:
             try:  # (the release's own call first: no frame of ours before it)
                 lock.release()
             except RuntimeError:  # not held: interrupted before the acquire
                 pass
 
-    def is_set(self) -> bool:
-        return self._flag
-
-    def wait(self, timeout: float | None = None) -> bool:
-        lock = self._lock
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None) -> bool:
+        """Block until ``predicate()`` is true or ``timeout`` seconds (None: no limit)
+        passed; returns its last value (``Condition.wait_for``)."""
+        lock = self.lock
         try:
             lock.acquire()  # inside the try
-            if not self._flag:
-                self._cond.wait_for(self.is_set, timeout)
-            return self._flag
+            return self.cond.wait_for(predicate, timeout)
         finally:
             try:
                 lock.release()
             except RuntimeError:  # not held: interrupted before the acquire, or in a wait
                 pass
+
+
+class _Signal(threading.Event):
+    """A flag threads wait for: a ``threading.Event`` (``Turn.cancel_event``'s documented
+    type) whose lock an interrupt cannot leave held (a :class:`Notice`; ``Event`` enters
+    its ``Condition`` through Python code). The flag is stored before the notice, which
+    wakes the waiters under the notice's lock, so a waiter that read it false is
+    waiting by then: none misses it. A :meth:`set` cut short is made whole by setting it
+    again (see "Interrupts"). Used for a ticket's wait, a claim in flight and a turn's
+    cancel event."""
+
+    def __init__(self) -> None:  # (no super().__init__: its Condition has a plain Lock)
+        self._notice = Notice()
+        self._cond = self._notice.cond  # (Event's own helpers, _at_fork_reinit, use it)
+        self._flag = False
+
+    def set(self) -> None:
+        self._flag = True
+        self._notice.notify_all()
+
+    def clear(self) -> None:
+        self._flag = False
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        return self._notice.wait_for(self.is_set, timeout)
 
 
 def _on_loop(loop: Any) -> bool:

@@ -10,7 +10,6 @@ on the dispatcher's service thread (:class:`~._workers.Service`).
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from asyncio.events import _get_running_loop
 from collections.abc import Callable, Sequence
@@ -18,7 +17,7 @@ from typing import Any
 
 from .._validate import check_timeout
 from ._base import DispatcherBase, check_int
-from ._machine import _CURRENT, Job, Ticket
+from ._machine import _CURRENT, Job, Notice, Ticket
 from ._workers import Handle, Service
 
 __all__ = ["ThreadDispatcher"]
@@ -117,14 +116,8 @@ class ThreadDispatcher(DispatcherBase):
         self._service = Service(max_threads=slots, name="lanequeue-dispatch", clock=clock,
                                 poll_s=None if clock is time.monotonic else 0.005)
         self._service.stop_with(self)  # dropped without close()
-        # The idle notice, as _Signal's: an RLock taken inside a ``try`` whose ``finally``
-        # releases it (an interrupt cannot leave it held: ``Condition.__enter__`` is
-        # Python code, see "Interrupts" in lanequeue._core), and an RLock because an
-        # interrupt inside ``Condition.wait`` may leave it released already: releasing
-        # it again then refuses (RuntimeError, ignored), where a plain Lock released
-        # whichever thread held it.
-        self._idle_lock = threading.RLock()
-        self._idle_cond = threading.Condition(self._idle_lock)
+        # The idle notice: a condition an interrupt cannot wedge (see Notice).
+        self._idle_notice = Notice()
 
     # -- the face -----------------------------------------------------------------------
 
@@ -154,15 +147,7 @@ class ThreadDispatcher(DispatcherBase):
                 end_wait()
 
     def _idle(self) -> None:
-        lock = self._idle_lock
-        try:
-            lock.acquire()  # inside the try
-            self._idle_cond.notify_all()
-        finally:
-            try:
-                lock.release()
-            except RuntimeError:  # not held: interrupted before the acquire
-                pass
+        self._idle_notice.notify_all()
         if self._machine.closed:
             self._service.stop()
 
@@ -234,15 +219,7 @@ class ThreadDispatcher(DispatcherBase):
         if (timeout != 0 and not self._warned_loop and _get_running_loop() is not None
                 and not self._machine.is_idle()):
             self._warn_loop(call)  # (see LoopWaitWarner in lanequeue._ops)
-        lock = self._idle_lock
-        try:
-            lock.acquire()  # inside the try (see __init__)
-            return self._idle_cond.wait_for(self._machine.is_idle, timeout)
-        finally:
-            try:
-                lock.release()
-            except RuntimeError:  # not held: interrupted before the acquire, or in a wait
-                pass
+        return self._idle_notice.wait_for(self._machine.is_idle, timeout)
 
     def drain(self, timeout_s: float | None = 0.0) -> bool:
         """Refuse new turns at once (a later ``submit`` raises DispatcherDrainingError),
