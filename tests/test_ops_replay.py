@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from lanequeue.cli import main
 from lanequeue.replay import ReplayConfig, run_replay
-from lanequeue.replay.plot import in_flight, write_plot
+from lanequeue.replay.plot import in_flight, require_matplotlib, write_plot
 from lanequeue.replay.trace import parse_trace_lines
 
 
@@ -31,7 +31,9 @@ def trace_lines(rows: list[tuple[int, int, int]]) -> list[str]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("runtime", ["threads", "asyncio"])
-def test_run_replay_hands_its_queue_to_on_queue(runtime: str, tmp_path: Path) -> None:
+def test_run_replay_hands_its_queue_to_on_queue(
+    runtime: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     rows = [(i * 10, 5, i % 3) for i in range(30)]
     trace = parse_trace_lines(trace_lines(rows), source="test")
     queues: list[Any] = []
@@ -48,8 +50,27 @@ def test_run_replay_hands_its_queue_to_on_queue(runtime: str, tmp_path: Path) ->
     assert ys[-1] == 0 and max(ys) >= result.report.peak_global and len(xs) == 61
     png = tmp_path / "p.png"
     lanes = [m for name in queue.list_lanes() for m in queue[name].metrics_snapshot()]
+    plt = require_matplotlib()
+    figures: list[Any] = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig: (figures.append(fig), close(fig)))
     write_plot(result, png, lane_metrics=lanes)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The panels drawn: the wait distribution (every request's wait, replay and ideal),
+    # in-flight requests over time against the cap, and each lane's wait histogram.
+    [fig] = figures
+    _, waits, flight, lanes_panel = fig.axes
+    assert waits.get_title().startswith("wait p50 ")
+    replay_bars = [p.get_height() for p in waits.containers[0]]
+    assert sum(replay_bars) == 30
+    assert flight.get_title() == f"in-flight requests against the cap (peak {max(ys)})"
+    step, cap = flight.get_lines()
+    assert list(step.get_xdata()) == xs and list(step.get_ydata()) == ys
+    assert list(cap.get_ydata()) == [2, 2]
+    assert [t.get_text() for t in lanes_panel.get_legend().get_texts()] == [
+        "session (key busy)", "global (lane full)"]
+    bars = [[p.get_height() for p in c] for c in lanes_panel.containers]
+    assert bars == [list(m.wait.counts) for m in lanes]
 
 
 def test_on_queue_with_a_backend_is_refused() -> None:
