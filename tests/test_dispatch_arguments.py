@@ -95,6 +95,44 @@ BAD_CONSTRUCTOR = [
 ]
 
 
+def test_a_queue_without_the_default_lanes_is_named_in_the_error() -> None:
+    """A dispatcher made without ``lanes`` takes the default ones: a queue whose lanes
+    have other names is refused with a message that says the lanes asked for were the
+    default, and lists the queue's."""
+    from lanequeue import AsyncLaneQueue, Dispatcher, LaneQueue, ThreadDispatcher
+
+    for queue, cls in ((AsyncLaneQueue(), Dispatcher), (LaneQueue(), ThreadDispatcher)):
+        queue.add_session_lane("sess")
+        queue.add_lane("llm")
+        with pytest.raises(KeyError) as info:
+            cls(queue)
+        assert info.value.args[0] == (
+            f"{cls.__name__}() argument 'lanes' ['session', 'global'] (the default: the "
+            "lanes every turn takes): lane 'session' not found (the queue's lanes: "
+            "['sess', 'llm'])")
+
+
+def test_concurrent_futures_refuses_a_ticket_saying_what_to_use() -> None:
+    """``concurrent.futures.wait``/``as_completed`` do not take tickets: a TypeError that
+    names ``ticket.result`` (it was an AttributeError from their internals)."""
+    import concurrent.futures as cf
+
+    from lanequeue import ThreadDispatcher, build_default_lanes
+
+    d = ThreadDispatcher(build_default_lanes())
+    try:
+        ticket = d.submit("k", int, 1)
+        for call in (lambda: cf.wait([ticket], timeout=1),
+                     lambda: list(cf.as_completed([ticket], timeout=1))):
+            with pytest.raises(TypeError, match=r"not a concurrent.futures.Future: wait "
+                               r"for it with ticket.result\(timeout\)"):
+                call()
+        assert ticket.result(5) == 1
+    finally:
+        assert d.drain(5)
+        d.close()
+
+
 @pytest.mark.parametrize("make", FACES)
 @pytest.mark.parametrize("ttl", [1e10, 0, None, math.inf])
 def test_a_shared_dedupe_window_names_the_range_of_its_ttl(make: Any, ttl: Any) -> None:

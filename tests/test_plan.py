@@ -320,7 +320,9 @@ def test_generic_json_lines_iso_timestamps_and_malformed_lines() -> None:
     assert "duration_s" in reasons[8]
     assert "key" in reasons[9]
     # Tokens need a time per token for a generic trace; durations do not.
-    with pytest.raises(ValueError, match="tpot"):
+    with pytest.raises(ValueError, match=r"the trace gives output_tokens, not durations, "
+                       r"for some requests: say how much work one output token is, in "
+                       r"milliseconds \(--tpot-ms MS\)"):
         plan_inputs(trace)
     inputs = plan_inputs(trace, tpot_ms=12.5)
     assert inputs.arrival == [0, 250_000, 1_000_000, 3_500_000]

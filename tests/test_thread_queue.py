@@ -464,7 +464,8 @@ def test_registry_surface() -> None:
     assert queue.get_lane("session") is s
     assert queue.get_lane("nope") is None
     assert queue["global"] is g
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"lane 'x' not found \(the queue's lanes: "
+                       r"\['session', 'global'\]\)"):
         queue["x"]
     assert "global" in queue
     assert "x" not in queue
@@ -488,8 +489,11 @@ def test_acquire_all_argument_errors() -> None:
     queue = LaneQueue()
     queue.add_lane("a")
     queue.add_lane("b")
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=r"lane 'nope' not found \(the queue's lanes: "
+                       r"\['a', 'b'\]\)"):
         queue.acquire_all("k", ["a", "nope"])
+    with pytest.raises(KeyError, match=r"lane 'a' not found \(the queue has no lane yet\)"):
+        LaneQueue().acquire_all("k", ["a"])
     with pytest.raises(TypeError):
         queue.acquire_all("k", "a")
     with pytest.raises(ValueError):

@@ -101,8 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="TRACE",
-        help="trace file, plain or gzip: the Mooncake format, or the generic format (JSON "
-        "lines or CSV with timestamp, key, duration_s or output_tokens), told from the "
+        help="trace file, plain or gzip: the Mooncake format (JSON lines: timestamp in "
+        "milliseconds, input_length, output_length, hash_ids), or the generic format (JSON "
+        "lines or CSV with timestamp in seconds, key, duration_s or output_tokens), told "
+        "from the "
         "content as by 'lanequeue plan' (default: the bundled Mooncake trace, 12,031 "
         "requests from one hour of a production LLM chat service)",
     )
@@ -296,8 +298,10 @@ def _add_plan_parser(sub: Any) -> None:
         nargs="?",
         default=None,
         metavar="TRACE",
-        help="trace file, plain or gzip: the Mooncake format, or the generic format "
-        "(JSON lines or CSV with timestamp, key, duration_s or output_tokens); default: "
+        help="trace file, plain or gzip: the Mooncake format (JSON lines: timestamp in "
+        "milliseconds, input_length, output_length, hash_ids), or the generic format "
+        "(JSON lines or CSV with timestamp in seconds, key, duration_s or output_tokens); "
+        "default: "
         "the bundled Mooncake trace",
     )
     pp.add_argument(

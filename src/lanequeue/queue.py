@@ -837,7 +837,12 @@ class QueueBase(Generic[L, CL, SL]):
         try:
             return self._lanes[name]
         except KeyError:
-            raise KeyError(f"lane {name!r} not found") from None
+            raise KeyError(f"lane {name!r} not found ({self._named()})") from None
+
+    def _named(self) -> str:
+        """The queue's lanes, for an error that names a lane it does not have."""
+        names = list(self._lanes)
+        return f"the queue's lanes: {names!r}" if names else "the queue has no lane yet"
 
     def __contains__(self, name: object) -> bool:
         return name in self._lanes
@@ -929,7 +934,7 @@ class QueueBase(Generic[L, CL, SL]):
         for n in names:
             if n not in self._lanes:
                 check_key(n, "lane name")
-                raise KeyError(f"lane {n!r} not found")
+                raise KeyError(f"lane {n!r} not found ({self._named()})")
         if len(set(names)) != len(names):
             raise ValueError(f"lane_names lists a lane twice: {list(names)!r}")
         if not names:

@@ -19,7 +19,7 @@ from typing import Any
 
 from .._ops import LoopTimer
 from ..contract import must_await
-from ._base import DispatcherBase
+from ._base import DEFAULT_LANES, DispatcherBase
 from ._machine import _CURRENT, Job, Ticket, Timer
 from ._workers import Service
 
@@ -152,7 +152,7 @@ class Dispatcher(DispatcherBase):
         self,
         queue: Any,
         *,
-        lanes: Sequence[str] = ("session", "global"),
+        lanes: Sequence[str] = DEFAULT_LANES,
         busy: str = "enqueue",
         max_pending: int = 20,
         overflow: str = "reject_new",

@@ -36,7 +36,10 @@ from ._machine import (
     counting_lanes,
 )
 
-__all__ = ["DispatcherBase", "check_busy", "check_fn", "check_int"]
+__all__ = ["DEFAULT_LANES", "DispatcherBase", "check_busy", "check_fn", "check_int"]
+
+#: The lanes every turn takes when a dispatcher is made without ``lanes``.
+DEFAULT_LANES: tuple[str, ...] = ("session", "global")
 
 
 def check_busy(value: object, name: str) -> str:
@@ -121,7 +124,8 @@ class DispatcherBase(LoopWaitWarner):
             # waits for its key while holding another lane's permit)
             plan = queue._plan(names, warn=False)
         except KeyError as exc:
-            raise KeyError(f"{where} 'lanes': {exc.args[0]}") from None
+            given = " (the default: the lanes every turn takes)" if names == DEFAULT_LANES else ""
+            raise KeyError(f"{where} 'lanes' {list(names)!r}{given}: {exc.args[0]}") from None
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where} 'lanes': {exc}") from None
         objs = [queue[n] for n in names]

@@ -408,7 +408,7 @@ class Ticket:
             TypeError: ``fn`` is not callable (checked here, not when the ticket ends)."""
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {fn!r}")
-        if type(fn) is not _Wake and not _takes_outcome(fn):  # asyncio's own callback
+        if not isinstance(fn, _OnLoop) and not _takes_outcome(fn):  # asyncio's own
             loop = _get_running_loop()
             if loop is not None:
                 fn = _OnLoop(loop, fn)
@@ -523,6 +523,15 @@ class Ticket:
             raise
         return None
 
+    @property
+    def _condition(self) -> Any:
+        """What ``concurrent.futures.wait``/``as_completed`` take first from a future: a
+        ticket is not one, so they fail here with a TypeError that says what to use."""
+        raise TypeError(
+            "a Ticket is not a concurrent.futures.Future: wait for it with "
+            "ticket.result(timeout) (any thread), or asyncio.wait / asyncio.as_completed "
+            "(async code)")
+
     def __await__(self) -> Any:
         if self._callbacks is not None:  # not ended (or not notified) yet
             import asyncio
@@ -551,27 +560,6 @@ class Ticket:
         return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
 
 
-class _Wake:
-    """The done-callback of one ``await ticket``: wakes the awaiting task (from the thread
-    that ends the ticket). Not a taking of the outcome (see :class:`Ticket`): the await
-    takes it when it ends with it, and one cancelled before the end takes nothing."""
-
-    __slots__ = ("loop", "fut")
-
-    def __init__(self, loop: Any, fut: Any) -> None:
-        self.loop = loop
-        self.fut = fut
-
-    def __call__(self, _: Ticket) -> None:
-        loop = self.loop
-        if loop.is_closed():
-            return
-        if _on_loop(loop):
-            _settle(self.fut)
-        else:
-            loop.call_soon_threadsafe(_settle, self.fut)
-
-
 class _OnLoop:
     """One of asyncio's own done-callbacks (see :meth:`Ticket.add_done_callback`), called
     on the loop it was added from, whichever thread ends the ticket. Equal to the
@@ -598,6 +586,25 @@ class _OnLoop:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _Wake(_OnLoop):
+    """The done-callback of one ``await ticket``: wakes the awaiting task, on its loop
+    (from the thread that ends the ticket, through ``call_soon_threadsafe``). Not a
+    taking of the outcome (see :class:`Ticket`): the await takes it when it ends with
+    it, and one cancelled before the end takes nothing."""
+
+    __slots__ = ()
+
+    def __init__(self, loop: Any, fut: Any) -> None:
+        super().__init__(loop, functools.partial(_settle_for, fut))
+
+    __eq__ = object.__eq__  # (itself only: remove_done_callback(wake))
+    __hash__ = None
+
+
+def _settle_for(fut: Any, _: Ticket) -> None:
+    _settle(fut)
+
+
 def _settle(fut: Any) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -607,7 +614,7 @@ def _takes_outcome(fn: Any) -> bool:
     """Whether a done-callback ``fn`` called with a failed ticket takes its outcome (see
     :class:`Ticket`): not an ``await``'s wake-up, nor asyncio's own callbacks (``asyncio.wait``
     only collects the done tickets; its caller is to read them)."""
-    if type(fn) is _Wake or type(fn) is _OnLoop:
+    if isinstance(fn, _OnLoop):  # (an await's _Wake too)
         return False
     module = getattr(fn, "__module__", None)
     return not (isinstance(module, str) and module.startswith("asyncio."))

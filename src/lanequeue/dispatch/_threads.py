@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._validate import check_timeout
-from ._base import DispatcherBase, check_int
+from ._base import DEFAULT_LANES, DispatcherBase, check_int
 from ._machine import _CURRENT, Job, Notice, Ticket
 from ._workers import Handle, Service
 
@@ -76,7 +76,7 @@ class ThreadDispatcher(DispatcherBase):
         self,
         queue: Any,
         *,
-        lanes: Sequence[str] = ("session", "global"),
+        lanes: Sequence[str] = DEFAULT_LANES,
         busy: str = "enqueue",
         max_pending: int = 20,
         overflow: str = "reject_new",

@@ -620,8 +620,8 @@ def service_times_us(trace: Trace, tpot_ms: float | None = None) -> tuple[list[i
         if trace.format != "mooncake":
             raise SettingError(
                 "tpot_ms",
-                "the trace gives output_tokens: name the work per output token with "
-                "tpot_ms (--tpot-ms MS)",
+                "the trace gives output_tokens, not durations, for some requests: say "
+                "how much work one output token is, in milliseconds (--tpot-ms MS)",
             )
         tpot_ms = DEFAULT_TPOT_MS
     tpot_us = Fraction(tpot_ms if tpot_ms is not None else 0) * 1000
