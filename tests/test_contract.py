@@ -1012,6 +1012,40 @@ async def test_a_long_hold_is_logged_once_even_if_nothing_checks_while_it_is_hel
 
 
 @contract
+async def test_a_broken_log_handler_never_replaces_a_releases_outcome(f: Face) -> None:
+    """A log handler that raises: a long hold's end (logged in the release on Redis, by
+    the reporter thread in process) neither raises from the block's exit nor stops
+    later reports (the reporter thread lives on)."""
+
+    class Broken(logging.Handler):
+        calls = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.calls += 1
+            raise RuntimeError("handler broken")
+
+    lane = f.lane(cap=2, warn_hold_s=0.0)
+    logger = logging.getLogger("lanequeue")
+    broken = Broken()
+    logger.addHandler(broken)
+    try:
+        for _ in range(2):
+            async with f.hold(lane.acquire("k")):
+                pass
+        with pytest.raises(ValueError, match="mine"):
+            async with f.hold(lane.acquire("k")):
+                raise ValueError("mine")
+        await f.until(lambda: broken.calls >= 3)  # (each end reached the handler)
+    finally:
+        logger.removeHandler(broken)
+    with _captured() as logs:
+        async with f.hold(lane.acquire("after")):
+            pass
+        await f.until(lambda: any("'after' held" in r.getMessage() for r in logs.records))
+    assert lane.active_count == 0
+
+
+@contract
 async def test_slow_wait_is_reported_once_during_the_wait(f: Face) -> None:
     """A wait past ``warn_after_s`` is logged ONCE and ``on_wait(lane, key, waited_s,
     ahead)`` called once; a wait with a timeout is reported while it still waits (a wait
@@ -1045,6 +1079,7 @@ async def test_a_wait_from_an_event_loops_thread(f: Face) -> None:
 
     lane = f.lane(timeout_s=BOUND_S, warn_after_s=None)
     other = f.lane("other", timeout_s=BOUND_S, warn_after_s=None)
+    third = f.lane("third", timeout_s=BOUND_S, warn_after_s=None)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         async with f.hold(lane.acquire("free")):  # no park: no warning
@@ -1058,19 +1093,24 @@ async def test_a_wait_from_an_event_loops_thread(f: Face) -> None:
         with pytest.raises(LaneTimeoutError):  # once per lane: the other lane warns too
             async with f.hold(other.acquire("busy", timeout_s=0.2)):
                 pass
+        # ``wait_idle`` (and ``drain``, which waits with it) blocks too, when not idle
+        assert await f.q(third.wait_idle(0.05)) is True  # idle: no wait, no warning
+        assert await f.q(third.try_acquire("busy"))
+        assert await f.q(third.wait_idle(0.05)) is False
     mine = [w for w in seen if issubclass(w.category, RuntimeWarning)]
     if f.is_async:
         assert mine == [], [str(w.message) for w in mine]
     else:
-        assert len(mine) == 2, [str(w.message) for w in mine]
+        assert len(mine) == 3, [str(w.message) for w in mine]
         name = type(lane).__name__
-        assert [str(w.message).split(": ")[0] for w in mine] == [f"{name} 'lane'",
-                                                                  f"{name} 'other'"]
+        assert [str(w.message).split(": ")[0] for w in mine] == [
+            f"{name} 'lane'", f"{name} 'other'", f"{name} 'third'"]
         assert all(": a blocking wait from a thread" in str(w.message) for w in mine)
         assert f"Async{name}" in str(mine[0].message)
-        # the caller's line: the adapter that entered the hold (this suite's driver)
-        assert {w.filename for w in mine} == {contract_face.__file__}
-    for each in (lane, other):
+        # the caller's line: the adapter that entered the hold (this suite's driver),
+        # and this body's own call of wait_idle
+        assert [w.filename for w in mine] == [contract_face.__file__] * 2 + [__file__]
+    for each in (lane, other, third):
         assert await f.q(each.manual_release("busy"))
 
 

@@ -221,3 +221,151 @@ def test_a_forked_child_reports_its_long_holds() -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, out
     assert "key 'child' held its permit for 1.000 s" in out
+
+
+class _Gate(logging.Handler):
+    """Blocks the reporter thread in its report of key 'gate' until ``open`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.inside = threading.Event()
+        self.open = threading.Event()
+
+    def handle(self, record: logging.LogRecord) -> bool:  # (without the handler's lock,
+        self.emit(record)  # which a blocked emit would hold against every other record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "key 'gate'" in record.getMessage() and "has been released" in record.getMessage():
+            self.inside.set()
+            assert self.open.wait(20)
+
+
+@pytest.fixture
+def gate() -> Iterator[_Gate]:
+    handler = _Gate()
+    logger = logging.getLogger("lanequeue")
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        handler.open.set()
+        logger.removeHandler(handler)
+
+
+def test_a_check_between_a_release_and_its_report_does_not_log_it_twice(
+    ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A check logs a long hold; the hold ends, its report waits behind another one in
+    the reporter thread; a check runs meanwhile: the hold is not logged again (a check
+    used to forget the warned hold once it was no longer held, and the report then
+    logged it a second time)."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    clock = FakeClock()
+    lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
+    with lane.acquire("gate"):
+        clock.advance(1)
+    assert gate.inside.wait(10)  # the reporter is held in the gate's report
+    with lane.acquire("k"):
+        clock.advance(2)
+        assert [s.key for s in lane.stuck(1)] == ["k"]  # a check logs it, held
+    lane.stuck(0)  # a check after its end, before its report: it must not forget it
+    lane.metrics_snapshot()
+    gate.open.set()
+    lines = ends.settle()
+    assert [line.split()[3] for line in lines] == ["'gate'"]  # not 'k': logged already
+    held = [r.getMessage() for r in caplog.records if "'k' has held" in r.getMessage()]
+    assert len(held) == 1
+
+
+def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
+    ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A log handler slower than the long holds come: at most REPORTS_MAX reports wait
+    (each keeps its lane alive); the others are counted, and logged as a count."""
+    from lanequeue import _core
+
+    monkeypatch.setattr(_core, "REPORTS_MAX", 5)
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = SessionLane("s", warn_hold_s=0.0)
+    with lane.acquire("gate"):
+        pass
+    assert gate.inside.wait(10)
+    for i in range(20):
+        with lane.acquire(f"k{i}"):
+            pass
+    assert _core._REPORTS[0].qsize() <= 5
+    gate.open.set()
+    # the five queued are logged, then the count of the others (15, and the gate's own
+    # report was taken before: 20 - 5)
+    lines = ends.wait_for(6)
+    assert [line.split()[3] for line in lines[1:]] == ["'k0'", "'k1'", "'k2'", "'k3'", "'k4'"]
+    missed = [r.getMessage() for r in caplog.records if "were not logged" in r.getMessage()]
+    assert [int(m.split()[0]) for m in missed] == [15]
+
+
+def test_turning_it_off_stops_measuring(ends: _Ends) -> None:
+    lane = Lane("g", warn_hold_s=1.0)
+    assert lane._core.hold_hist is not None
+    lane.warn_hold_s = None
+    assert lane._core.hold_hist is None and lane._core.hold_warn_s is None
+    lane.track_holds()
+    lane.warn_hold_s = 1.0
+    lane.warn_hold_s = None
+    assert lane._core.hold_hist is not None  # (shown to exporters: kept)
+
+
+def test_a_queues_wait_idle_on_an_event_loops_thread_warns_once() -> None:
+    import warnings
+
+    queue = LaneQueue()
+    queue.add_lane("global")
+    assert queue["global"].try_acquire("x")
+
+    async def main() -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert queue.wait_idle(0.02) is False
+            assert queue.drain(0.02) is False
+        assert [str(w.message).split(":")[0] for w in seen] == ["LaneQueue"]
+        assert seen[0].filename == __file__
+
+    asyncio.run(main())
+    assert queue["global"].manual_release("x")
+
+
+def test_a_broken_handler_does_not_replace_a_cancellation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An asyncio wait without a timeout, cancelled past warn_after_s, logs as it ends:
+    a log handler that raises there must not replace the CancelledError."""
+    from lanequeue import AsyncSessionLane
+
+    class Broken(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise RuntimeError("handler broken")
+
+    logger = logging.getLogger("lanequeue")
+    broken = Broken()
+
+    async def main() -> None:
+        lane = AsyncSessionLane(warn_after_s=0.01)
+        assert await lane.try_acquire("k")
+
+        async def wait() -> None:
+            async with lane.acquire("k", timeout_s=None):
+                pass
+
+        task = asyncio.ensure_future(wait())
+        await asyncio.sleep(0.05)
+        logger.addHandler(broken)
+        try:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            logger.removeHandler(broken)
+        assert task.cancelled() and lane.waiting == 0
+
+    asyncio.run(main())

@@ -592,7 +592,10 @@ class _CoreBase:
         with self._lock:
             if limit is None:
                 self.hold_warn_s = None
+                self.hold_report = None
                 self.hold_fold_at = self._token + HELD_BATCH
+                if not self.hold_shown:  # measured only for the watch: no more
+                    self.hold_hist = None
                 return
             if self.hold_hist is None:
                 self.hold_hist = Histogram(HOLD_BUCKETS)
@@ -628,7 +631,7 @@ class _CoreBase:
         if age >= limit and report is not None:
             fn = report()  # (the lane's method, alive for as long as the report waits)
             if fn is not None:
-                _REPORTS[0].put((fn, key, token, age))
+                _report_later(fn, key, token, age)
         if len(held) >= HELD_BATCH:
             held.fold()
 
@@ -775,33 +778,58 @@ if hasattr(os, "register_at_fork"):
 # where no observer's code may run (a log handler may block, or call into the lane): it
 # puts ``(report, key, token, seconds)`` on this queue with one builtin call (``report``:
 # the lane's method, from the weak reference the core keeps), and a daemon thread,
-# started by the first ``watch_holds``, calls ``report(key, token, seconds)``.
-# A list of one queue, so that a forked child's fresh queue is seen by every core.
+# started by ``watch_holds``, calls ``report(key, token, seconds)``. At most
+# :data:`REPORTS_MAX` wait (a handler slower than the long holds come, or a limit so low
+# that every hold passes it): the others are counted, not queued, and the thread logs
+# how many it missed. A list of one queue, so that a forked child's fresh queue is seen
+# by every core.
 _REPORTS: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue()]
+#: Reports of long holds that may wait for the reporter thread at once.
+REPORTS_MAX = 1000
+_missed = [0]  # reports not queued (the queue was full), not yet logged
 _reporter: list[threading.Thread] = []
+_reporter_lock = threading.Lock()
 
 
 def _start_reporter() -> None:
-    """Start the reporter thread of this process, once (idempotent, thread-safe)."""
+    """Start this process's reporter thread unless it runs (idempotent, thread-safe; an
+    interrupt that stops it before the thread starts leaves the next call to start it;
+    two threads on the one queue would still report each hold once)."""
     with _reporter_lock:
-        if not _reporter:
+        if not (_reporter and _reporter[0].is_alive()):
             thread = threading.Thread(target=_run_reports, args=(_REPORTS[0],),
                                       name="lanequeue-reports", daemon=True)
             thread.start()
-            _reporter.append(thread)
+            _reporter[:] = [thread]
+
+
+def _report_later(fn: Callable[[str, int, float], object], key: str, token: int,
+                  seconds: float) -> None:
+    """Queue a report for the reporter thread (lock held: builtins only), or count it
+    missed when :data:`REPORTS_MAX` wait already."""
+    reports = _REPORTS[0]
+    if reports.qsize() < REPORTS_MAX:
+        reports.put((fn, key, token, seconds))
+    else:
+        _missed[0] += 1
 
 
 def _run_reports(reports: queue.SimpleQueue[Any]) -> None:
+    """The reporter thread: call each report; never dies of one (a log handler that
+    raises, even a BaseException, loses that report only)."""
     while True:
-        fn, key, token, seconds = reports.get()
         try:
-            fn(key, token, seconds)
-        except Exception:  # (a report's own failure: logged, the thread goes on)
-            log.exception("a lane's report of a long hold failed")
-        del fn  # (not kept alive until the next report)
-
-
-_reporter_lock = threading.Lock()
+            fn, key, token, seconds = reports.get()
+            try:
+                fn(key, token, seconds)
+            finally:
+                del fn  # (not kept alive until the next report)
+            missed, _missed[0] = _missed[0], 0
+            if missed:
+                log.warning("%d reports of holds past warn_hold_s were not logged: more "
+                            "than %d waited for the log at once", missed, REPORTS_MAX)
+        except BaseException:  # (a broken log handler: nothing to tell it with)
+            pass
 
 
 def _reporter_after_fork() -> None:
@@ -812,6 +840,7 @@ def _reporter_after_fork() -> None:
     had = bool(_reporter)
     _reporter.clear()
     _REPORTS[0] = queue.SimpleQueue()
+    _missed[0] = 0
     if had:
         _start_reporter()
 

@@ -143,6 +143,9 @@ class LaneKind(LaneOps, Generic[C]):
         if core is not None:
             core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
                 self._hold_ended))
+            self._ends_reported = limit is not None
+            if limit is None:
+                self._warned_holds.clear()  # (no end will forget them now)
 
     def _holder_age(self, key: str) -> float | None:
         return self._core.holder_age(key)

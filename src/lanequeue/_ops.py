@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 from abc import abstractmethod
@@ -102,6 +103,9 @@ def check_ops_arguments(
 
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+# Held while a lane's ``warn_hold_s`` changes (rare: one lock for every lane).
+_SETTING = threading.Lock()
 
 
 def outside_level() -> int:
@@ -199,25 +203,37 @@ class LaneOps(LoopWaitWarner):
     @warn_hold_s.setter
     def warn_hold_s(self, value: float | None) -> None:
         limit = check_timeout(value, f"{type(self).__name__}.warn_hold_s")
-        self._warn_hold_s = limit
-        self._watch_holds(limit)
+        with _SETTING:  # (the lane's value and its core's watch change together)
+            self._watch_holds(limit)
+            self._warn_hold_s = limit
 
     def _watch_holds(self, limit: float | None) -> None:
         """Have the releases of this lane's holds call :meth:`_hold_ended` for a hold
         that lasted ``limit`` seconds or more (None: stop). The in-process faces give it
-        to their core; a Redis lane checks in its release (the default: nothing)."""
+        to their core (and set ``_ends_reported``); a Redis lane checks in its release
+        (the default: nothing)."""
+
+    #: Every hold a check warned of reaches :meth:`_hold_ended` as it ends (an in-process
+    #: lane's reports come a moment after the release, from the reporter thread): the
+    #: checks then leave the forgetting of warned holds to it, which keeps a hold from
+    #: being logged twice (a check that forgot a released hold just before its report
+    #: came would let the report log it again).
+    _ends_reported = False
 
     def _hold_ended(self, key: str, token: int, held_s: float) -> None:
         """Log a hold that lasted ``warn_hold_s`` or more as it ended, unless a check
-        logged it while it was held (then it is forgotten). Any thread. (A check that
-        read the holds just before this release, or forgot the hold just after it, may
-        log it a second time: a check and a release within moments of each other.)"""
+        logged it while it was held (then it is forgotten). Any thread. A broken log
+        handler's exception is dropped: this runs in a release, or in the reporter."""
         warned = self._warned_holds
         if (key, token) in warned:
             warned.discard((key, token))
             return
-        log.warning("lane %r: key %s held its permit for %.3f s (token %d), past "
-                    "warn_hold_s; it has been released", self.name, shown(key), held_s, token)
+        try:
+            log.warning("lane %r: key %s held its permit for %.3f s (token %d), past "
+                        "warn_hold_s; it has been released", self.name, shown(key),
+                        held_s, token)
+        except Exception:  # (a broken handler: its error would replace the release's)
+            pass
 
     # -- the interface --------------------------------------------------------------------
 
@@ -310,7 +326,9 @@ class LaneOps(LoopWaitWarner):
                 warned.add((key, token))
                 log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
                             self.name, shown(key), age, token)
-        if warned:
+        if warned and (not self._ends_reported or len(warned) > 2 * len(holds) + 1024):
+            # (with reported ends: only when reports were missed, see REPORTS_MAX, and
+            # their warned holds would stay: bounded, at the risk of a second line)
             warned.intersection_update((k, t) for k, t, _ in holds)
 
     def stuck(self, older_than_s: float) -> list[StuckHold]:
@@ -354,10 +372,16 @@ class LaneOps(LoopWaitWarner):
 IDLE_POLL_S = 0.01
 
 
-def poll_idle(idle: Callable[[], bool], timeout_s: float | None) -> bool:
+def poll_idle(idle: Callable[[], bool], timeout_s: float | None,
+              warner: Any = None) -> bool:
     """Block until ``idle()`` is True, looking every :data:`IDLE_POLL_S` seconds, for at
     most ``timeout_s`` seconds (None: no limit; already checked). True if idle on return,
-    False when the time ran out first. What every face's thread ``wait_idle`` does."""
+    False when the time ran out first. What every face's thread ``wait_idle`` does; a
+    wait that has to block, in a thread that runs an asyncio event loop, warns once per
+    ``warner`` (the lane or queue: a :class:`LoopWaitWarner`)."""
+    if (warner is not None and timeout_s != 0 and not warner._warned_loop
+            and asyncio.events._get_running_loop() is not None and not idle()):
+        warner._warn_loop()
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not idle():
         left = None if deadline is None else deadline - time.monotonic()

@@ -581,8 +581,11 @@ class _AsyncFace:
                 warn = self.warn_after_s
                 waited = clock() - start
                 if warn is not None and waited >= warn:
-                    self._slow_wait(key, waited, ahead, ended=True, granted=kept,
-                                    ending=type(exc).__name__)
+                    try:
+                        self._slow_wait(key, waited, ahead, ended=True, granted=kept,
+                                        ending=type(exc).__name__)
+                    except Exception:  # (a broken log handler must not replace ``exc``)
+                        pass
             raise
 
     def _arm(self, key: str, waiter: _TaskWaiter, start: float, timeout: float | None

@@ -435,7 +435,7 @@ class _ThreadFace:
         TypeError/ValueError for a bad timeout. Thread-safe.
         """
         timeout = check_timeout(timeout_s)
-        return poll_idle(self._idle, timeout)
+        return poll_idle(self._idle, timeout, self)
 
 
 class Lane(_ThreadFace, CountingKind):

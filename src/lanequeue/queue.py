@@ -52,7 +52,7 @@ from ._kinds import (
     warn_unentered,
 )
 from ._obs import StuckHold
-from ._ops import LaneOps, carry_cancel_wait, check_ops_arguments, poll_idle
+from ._ops import LaneOps, LoopWaitWarner, carry_cancel_wait, check_ops_arguments, poll_idle
 from ._validate import (
     check_bool,
     check_key,
@@ -981,7 +981,7 @@ class QueueBase(Generic[L, CL, SL]):
         return multi
 
 
-class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
+class LaneQueue(LoopWaitWarner, QueueBase[SyncLane, Lane, SessionLane]):
     """A registry of named lanes for threads, composed per request by :meth:`acquire_all`.
 
     ``add_lane`` makes a :class:`Lane`, ``add_session_lane`` a :class:`SessionLane` (or,
@@ -1006,6 +1006,9 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
 
     Thread-safe once its lanes are registered.
     """
+
+    _loop_stops = "maybe the holders, whose releases would end this wait"
+    _loop_instead = "Use AsyncLaneQueue (build_default_async_lanes()) in async code"
 
     _counting = Lane
     _session = SessionLane
@@ -1089,7 +1092,7 @@ class LaneQueue(QueueBase[SyncLane, Lane, SessionLane]):
         the queue has a holder or a waiter; False when the timeout passed first. Looks
         every 10 ms. Raises TypeError/ValueError for a bad timeout."""
         timeout = check_timeout(timeout_s)
-        return poll_idle(self._idle, timeout)
+        return poll_idle(self._idle, timeout, self)
 
 
 def build_default_lanes() -> LaneQueue:

@@ -534,7 +534,7 @@ class _SyncFace(RedisOps[RedisHold]):
         no holder and no waiter; True then, False when the timeout passed first. Looks
         every 10 ms. Raises TypeError/ValueError for a bad timeout."""
         timeout = check_timeout(timeout_s)
-        return poll_idle(self._idle, timeout)
+        return poll_idle(self._idle, timeout, self)
 
 
 class RedisSessionLane(_SyncFace, SessionLaneBase[RedisHold]):
