@@ -321,7 +321,7 @@ def test_async_an_await_cancelled_before_the_end_takes_nothing(
         t = d.submit("k", turn)
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(t, 0.01)  # (the turn waits for go: it cannot end)
-        assert t._callbacks == []
+        assert t._callbacks is not None and all(c.dead for c in t._callbacks)
         go.set()
         assert await d.wait_idle(WAIT)
         assert t.state == "failed"
@@ -359,3 +359,130 @@ def test_async_turns_that_do_not_fail_do_not_log(
 
     run_async(main)
     collect_and_check(caplog_errors, 0)
+
+
+@pytest.mark.timeout(30)
+def test_an_abandoned_asyncio_wait_collected_inside_a_dispatcher_lock_does_not_deadlock(
+    threads: ThreadDispatcher,
+) -> None:
+    """``asyncio.wait`` over a ticket on a loop closed with the wait pending: its
+    coroutine stays in a garbage cycle; the collector may close it in a thread inside a
+    section that holds the dispatcher's lock, and its ``finally`` removes its callback:
+    that removal takes no lock (it took it: the thread hung for good)."""
+    go = threading.Event()
+    t = threads.submit("k", go.wait, WAIT)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(asyncio.wait([t]))
+    loop.run_until_complete(asyncio.sleep(0))  # the wait's callback is on the ticket
+    loop.close()  # abandoned, pending
+    del task
+    go.set()
+    assert threads.wait_idle(WAIT)
+
+    def collect_in_lock() -> None:
+        with threads._machine._lock:
+            gc.collect()
+
+    th = threading.Thread(target=collect_in_lock, daemon=True)
+    th.start()
+    th.join(WAIT)
+    assert not th.is_alive(), "a collection inside the dispatcher's lock hung"
+    assert threads._machine._lock.acquire(timeout=WAIT)
+    threads._machine._lock.release()
+
+
+@pytest.mark.timeout(30)
+def test_asyncio_wait_first_exception_returns_at_the_first_failure_and_takes_nothing(
+    caplog_errors: pytest.LogCaptureFixture,
+) -> None:
+    """``asyncio.wait(..., return_when=FIRST_EXCEPTION)`` calls ``exception()`` of an
+    ended ticket on the loop: it returns at the first failure (``exception()`` refused
+    on the loop's thread, as if the ended ticket could block), and that read is not the
+    caller's (a failed ThreadDispatcher ticket never read still logs; read, it does
+    not)."""
+
+    async def main() -> None:
+        queue = build_default_async_lanes()
+        d = Dispatcher(queue)
+        gate = asyncio.Event()
+
+        async def slow() -> str:
+            await gate.wait()
+            return "late"
+
+        fast = d.submit("a", boom)
+        late = d.submit("b", slow)
+        done, pending = await asyncio.wait([fast, late], timeout=WAIT,
+                                           return_when=asyncio.FIRST_EXCEPTION)
+        assert done == {fast} and pending == {late}
+        assert isinstance(fast.exception(), Boom)
+        gate.set()
+        assert await late == "late"
+        assert await d.drain(WAIT)
+
+    asyncio.run(main())
+    assert [r for r in caplog_errors.records if r.levelno >= logging.ERROR] == []
+
+    d = ThreadDispatcher(build_default_lanes())
+    try:
+        async def waits() -> None:
+            t = d.submit("k", boom)
+            done, _ = await asyncio.wait([t], timeout=WAIT,
+                                         return_when=asyncio.FIRST_EXCEPTION)
+            assert done == {t}
+
+        asyncio.run(waits())
+        assert d.wait_idle(WAIT)
+    finally:
+        d.close()
+    collect_and_check(caplog_errors, 1)
+
+
+def test_a_public_asyncio_function_as_a_callback_takes_the_outcome(
+    threads: ThreadDispatcher, caplog_errors: pytest.LogCaptureFixture,
+) -> None:
+    """A callback the caller hands over takes charge of a failed ticket, also a public
+    function of asyncio (``queue.put_nowait``): only asyncio's private callbacks (its
+    ``asyncio.wait``'s) do not."""
+    got: asyncio.Queue[Ticket] = asyncio.Queue()
+    t = failed_ticket(threads)
+    t.add_done_callback(got.put_nowait)
+    assert got.get_nowait() is t
+    del t
+    collect_and_check(caplog_errors, 0)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="POSIX only")
+def test_a_forked_child_does_not_log_its_parents_tickets(
+    threads: ThreadDispatcher, caplog_errors: pytest.LogCaptureFixture,
+) -> None:
+    """A child made by fork has copies of the parent's failed tickets: they are the
+    parent's to read, and the child does not log them when it collects them."""
+    import os
+
+    t = failed_ticket(threads)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            records: list[str] = []
+
+            class Catch(logging.Handler):
+                def emit(self, record: logging.LogRecord) -> None:
+                    records.append(record.getMessage())
+
+            logging.getLogger("lanequeue").addHandler(Catch())
+            del t  # (the child's copy of the parent's ticket, dropped here)
+            gc.collect()
+            os.write(write, repr(records).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        out = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert NEVER not in out, out
+    assert isinstance(t.exception(), Boom)

@@ -413,8 +413,12 @@ class Ticket:
             if loop is not None:
                 fn = _OnLoop(loop, fn)
         with self._machine._lock:
-            if self._callbacks is not None:
-                self._callbacks.append(fn)
+            callbacks = self._callbacks
+            if callbacks is not None:
+                if len(callbacks) >= 8:  # (inert ones left by remove_done_callback)
+                    callbacks[:] = [c for c in callbacks
+                                    if not (isinstance(c, _OnLoop) and c.dead)]
+                callbacks.append(fn)
                 return
         if self._unseen is not None and _takes_outcome(fn):
             self._taken()
@@ -423,7 +427,19 @@ class Ticket:
     def remove_done_callback(self, fn: Callable[[Ticket], Any]) -> int:
         """Remove every registration of ``fn`` made by :meth:`add_done_callback` that has
         not been called yet; returns how many (as ``asyncio.Future``'s, so that
-        ``asyncio.wait`` takes tickets). Thread-safe."""
+        ``asyncio.wait`` takes tickets). Thread-safe.
+
+        asyncio's own callbacks (and an ``await``'s wake-up) are not taken out of the
+        list but made inert, without the dispatcher's lock: asyncio removes them in the
+        ``finally`` of a coroutine that the garbage collector may close in any thread,
+        also one inside a section of the dispatcher that holds that lock."""
+        if isinstance(fn, _OnLoop) or not _takes_outcome(fn):
+            gone = 0
+            for c in list(self._callbacks or ()):  # (a copy: builtins, no lock)
+                if isinstance(c, _OnLoop) and not c.dead and (c is fn or c.fn == fn):
+                    c.dead = True
+                    gone += 1
+            return gone
         with self._machine._lock:
             callbacks = self._callbacks
             if callbacks is None:
@@ -440,8 +456,8 @@ class Ticket:
             return self._value
         if state == FAILED:
             assert self._error is not None
-            if self._unseen is not None:
-                self._taken()
+            if self._unseen is not None and not _ASYNCIO_OWN.get():
+                self._taken()  # (not when asyncio's own callback reads it: see _OnLoop)
             raise self._error
         raise _ERRORS[state](state, self.key, self.reason or state, self.id)
 
@@ -474,14 +490,13 @@ class Ticket:
         loop-thread warning). Raises RuntimeError on the asyncio dispatcher's loop thread
         (any ``timeout`` but 0), ``concurrent.futures.TimeoutError`` when ``timeout``
         passes first."""
-        if timeout != 0:
+        if timeout != 0 and self.state not in TERMINAL:  # (an ended one never blocks)
             face = self._machine.face
             if _on_loop(getattr(face, "_loop", None)):
                 raise RuntimeError(
                     f"ticket {self.id} of key {shown(self.key)}: result() and exception() "
                     "would block the event loop that runs the turn; use await ticket")
-            if (self.state not in TERMINAL and not face._warned_loop
-                    and _get_running_loop() is not None):
+            if not face._warned_loop and _get_running_loop() is not None:
                 face._warn_loop(f"ticket.{call}")  # (see LoopWaitWarner in lanequeue._ops)
         if not self._wait_event().wait(timeout):
             import concurrent.futures
@@ -560,25 +575,43 @@ class Ticket:
         return f"<Ticket {self.id} key={shown(self.key)} {self.state}{extra}>"
 
 
+# Set while asyncio's own done-callback runs (_OnLoop._run): a read of the outcome then is
+# not its taking (see Ticket).
+_ASYNCIO_OWN: ContextVar[bool] = ContextVar("lanequeue_asyncio_own", default=False)
+
+
 class _OnLoop:
     """One of asyncio's own done-callbacks (see :meth:`Ticket.add_done_callback`), called
     on the loop it was added from, whichever thread ends the ticket. Equal to the
     callback it wraps, so ``remove_done_callback`` of that callback removes it."""
 
-    __slots__ = ("loop", "fn")
+    __slots__ = ("loop", "fn", "dead")
 
     def __init__(self, loop: Any, fn: Callable[[Ticket], Any]) -> None:
         self.loop = loop
         self.fn = fn
+        self.dead = False  # removed (remove_done_callback): does nothing when called
 
     def __call__(self, ticket: Ticket) -> None:
         loop = self.loop
-        if loop.is_closed():
+        if self.dead or loop.is_closed():
             return
         if _on_loop(loop):
-            self.fn(ticket)
+            self._run(ticket)
         else:
-            loop.call_soon_threadsafe(self.fn, ticket)
+            loop.call_soon_threadsafe(self._run, ticket)
+
+    def _run(self, ticket: Ticket) -> None:
+        """Call the callback, unless removed meanwhile; what it reads of a failed ticket
+        (``asyncio.wait(..., FIRST_EXCEPTION)`` calls ``exception()``) is not a taking
+        of its outcome (``_ASYNCIO_OWN``): its caller is still to read it."""
+        if self.dead:
+            return
+        token = _ASYNCIO_OWN.set(True)
+        try:
+            self.fn(ticket)
+        finally:
+            _ASYNCIO_OWN.reset(token)
 
     def __eq__(self, other: object) -> bool:
         return self is other or bool(self.fn == other)
@@ -616,8 +649,12 @@ def _takes_outcome(fn: Any) -> bool:
     only collects the done tickets; its caller is to read them)."""
     if isinstance(fn, _OnLoop):  # (an await's _Wake too)
         return False
+    # asyncio's own: its private functions (asyncio.wait's ``_on_completion``), not a
+    # public one a caller hands over (``queue.put_nowait``: the caller's choice).
     module = getattr(fn, "__module__", None)
-    return not (isinstance(module, str) and module.startswith("asyncio."))
+    name = getattr(fn, "__name__", "")
+    return not (isinstance(module, str) and module.startswith("asyncio.")
+                and isinstance(name, str) and name.startswith("_"))
 
 
 class _Unretrieved:
@@ -632,15 +669,17 @@ class _Unretrieved:
     None) in :meth:`Machine._end` before it is armed, and disarmed before it is let go
     (:meth:`Ticket._taken`)."""
 
-    __slots__ = ("key", "tid", "exc")
+    __slots__ = ("key", "tid", "exc", "pid")
 
     key: str
     tid: int
+    pid: int  # the process that made it (a forked child's copy does not log)
     exc: BaseException | None  # (unset until armed)
 
     def __del__(self) -> None:
         exc = getattr(self, "exc", None)  # (unset: made, never armed)
-        if exc is None:
+        if exc is None or getattr(self, "pid", None) != os.getpid():  # (a forked child's
+            # copy: the ticket is the parent's, which may still read it)
             return
         self.exc = None
         try:
@@ -1784,6 +1823,7 @@ class Machine:
             unseen = _Unretrieved()
             unseen.key = t.key
             unseen.tid = t.id
+            unseen.pid = os.getpid()
         if not t._started and t.dedupe_id is not None:
             # A turn that never ran is forgotten, so a genuine retry runs.
             seen = self._dedupe.get(t.dedupe_id)
