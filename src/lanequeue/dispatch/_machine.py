@@ -490,13 +490,15 @@ class Ticket:
         loop-thread warning). Raises RuntimeError on the asyncio dispatcher's loop thread
         (any ``timeout`` but 0), ``concurrent.futures.TimeoutError`` when ``timeout``
         passes first."""
-        if timeout != 0 and self.state not in TERMINAL:  # (an ended one never blocks)
+        # (asyncio's own callback reads an ended ticket: asyncio.wait FIRST_EXCEPTION)
+        if timeout != 0 and not (self.state in TERMINAL and _ASYNCIO_OWN.get()):
             face = self._machine.face
             if _on_loop(getattr(face, "_loop", None)):
                 raise RuntimeError(
                     f"ticket {self.id} of key {shown(self.key)}: result() and exception() "
                     "would block the event loop that runs the turn; use await ticket")
-            if not face._warned_loop and _get_running_loop() is not None:
+            if (self.state not in TERMINAL and not face._warned_loop
+                    and _get_running_loop() is not None):
                 face._warn_loop(f"ticket.{call}")  # (see LoopWaitWarner in lanequeue._ops)
         if not self._wait_event().wait(timeout):
             import concurrent.futures
