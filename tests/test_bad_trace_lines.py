@@ -130,7 +130,9 @@ def test_a_trace_without_a_valid_request_fails_clearly_whatever_the_limit(
     monkeypatch.chdir(tmp_path)
     use = "plan with" if command == "plan" else "replay"
     cases = [
-        ([], "the file is empty"),
+        ([], "it has no request line (the file is empty, or a header only)"),
+        (["timestamp,key,duration_s"], "it has no request line (the file is empty, or a "
+                                       "header only)"),
         (["", "  ", ""], "it has only blank lines"),
         (["{bad", "", '{"timestamp": 1}'], "all 2 of its request lines are malformed"),
     ]
@@ -199,7 +201,7 @@ def test_the_readme_examples_are_what_is_printed(
     examples = section.split("`")[1::2]
     within = next(e for e in examples if "within --max-bad-lines" in e)
     beyond = next(e for e in examples if "error: 99 of 100" in e)
-    empty = next(e for e in examples if "the file is empty" in e)
+    empty = next(e for e in examples if "the file is empty, or a header only" in e)
 
     lines = [good(i) for i in range(300)]
     lines[3] = lines[4] = "{bad"

@@ -495,5 +495,6 @@ def test_console_width_is_rich_s_own_on_a_terminal_or_with_columns() -> None:
     assert console_width(Out(True), {}) is None
     assert console_width(Out(False), {"COLUMNS": "132"}) is None
     assert console_width(Out(False), {}) == PIPE_WIDTH
+    assert console_width(Out(False), {"COLUMNS": "0"}) == PIPE_WIDTH  # (rich: no output)
     assert console_width(Out(False), {"COLUMNS": "wide"}) == PIPE_WIDTH
     assert console_width(object(), {}) == PIPE_WIDTH

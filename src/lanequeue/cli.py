@@ -506,7 +506,8 @@ def _check_lines(trace: Any, limit: BadLineLimit, err: TextIO, command: str) -> 
         print(f"lanequeue {command}: most lines were not requests: is this a Mooncake or "
               "generic trace (see --help)?", file=err)
     if not trace.requests:
-        why = ("the file is empty" if not trace.skipped
+        why = ("it has no request line (the file is empty, or a header only)"
+               if not trace.skipped
                else "it has only blank lines" if not bad
                else f"all {lines:,} of its request lines are malformed")
         return f"no valid request to {use} in {source}: {why}"

@@ -356,7 +356,8 @@ def console_width(out: Any, environ: Any = None) -> int | None:
     output is not laid out for an 80-column terminal that is not there."""
     import os
 
-    if (os.environ if environ is None else environ).get("COLUMNS", "").isdigit():
+    columns = (os.environ if environ is None else environ).get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:  # (0 would print nothing)
         return None
     try:
         terminal = bool(out.isatty())
