@@ -319,3 +319,62 @@ def test_an_await_of_a_ticket_closed_unfinished_takes_no_lock() -> None:
         assert await d.drain(5)
 
     asyncio.run(main())
+
+
+@pytest.mark.timeout(30)
+def test_remove_done_callback_edges() -> None:
+    """A private asyncio callback added with no loop running (not wrapped) is removed
+    like any other; a callback that compares equal to everything removes neither
+    asyncio's callbacks nor an await's wake-up."""
+    import threading
+    import time
+
+    from lanequeue import LaneQueue, ThreadDispatcher
+
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    d = ThreadDispatcher(queue, lanes=["session"])
+    gate = threading.Event()
+    try:
+        t = d.submit("k", gate.wait, 20)
+        ran: list[str] = []
+
+        def _on_completion(_: Ticket) -> None:  # (named as asyncio's own)
+            ran.append("ran")
+
+        _on_completion.__module__ = "asyncio.tasks"
+        t.add_done_callback(_on_completion)  # no running loop: not wrapped
+        assert t.remove_done_callback(_on_completion) == 1
+
+        class Greedy:
+            def __eq__(self, other: object) -> bool:
+                return True
+
+            __hash__ = None  # type: ignore[assignment]
+
+            def __call__(self, _: Ticket) -> None:
+                ran.append("greedy")
+
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            waiting = asyncio.ensure_future(asyncio.wait([t], timeout=20))
+            awaited = asyncio.ensure_future(_awaited(t))
+            await asyncio.sleep(0)
+            greedy = Greedy()
+            t.add_done_callback(greedy)
+            assert t.remove_done_callback(greedy) == 1  # itself only
+            loop.call_later(0.05, gate.set)
+            began = time.monotonic()
+            done, _ = await waiting
+            assert done == {t} and await awaited is True
+            assert time.monotonic() - began < 10
+
+        asyncio.run(main())
+        assert ran == []
+
+        t2 = d.submit("k2", gate.wait, 20)  # (gate is set: it ends at once)
+        assert t2.result(10) is True
+    finally:
+        gate.set()
+        assert d.drain(10)
+        d.close()

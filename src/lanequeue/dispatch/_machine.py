@@ -415,7 +415,9 @@ class Ticket:
         with self._machine._lock:
             callbacks = self._callbacks
             if callbacks is not None:
-                if len(callbacks) >= 8:  # (inert ones left by remove_done_callback)
+                n = len(callbacks)
+                if n >= 8 and not n & (n - 1):  # (at 8, 16, 32...: amortised O(1))
+                    # the inert ones left by remove_done_callback go
                     callbacks[:] = [c for c in callbacks
                                     if not (isinstance(c, _OnLoop) and c.dead)]
                 callbacks.append(fn)
@@ -433,22 +435,29 @@ class Ticket:
         list but made inert, without the dispatcher's lock: asyncio removes them in the
         ``finally`` of a coroutine that the garbage collector may close in any thread,
         also one inside a section of the dispatcher that holds that lock."""
+        gone = 0
+        plain = False  # fn is also in the list unwrapped (added with no loop running)
         if isinstance(fn, _OnLoop) or not _takes_outcome(fn):
-            gone = 0
             for c in list(self._callbacks or ()):  # (a copy: builtins, no lock)
-                if isinstance(c, _OnLoop) and not c.dead and (c is fn or c.fn == fn):
-                    c.dead = True
-                    gone += 1
-            return gone
+                if isinstance(c, _OnLoop):
+                    if not c.dead and (c is fn or c.fn is fn or c.fn == fn):
+                        c.dead = True
+                        gone += 1
+                elif c is fn or c == fn:
+                    plain = True
+            if not plain:
+                return gone
         with self._machine._lock:
             callbacks = self._callbacks
             if callbacks is None:
-                return 0
-            kept = [c for c in callbacks if c != fn]
+                return gone
+            # (asyncio's wrapped callbacks are never removed by another's equality: a
+            # callback equal to everything must not take away an await's wake-up)
+            kept = [c for c in callbacks if isinstance(c, _OnLoop) or not (c is fn or c == fn)]
             removed = len(callbacks) - len(kept)
             if removed:
                 callbacks[:] = kept
-            return removed
+            return gone + removed
 
     def _outcome(self) -> Any:
         state = self.state
