@@ -185,9 +185,7 @@ def test_awaits_of_a_ticket_that_are_cancelled_leave_nothing_on_it() -> None:
     the awaiting task still gets the value."""
 
     async def main() -> None:
-        queue = AsyncLaneQueue()
-        queue.add_session_lane("session")
-        d = Dispatcher(queue, lanes=["session"])
+        d = _session_dispatcher()
         gate = asyncio.Event()
 
         async def long_turn() -> str:
@@ -211,6 +209,13 @@ def test_awaits_of_a_ticket_that_are_cancelled_leave_nothing_on_it() -> None:
     asyncio.run(main())
 
 
+def _session_dispatcher() -> Dispatcher:
+    """An asyncio dispatcher over one session lane."""
+    queue = AsyncLaneQueue()
+    queue.add_session_lane("session")
+    return Dispatcher(queue, lanes=["session"])
+
+
 async def _awaited(ticket: Ticket) -> object:
     return await ticket
 
@@ -223,9 +228,7 @@ def test_asyncio_wait_takes_tickets_and_leaves_no_callback() -> None:
     done."""
 
     async def main() -> None:
-        queue = AsyncLaneQueue()
-        queue.add_session_lane("session")
-        d = Dispatcher(queue, lanes=["session"])
+        d = _session_dispatcher()
         gate = asyncio.Event()
 
         async def turn(x: int) -> int:
@@ -296,9 +299,7 @@ def test_an_await_of_a_ticket_closed_unfinished_takes_no_lock() -> None:
     import threading
 
     async def main() -> None:
-        queue = AsyncLaneQueue()
-        queue.add_session_lane("session")
-        d = Dispatcher(queue, lanes=["session"])
+        d = _session_dispatcher()
         gate = asyncio.Event()
 
         async def turn() -> str:

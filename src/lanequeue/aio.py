@@ -545,15 +545,7 @@ class _AsyncFace:
             observed = True
             if ahead >= 0 and timeout is None:
                 was_ahead, ahead = ahead, -1  # (logged here or not: not by the handler)
-                warn = self.warn_after_s
-                waited = clock() - start
-                if warn is not None and waited >= warn:
-                    # Logged now, at its end: the hold it waited behind has just been
-                    # handed over (known when nobody was ahead), maybe to this waiter.
-                    self._slow_wait(
-                        key, waited, was_ahead, ended=True, granted=token > 0, behind_s=(
-                            self._core._clock() - behind
-                            if was_ahead == 0 and behind is not None and token > 0 else None))
+                self._ended_wait(key, clock() - start, was_ahead, token > 0, behind)
             if token < 0:
                 raise ended_error(self.name, key, token)
             return record(into, token)
@@ -574,19 +566,27 @@ class _AsyncFace:
                 # a grant at once, in the take above, is no wait.)
                 if not observed and (token <= 0 or not self._core.waits_at_grant):
                     self._core.observe_wait(clock() - start, False)
-            if ahead >= 0 and timeout is None:
-                # A wait without a timeout has no deadline that logs it while it waits:
-                # one cancelled (or interrupted) past ``warn_after_s`` is logged as it
-                # ends, as one granted is above.
-                warn = self.warn_after_s
-                waited = clock() - start
-                if warn is not None and waited >= warn:
-                    try:
-                        self._slow_wait(key, waited, ahead, ended=True, granted=kept,
-                                        ending=type(exc).__name__)
-                    except Exception:  # (a broken log handler must not replace ``exc``)
-                        pass
+            if ahead >= 0 and timeout is None:  # (cancelled or interrupted: as above)
+                try:
+                    self._ended_wait(key, clock() - start, ahead, kept, None,
+                                     type(exc).__name__)
+                except Exception:  # (a broken log handler must not replace ``exc``)
+                    pass
             raise
+
+    def _ended_wait(self, key: str, waited: float, ahead: int, granted: bool,
+                    behind: float | None, ending: str | None = None) -> None:
+        """For :meth:`_park`: a wait without a timeout has no deadline that logs it while
+        it waits, so it is logged as it ends (granted, ended by clear or drain, or by the
+        exception named ``ending``), if it lasted ``warn_after_s``. Granted with nobody
+        ahead, the log gives how long the hold it waited behind (held since ``behind``,
+        core clock) had lasted when it was handed over, maybe to this waiter."""
+        warn = self.warn_after_s
+        if warn is not None and waited >= warn:
+            self._slow_wait(key, waited, ahead, ended=True, granted=granted, ending=ending,
+                            behind_s=(self._core._clock() - behind
+                                      if ahead == 0 and behind is not None and granted
+                                      and ending is None else None))
 
     def _arm(self, key: str, waiter: _TaskWaiter, start: float, timeout: float | None
              ) -> tuple[int, float | None]:

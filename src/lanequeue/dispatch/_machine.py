@@ -437,7 +437,7 @@ class Ticket:
         also one inside a section of the dispatcher that holds that lock."""
         gone = 0
         plain = False  # fn is also in the list unwrapped (added with no loop running)
-        if isinstance(fn, _OnLoop) or not _takes_outcome(fn):
+        if not _takes_outcome(fn):  # (asyncio's own, or a wrapper: _OnLoop, _Wake)
             for c in list(self._callbacks or ()):  # (a copy: builtins, no lock)
                 if isinstance(c, _OnLoop):
                     if not c.dead and (c is fn or c.fn is fn or c.fn == fn):
