@@ -278,6 +278,47 @@ def test_a_check_between_a_release_and_its_report_does_not_log_it_twice(
     assert len(held) == 1
 
 
+@pytest.mark.parametrize("cls", [Lane, SessionLane])
+@pytest.mark.parametrize("how", ["exit", "manual_release"])
+def test_a_release_interrupted_after_its_report_is_not_logged_as_released(
+    cls: Any, how: str, ends: _Ends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt lands right after a release queued its report, before its commit:
+    the hold is still held, so the report is not logged ("it has been released" would
+    be false); the hold's real end logs it, once."""
+    from lanequeue import _core
+
+    queued = _core._report_later
+    interrupt = [True]
+
+    def then_interrupted(*args: Any) -> None:
+        queued(*args)
+        if interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(_core, "_report_later", then_interrupted)
+    clock = FakeClock()
+    lane = cls("l", clock=clock, warn_hold_s=1.0)
+    hold = lane.acquire("k")
+    hold.__enter__()
+    token = hold.token
+    clock.advance(2)
+    with pytest.raises(KeyboardInterrupt):
+        if how == "exit":
+            hold.__exit__(None, None, None)
+        else:
+            lane.manual_release("k")
+    assert not interrupt[0]  # (the interrupt did land there)
+    assert list(lane.get_active()) == ["k"] and lane._core.owns("k", token)  # still held
+    assert ends.settle() == []  # its report came and said nothing
+    clock.advance(1)
+    assert lane.manual_release("k")  # its real end
+    assert ends.settle() == [
+        f"lane 'l': key 'k' held its permit for 3.000 s (token {token}), past "
+        "warn_hold_s; it has been released"]
+
+
 def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
     ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,

@@ -619,8 +619,10 @@ class _CoreBase:
         (``hold_fold_at`` stays 0): a hold that lasted that long is handed to the
         reporter thread by one builtin call (``SimpleQueue.put``, no Python code: the
         lock is held, and this runs before the release's stores; an interrupt after it
-        leaves a hold reported that did last that long), and the list is folded once it
-        holds :data:`~lanequeue._obs.HELD_BATCH` values."""
+        leaves the hold held and its report queued: the lane's report, made once it has
+        the lock, finds the hold still held and says nothing, and the hold's real end
+        reports it), and the list is folded once it holds
+        :data:`~lanequeue._obs.HELD_BATCH` values."""
         limit = self.hold_warn_s
         if limit is None:
             held.fold()
