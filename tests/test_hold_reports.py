@@ -182,6 +182,37 @@ def test_the_setting_changes_on_a_live_lane(ends: _Ends) -> None:
     assert lane.warn_hold_s is None
 
 
+@pytest.mark.parametrize("cls", [Lane, SessionLane])
+def test_a_setting_interrupted_after_the_cores_watch_is_not_split(
+    cls: Any, ends: _Ends, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt lands as the core's watch returns: the lane reports the limit the
+    releases now use (the lane once kept a second record, set after the watch, which the
+    interrupt left at the old value)."""
+    clock = FakeClock()
+    lane = cls("l", clock=clock)
+    core = lane._core
+    watch = type(core).watch_holds
+
+    def then_interrupted(self: Any, *args: Any) -> None:
+        watch(self, *args)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:  # (the probe's lane below needs the real one)
+        patched.setattr(type(core), "watch_holds", then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lane.warn_hold_s = 1.0
+    assert lane.warn_hold_s == core.hold_warn_s == 1.0
+    with lane.acquire("k"):
+        clock.advance(1)
+    assert [line.split()[3] for line in ends.settle()] == ["'k'"]
+    with monkeypatch.context() as patched:
+        patched.setattr(type(core), "watch_holds", then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            lane.warn_hold_s = None
+    assert lane.warn_hold_s is None and core.hold_warn_s is None
+
+
 def test_the_core_does_not_keep_its_lane_alive() -> None:
     lane = SessionLane("s", warn_hold_s=1.0)
     ref = weakref.ref(lane)

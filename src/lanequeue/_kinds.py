@@ -138,14 +138,23 @@ class LaneKind(LaneOps, Generic[C]):
     def _hold_list(self) -> list[tuple[str, int, float]]:
         return self._core.hold_list()
 
+    def _hold_limit(self) -> float | None:
+        core = getattr(self, "_core", None)
+        return self._warn_hold_s if core is None else core.hold_warn_s
+
     def _watch_holds(self, limit: float | None) -> None:
-        core = getattr(self, "_core", None)  # (None while the constructor makes it)
-        if core is not None:
-            core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
-                self._hold_ended))
-            self._ends_reported = limit is not None
-            if limit is None:
-                self._warned_holds.clear()  # (no end will forget them now)
+        core = getattr(self, "_core", None)
+        if core is None:  # (the constructor: its core, made next, watches this)
+            self._warn_hold_s = limit
+            return
+        core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
+            self._hold_ended))
+        if limit is None:
+            self._warned_holds.clear()  # (no end will forget them now)
+
+    @property
+    def _ends_reported(self) -> bool:  # type: ignore[override]
+        return self._core.hold_warn_s is not None
 
     def _hold_ended(self, key: str, token: int, held_s: float) -> None:
         # From the reporter thread. The release that queued this report held the core's
@@ -328,7 +337,7 @@ class CountingKind(LaneKind[CountingCore]):
             ageing,
         )
         self._core.waits_at_grant = self._waits_at_grant
-        self._watch_holds(self.warn_hold_s)  # (the core exists from here)
+        self._watch_holds(self._warn_hold_s)  # (the core exists from here)
 
     @property
     def ageing_s(self) -> float:
@@ -398,7 +407,7 @@ class SessionKind(LaneKind[SessionCore]):
             clock,
         )
         self._core.waits_at_grant = self._waits_at_grant
-        self._watch_holds(self.warn_hold_s)  # (the core exists from here)
+        self._watch_holds(self._warn_hold_s)  # (the core exists from here)
 
     def _rank(self, priority: object) -> int:
         """A per-key lane has no priority: its waiters are one key's turns, FIFO."""

@@ -198,20 +198,25 @@ class LaneOps(LoopWaitWarner):
         as it ends, if no check logged it before (an in-process lane's release hands it
         to a reporter thread, so the line comes a moment after the release; a Redis lane
         logs it in its release). Settable; checked as the constructor's argument."""
-        return self._warn_hold_s
+        return self._hold_limit()
 
     @warn_hold_s.setter
     def warn_hold_s(self, value: float | None) -> None:
         limit = check_timeout(value, f"{type(self).__name__}.warn_hold_s")
-        with _SETTING:  # (the lane's value and its core's watch change together)
+        with _SETTING:  # (one setting at a time)
             self._watch_holds(limit)
-            self._warn_hold_s = limit
+
+    def _hold_limit(self) -> float | None:
+        """The setting, from its one record: one, so that no interrupt can split a
+        setting between two (the lane's own here; an in-process lane's core's watch)."""
+        return self._warn_hold_s
 
     def _watch_holds(self, limit: float | None) -> None:
-        """Have the releases of this lane's holds call :meth:`_hold_ended` for a hold
-        that lasted ``limit`` seconds or more (None: stop). The in-process faces give it
-        to their core (and set ``_ends_reported``); a Redis lane checks in its release
-        (the default: nothing)."""
+        """Record ``limit`` and have the releases of this lane's holds call
+        :meth:`_hold_ended` for a hold that lasted that long or more (None: stop). Here
+        the lane's own record, one plain store: a Redis lane checks in its release. The
+        in-process faces record it in their core's watch, which reports the holds."""
+        self._warn_hold_s = limit
 
     #: Every hold a check warned of reaches :meth:`_hold_ended` as it ends (an in-process
     #: lane's reports come a moment after the release, from the reporter thread): the
