@@ -17,7 +17,9 @@ import gc
 import inspect
 import logging
 import math
+import sys
 import time
+import tracemalloc
 import warnings
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -242,10 +244,20 @@ async def test_a_hold_dropped_without_being_entered_warns(f: Face) -> None:
     lane = f.lane("unentered", timeout_s=None)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        lane.acquire("forgot")  # (the statement's value is dropped at once)
-        gc.collect()
-        never = [w for w in seen if issubclass(w.category, RuntimeWarning)]
-        assert len(never) == 1, [str(w.message) for w in seen]
+        tracemalloc.start(50)
+        try:
+            lane.acquire("forgot")  # (the statement's value is dropped at once)
+            made_at = sys._getframe().f_lineno - 1
+            gc.collect()
+            never = [w for w in seen if issubclass(w.category, RuntimeWarning)]
+            assert len(never) == 1, [str(w.message) for w in seen]
+            # The warning comes from a finalizer, with no caller's line: its source is
+            # the hold, so that Python shows where it was made (-X tracemalloc).
+            made = tracemalloc.get_object_traceback(never[0].source)
+        finally:
+            tracemalloc.stop()
+        assert made is not None
+        assert (__file__, made_at) in [(frame.filename, frame.lineno) for frame in made]
         text = str(never[0].message)
         assert "'unentered'" in text and "'forgot'" in text and "never held" in text
         assert lane.active_count == 0 and lane.waiting == 0

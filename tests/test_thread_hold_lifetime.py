@@ -173,3 +173,45 @@ def test_interrupt_at_a_finalizers_start_is_swallowed_by_cpython_and_changes_not
             assert "k" in lane.get_active()
             assert lane.manual_release("k")
         assert lane.stats.holders == 0
+
+
+def test_a_dropped_holds_warning_shows_where_the_hold_was_made() -> None:
+    """The ResourceWarning of a hold dropped while held comes from the garbage
+    collector; its source is the hold, so that ``-X tracemalloc`` shows where it was
+    made: a lane's hold and an ``acquire_all``'s, thread and asyncio."""
+    import asyncio
+    import sys
+    import tracemalloc
+    import warnings
+
+    from lanequeue import AsyncSessionLane
+
+    queue = LaneQueue()
+    queue.add_session_lane("session")
+    lines: list[int] = []
+
+    def drop_thread_holds() -> None:
+        SessionLane().acquire("k").__enter__()
+        lines.append(sys._getframe().f_lineno - 1)
+        queue.acquire_all("k", ["session"]).__enter__()
+        lines.append(sys._getframe().f_lineno - 1)
+
+    async def drop_async_hold() -> None:
+        await AsyncSessionLane().acquire("k").__aenter__()
+        lines.append(sys._getframe().f_lineno - 1)
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tracemalloc.start(50)
+        try:
+            drop_thread_holds()
+            asyncio.run(drop_async_hold())
+            gc.collect()
+            dropped = [w for w in seen if issubclass(w.category, ResourceWarning)
+                       and "without release" in str(w.message)]
+            made = [tracemalloc.get_object_traceback(w.source) for w in dropped]
+        finally:
+            tracemalloc.stop()
+    assert len(made) == 3, [str(w.message) for w in seen]
+    where = [{(frame.filename, frame.lineno) for frame in tb or ()} for tb in made]
+    assert all(any((__file__, line) in w for w in where) for line in lines), (lines, where)

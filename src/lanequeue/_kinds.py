@@ -631,21 +631,25 @@ class _DropWatch:
                 try:
                     self._parked  # noqa: B018  (set by the general path of every enter)
                 except AttributeError:  # never entered: acquire() without with
-                    warn_unentered(f"{type(self.lane).__name__} {self.lane.name!r}", self.key)
+                    warn_unentered(f"{type(self.lane).__name__} {self.lane.name!r}", self.key,
+                                   source=self)
                 return
             if not self.lane._core.owns(self.key, token):
                 return
             self.lane._core._dropped.append((self.key, token))
         self._token = -token  # type: ignore[misc]  # ended (see the class)
         self.lane._dropped_hold()
-        warn_dropped(self.lane, self.key, token)
+        warn_dropped(self.lane, self.key, token, self)
 
 
-def warn_unentered(made: str, key: str, usage: str = "lane.acquire(key)") -> None:
+def warn_unentered(made: str, key: str, usage: str = "lane.acquire(key)",
+                   source: object = None) -> None:
     """The ``RuntimeWarning`` of a hold that was made and dropped without being entered
     (``lane.acquire(key)`` without ``with``: it never waited and never held), as
     Python's own for a coroutine never awaited. ``made``: what made it (``SessionLane
-    's'``)."""
+    's'``). ``source``: the hold. The warning comes from its finalizer, so no line of
+    the caller's is at hand; with :mod:`tracemalloc` on (``python -X tracemalloc``),
+    Python shows where the hold was made, as for its own ``ResourceWarning``."""
     warnings.warn(
         f"{made}: the hold made for key {shown(key)} was garbage-collected without being "
         f"entered (or an interrupt stopped its enter before it began, or it was used with "
@@ -653,14 +657,17 @@ def warn_unentered(made: str, key: str, usage: str = "lane.acquire(key)") -> Non
         f"use it as 'with {usage}:' on thread lanes, 'async with {usage}:' on asyncio",
         RuntimeWarning,
         stacklevel=2,
+        source=source,
     )
 
 
-def warn_dropped(lane: Any, key: str, token: int) -> None:
-    """The ``ResourceWarning`` of a hold dropped while held, naming the lane and key."""
+def warn_dropped(lane: Any, key: str, token: int, source: object = None) -> None:
+    """The ``ResourceWarning`` of a hold dropped while held, naming the lane and key;
+    ``source``: the hold (see :func:`warn_unentered`)."""
     warnings.warn(
         f"{type(lane).__name__} {lane.name!r}: a hold on key {shown(key)} (token {token}) was "
         "garbage-collected without release; its permit returns to the lane",
         ResourceWarning,
         stacklevel=2,
+        source=source,
     )

@@ -428,7 +428,7 @@ class _MultiDropWatch:
             # never entered (acquire_all() without with), nor refused at its enter
             names = [lane.name for lane, _ in self._plan.steps]
             warn_unentered(f"acquire_all over {names}", self._key,
-                           "queue.acquire_all(key, names)")
+                           "queue.acquire_all(key, names)", self)
 
     def _drop(self, taken: list[Any], parked: tuple[int, int] | None) -> None:
         """The finalizer's work after the records, out of ``__del__`` (whose frame, made
@@ -444,7 +444,7 @@ class _MultiDropWatch:
         for i, _ in tokens:
             cast(Any, steps[i][0])._dropped_hold()
         for i, got in dropped:
-            warn_dropped(steps[i][0], key, got)
+            warn_dropped(steps[i][0], key, got, self)
 
 
 class _MultiAcquire(MultiHoldSteps, MultiHold):

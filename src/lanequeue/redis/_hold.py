@@ -89,7 +89,7 @@ class RedisHoldBase(Hold):
                 lane, key = self.lane, self.key
             except AttributeError:  # interrupted while being made
                 return
-            warn_unentered(f"{type(lane).__name__} {lane.name!r}", key)
+            warn_unentered(f"{type(lane).__name__} {lane.name!r}", key, source=self)
 
     @property
     def lost(self) -> bool:
