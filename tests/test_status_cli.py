@@ -21,7 +21,7 @@ import pytest
 from lanequeue.cli import main
 from lanequeue.redis import RedisLane, RedisSessionLane
 from lanequeue.redis._keys import base
-from lanequeue.redis._status import PIPE_WIDTH, StatusReader, console_width, parse_lane_key
+from lanequeue.redis._status import StatusReader, parse_lane_key, unbounded
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -476,15 +476,14 @@ def test_piped_table_is_not_laid_out_for_80_columns_unless_columns_says_so(
     assert narrow.returncode == 0, narrow.stderr
     assert max(len(line) for line in narrow.stdout.splitlines()) <= 60
     assert not _heading(prefix, "session", "session", 1, 0).search(narrow.stdout)
-    assert PIPE_WIDTH == 1000
     readme = Path(__file__).resolve().parent.parent / "README.md"
-    assert ("piped or redirected (`| grep`, `> status.txt`) it is not laid out for an "
-            "80-column screen that is not there: each heading and each row stays on one "
-            "line (up to 1,000 columns), unless `COLUMNS` sets a width."
+    assert ("piped or redirected (`| grep`, `> status.txt`) it has no width to fit: each "
+            "heading and each row stays on one line, however long, unless `COLUMNS` sets "
+            "a width."
             ) in " ".join(readme.read_text(encoding="utf-8").split())
 
 
-def test_console_width_is_rich_s_own_on_a_terminal_or_with_columns() -> None:
+def test_the_width_is_rich_s_own_on_a_terminal_or_with_columns() -> None:
     class Out:
         def __init__(self, tty: bool) -> None:
             self.tty = tty
@@ -492,9 +491,109 @@ def test_console_width_is_rich_s_own_on_a_terminal_or_with_columns() -> None:
         def isatty(self) -> bool:
             return self.tty
 
-    assert console_width(Out(True), {}) is None
-    assert console_width(Out(False), {"COLUMNS": "132"}) is None
-    assert console_width(Out(False), {}) == PIPE_WIDTH
-    assert console_width(Out(False), {"COLUMNS": "0"}) == PIPE_WIDTH  # (rich: no output)
-    assert console_width(Out(False), {"COLUMNS": "wide"}) == PIPE_WIDTH
-    assert console_width(object(), {}) == PIPE_WIDTH
+    assert not unbounded(Out(True), {})
+    assert not unbounded(Out(False), {"COLUMNS": "132"})
+    assert unbounded(Out(False), {})
+    assert unbounded(Out(False), {"COLUMNS": "0"})  # (rich: no output)
+    assert unbounded(Out(False), {"COLUMNS": "wide"})
+    assert unbounded(object(), {})
+
+
+def _read_until(stream: Any, done: Any, timeout: float = 10.0) -> bytes:
+    """Bytes read from ``stream`` (a pipe) until ``done(data)`` or ``timeout`` seconds,
+    without waiting for the writer to end."""
+    import selectors
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        while not done(data) and time.monotonic() < deadline:
+            if sel.select(max(0.0, deadline - time.monotonic())):
+                chunk = os.read(stream.fileno(), 65536)
+                if not chunk:
+                    break
+                data += chunk
+    return data
+
+
+def test_piped_watch_writes_each_frame_as_it_is_made(
+    redis_server: Any, busy_lanes: dict[str, int], redis_prefix: str,
+) -> None:
+    """``lanequeue status --watch | tee log``: rich's live display writes nothing to a
+    pipe until it stops, so the reader saw nothing until Ctrl-C. Piped, each refresh is
+    printed plainly as it is made (and flushed): whole frames one after another, a blank
+    line between two, no cursor movements."""
+    import signal
+
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lanequeue", "status", "--backend", url,
+         "--prefix", redis_prefix, "--watch", "--interval", "0.1"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        data = _read_until(proc.stdout, lambda d: d.count(b"keys seen (SCAN)") >= 3)
+        assert proc.poll() is None  # still watching: the frames came while it runs
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130, err
+    text = (data + rest).decode()
+    assert "\x1b" not in text
+    frames = text.rstrip("\n").split("\n\n")
+    assert len(frames) >= 3, text
+    for frame in frames:
+        assert frame.startswith("2 lanes, "), frame
+        assert _heading(redis_prefix, "llm", "counting, max 2", 2, 1).search(frame), frame
+        assert _heading(redis_prefix, "session", "session", 1, 1).search(frame), frame
+
+
+def test_piped_table_shows_every_key_and_heading_whole_however_long(
+    redis_server: Any, redis_client: Any, redis_prefix: str,
+) -> None:
+    """Piped, the table was laid out for 1,000 columns: a longer heading was folded over
+    two lines and a longer key cut with an ellipsis. Piped output has no width: every
+    heading and every key is shown whole, on one line. With ``COLUMNS`` (a width asked
+    for) a key too long for it is folded over several lines, never cut."""
+    prefix = redis_prefix + "-" + "p" * 1100
+    key = "conversation-" + "k" * 1500
+    lane = RedisSessionLane(redis_client, prefix=prefix, lease_s=30)
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    argv = [sys.executable, "-m", "lanequeue", "status", "--backend", url, "--prefix", prefix]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    with lane.acquire(key):
+        piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20,
+                               stdin=subprocess.DEVNULL)
+        narrow = subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                                env={**env, "COLUMNS": "60"}, stdin=subprocess.DEVNULL)
+    assert piped.returncode == 0, piped.stderr
+    assert _heading(prefix, "session", "session", 1, 0).search(piped.stdout), piped.stdout
+    rows = [line for line in piped.stdout.splitlines() if key in line]
+    assert len(rows) == 1 and "…" not in piped.stdout
+    assert rows[0].startswith(f"│ {key} │")
+    assert narrow.returncode == 0, narrow.stderr
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 60
+    assert "…" not in narrow.stdout
+    cells = [line.split("│")[1].strip() for line in narrow.stdout.splitlines()
+             if line.startswith("│") and line.split("│")[1].strip() not in ("", "key")]
+    assert "".join(cells) == key
+
+
+def test_watch_redraws_in_place_only_where_rich_can_redraw() -> None:
+    """On a dumb terminal (``TERM=dumb``) rich's live display, like on a pipe, showed
+    nothing until it stopped: ``--watch`` prints frame after frame there too."""
+    import io
+
+    from rich.console import Console
+
+    from lanequeue.redis._status import redraws_in_place
+
+    assert not redraws_in_place(Console(file=io.StringIO(), _environ={}))
+    tty = {"file": io.StringIO(), "force_terminal": True}
+    assert redraws_in_place(Console(**tty, _environ={"TERM": "xterm-256color"}))
+    assert not redraws_in_place(Console(**tty, _environ={"TERM": "dumb"}))

@@ -818,7 +818,9 @@ def _add_status_parser(sub: Any) -> None:
                          "were given (default: every prefix)")
     form = sp.add_mutually_exclusive_group()
     form.add_argument("--watch", action="store_true",
-                      help="refresh the table in place until interrupted")
+                      help="refresh the table every --interval seconds until "
+                           "interrupted: in place on a terminal; piped or redirected, "
+                           "each refresh printed whole after the last")
     form.add_argument("--json", action="store_true", help="print one JSON document")
     sp.add_argument("--interval", type=_status_interval, default=None, metavar="S",
                     help="seconds between refreshes, only with --watch (default 1.0; from "

@@ -17,6 +17,7 @@ when this reader first saw it (a lower bound; 0 at the first look).
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +26,6 @@ from redis.exceptions import ResponseError
 from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
-
-#: Width of the table's console when the output is not a terminal (a pipe, a file) and
-#: ``COLUMNS`` does not name one. Rich would otherwise lay the table out for 80 columns
-#: (its width when it finds no terminal), folding long keys and lane headings over
-#: several lines; a pipe has no width, so each line is as long as it needs to be, up to
-#: this.
-PIPE_WIDTH = 1000
 
 _KIND = {"s": "session", "c": "counting"}
 _SUFFIX = re.compile(r"[a-z](:[0-9a-f]+)?\Z")
@@ -329,11 +323,13 @@ def render(doc: dict[str, Any]) -> Any:
                           + f") holders {len(lane['holders'])}, waiting {lane['waiting']}, "
                           f"oldest wait {lane['oldest_wait_s']:.1f} s"))
         table = Table()
-        table.add_column("key")
-        table.add_column("fencing token", justify="right")
-        table.add_column("lease left (s)", justify="right")
-        table.add_column("held (s)", justify="right")
-        table.add_column("in line", justify="right")
+        # A cell wider than its column (on a terminal narrower than the table, or
+        # COLUMNS) is folded over several lines, never cut: every character is shown.
+        table.add_column("key", overflow="fold")
+        table.add_column("fencing token", justify="right", overflow="fold")
+        table.add_column("lease left (s)", justify="right", overflow="fold")
+        table.add_column("held (s)", justify="right", overflow="fold")
+        table.add_column("in line", justify="right", overflow="fold")
         keys = sorted({h["key"] for h in lane["holders"]} | set(lane["lines"]))
         for key in keys:
             mine = [h for h in lane["holders"] if h["key"] == key] or [None]
@@ -349,21 +345,43 @@ def render(doc: dict[str, Any]) -> Any:
     return Group(*parts)
 
 
-def console_width(out: Any, environ: Any = None) -> int | None:
-    """The width to give rich's console writing to ``out``: None (rich's own choice: the
-    terminal's width, or ``COLUMNS`` when it is set to a number, as rich documents) when
-    ``out`` is a terminal or ``COLUMNS`` is set; else :data:`PIPE_WIDTH`, so that piped
-    output is not laid out for an 80-column terminal that is not there."""
+def unbounded(out: Any, environ: Any = None) -> bool:
+    """Whether the table written to ``out`` has no width to fit: ``out`` is not a
+    terminal (a pipe, a file) and ``COLUMNS`` does not name a width. Rich would lay such
+    output out for the width of whatever terminal the process has elsewhere (or 80
+    columns), folding long headings and cutting long keys; a pipe has no width, so each
+    line is as long as its data (see :func:`fit`). On a terminal, or with ``COLUMNS`` set
+    to a number, rich's own width is used (the terminal's, or ``COLUMNS``, as rich
+    documents)."""
     import os
 
     columns = (os.environ if environ is None else environ).get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:  # (0 would print nothing)
-        return None
+        return False
     try:
         terminal = bool(out.isatty())
     except (AttributeError, OSError, ValueError):  # no isatty, or a closed file
         terminal = False
-    return None if terminal else PIPE_WIDTH
+    return not terminal
+
+
+def fit(console: Any, renderable: Any) -> Any:
+    """Set the width of ``console`` (a rich console with no width of its own to fit:
+    see :func:`unbounded`) to what ``renderable`` needs to show every line whole: the
+    longest heading, the widest table with each cell on one line. Returns
+    ``renderable``."""
+    from rich.measure import Measurement
+
+    options = console.options.update_width(sys.maxsize)
+    console.width = max(1, Measurement.get(console, options, renderable).maximum)
+    return renderable
+
+
+def redraws_in_place(console: Any) -> bool:
+    """Whether rich's live display can redraw on ``console``: a terminal that is not a
+    dumb one. Elsewhere (a pipe, a file, ``TERM=dumb``) the live display would write
+    nothing until it stops, so ``--watch`` prints each frame after the last instead."""
+    return bool(console.is_terminal and not console.is_dumb_terminal)
 
 
 def _quiet_stdout(out: Any) -> None:
@@ -416,15 +434,32 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         from rich.console import Console
         from rich.live import Live
 
-        console = Console(file=out, width=console_width(out))
+        console = Console(file=out)
+        wide = unbounded(out)
+
+        def frame() -> Any:
+            shown = render(reader.read())
+            return fit(console, shown) if wide else shown
+
         if not args.watch:
-            console.print(render(reader.read()))
+            console.print(frame())
             out.flush()
             return 0
-        with Live(render(reader.read()), console=console, auto_refresh=False) as live:
+        if not redraws_in_place(console):
+            # Each frame as it is made, flushed, a blank line between two: what a
+            # reader of the pipe (``| tee log``) sees at once, one after another.
+            console.print(frame())
+            out.flush()
             while True:
                 time.sleep(args.interval)
-                live.update(render(reader.read()), refresh=True)
+                shown = frame()
+                console.print()
+                console.print(shown)
+                out.flush()
+        with Live(frame(), console=console, auto_refresh=False) as live:
+            while True:
+                time.sleep(args.interval)
+                live.update(frame(), refresh=True)
     except BrokenPipeError:  # the reader of the output went away (``| head -1``)
         _quiet_stdout(out)
         return 1
