@@ -51,6 +51,7 @@ import os
 import pickle
 import random
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -1783,3 +1784,26 @@ def test_each_lane_and_hold_class_runs_its_own_copy_of_the_shared_code() -> None
 
     for lane in lanes:
         assert lane.__repr__ is LaneKind.__repr__ and lane._hold_list is LaneKind._hold_list
+
+
+def test_every_module_imports_where_the_platform_does_not_fork() -> None:
+    """Where ``os.fork`` and ``os.register_at_fork`` do not exist (Windows), every module
+    still imports and a lane works: the fork hooks are registered only where processes
+    fork."""
+    code = (
+        "import os, pkgutil, importlib\n"
+        "del os.register_at_fork, os.fork\n"
+        "import lanequeue\n"
+        "names = [m.name for m in pkgutil.walk_packages(lanequeue.__path__, 'lanequeue.')\n"
+        "         if not m.name.endswith('__main__')]\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
+        "lane = lanequeue.SessionLane()\n"
+        "with lane.acquire('k'):\n"
+        "    pass\n"
+        "print(len(names))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) > 40  # (the package's modules, the optional ones included)

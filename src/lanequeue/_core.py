@@ -766,13 +766,19 @@ class _CoreBase:
         return self._waiting
 
 
+def at_fork_in_child(fn: Callable[[], object]) -> None:
+    """Have ``fn`` called in the child of every ``os.fork()`` from now on (where the
+    platform forks: nothing where ``os.register_at_fork`` does not exist)."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=fn)
+
+
 def _after_fork_in_child() -> None:
     for core in list(_LIVE):
         core._after_fork()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)
 
 
 # -- reports made off the lock ----------------------------------------------------------------
@@ -847,8 +853,7 @@ def _reporter_after_fork() -> None:
         _start_reporter()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reporter_after_fork)
+at_fork_in_child(_reporter_after_fork)
 
 
 #: The stages of an ``acquire_all`` (``MultiHold._stage``): made, entered, and a release

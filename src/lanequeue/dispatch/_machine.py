@@ -175,6 +175,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from .._core import at_fork_in_child
 from .._errors import (
     DispatcherDrainingError,
     LaneBackendError,
@@ -1015,8 +1016,7 @@ def _after_fork() -> None:
         machine._claiming = {}  # (the parent's claims in flight are its threads')
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork)
+at_fork_in_child(_after_fork)
 
 
 def _sweep_if_alive(ref: weakref.ref[Machine], due: float) -> None:

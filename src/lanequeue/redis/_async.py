@@ -48,6 +48,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._core import at_fork_in_child
 from .._errors import LaneBackendError
 from .._kinds import LANE_DEFAULT
 from .._ops import CANCEL_WAIT_S, LoopTimer, note_cancel_wait, noted_cancel_wait, poll_idle_async
@@ -191,7 +192,7 @@ def _after_fork() -> None:
     _CLEANUPS.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+at_fork_in_child(_after_fork)
 
 
 class _Releasing(asyncio.CancelledError):
@@ -381,7 +382,7 @@ _timeout: Callable[[float], Any] | None = getattr(asyncio, "timeout", None)
 _LATER: set[asyncio.Task[Any]] = set()
 #: True in a background clean-up's task (:func:`_run_later`).
 _BEST_EFFORT: ContextVar[bool] = ContextVar("lanequeue_best_effort", default=False)
-os.register_at_fork(after_in_child=_LATER.clear)  # (the parent's tasks are not the child's)
+at_fork_in_child(_LATER.clear)  # (the parent's tasks are not the child's)
 
 
 async def _run_later(steps: Steps[None]) -> None:

@@ -30,6 +30,8 @@ import time
 import weakref
 from typing import Any
 
+from .._core import at_fork_in_child
+
 __all__ = ["Kept", "Watched", "watchdog"]
 
 
@@ -131,4 +133,4 @@ class _Watchdog:
 
 #: The process's one watchdog.
 watchdog = _Watchdog()
-os.register_at_fork(after_in_child=watchdog._after_fork)
+at_fork_in_child(watchdog._after_fork)

@@ -46,6 +46,7 @@ import time
 import weakref
 from typing import Any
 
+from .._core import at_fork_in_child
 from ._wake import Gate
 
 __all__ = ["GRACE_S", "PING_S", "PONG_TIMEOUT_S", "Epoch", "Presence", "presence_for"]
@@ -274,4 +275,4 @@ def _after_fork() -> None:
     _registry.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+at_fork_in_child(_after_fork)

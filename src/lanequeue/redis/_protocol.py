@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
-from .._core import LaneStats
+from .._core import LaneStats, at_fork_in_child
 from .._errors import (
     LaneBackendError,
     LaneError,
@@ -120,7 +120,7 @@ def _after_fork_in_child() -> None:
         lane._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork_in_child(_after_fork_in_child)
 
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import redis
 from redis.cluster import RedisCluster
 
+from .._core import at_fork_in_child
 from .._errors import NotOwnerError
 from .._kinds import LANE_DEFAULT
 from .._ops import CANCEL_WAIT_S, note_cancel_wait, noted_cancel_wait, poll_idle
@@ -173,7 +174,7 @@ def _forget_cleanups() -> None:
     _later_running = 0
 
 
-os.register_at_fork(after_in_child=_forget_cleanups)
+at_fork_in_child(_forget_cleanups)
 
 
 def _finish_aside(box: list[Any]) -> None:

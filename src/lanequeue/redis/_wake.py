@@ -47,6 +47,7 @@ import weakref
 from collections import deque
 from typing import Any, NamedTuple
 
+from .._core import at_fork_in_child
 from ._args import call_wait
 from ._link import factory, sibling_async, sibling_sync
 
@@ -771,7 +772,7 @@ def _after_fork() -> None:
     _async.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+at_fork_in_child(_after_fork)
 
 
 def sync_waker(client: Any) -> SyncWaker:
