@@ -225,3 +225,48 @@ def test_replay_busy_reads_the_trace_under_the_same_limit(
     assert captured.err.splitlines()[-1].startswith(
         "lanequeue replay: error: 9 of 10 request lines are malformed (90%), more than "
         "--max-bad-lines 1% allows: not replaying the other 1")
+
+
+@pytest.mark.parametrize("limit, bad, lines, shown", [
+    ("33.333333333333333%", 1, 3, "33.3333333333333333%"),  # float: 33.3333333333333
+    ("1%", 101, 10_099, "1.0001%"),
+    ("0.1%", 1, 999, "0.1001%"),
+])
+def test_a_share_refused_is_shown_above_its_limit_without_float_noise(
+    limit: str, bad: int, lines: int, shown: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A share over ``--max-bad-lines`` was printed from a float to at most 15 digits:
+    1 of 3 lines over a limit of 33.333333333333333% showed ``(33.3333333333333%), more
+    than --max-bad-lines 33.333333333333333%``, below the limit it exceeds. The share is
+    now computed exactly, rounded to 3 significant digits, with only as many more as it
+    takes to show it above the limit."""
+    from fractions import Fraction
+
+    rows = [good(i) for i in range(lines)]
+    for i in range(bad):
+        rows[i * (lines // bad)] = "{bad"
+    path = write(tmp_path / "t.jsonl", rows)
+    code, _, err = run("plan", path, capsys, "--max-bad-lines", limit)
+    assert code == 2
+    message = err.splitlines()[-1]
+    assert (f"{bad:,} of {lines:,} request lines are malformed ({shown}), more than "
+            f"--max-bad-lines {limit} allows") in message, message
+    assert Fraction(shown[:-1]) > Fraction(limit[:-1])
+
+
+@pytest.mark.parametrize("limit, shown", [("0.6667%", "0.6667%"), ("0.667%", "0.667%"),
+                                          ("1%", "0.667%"), ("2", "0.667%")])
+def test_a_share_within_the_limit_is_never_shown_above_it(
+    limit: str, shown: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """2 of 300 lines (0.6666...%) are within a limit of 0.6667%: they were reported as
+    ``0.667% of 300 request lines, within --max-bad-lines 0.6667%``, above it."""
+    rows = [good(i) for i in range(300)]
+    rows[3] = rows[4] = "{bad"
+    code, _, err = run("plan", write(tmp_path / "t.jsonl", rows), capsys,
+                       "--max-bad-lines", limit)
+    assert code == 0, err
+    assert err.splitlines()[-1] == (
+        f"lanequeue plan: 2 malformed lines skipped ({shown} of 300 request lines, within "
+        f"--max-bad-lines {limit}); planning from the other 298")

@@ -458,16 +458,16 @@ def _bad_line_limit(text: str) -> BadLineLimit:
         f"of lines from 0 to {MAX_COUNT:,} (such as 10), not {text!r}")
 
 
-def _percent(part: int, whole: int, above: Fraction | None = None) -> str:
-    """``part / whole`` as a percentage of 3 significant digits, or more where 3 would
-    round a share above ``above`` down to it (``1.0004%`` is not shown as ``1%``)."""
-    exact = Fraction(100 * part, whole)
-    text = ""
-    for digits in range(3, 16):
-        text = f"{float(exact):.{digits}g}"
-        if above is None or Fraction(text) > above * 100:
-            break
-    return f"{text}%"
+def _percent(part: int, whole: int, limit: Fraction | None = None) -> str:
+    """``part / whole`` as a percentage of 3 significant digits, computed exactly (no
+    float noise), with more digits where 3 would put it on the other side of ``limit``
+    (a share of 1): a share above the limit is shown above it (``1.0001%``, not ``1%``),
+    one within it never rounded up past it (``0.6667%`` within ``0.6667%``, not
+    ``0.667%``). See :func:`lanequeue.replay._figures.against`."""
+    from lanequeue.replay._figures import against
+
+    return against(Fraction(100 * part, whole), None if limit is None else limit * 100, 3,
+                   significant=True) + "%"
 
 
 #: What each command does with a trace, for its messages: (infinitive, participle).
@@ -521,8 +521,9 @@ def _check_lines(trace: Any, limit: BadLineLimit, err: TextIO, command: str) -> 
             "raise the limit: --max-bad-lines 100% uses whatever lines are valid)"
         )
     print(f"lanequeue {command}: {bad:,} malformed line{'s' if bad > 1 else ''} skipped "
-          f"({_percent(bad, lines)} of {lines:,} request lines, within --max-bad-lines "
-          f"{limit.text}); {using} the other {len(trace.requests):,}", file=err)
+          f"({_percent(bad, lines, limit.share)} of {lines:,} request lines, within "
+          f"--max-bad-lines {limit.text}); {using} the other {len(trace.requests):,}",
+          file=err)
     return None
 
 
