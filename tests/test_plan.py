@@ -964,3 +964,72 @@ def test_cli_output_paths_refused_at_once_naming_the_option(
         code, err = run_cli(["plan", "--p99-wait-s", "2", option, value], capsys)
         assert code == 2
         assert f"lanequeue plan: error: argument {option}: " in err and reason in err
+
+
+# --------------------------------------------------------------------------------------
+# Figures next to the goal: shown on the side of it they are on
+
+
+def _row_cells(printed: str, cap: int) -> list[str]:
+    """The cells of global cap ``cap``'s row of the printed table."""
+    return next(line.split() for line in printed.splitlines()
+                if line.split()[:1] == [str(cap)] and "s," not in line)
+
+
+@pytest.mark.timeout(30)
+def test_a_cap_that_misses_shows_waits_visibly_over_the_goal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The table printed waits to 3 decimals next to a goal compared exactly: cap 1 below
+    misses p99 <= 1.98 s and max <= 2 s with a p99 of 1.980396 s and a max of 2.0004 s,
+    and showed ``1.980  2.000  miss``. A wait on the other side of the goal from its
+    rounding gets the digits that show it there (and one within the goal is never rounded
+    up past it); the goal is shown as given."""
+    trace = write_generic(tmp_path / "t.jsonl", [(0.0, "a", 2.0004), (0.0, "b", 2.0004)])
+    code = main(["plan", str(trace), "--p99-wait-s", "1.98", "--max-wait-s", "2"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "goal: p99 wait <= 1.98 s and max wait <= 2 s" in printed
+    assert _row_cells(printed, 1)[3:5] == ["1.9804", "2.0004"]
+    assert _row_cells(printed, 1)[-1] == "miss"
+    assert _row_cells(printed, 2)[3:5] == ["0.000", "0.000"]
+    # Within the goal, a wait is never rounded up past it: a max of 1.9996 s meets
+    # max <= 1.9997 s, and is not shown as 2.000.
+    near = write_generic(tmp_path / "u.jsonl", [(0.0, "a", 1.9996), (0.0, "b", 1.9996)])
+    assert main(["plan", str(near), "--p99-wait-s", "10", "--max-wait-s", "1.9997"]) == 0
+    printed = capsys.readouterr().out
+    assert _row_cells(printed, 1)[4] == "1.9996"
+    assert "MEETS <- recommended" in " ".join(_row_cells(printed, 1))
+    # A goal is shown as given, not to 6 significant digits.
+    assert main(["plan", str(trace), "--p99-wait-s", "1.0000001"]) == 0
+    assert "goal: p99 wait <= 1.0000001 s" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(30)
+def test_waits_over_the_goal_at_every_cap_are_shown_over_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Conversation a's second request waits 2.0004 s behind its first at every cap:
+    ``wait more than 2 s at every cap ... longest wait 2.000 s`` is now ``2.0004 s``."""
+    trace = write_generic(tmp_path / "t.jsonl", [(0.0, "a", 2.0004), (0.0, "a", 1.0)])
+    assert main(["plan", str(trace), "--p99-wait-s", "10", "--max-wait-s", "2"]) == 3
+    printed = capsys.readouterr().out
+    assert "conversations wait more than 2 s at every cap; the longest:" in printed
+    assert "conversation a: 1 request over, longest wait 2.0004 s" in printed
+
+
+@pytest.mark.timeout(30)
+def test_verify_shows_measured_waits_on_their_side_of_the_goal() -> None:
+    import dataclasses
+
+    check = verify_plan(generic(VERIFY_ROWS), 2, speed=50.0,
+                        goal=PlanGoal(Fraction("0.1"), max_wait_s=Fraction("2")))
+    over = dataclasses.replace(check, wait_p99_s=0.05, wait_max_s=2.0000004)
+    assert over.measured_meets_goal() is False
+    text = over.text()
+    assert "goal (p99 wait <= 0.1 s and max wait <= 2 s): the measured waits MISS it" in text
+    assert any(line.split()[:2] == ["wait_max_s", "2.0000004"] for line in text.splitlines())
+    # 0.1 s measured meets a goal of 0.1 s (the float 0.1 is a hair above one tenth).
+    at = dataclasses.replace(check, wait_p99_s=0.1, wait_max_s=2.0)
+    assert at.measured_meets_goal() is True
+    assert any(line.split()[:2] == ["wait_p99_s", "0.100"] for line in at.text().splitlines())

@@ -98,6 +98,7 @@ from lanequeue.replay._checks import (
     check_speed,
     check_tpot_ms,
 )
+from lanequeue.replay._figures import against, exact, exact_text
 from lanequeue.replay.policy import policy_lanes
 from lanequeue.replay.simulate import simulate_ticks
 from lanequeue.replay.trace import (
@@ -181,10 +182,11 @@ class PlanGoal:
         }
 
     def describe(self) -> str:
-        """E.g. ``"p99 wait <= 2 s and max wait <= 10 s"``."""
-        text = f"p99 wait <= {float(self.p99_wait_s):g} s"
+        """E.g. ``"p99 wait <= 2 s and max wait <= 10 s"``: the goal as it was given,
+        never rounded (``--p99-wait-s 1.0000001`` is not shown as ``1``)."""
+        text = f"p99 wait <= {exact_text(self.p99_wait_s)} s"
         if self.max_wait_s is not None:
-            text += f" and max wait <= {float(self.max_wait_s):g} s"
+            text += f" and max wait <= {exact_text(self.max_wait_s)} s"
         return text
 
 
@@ -561,8 +563,8 @@ class CapacityPlan:
                     str(r.global_cap),
                     num(r.wait_p50_s),
                     num(r.wait_p95_s),
-                    num(r.wait_p99_s),
-                    num(r.wait_max_s),
+                    against(r.wait_p99_s, self.goal.p99_wait_s, 3),
+                    against(r.wait_max_s, self.goal.max_wait_s, 3),
                     num(r.throughput_rps, 2),
                     num(r.utilisation_mean),
                     num(r.utilisation_peak),
@@ -631,12 +633,12 @@ class CapacityPlan:
             lines.append(
                 f"{self.floor_offending_requests:,} requests of "
                 f"{self.floor_offending_conversations:,} conversations wait more than "
-                f"{float(self.goal.threshold_s):g} s at every cap; the longest:"
+                f"{exact_text(self.goal.threshold_s)} s at every cap; the longest:"
             )
             for o in self.floor_offenders[:20]:
                 lines.append(
                     f"  conversation {printable(o.key)}: {_count(o.requests, 'request')} over, "
-                    f"longest wait {o.worst_wait_s:.3f} s"
+                    f"longest wait {against(o.worst_wait_s, self.goal.threshold_s, 3)} s"
                 )
             more = self.floor_offending_conversations - min(20, len(self.floor_offenders))
             if more > 0:
@@ -902,8 +904,10 @@ class Verification:
         goal = self.goal
         if goal is None:
             return None
-        return self.wait_p99_s <= goal.p99_wait_s and (
-            goal.max_wait_s is None or self.wait_max_s <= goal.max_wait_s)
+        # The measured floats as the decimals they print as (0.1 s is one tenth, as
+        # --p99-wait-s 0.1 is), so that the verdict is the one the figures shown give.
+        return exact(self.wait_p99_s) <= exact(goal.p99_wait_s) and (
+            goal.max_wait_s is None or exact(self.wait_max_s) <= exact(goal.max_wait_s))
 
     def failed_checks(self) -> list[str]:
         """The lane invariants the real run broke (empty when all held)."""
@@ -921,11 +925,15 @@ class Verification:
     def text(self) -> str:
         """The measured waits next to the simulated ones, in trace seconds."""
         sim = self.simulated
+        goal = self.goal
+        p99_goal = None if goal is None else goal.p99_wait_s
+        max_goal = None if goal is None else goal.max_wait_s
+        # The waits the goal bounds are shown on the side of it they are on.
         rows = [
-            ("wait_p50_s", self.wait_p50_s, sim.wait_p50_s),
-            ("wait_p95_s", self.wait_p95_s, sim.wait_p95_s),
-            ("wait_p99_s", self.wait_p99_s, sim.wait_p99_s),
-            ("wait_max_s", self.wait_max_s, sim.wait_max_s),
+            ("wait_p50_s", self.wait_p50_s, sim.wait_p50_s, None),
+            ("wait_p95_s", self.wait_p95_s, sim.wait_p95_s, None),
+            ("wait_p99_s", self.wait_p99_s, sim.wait_p99_s, p99_goal),
+            ("wait_max_s", self.wait_max_s, sim.wait_max_s, max_goal),
         ]
         lines = [
             f"verify: replayed at global cap {self.global_cap} through real lanes "
@@ -933,7 +941,8 @@ class Verification:
             "seconds",
             f"{'metric':<11}  {'measured':>10}  {'simulated':>10}",
         ]
-        lines += [f"{name:<11}  {m:>10.3f}  {s:>10.3f}" for name, m, s in rows]
+        lines += [f"{name:<11}  {against(m, limit, 3):>10}  {against(s, limit, 3):>10}"
+                  for name, m, s, limit in rows]
         lines.append(
             f"peak_global {self.peak_global} (cap {self.global_cap}), order_violations "
             f"{self.order_violations}, errors {self.errors}"
@@ -1065,10 +1074,11 @@ def write_plan_plot(plan: CapacityPlan, path: str | Path) -> None:
         ax.plot([sat.global_cap], [sat.wait_p99_s], "o", ms=5, color="C0")
         ax.plot([sat.global_cap], [sat.wait_max_s], "s", ms=5, color="C1")
     s = float(plan.goal.p99_wait_s)
-    ax.axhline(s, color="C0", ls=":", lw=1, label=f"goal p99 <= {s:g} s")
+    ax.axhline(s, color="C0", ls=":", lw=1,
+               label=f"goal p99 <= {exact_text(plan.goal.p99_wait_s)} s")
     if plan.goal.max_wait_s is not None:
-        m = float(plan.goal.max_wait_s)
-        ax.axhline(m, color="C1", ls=":", lw=1, label=f"goal max <= {m:g} s")
+        ax.axhline(float(plan.goal.max_wait_s), color="C1", ls=":", lw=1,
+                   label=f"goal max <= {exact_text(plan.goal.max_wait_s)} s")
     if plan.proven_below > plan.min_global:
         ax.axvspan(
             plan.min_global - 0.5,
