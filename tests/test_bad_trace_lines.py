@@ -270,3 +270,70 @@ def test_a_share_within_the_limit_is_never_shown_above_it(
     assert err.splitlines()[-1] == (
         f"lanequeue plan: 2 malformed lines skipped ({shown} of 300 request lines, within "
         f"--max-bad-lines {limit}); planning from the other 298")
+
+
+def generic_line(i: int) -> str:
+    return json.dumps({"timestamp": i * 0.1, "key": f"c{i % 7}", "duration_s": 0.01})
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("line", [good, generic_line])
+def test_a_first_line_cut_by_log_rotation_is_one_malformed_line(
+    command: str, line: object, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A JSON-lines trace whose first line lost its start (the file was rotated while
+    the line was written): a fragment with commas, which was taken for a CSV header and
+    the whole file refused (``a CSV trace needs a header line ...``). The format is told
+    from the first few lines: the fragment is one malformed line, within the default
+    1% of 300 lines."""
+    assert callable(line)
+    lines = [line(i) for i in range(300)]
+    lines[0] = lines[0][len(lines[0]) // 2:]  # e.g. 'ut_length": 10, "hash_ids": [0, 0]}'
+    assert "," in lines[0] and not lines[0].startswith("{")
+    path = write(tmp_path / "t.jsonl", lines)
+    code, out, err = run(command, path, capsys)
+    assert code == 0, err
+    using = "planning from" if command == "plan" else "replaying"
+    messages = err.splitlines()
+    assert messages[0].startswith(f"lanequeue {command}: {path}: line 1: invalid JSON: ")
+    assert messages[-1] == (
+        f"lanequeue {command}: 1 malformed line skipped (0.333% of 300 request lines, "
+        f"within --max-bad-lines 1%); {using} the other 299")
+    assert ("A first line cut short by a log rotation (the end of a JSON line, commas and "
+            "all) is one malformed line too, not a CSV header: a trace is read as CSV only "
+            "when none of its first 5 non-blank lines is a JSON object.") in readme_text()
+    # Beyond the limit, refused as any other malformed line is, not as a bad CSV header.
+    code, out, err = run(command, path, capsys, "--max-bad-lines", "0")
+    assert (code, out) == (2, "")
+    assert "1 of 300 request lines are malformed (0.333%), more than --max-bad-lines 0 " in err
+
+
+@pytest.mark.parametrize("trace_format", ["auto", "generic"])
+def test_the_format_is_told_from_the_first_lines_not_the_first_line_alone(
+    trace_format: str,
+) -> None:
+    from lanequeue.replay import TraceError, parse_trace_lines
+    from lanequeue.replay.trace import DETECT_LINES
+
+    assert DETECT_LINES == 5  # (README)
+    cut = 'key": "c1", "duration_s": 0.5}'
+    rows = [cut, "", *(generic_line(i) for i in range(1, 6))]
+    trace = parse_trace_lines(rows, trace_format=trace_format)
+    assert trace.format == "generic" and len(trace.requests) == 5
+    assert [(s.line, s.reason.split(":")[0]) for s in trace.malformed] == [(1, "invalid JSON")]
+    # A cut fragment among the first 5 non-blank lines, then JSON lines: the same.
+    late = [cut, "also, not JSON", "x, y", "p, q", generic_line(1)]
+    assert parse_trace_lines(late, trace_format=trace_format).format == "generic"
+    # A CSV trace is still one: its header first, no JSON object near it.
+    csv_rows = ["timestamp,key,duration_s", "0.5,a,2", "1,b,x", "", "2,c,1"]
+    trace = parse_trace_lines(csv_rows, trace_format=trace_format)
+    assert [r.key for r in trace.requests] == ["a", "c"]
+    # And a header without the columns is still refused as one.
+    with pytest.raises(TraceError, match="a CSV trace needs a header line"):
+        parse_trace_lines(["time,conv,dur", "1,a,2", "2,b,3"], trace_format=trace_format)
+    if trace_format == "auto":
+        mooncake = [good(i) for i in range(6)]
+        mooncake[0] = mooncake[0][30:]
+        trace = parse_trace_lines(mooncake, trace_format="auto")
+        assert trace.format == "mooncake" and len(trace.requests) == 5
+        assert [s.line for s in trace.malformed] == [1]

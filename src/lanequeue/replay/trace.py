@@ -39,11 +39,14 @@ week dates (``2025-W10-2``), ordinal dates (``2025-063``), ``24:00``, leap secon
 
 Generic times are read to the microsecond and made relative to the earliest arrival. With
 ``trace_format="auto"`` (what ``lanequeue replay`` and ``lanequeue plan`` use) the format is
-told from the first telling line: a line that does not start with ``{`` and holds a comma is
-a CSV header (generic); a JSON object with ``hash_ids`` is Mooncake, one with ``key`` is
-generic. Lines that tell nothing (blank, not JSON and without a comma, JSON without either
-field) are passed over; with no telling line the trace is read as Mooncake, so its bad lines
-are reported one by one.
+told from the content. The trace is CSV (generic) when its first non-blank line does not
+start with ``{`` and holds a comma (a header) and none of its first 5 non-blank lines
+(:data:`DETECT_LINES`) is a JSON object; else it is JSON lines, so that a first line cut
+short by a log rotation (a fragment of JSON, commas and all) is one malformed line, not a
+header. JSON lines are Mooncake or generic as the first JSON object with ``hash_ids`` or
+with ``key`` says; lines that tell neither are passed over, and with no such line the trace
+is read as Mooncake, so its bad lines are reported one by one. With
+``trace_format="generic"`` CSV and JSON lines are told apart the same way.
 
 Text from the trace that is printed (conversation keys, refused values in a skipped line's
 reason) is escaped and cut short (:func:`printable`), so a key holding a newline or 200 kB
@@ -112,6 +115,10 @@ MAX_GENERIC_TIMESTAMP_S = 1e11
 MAX_DURATION_S = MAX_TIMESTAMP_MS / 1000
 #: Values of ``trace_format`` accepted by :func:`parse_trace_lines` and :func:`read_trace`.
 TRACE_FORMATS = ("mooncake", "generic", "auto")
+#: Non-blank lines looked at to tell CSV from JSON lines: a first line that looks like a
+#: CSV header is one only when none of the first ``DETECT_LINES`` is a JSON object;
+#: otherwise it is a line of JSON cut short (by a log rotation), malformed like any other.
+DETECT_LINES = 5
 
 #: Printed conversation keys are cut to this many characters; a trace's name to
 #: ``MAX_SOURCE_CHARS``; a refused value quoted in a skipped line's reason to
@@ -373,9 +380,9 @@ def _decoded(lines: Iterable[str | bytes]) -> Iterator[tuple[int, str | SkippedL
 
 
 def _detect(text: str) -> str | None:
-    """The format a line shows: ``"csv"`` (not a JSON object, with a comma: a CSV header),
-    ``"mooncake"`` or ``"generic"`` (a JSON object with ``hash_ids`` / with ``key``), or
-    None (not telling)."""
+    """What a line shows: ``"csv"`` (not a JSON object, with a comma: a CSV header if it
+    is the first), ``"mooncake"`` or ``"generic"`` (a JSON object with ``hash_ids`` /
+    with ``key``), ``"object"`` (a JSON object with neither), or None (nothing)."""
     stripped = text.strip()
     if not stripped:
         return None
@@ -388,7 +395,45 @@ def _detect(text: str) -> str | None:
         return "mooncake"
     if "key" in obj:
         return "generic"
-    return None
+    return "object"
+
+
+def _sniff(
+    numbered: Iterator[tuple[int, str | SkippedLine]], *, tell: bool
+) -> tuple[str, str | None, Iterator[tuple[int, str | SkippedLine]]]:
+    """Look at the start of a trace: ``(layout, told, lines)``.
+
+    ``layout`` is ``"csv"`` when the first non-blank line looks like a CSV header (not a
+    JSON object, with a comma) and none of the first :data:`DETECT_LINES` non-blank lines
+    is a JSON object; else ``"json"`` (a first line cut short by a log rotation, whose
+    fragment has commas, is then one malformed line, not a header). With ``tell``, and
+    JSON lines, ``told`` is the format of the first JSON object with ``hash_ids``
+    (``"mooncake"``) or ``key`` (``"generic"``), looked for as far as it takes; None when
+    there is none (or not ``tell``). ``lines`` gives every line again, from the first."""
+    seen: list[tuple[int, str | SkippedLine]] = []
+    layout: str | None = None
+    told: str | None = None
+    nonblank = 0
+    for item in numbered:
+        seen.append(item)
+        text = item[1]
+        if isinstance(text, SkippedLine) or not text.strip():
+            continue
+        nonblank += 1
+        kind = _detect(text)
+        if told is None and kind in ("mooncake", "generic"):
+            told = kind
+        if layout is None:
+            if (nonblank == 1 and kind != "csv") or kind in ("mooncake", "generic", "object"):
+                layout = "json"
+            elif nonblank == DETECT_LINES:
+                layout = "csv"
+        if layout == "csv" or (layout == "json" and (told is not None or not tell)):
+            break
+    if layout is None:  # the lines ended first: a CSV header and no JSON object, or none
+        layout = "csv" if nonblank else "json"
+    told = told if layout == "json" and tell else None
+    return layout, told, itertools.chain(seen, numbered)
 
 
 def _parse_mooncake(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
@@ -486,16 +531,17 @@ def _parse_generic_record(
 
 
 def _generic_records(
-    numbered: Iterable[tuple[int, str | SkippedLine]],
+    numbered: Iterable[tuple[int, str | SkippedLine]], layout: str
 ) -> Iterator[tuple[int, dict[str, object] | SkippedLine]]:
-    """The records of a generic trace, JSON lines or CSV (told by the first non-blank
-    line), with their line numbers; lines that are not records come out as SkippedLine.
+    """The records of a generic trace, ``layout`` ``"json"`` (JSON lines) or ``"csv"``
+    (its first non-blank line the header), with their line numbers; lines that are not
+    records come out as SkippedLine.
 
     Raises:
         TraceError: a CSV header without the required columns.
     """
     header: list[str] | None = None
-    mode: str | None = None
+    mode: str | None = None if layout == "csv" else "json"
     for lineno, text in numbered:
         if isinstance(text, SkippedLine):
             yield lineno, text
@@ -503,18 +549,17 @@ def _generic_records(
         if not text.strip():
             yield lineno, SkippedLine(lineno, "blank line", blank=True)
             continue
-        if mode is None:
-            mode = "json" if text.lstrip().startswith("{") else "csv"
-            if mode == "csv":
-                header = [h.strip() for h in next(csv.reader([text]))]
-                absent = [f for f in GENERIC_FIELDS if f not in header]
-                if absent or not any(f in header for f in GENERIC_WORK_FIELDS):
-                    raise TraceError(
-                        f"line {lineno}: a CSV trace needs a header line with the columns "
-                        "timestamp, key and duration_s or output_tokens (got "
-                        f"{', '.join(header) or 'nothing'})"
-                    )
-                continue
+        if mode is None:  # the header of a CSV trace
+            mode = "csv"
+            header = [h.strip() for h in next(csv.reader([text]))]
+            absent = [f for f in GENERIC_FIELDS if f not in header]
+            if absent or not any(f in header for f in GENERIC_WORK_FIELDS):
+                raise TraceError(
+                    f"line {lineno}: a CSV trace needs a header line with the columns "
+                    "timestamp, key and duration_s or output_tokens (got "
+                    f"{', '.join(header) or 'nothing'})"
+                )
+            continue
         if mode == "json":
             obj = _json(text)
             if isinstance(obj, SkippedLine):
@@ -541,10 +586,10 @@ def _generic_records(
         yield lineno, dict(zip(header, cells, strict=True))
 
 
-def _parse_generic(numbered: Iterable[tuple[int, str | SkippedLine]]) -> Trace:
+def _parse_generic(numbered: Iterable[tuple[int, str | SkippedLine]], layout: str) -> Trace:
     parsed: list[tuple[int, int, str, int | None, int]] = []
     skipped: list[SkippedLine] = []
-    for lineno, record in _generic_records(numbered):
+    for lineno, record in _generic_records(numbered, layout):
         if isinstance(record, SkippedLine):
             skipped.append(record)
             continue
@@ -651,7 +696,8 @@ def parse_trace_lines(
         lines: the lines of the file.
         source: a name for the trace, kept in ``Trace.source``.
         trace_format: ``"mooncake"`` (the default), ``"generic"`` (JSON lines or CSV, see
-            the module docstring) or ``"auto"`` (told from the first telling line).
+            the module docstring) or ``"auto"`` (told from the first lines: see the module
+            docstring).
 
     Raises:
         ValueError: an unknown ``trace_format``.
@@ -670,19 +716,14 @@ def parse_trace_lines(
             f"unknown trace_format {trace_format!r}; choose from {', '.join(TRACE_FORMATS)}"
         )
     numbered: Iterator[tuple[int, str | SkippedLine]] = _decoded(lines)
-    fmt = trace_format
-    if fmt == "auto":
-        seen: list[tuple[int, str | SkippedLine]] = []
-        detected: str | None = None
-        for item in numbered:
-            seen.append(item)
-            if not isinstance(item[1], SkippedLine):
-                detected = _detect(item[1])
-                if detected is not None:
-                    break
-        fmt = "mooncake" if detected in (None, "mooncake") else "generic"
-        numbered = itertools.chain(seen, numbered)
-    trace = _parse_mooncake(numbered) if fmt == "mooncake" else _parse_generic(numbered)
+    if trace_format == "mooncake":
+        trace = _parse_mooncake(numbered)
+    else:
+        layout, told, numbered = _sniff(numbered, tell=trace_format == "auto")
+        if trace_format == "auto" and layout == "json" and told != "generic":
+            trace = _parse_mooncake(numbered)
+        else:
+            trace = _parse_generic(numbered, layout)
     return Trace(trace.requests, trace.skipped, source, trace.format)
 
 
