@@ -337,3 +337,37 @@ def test_the_format_is_told_from_the_first_lines_not_the_first_line_alone(
         trace = parse_trace_lines(mooncake, trace_format="auto")
         assert trace.format == "mooncake" and len(trace.requests) == 5
         assert [s.line for s in trace.malformed] == [1]
+
+
+@pytest.mark.parametrize("limit, count, share", [
+    ("+2", 2, None), ("+2%", None, 2), ("2", 2, None), ("2%", None, 2),
+    ("-0", 0, None), ("-0%", None, 0), (" +10 ", 10, None),
+])
+def test_a_limit_takes_a_sign_as_a_count_and_as_a_share(
+    limit: str, count: int | None, share: int | None,
+) -> None:
+    """``--max-bad-lines +2%`` was taken and ``+2`` refused: both take a sign now."""
+    from fractions import Fraction
+
+    for command in COMMANDS:
+        args = build_parser().parse_args([command, "--max-bad-lines", limit,
+                                          *COMMANDS[command]])
+        got = args.max_bad_lines
+        assert got.count == count
+        assert got.share == (None if share is None else Fraction(share, 100))
+
+
+@pytest.mark.parametrize("bad", ["-1", "-1%", "-0.5%", "-1e3%", "-10"])
+def test_a_negative_limit_is_refused_naming_the_option(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written as two arguments (``--max-bad-lines -1%``), a negative share was refused
+    by argparse as ``expected one argument``, which says nothing of the limit's range."""
+    for command in COMMANDS:
+        with pytest.raises(SystemExit) as info:
+            main([command, "--max-bad-lines", bad, *COMMANDS[command]])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert (f"lanequeue {command}: error: argument --max-bad-lines: must be a share of "
+                "the request lines from 0% to 100%") in err
+        assert f"not {bad!r}" in err

@@ -869,3 +869,57 @@ def test_readme_states_the_replays_default_global_cap() -> None:
     assert ReplayConfig().global_cap == 64 and DEFAULT_GLOBAL_CONCURRENCY == 8
     assert ("`--global N` (the replay's global lane's permits; default 64, where the "
             "library's\n`build_default_lanes()` uses 8)") in readme
+
+
+#: Every numeric option of the three commands, with a valid value: written with a plus
+#: sign it is taken; made negative it is refused by the option's own check.
+NUMERIC_OPTIONS = [
+    ("replay", "--speed", "2", 2.0), ("replay", "--tpot-ms", "3", 3.0),
+    ("replay", "--global", "4", 4), ("replay", "--limit", "5", 5),
+    ("replay", "--workers", "2", 2), ("replay", "--max-sessions", "6", 6),
+    ("replay", "--idle-timeout", "7", 7.0), ("replay", "--metrics-port", "9", 9),
+    ("plan", "--p99-wait-s", "2", Fraction(2)), ("plan", "--max-wait-s", "3", Fraction(3)),
+    ("plan", "--tpot-ms", "3", 3.0), ("plan", "--min-global", "2", 2),
+    ("plan", "--max-global", "8", 8), ("plan", "--speed", "2", 2.0),
+    ("plan", "--jobs", "2", 2), ("status", "--interval", "2", 2.0),
+]
+
+
+def _numeric_argv(command: str, option: str, value: str) -> list[str]:
+    extra = {"replay": ["--no-progress"], "plan": ["--p99-wait-s", "1"],
+             "status": ["--backend", "redis://127.0.0.1:1/0", "--watch"]}[command]
+    return [command, *extra, option, value]
+
+
+@pytest.mark.parametrize(("command", "option", "text", "value"), NUMERIC_OPTIONS)
+def test_every_numeric_option_takes_a_plus_sign(
+    command: str, option: str, text: str, value: object
+) -> None:
+    from lanequeue.cli import build_parser
+
+    args = build_parser().parse_args(_numeric_argv(command, option, "+" + text))
+    dest = next(a.dest for a in build_parser()._subparsers._group_actions[0]  # type: ignore[union-attr]
+                .choices[command]._actions if option in a.option_strings)
+    got = getattr(args, dest)
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("negative", ["-{}", "-{}e0", "-{}.5"])
+@pytest.mark.parametrize(("command", "option", "text", "value"), NUMERIC_OPTIONS)
+def test_every_numeric_option_refuses_a_negative_value_naming_the_option(
+    command: str, option: str, text: str, value: object, negative: str,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A negative value is refused before any work, by a message naming the option;
+    ``-2e0`` too, which argparse took for an unknown option before Python 3.13
+    (``expected one argument``)."""
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command did work before refusing its settings")
+
+    for target in ("read_trace", "run_replay"):
+        monkeypatch.setattr(f"lanequeue.replay.{target}", boom)
+    monkeypatch.setattr("lanequeue.replay.trace.read_trace", boom)
+    code, out, err = run_cli(_numeric_argv(command, option, negative.format(text)), capsys)
+    assert (code, out) == (2, "")
+    assert f"argument {option}: " in err and "expected one argument" not in err, err
+    assert "Traceback" not in err

@@ -230,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_max_bad_lines(rp, "replaying")
     rp.set_defaults(options=_option_names(rp), usage_error=rp.error)
+    _take_negative_values(rp)
     _add_plan_parser(sub)
     _add_status_parser(sub)
     return parser
@@ -250,6 +251,20 @@ def _add_max_bad_lines(parser: argparse.ArgumentParser, using: str) -> None:
         f"status 2 instead of {using} the valid lines alone (100%% uses whatever lines "
         "are valid). Blank lines are passed over and not counted",
     )
+
+
+#: What argparse takes for a negative number (a value, not an option): a minus sign then
+#: a digit, or ``.`` and a digit, as Python 3.13's argparse does.
+_NEGATIVE_VALUE = re.compile(r"-\.?[0-9]")
+
+
+def _take_negative_values(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser`` take every argument that starts like a negative number (``-1%``,
+    ``-1e3``, ``-0.5``) as a value, as Python 3.13 does: before 3.13, argparse took
+    only ``-N`` and ``-N.N`` as values, and ``--max-bad-lines -1%`` or ``--speed -1e3``
+    was refused with "expected one argument" instead of the option's own check, which
+    says what range it takes. No option of these commands looks like a number."""
+    parser._negative_number_matcher = _NEGATIVE_VALUE
 
 
 def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
@@ -379,6 +394,7 @@ def _add_plan_parser(sub: Any) -> None:
     )
     _add_max_bad_lines(pp, "planning from")
     pp.set_defaults(options=_option_names(pp), usage_error=pp.error)
+    _take_negative_values(pp)
 
 
 def _output_refused(args: argparse.Namespace) -> str | None:
@@ -443,7 +459,8 @@ class BadLineLimit:
 
 def _bad_line_limit(text: str) -> BadLineLimit:
     """``--max-bad-lines``: ``P%`` (a share of the request lines, 0 to 100) or ``N`` (a
-    number of lines, 0 to 10**9)."""
+    number of lines, 0 to 10**9); either with an optional sign (``+2`` as ``+2%``; a
+    negative one is out of range)."""
     from lanequeue.replay._checks import MAX_COUNT, decimal_text
 
     stripped = text.strip()
@@ -451,7 +468,7 @@ def _bad_line_limit(text: str) -> BadLineLimit:
         decimal = decimal_text(stripped[:-1])
         if decimal is not None and 0 <= Fraction(decimal) <= 100:
             return BadLineLimit(stripped, share=Fraction(decimal) / 100)
-    elif re.fullmatch(r"[0-9]{1,10}", stripped) and int(stripped) <= MAX_COUNT:
+    elif re.fullmatch(r"[+-]?[0-9]{1,10}", stripped) and 0 <= int(stripped) <= MAX_COUNT:
         return BadLineLimit(stripped, count=int(stripped))
     raise argparse.ArgumentTypeError(
         f"must be a share of the request lines from 0% to 100% (such as 1%) or a number "
@@ -827,6 +844,7 @@ def _add_status_parser(sub: Any) -> None:
                     help="seconds between refreshes, only with --watch (default 1.0; from "
                          "0.1 to 3600)")
     sp.set_defaults(usage_error=sp.error)
+    _take_negative_values(sp)
 
 
 def _status_prefix(text: str) -> str:
