@@ -1014,7 +1014,8 @@ def test_waits_over_the_goal_at_every_cap_are_shown_over_it(
     trace = write_generic(tmp_path / "t.jsonl", [(0.0, "a", 2.0004), (0.0, "a", 1.0)])
     assert main(["plan", str(trace), "--p99-wait-s", "10", "--max-wait-s", "2"]) == 3
     printed = capsys.readouterr().out
-    assert "conversations wait more than 2 s at every cap; the longest:" in printed
+    # (counted in the singular: "1 requests of 1 conversations wait" before)
+    assert "1 request of 1 conversation waits more than 2 s at every cap; the longest:" in printed
     assert "conversation a: 1 request over, longest wait 2.0004 s" in printed
 
 

@@ -49,6 +49,12 @@ def shown(value: object) -> str:
     return text
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` (thousands separated) and ``noun``, plural unless ``n`` is 1: ``1 lane``,
+    ``12,031 requests``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
 def cut(key: str) -> str:
     """``key`` as is for a message, or, past :data:`SHOWN_MAX` characters, its start and
     end around ``...`` and its length."""

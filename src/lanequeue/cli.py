@@ -741,6 +741,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from lanequeue._errors import counted
     from lanequeue.replay.plan import (
         PlanGoal,
         check_plan_arguments,
@@ -800,7 +801,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.verify:
         last = trace.requests[-1].timestamp_ms - trace.requests[0].timestamp_ms
         print(
-            f"\nverify: replaying {plan.requests:,} requests at global cap "
+            f"\nverify: replaying {counted(plan.requests, 'request')} at global cap "
             f"{plan.recommended_global}, speed {args.speed:g}x (arrivals over "
             f"{last / 1000 / args.speed:.1f} s) ...",
             file=out,

@@ -23,6 +23,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from .._errors import counted
 from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
@@ -307,7 +308,7 @@ def render(doc: dict[str, Any]) -> Any:
     from rich.text import Text
 
     parts: list[Any] = [Text(
-        f"{len(doc['lanes'])} lanes, {doc['keys_seen']} keys seen (SCAN)"
+        f"{counted(len(doc['lanes']), 'lane')}, {counted(doc['keys_seen'], 'key')} seen (SCAN)"
         + (f", prefix {doc['prefix']!r}" if doc["prefix"] is not None else "")
     )]
     for lane in doc["lanes"]:

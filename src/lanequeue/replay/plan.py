@@ -90,6 +90,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from lanequeue._errors import counted
 from lanequeue.replay._checks import (
     MAX_PROCESSES,
     SettingError,
@@ -519,8 +520,8 @@ class CapacityPlan:
         )
         lines = [
             f"lanequeue plan: {printable(self.source, MAX_SOURCE_CHARS)}",
-            f"{_count(self.requests, 'request')}, "
-            f"{_count(self.conversations, 'conversation')}; policy session (one lane per "
+            f"{counted(self.requests, 'request')}, "
+            f"{counted(self.conversations, 'conversation')}; policy session (one lane per "
             f"conversation, then the global lane); {work}",
             f"goal: {self.goal.describe()}",
             "",
@@ -631,32 +632,29 @@ class CapacityPlan:
                 "conversation's own earlier requests miss it"
             )
             lines.append(
-                f"{self.floor_offending_requests:,} requests of "
-                f"{self.floor_offending_conversations:,} conversations wait more than "
+                f"{counted(self.floor_offending_requests, 'request')} of "
+                f"{counted(self.floor_offending_conversations, 'conversation')} "
+                f"{'waits' if self.floor_offending_requests == 1 else 'wait'} more than "
                 f"{exact_text(self.goal.threshold_s)} s at every cap; the longest:"
             )
             for o in self.floor_offenders[:20]:
                 lines.append(
-                    f"  conversation {printable(o.key)}: {_count(o.requests, 'request')} over, "
+                    f"  conversation {printable(o.key)}: {counted(o.requests, 'request')} over, "
                     f"longest wait {against(o.worst_wait_s, self.goal.threshold_s, 3)} s"
                 )
             more = self.floor_offending_conversations - min(20, len(self.floor_offenders))
             if more > 0:
-                lines.append(f"  ... and {more:,} more conversations")
+                lines.append(f"  ... and {counted(more, 'more conversation')}")
         lines.append(
             f"waits stop improving at global cap {self.saturation_global}: from there on no "
             "request waits for the global lane, only for its own conversation's earlier "
             "requests"
         )
         lines.append(
-            f"{_count(self.simulations, 'simulation')} of {_count(self.requests, 'request')} in "
+            f"{counted(self.simulations, 'simulation')} of {counted(self.requests, 'request')} in "
             f"{self.elapsed_s:.2f} s ({self.jobs} process{'es' if self.jobs > 1 else ''})"
         )
         return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _usable_cores() -> int:
@@ -919,7 +917,7 @@ class Verification:
         if self.peak_global > self.global_cap:
             failed.append(f"peak_global = {self.peak_global} (cap {self.global_cap})")
         if self.errors:
-            failed.append(f"{self.errors} requests failed")
+            failed.append(f"{counted(self.errors, 'request')} failed")
         return failed
 
     def text(self) -> str:
@@ -1106,7 +1104,8 @@ def write_plan_plot(plan: CapacityPlan, path: str | Path) -> None:
     ax.set_xlabel("global cap (requests working at once)")
     ax.set_ylabel("simulated wait (s)")
     ax.set_title(
-        f"lanequeue plan: {plan.requests:,} requests, {plan.conversations:,} conversations; "
+        f"lanequeue plan: {counted(plan.requests, 'request')}, "
+        f"{counted(plan.conversations, 'conversation')}; "
         f"{plan.goal.describe()}"
     )
     ax.legend(loc="upper right", fontsize="small")

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lanequeue._errors import counted
+
 if TYPE_CHECKING:
     from lanequeue._obs import LaneMetrics
     from lanequeue.replay.runner import ReplayResult
@@ -88,7 +90,7 @@ def write_plot(
     ax1.set_xlabel("replay time (s)")
     ax1.set_ylabel("requests")
     ax1.set_title(
-        f"lanequeue replay: policy {rep.policy}, {rep.requests} requests, "
+        f"lanequeue replay: policy {rep.policy}, {counted(rep.requests, 'request')}, "
         f"speed {rep.speed:g}x, runtime {rep.runtime}"
     )
     ax1.legend(loc="upper right", fontsize="small")

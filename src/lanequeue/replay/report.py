@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lanequeue._errors import counted
 from lanequeue.replay.policy import policy_lanes
 from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
 
@@ -149,7 +150,7 @@ class ReplayReport:
         if self.peak_global > self.cap_at_once:
             failed.append(f"peak_global = {self.peak_global} (cap {self.cap_at_once})")
         if self.errors:
-            failed.append(f"{self.errors} requests failed")
+            failed.append(f"{counted(self.errors, 'request')} failed")
         no_ttl = self.backend_info.get("redis_keys_without_ttl")
         if no_ttl:
             failed.append(f"{no_ttl} Redis keys of the run had no TTL (expected 0)")
