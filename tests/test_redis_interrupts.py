@@ -814,3 +814,49 @@ def test_the_clean_up_service_is_started_before_an_interrupt_needs_it(
 
 
 _REAL_START = threading.Thread.start
+
+
+@pytest.mark.parametrize("stop", ["before_the_release", "steps_closed"])
+def test_an_acquire_all_stopped_while_it_releases_keeps_its_holds_listed(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, stop: str,
+) -> None:
+    """``acquire_all`` over two Redis lanes: its release pass is stopped between handing
+    a hold to the face and the face's release of it (a KeyboardInterrupt there; or the
+    pass's steps closed, as when the interrupt drops them). Both holds stay listed and
+    held, and ``release()`` again ends them (the hold handed out used to be off the
+    list already: no release could end it, and it was renewed for as long as its holder
+    kept it; the closed steps went on, and Python reported "generator ignored
+    GeneratorExit")."""
+    import sys
+
+    from lanequeue import LaneQueue
+    from lanequeue import queue as queue_module
+    from lanequeue.redis import RedisBackend
+
+    queue = LaneQueue()
+    backend = RedisBackend(redis_client, prefix=redis_prefix, lease_s=30.0)
+    session = queue.add_session_lane("s", backend=backend)
+    permits = queue.add_lane("g", max_concurrent=1, backend=backend)
+    multi = queue.acquire_all("k", ["s", "g"], timeout_s=5)
+    multi.__enter__()
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    if stop == "before_the_release":
+        def interrupted(release: Any) -> None:
+            raise KeyboardInterrupt  # (at the call's check, before the release began)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(queue_module, "_caught", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                multi.__exit__(None, None, None)
+    else:
+        steps = multi._releasing(None)
+        handed = next(steps)
+        assert handed.held
+        steps.close()
+    gc.collect()
+    assert unraisable == []
+    assert [h.lane.name for h in multi.holds] == ["s", "g"]
+    assert session.is_held("k") and permits.holds_of("k") == 1
+    multi.release()
+    assert multi.holds == [] and not session.is_held("k") and permits.holds_of("k") == 0

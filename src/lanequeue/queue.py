@@ -277,12 +277,18 @@ class MultiHold:
                 if core is not None:  # an in-process lane: its token, or a view of it
                     end_last(taken, core, key, again or failed_at == n)
                     continue
-                taken.pop()
                 if got.held:  # a lane's own hold (Redis, foreign)
                     # (yield first, then combine: ``error or (yield got)`` would skip
                     # the yield, and so the release, of every hold after a failed one)
                     failed = yield got
                     error = error or failed
+                # Popped once its release was tried, not before: a face stopped between
+                # the yield and the release (an interrupt) closes these steps and leaves
+                # the hold listed, for ``release()`` again (it is skipped there once it
+                # is no longer held).
+                taken.pop()
+            except GeneratorExit:  # the face stopped driving this pass: see just above
+                raise
             except BaseException as exc:
                 error = error or exc
                 # An in-process release stopped (an interrupt) before its pop stays last:
