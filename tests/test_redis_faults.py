@@ -1387,3 +1387,22 @@ def test_background_withdraws_of_a_closed_loop_do_not_use_up_the_bound() -> None
     asyncio.run(main())
     assert ran == [True]
     assert not any(t.get_loop().is_closed() for t in _async._LATER - before)
+
+
+def test_a_failure_without_a_message_is_logged_by_its_class(
+    redis_client: Any, redis_prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An ``asyncio`` or socket ``TimeoutError`` has no message: a renewal that failed
+    with one is logged as ``failed: TimeoutError``, not ``failed: TimeoutError: `` (nor,
+    as the version marker's line was, with nothing at all after the colon)."""
+    from lanequeue._errors import told
+
+    assert told(asyncio.TimeoutError()) == "TimeoutError"
+    assert told(ConnectionError("Error 111")) == "ConnectionError: Error 111"
+    lane = RedisSessionLane(redis_client, "r", prefix=redis_prefix, lease_s=30.0)
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    with lane.acquire("k") as hold:
+        lane._renew_failed([hold], asyncio.TimeoutError(), time.monotonic())
+        assert hold.held and not hold.lost  # (well within its lease: not lost)
+    [line] = [r.getMessage() for r in caplog.records if "renewing the lease" in r.getMessage()]
+    assert line.endswith("(keys 'k') failed: TimeoutError"), line

@@ -49,6 +49,14 @@ def shown(value: object) -> str:
     return text
 
 
+def told(exc: BaseException) -> str:
+    """An exception for a person: its class and its message (``ConnectionError: Error
+    111 connecting``); its class alone when it has no message (an ``asyncio`` or
+    socket ``TimeoutError`` has none, and ``TimeoutError: `` tells nothing)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def counted(n: int, noun: str) -> str:
     """``n`` (thousands separated) and ``noun``, plural unless ``n`` is 1: ``1 lane``,
     ``12,031 requests``."""

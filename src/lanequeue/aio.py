@@ -56,7 +56,7 @@ from ._core import (
     record,
     recorded,
 )
-from ._errors import LaneTimeoutError
+from ._errors import LaneTimeoutError, told
 from ._kinds import (
     DEFAULT_GLOBAL_CONCURRENCY,
     LANE_DEFAULT,
@@ -1163,8 +1163,7 @@ async def _release_rest(steps: Any, hold: Any) -> None:
                     "turn (the event loop shutting down?); a hold they did not release "
                     "is ended by its lane's own clean-up, or lapses with its lease")
     except BaseException as exc:  # the first release error, raised by the steps' end
-        log.warning("acquire_all: a release after a cancellation failed: %s: %s",
-                    type(exc).__name__, exc)
+        log.warning("acquire_all: a release after a cancellation failed: %s", told(exc))
 
 
 

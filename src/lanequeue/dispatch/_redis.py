@@ -46,7 +46,7 @@ import time
 import uuid
 from typing import Any
 
-from .._errors import LaneBackendError, shown
+from .._errors import LaneBackendError, shown, told
 from .._validate import check_key
 from ._workers import Service
 
@@ -243,7 +243,7 @@ class RedisDedupeWindow:
         except Exception as exc:
             raise LaneBackendError(
                 f"dedupe window on Redis: claiming {shown(dedupe_id)} failed "
-                f"({type(exc).__name__}: {exc})") from exc
+                f"({told(exc)})") from exc
 
     def give_back(self, dedupe_id: str, number: int) -> None:
         """Release claim ``number`` of ``dedupe_id`` (a turn that never ran) if it still
@@ -255,8 +255,8 @@ class RedisDedupeWindow:
             self._call(self._give_back, dedupe_id, [number])
             self.forget_returned(dedupe_id, number)
         except Exception as exc:
-            log.warning("dedupe window on Redis: could not give back %s (%s: %s); it "
-                        "lasts until its TTL", shown(dedupe_id), type(exc).__name__, exc)
+            log.warning("dedupe window on Redis: could not give back %s (%s); it "
+                        "lasts until its TTL", shown(dedupe_id), told(exc))
 
     def give_back_later(self, dedupe_id: str, number: int) -> None:
         """After claim ``number`` of ``dedupe_id`` failed (it may land later): give it
@@ -284,7 +284,7 @@ class RedisDedupeWindow:
         except Exception as exc:
             (log.warning if left == 0 else log.debug)(
                 "dedupe window on Redis: could not give back %s after a failed claim "
-                "(%s: %s)%s", shown(claim[0]), type(exc).__name__, exc,
+                "(%s)%s", shown(claim[0]), told(exc),
                 "; if the claim landed, it lasts until its TTL" if left == 0 else "")
         if left > 0:
             self._later[claim] = left

@@ -47,6 +47,7 @@ import weakref
 from typing import Any
 
 from .._core import at_fork_in_child
+from .._errors import told
 from ._wake import Gate
 
 __all__ = ["GRACE_S", "PING_S", "PONG_TIMEOUT_S", "Epoch", "Presence", "presence_for"]
@@ -181,9 +182,9 @@ class Presence:
                 self.epoch = None
                 lost = epoch._die() if epoch is not None else 0
                 if lost:
-                    log.warning("presence connection to Redis lost (%s: %s): the %d holds "
+                    log.warning("presence connection to Redis lost (%s): the %d holds "
                                 "granted under it are lost; a new one follows",
-                                type(exc).__name__, exc, lost)
+                                told(exc), lost)
                 else:
                     log.debug("presence connection: %s; a new one follows", exc)
             finally:

@@ -45,6 +45,7 @@ from .._errors import (
     LeaseLostError,
     NotOwnerError,
     shown,
+    told,
 )
 from .._kinds import DEFAULT_MAX_CONCURRENT, DEFAULT_TIMEOUT_S, LANE_DEFAULT
 from .._ops import LaneOps
@@ -446,7 +447,7 @@ class RedisLaneBase(ABC, Generic[H]):
         else:
             what = "; nothing was granted"
         return LaneBackendError(
-            f"lane {self.name!r}: Redis {op}{where} failed ({type(exc).__name__}: {exc}){what}"
+            f"lane {self.name!r}: Redis {op}{where} failed ({told(exc)}){what}"
         )
 
     # -- the registry of this object's holds -------------------------------------------
@@ -1393,8 +1394,8 @@ class RedisLaneBase(ABC, Generic[H]):
     def _renew_failed(self, holds: list[H], exc: BaseException, now: float) -> None:
         keys = ", ".join(shown(h.key) for h in holds[:5]) + (" ..." if len(holds) > 5 else "")
         log.warning(
-            "lane %r: renewing the lease of %d hold(s) (keys %s) failed: %s: %s",
-            self.name, len(holds), keys, type(exc).__name__, exc,
+            "lane %r: renewing the lease of %d hold(s) (keys %s) failed: %s",
+            self.name, len(holds), keys, told(exc),
         )
         with self._lock:
             for hold in holds:
@@ -1429,7 +1430,7 @@ class RedisLaneBase(ABC, Generic[H]):
                             if r == 1 or (sent and not isinstance(r, BaseException)))
             except Exception as exc:  # they lapse with their leases
                 log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
-                            self.name, len(dropped), exc)
+                            self.name, len(dropped), told(exc))
             finally:
                 with self._lock:
                     self.released += freed
@@ -1445,7 +1446,8 @@ class RedisLaneBase(ABC, Generic[H]):
                 reply = yield self._renew_io, (self._version_call(), self._renew_timeout_s)
                 self._version_claimed(reply, t0)
             except Exception as exc:
-                log.warning("lane %r: version marker: %s", self.name, exc)
+                log.warning("lane %r: claiming its version marker failed: %s", self.name,
+                            told(exc))
         # Every hold due is renewed in ONE round trip (pipelined): a renewer that sent
         # its renewals one after another needed a round trip, and the interpreter twice,
         # per hold, so under load (many threads, a busy CPU) the last holds of a long

@@ -23,7 +23,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._errors import counted
+from .._errors import counted, told
 from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
@@ -465,7 +465,7 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         _quiet_stdout(out)
         return 1
     except redis.RedisError as exc:
-        print(f"lanequeue status: reading {args.backend}: {type(exc).__name__}: {exc}",
+        print(f"lanequeue status: reading {args.backend}: {told(exc)}",
               file=err)
         return 2
     except KeyboardInterrupt:

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lanequeue import AsyncLaneQueue
+from lanequeue._errors import told
 from lanequeue.replay.observe import AsyncArrivalGate, Observer
 from lanequeue.replay.runtimes.base import (
     InProcessRuntime,
@@ -283,7 +284,7 @@ async def drive_tasks(
                 entered += 1
                 await hold_and_work(rid)  # its first step runs in this step (no await first)
         except Exception as exc:  # reported, never silently lost
-            errors.append((rid, f"{type(exc).__name__}: {exc}"))
+            errors.append((rid, told(exc)))
         finally:  # also on cancellation (an interrupted run), which propagates
             in_flight.pop(rid, None)
             done += 1

@@ -146,6 +146,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from lanequeue import AsyncLaneQueue, LaneQueue
+from lanequeue._errors import told
 from lanequeue.replay.observe import Observer, peak_concurrency
 from lanequeue.replay.runtimes.aio import drive_tasks
 from lanequeue.replay.runtimes.base import (
@@ -512,7 +513,7 @@ async def _async_worker(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> Non
             max_poll_s=GATE_MAX_POLL_S, max_wait_s=spec.gate_max_wait_s,
         )
     except BaseException as exc:
-        out.put(("error", wid, f"worker {wid} failed to start: {type(exc).__name__}: {exc}"))
+        out.put(("error", wid, f"worker {wid} failed to start: {told(exc)}"))
         if client is not None:
             await client.aclose()
         return
@@ -539,7 +540,7 @@ async def _async_worker(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> Non
                 lanes=lane_stats(queue, plan.lanes), cpu_s=time.process_time() - cpu0,
             )))
         except BaseException as exc:
-            out.put(("error", wid, f"worker {wid}: {type(exc).__name__}: {exc}\n"
+            out.put(("error", wid, f"worker {wid}: {told(exc)}\n"
                      + traceback.format_exc()))
     finally:
         await client.aclose()
@@ -564,7 +565,7 @@ def _thread_worker(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
             max_wait_s=spec.gate_max_wait_s, one_poller=True,
         )
     except BaseException as exc:
-        out.put(("error", wid, f"worker {wid} failed to start: {type(exc).__name__}: {exc}"))
+        out.put(("error", wid, f"worker {wid} failed to start: {told(exc)}"))
         return
     out.put(("ready", wid, None))
     if not go.wait(spec.start_timeout_s):  # the parent gave up (or died)
@@ -587,7 +588,7 @@ def _thread_worker(spec: _WorkerSpec, go: Any, epoch: Any, out: Any) -> None:
             lanes=lane_stats(queue, plan.lanes), cpu_s=time.process_time() - cpu0,
         )))
     except BaseException as exc:
-        out.put(("error", wid, f"worker {wid}: {type(exc).__name__}: {exc}\n"
+        out.put(("error", wid, f"worker {wid}: {told(exc)}\n"
                  + traceback.format_exc()))
     finally:
         client.close()

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lanequeue import LaneQueue
+from lanequeue._errors import told
 from lanequeue.replay.observe import ArrivalGate, Observer
 from lanequeue.replay.runtimes.base import (
     InProcessRuntime,
@@ -264,7 +265,7 @@ def drive_threads(
                 gate.finished(rid)
         except BaseException as exc:  # reported, never silently lost
             with done_lock:
-                errors.append((rid, f"{type(exc).__name__}: {exc}"))
+                errors.append((rid, told(exc)))
         finally:
             with done_lock:
                 done[0] += 1
