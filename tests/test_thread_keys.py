@@ -218,3 +218,15 @@ def test_keys_passed_to_a_lane_are_not_normalised() -> None:
     lane = Lane("g", max_concurrent=2)
     assert lane.try_acquire(composed) and lane.try_acquire(decomposed)
     assert lane.holds_of(composed) == lane.holds_of(decomposed) == 1
+
+
+def test_the_quick_starts_note_on_keys_holds() -> None:
+    """README, after the gateway example: the builder folds case and punctuation (one
+    conversation for "aBc" and "abc", for "U:1" and "U_1") and takes ``str`` ids only."""
+    from lanequeue import build_gateway_session_key as gw
+
+    assert gw("web", "aBc") == gw("web", "abc")
+    assert gw("web", "U:1") == gw("web", "U_1")
+    with pytest.raises(TypeError, match="channel_id must be a str, not int"):
+        gw("telegram", 123456)  # type: ignore[arg-type]
+    assert gw("telegram", str(123456)) == "gateway:telegram:123456"

@@ -182,3 +182,23 @@ def test_example_runs(name: str) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.rstrip().endswith("ok")
+
+
+@pytest.mark.timeout(30)
+def test_a_key_asked_for_again_under_itself_waits_for_its_timeout() -> None:
+    """README, after the gateway example: a lane is not re-entrant. Code that runs
+    under a key and acquires it again waits for itself until its timeout, 300 s by
+    default on the default lanes (here a short one, to see it end)."""
+    import time
+
+    from lanequeue import LaneTimeoutError
+
+    lanes = build_default_lanes()
+    assert lanes["session"].timeout_s == 300.0
+    with lanes.acquire_all("k", ["session", "global"]):
+        t0 = time.monotonic()
+        with pytest.raises(LaneTimeoutError), \
+                lanes.acquire_all("k", ["session", "global"], timeout_s=0.2):
+            pass
+        assert time.monotonic() - t0 >= 0.2
+    assert lanes["session"].stats.timeouts == 1
