@@ -304,10 +304,45 @@ def test_reader_files_plain_and_gzip(tmp_path: Path) -> None:
 def test_reader_errors_for_unreadable_files(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot open"):
         read_trace(tmp_path / "missing.jsonl")
+    packed = bytearray(gzip.compress(("\n".join(line(i, 1, i) for i in range(500))).encode()))
+    for i in range(100, 160):  # corrupt inside a good header: a zlib error, not a crash
+        packed[i] ^= 0xFF
     corrupt = tmp_path / "c.gz"
-    corrupt.write_bytes(gzip.compress(os.urandom(5000))[:300])  # truncated stream
-    with pytest.raises(TraceError):
+    corrupt.write_bytes(bytes(packed))
+    with pytest.raises(TraceError, match="cannot read trace"):
         read_trace(corrupt)
+    not_gzip = tmp_path / "n.gz"
+    not_gzip.write_bytes(b"\x1f\x8b" + os.urandom(200))  # the magic, then no gzip header
+    with pytest.raises(TraceError, match="cannot read trace"):
+        read_trace(not_gzip)
+
+
+@pytest.mark.timeout(30)
+def test_a_gzip_trace_cut_short_keeps_its_whole_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A gzip trace copied while it was written ends short: its whole lines are read,
+    and where it ends is one malformed line (it was refused whole, "cannot read trace");
+    the CLI then counts that line under --max-bad-lines."""
+    from lanequeue.cli import main
+    from lanequeue.replay.trace import GZIP_CUT
+
+    text = "".join(line(i * 1000, 1, i + 1) + "\n" for i in range(3000))
+    packed = gzip.compress(text.encode())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(packed[: len(packed) * 2 // 3])
+    trace = read_trace(cut)
+    assert 0 < len(trace.requests) < 3000
+    assert [s.reason for s in trace.skipped] == [GZIP_CUT]
+    assert trace.skipped[0].line == len(trace.requests) + 1
+    whole = parse_trace_lines(text.splitlines()).requests[: len(trace.requests)]
+    assert [(r.timestamp_ms, r.key) for r in trace.requests] == [
+        (r.timestamp_ms, r.key) for r in whole]
+    assert main(["plan", str(cut), "--p99-wait-s", "1000"]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(cut), "--p99-wait-s", "1000", "--max-bad-lines", "0"]) == 2
+    err = capsys.readouterr().err
+    assert f"line {len(trace.requests) + 1}: {GZIP_CUT}" in err, err
 
 
 @pytest.mark.timeout(30)

@@ -58,15 +58,20 @@ with its 1-based line number and reason, so one bad line in a production dump do
 a replay. The lines other than blank ones are ``Trace.malformed``: ``lanequeue replay`` and
 ``lanequeue plan`` refuse a trace with more of them than ``--max-bad-lines`` allows (1% of
 the request lines by default), rather than replay or plan from a fraction of the traffic.
+A gzip file cut short (copied while it was written) keeps its whole lines; where it ends
+is one more malformed line (:data:`GZIP_CUT`). A gzip stream that is not gzip data, or
+corrupt inside, cannot be read (``TraceError``).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import itertools
 import json
 import re
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -732,15 +737,43 @@ def default_trace_source() -> str:
     return f"lanequeue/data/{DEFAULT_TRACE_NAME} (bundled)"
 
 
+#: The reason of the skipped line that stands for the end of a gzip stream cut short.
+GZIP_CUT = "the gzip stream ends short (the file was cut): what followed is lost"
+
+
+def _until_cut(lines: Iterable[bytes], cut: list[int]) -> Iterator[bytes]:
+    """The lines of a gzip stream up to where it ends short, if it does: then the number
+    the next line would have is appended to ``cut``."""
+    n = 0
+    it = iter(lines)
+    while True:
+        try:
+            line = next(it)
+        except StopIteration:
+            return
+        except EOFError:  # "Compressed file ended before the end-of-stream marker"
+            cut.append(n + 1)
+            return
+        n += 1
+        yield line
+
+
 def _parse_binary(
     stream: IO[bytes], *, gzipped: bool, source: str, trace_format: str = "mooncake"
 ) -> Trace:
     try:
         if gzipped:
             with gzip.GzipFile(fileobj=stream, mode="rb") as gz:
-                return parse_trace_lines(gz, source=source, trace_format=trace_format)
+                cut: list[int] = []
+                trace = parse_trace_lines(_until_cut(gz, cut), source=source,
+                                          trace_format=trace_format)
+                if cut:
+                    trace = dataclasses.replace(
+                        trace, skipped=(*trace.skipped, SkippedLine(cut[0], GZIP_CUT)))
+                return trace
         return parse_trace_lines(stream, source=source, trace_format=trace_format)
-    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError;
+        # corrupt deflate data inside a good header is a zlib.error
         raise TraceError(f"cannot read trace {source}: {exc}") from exc
 
 
@@ -755,7 +788,8 @@ def read_trace(path: str | Path | None = None, *, trace_format: str = "mooncake"
 
     Raises:
         ValueError: an unknown ``trace_format``.
-        TraceError: the file cannot be opened or its gzip stream is corrupt, or (generic
+        TraceError: the file cannot be opened or its gzip stream is corrupt (one cut
+            short is read up to the cut, which is one malformed line), or (generic
             format) a CSV header lacks a required column. Bad *lines* do not raise; they are
             listed in ``Trace.skipped``.
     """
