@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -651,19 +652,27 @@ def test_cli_plan_names_the_range_of_a_refused_setting(
         "lanequeue plan: error: argument --speed: speed must be a number from 1e-06 to "
         "1e+06, got nan\n",
     )
-    # 1e400 seconds is refused (a goal must stay a finite float in --json), not overflowed.
+    # 1e400 seconds is refused (a goal must stay a finite float in --json), not overflowed,
+    # and shown as it was typed.
     code, err = run_cli(["plan", "--p99-wait-s", "1e400"], capsys)
     assert code == 2
     assert ("argument --p99-wait-s: p99-wait-s must be a number of seconds from 0 to 1e+09, "
-            "got 1e+400\n") in err  # what was given, not its size in digits
+            "got 1e400\n") in err
     code, err = run_cli(["plan", "--p99-wait-s", "1", "--max-wait-s", "1.5e400"], capsys)
     assert code == 2
     assert ("argument --max-wait-s: max-wait-s must be a number of seconds from 0 to 1e+09, "
-            "got 1.5e+400\n") in err
+            "got 1.5e400\n") in err
     code, err = run_cli(["plan", "--p99-wait-s", "1", "--jobs", HUGE], capsys)
-    assert "jobs must be an integer from 1 to 1,024, got 1e+30\n" in err
-    code, err = run_cli(["plan", "--p99-wait-s", "1", "--jobs", str(10**30 + 7)], capsys)
-    assert "jobs must be an integer from 1 to 1,024, got about 1e+30\n" in err
+    assert f"jobs must be an integer from 1 to 1,024, got {HUGE}\n" in err
+    from lanequeue.replay.plan import check_plan_arguments
+
+    # The API, which has no text, shows a huge value in scientific notation, not its digits.
+    for value, shown in ((10**30, "1e+30"), (10**30 + 7, "about 1e+30")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"jobs must be an integer from 1 to 1,024, got {shown}") + "$"):
+            check_plan_arguments(jobs=value)
+    with pytest.raises(ValueError, match=r"got 1e\+400$"):
+        PlanGoal(Fraction(10**400))
 
 
 @pytest.mark.timeout(10)

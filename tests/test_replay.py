@@ -630,7 +630,7 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "does not exist" in capsys.readouterr().err
     assert main(["replay", "--speed", "0"]) == 2
     assert (
-        "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0.0"
+        "argument --speed: speed must be a number from 1e-06 to 1e+06, got 0\n"
         in capsys.readouterr().err
     )
     # The message names the option, not the Python API's setting (global_cap).
@@ -924,6 +924,31 @@ def _numeric_argv(command: str, option: str, value: str) -> list[str]:
     extra = {"replay": ["--no-progress"], "plan": ["--p99-wait-s", "1"],
              "status": ["--backend", "redis://127.0.0.1:1/0", "--watch"]}[command]
     return [command, *extra, option, value]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("command", "option", "text", "value"), NUMERIC_OPTIONS)
+def test_every_numeric_option_shows_a_refused_value_as_it_was_typed(
+    command: str, option: str, text: str, value: object,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A value out of range is shown as the user typed it, by every command alike:
+    ``--speed 1e400`` said ``got inf`` (what float() made of it) where ``plan
+    --p99-wait-s 1e400`` said ``got 1e+400``, and a count's leading zeros and sign were
+    lost."""
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command did work before refusing its settings")
+
+    for target in ("read_trace", "run_replay"):
+        monkeypatch.setattr(f"lanequeue.replay.{target}", boom)
+    monkeypatch.setattr("lanequeue.replay.trace.read_trace", boom)
+    typed = "1e400" if isinstance(value, (float, Fraction)) else "+00" + "9" * 30
+    code, out, err = run_cli(_numeric_argv(command, option, typed), capsys)
+    assert (code, out) == (2, "")
+    last = err.splitlines()[-1]
+    assert last.startswith(f"lanequeue {command}: error: argument {option}: "), err
+    assert last.endswith(f", got {typed}"), err
+
 
 
 @pytest.mark.parametrize(("command", "option", "text", "value"), NUMERIC_OPTIONS)

@@ -110,14 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--speed",
-        type=float,
+        **_number(float),
         default=defaults.speed,
         help=f"divide trace time by this, 1e-06 to 1e+06 (default {defaults.speed:g}: the "
         "hour plays in a minute)",
     )
     rp.add_argument(
         "--tpot-ms",
-        type=float,
+        **_number(float),
         default=defaults.tpot_ms,
         metavar="MS",
         help="work per output token, trace milliseconds, for lines that give tokens "
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--global",
         dest="global_cap",
-        type=int,
+        **_number(int),
         default=defaults.global_cap,
         metavar="N",
         help=f"permits of the global lane, 1 to 10**9 (default {defaults.global_cap})",
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--limit",
-        type=int,
+        **_number(int),
         default=None,
         metavar="N",
         help="replay only the first N requests (in arrival order)",
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--workers",
-        type=int,
+        **_number(int),
         default=defaults.workers,
         metavar="N",
         help="with --backend: worker processes, each running --runtime (asyncio or threads); "
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--max-sessions",
-        type=int,
+        **_number(int),
         default=defaults.max_sessions,
         metavar="N",
         help=f"soft cap of the session lane's registry (default {defaults.max_sessions})",
@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--idle-timeout",
         dest="idle_timeout_s",
-        type=float,
+        **_number(float),
         default=defaults.idle_timeout_s,
         metavar="S",
         help="seconds of trace time an idle session entry is kept, scaled by "
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--metrics-port",
-        type=int,
+        **_number(int),
         default=None,
         metavar="N",
         help="serve the lanes' Prometheus metrics on http://127.0.0.1:N/metrics while the "
@@ -272,15 +272,64 @@ def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     return {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
 
 
-def _refused(exc: Exception, options: dict[str, str]) -> str:
+def _refused(exc: Exception, args: argparse.Namespace) -> str:
     """The message of a refused setting, naming its option when it names one; the
     settings the message names (the Python API's names, such as ``global_cap``) are
-    given as their options' names there (``global``, for ``--global``)."""
-    text = str(exc)
-    for setting, name in options.items():
-        text = re.sub(rf"\b{re.escape(setting)}\b", name.split("/")[-1].lstrip("-"), text)
-    option = options.get(getattr(exc, "setting", ""))
+    given as their options' names there (``global``, for ``--global``). A value out of
+    range is shown as it was typed (``got 1e400``, not ``got inf``)."""
+    options: dict[str, str] = args.options
+    setting = getattr(exc, "setting", "")
+    option = options.get(setting)
+    expected = getattr(exc, "expected", None)
+    typed = getattr(args, "typed", {}).get(setting)
+    text = str(exc) if expected is None or typed is None else expected
+    for name, given in options.items():
+        text = re.sub(rf"\b{re.escape(name)}\b", given.split("/")[-1].lstrip("-"), text)
+    if expected is not None and typed is not None:
+        text += f", got {_as_typed(typed)}"
     return f"argument {option}: {text}" if option else text
+
+
+@dataclass(frozen=True)
+class _Typed:
+    """A number option's value with the text it was typed as."""
+
+    value: Any
+    text: str
+
+
+def _number(convert: Any) -> dict[str, Any]:
+    """``add_argument``'s ``type`` and ``action`` for a number option read by ``convert``
+    (``float``, ``int``, ...): the value is stored as usual, and the text it was typed as
+    in ``args.typed`` (by the option's ``dest``), for an error to show the value as the
+    user wrote it (``1e400``, not what ``float`` made of it, ``inf``)."""
+
+    def read(text: str) -> _Typed:
+        return _Typed(convert(text), text)
+
+    read.__name__ = convert.__name__  # argparse's "invalid float value: 'x'"
+    return {"type": read, "action": _KeepText}
+
+
+class _KeepText(argparse.Action):
+    """Store a :func:`_number` option's value; keep its text in ``namespace.typed``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values.value)
+        typed = getattr(namespace, "typed", None)
+        if typed is None:
+            typed = {}
+            namespace.typed = typed
+        typed[self.dest] = values.text
+
+
+def _as_typed(text: str) -> str:
+    """An option's value for an error, as it was typed (without surrounding blanks, cut
+    when very long)."""
+    from lanequeue._errors import cut
+
+    return cut(text.strip())
 
 
 def _seconds(text: str) -> Fraction:
@@ -321,21 +370,21 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--p99-wait-s",
-        type=_seconds,
+        **_number(_seconds),
         required=True,
         metavar="S",
         help="goal: the 99th percentile of the waits (start of work - arrival), seconds",
     )
     pp.add_argument(
         "--max-wait-s",
-        type=_seconds,
+        **_number(_seconds),
         default=None,
         metavar="M",
         help="goal: also every wait at most M seconds",
     )
     pp.add_argument(
         "--tpot-ms",
-        type=float,
+        **_number(float),
         default=None,
         metavar="MS",
         help="work per output token, milliseconds, for lines that give tokens "
@@ -343,14 +392,14 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--min-global",
-        type=int,
+        **_number(int),
         default=1,
         metavar="A",
         help="smallest global cap to consider (default 1)",
     )
     pp.add_argument(
         "--max-global",
-        type=int,
+        **_number(int),
         default=None,
         metavar="B",
         help="largest global cap to consider (default: no limit)",
@@ -380,13 +429,13 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--speed",
-        type=float,
+        **_number(float),
         default=60.0,
         help="with --verify: divide trace time by this, 1e-06 to 1e+06 (default 60)",
     )
     pp.add_argument(
         "--jobs",
-        type=int,
+        **_number(int),
         default=None,
         metavar="N",
         help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "
@@ -581,7 +630,7 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         config = _replay_config(args)
     except ValueError as exc:
-        return fail(_refused(exc, args.options))
+        return fail(_refused(exc, args))
     policies = config.busy_policies  # checked by ReplayConfig, with what busy excludes
     for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
         if path is not None:
@@ -600,7 +649,7 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         service_times_us(trace, config.tpot_ms)
     except ValueError as exc:
-        return fail(_refused(exc, args.options))
+        return fail(_refused(exc, args))
     results = []
     for p in policies:
         results.append(run_busy(trace, p, speed=config.speed, tpot_ms=config.tpot_ms,
@@ -655,15 +704,16 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         config = _replay_config(args)
     except ValueError as exc:
-        return fail(_refused(exc, args.options))
+        return fail(_refused(exc, args))
     refused = _output_refused(args)
     if refused:
         return fail(refused)
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
+            typed = getattr(args, "typed", {}).get("metrics_port", str(args.metrics_port))
             return fail(
-                f"argument --metrics-port: must be a port number (0-65535), not "
-                f"{args.metrics_port}"
+                "argument --metrics-port: must be a port number from 0 to 65535, got "
+                f"{_as_typed(typed)}"
             )
         if args.backend is not None:
             return fail("--metrics-port serves in-process lanes; the lanes of --backend live "
@@ -687,7 +737,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         service_times_us(trace, config.tpot_ms)  # a generic trace's tokens need tpot_ms
     except ValueError as exc:
-        return fail(_refused(exc, args.options))
+        return fail(_refused(exc, args))
 
     queues: list[Any] = []  # the in-process queue, once the runtime has built it
     on_queue = queues.append if args.backend is None else None
@@ -766,7 +816,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             speed=args.speed,
         )
     except ValueError as exc:
-        return fail(_refused(exc, args.options))
+        return fail(_refused(exc, args))
 
     refused = _output_refused(args)
     if refused:
@@ -788,7 +838,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             jobs=args.jobs,
         )
     except ValueError as exc:
-        return fail(_refused(exc, args.options))
+        return fail(_refused(exc, args))
     print(plan.text(), file=out)
     if args.json_path is not None:
         plan.write_json(args.json_path)
@@ -871,7 +921,7 @@ def _status_interval(text: str) -> float:
     if not STATUS_MIN_INTERVAL_S <= value <= STATUS_MAX_INTERVAL_S:  # (NaN fails too)
         raise argparse.ArgumentTypeError(
             f"must be from {STATUS_MIN_INTERVAL_S:g} to {STATUS_MAX_INTERVAL_S:g} seconds, "
-            f"got {text}")
+            f"got {_as_typed(text)}")
     return value
 
 

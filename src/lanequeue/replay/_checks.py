@@ -65,16 +65,30 @@ def decimal_text(text: str) -> str | None:
 
 
 class SettingError(ValueError):
-    """A setting out of range.
+    """A setting refused.
 
     Attributes:
         setting: the name of the refused setting (a keyword argument or config field, e.g.
             ``"speed"``); the command line names its option from it.
+        expected: for a value out of range, what the setting must be (``"speed must be a
+            number from 1e-06 to 1e+06"``): the message is this, ``, got`` and the value;
+            the command line shows the value as it was typed instead. Else None.
     """
 
-    def __init__(self, setting: str, message: str) -> None:
+    def __init__(
+        self,
+        setting: str,
+        message: str,
+        *,
+        expected: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.setting = setting
+        self.expected = expected
+
+
+def _out_of_range(setting: str, expected: str, value: object) -> SettingError:
+    return SettingError(setting, f"{expected}, got {_shown(value)}", expected=expected)
 
 
 def _shown(value: object) -> str:
@@ -122,9 +136,8 @@ def check_seconds(
     """
     v = _number(value, name, "a number of seconds")
     if not 0 <= v <= maximum:  # NaN fails too
-        raise SettingError(
-            name,
-            f"{name} must be a number of seconds from 0 to {maximum:g}, got {_shown(value)}",
+        raise _out_of_range(
+            name, f"{name} must be a number of seconds from 0 to {maximum:g}", value
         )
     return v
 
@@ -138,9 +151,8 @@ def check_speed(value: object, name: str = "speed") -> float:
     """
     v = _number(value, name, "a number")
     if not MIN_SPEED <= v <= MAX_SPEED:
-        raise SettingError(
-            name,
-            f"{name} must be a number from {MIN_SPEED:g} to {MAX_SPEED:g}, got {_shown(value)}",
+        raise _out_of_range(
+            name, f"{name} must be a number from {MIN_SPEED:g} to {MAX_SPEED:g}", value
         )
     return float(v)
 
@@ -156,10 +168,8 @@ def check_tpot_ms(value: object, name: str = "tpot_ms") -> float | None:
         return None
     v = _number(value, name, "a number of milliseconds")
     if not 0 <= v <= MAX_TPOT_MS:
-        raise SettingError(
-            name,
-            f"{name} must be a number of milliseconds from 0 to {MAX_TPOT_MS:g}, "
-            f"got {_shown(value)}",
+        raise _out_of_range(
+            name, f"{name} must be a number of milliseconds from 0 to {MAX_TPOT_MS:g}", value
         )
     return float(v)
 
@@ -174,7 +184,5 @@ def check_count(value: object, name: str, *, maximum: int = MAX_COUNT) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if not 1 <= value <= maximum:
-        raise SettingError(
-            name, f"{name} must be an integer from 1 to {maximum:,}, got {_shown(value)}"
-        )
+        raise _out_of_range(name, f"{name} must be an integer from 1 to {maximum:,}", value)
     return value
