@@ -950,6 +950,52 @@ def test_every_numeric_option_shows_a_refused_value_as_it_was_typed(
     assert last.endswith(f", got {typed}"), err
 
 
+#: Options that do not go together, and the two the refusal names (the refused one, then
+#: the one it is not allowed with).
+CONFLICTS = [
+    (["replay", "--busy", "enqueue", "--metrics-port", "0"], "--metrics-port", "--busy"),
+    (["replay", "--busy", "enqueue", "--json", "r.json"], "--json", "--busy"),
+    (["replay", "--busy", "enqueue", "--plot", "r.png"], "--plot", "--busy"),
+    (["replay", "--busy", "enqueue", "--policy", "global-serial"], "--policy", "--busy"),
+    (["replay", "--busy", "enqueue", "--runtime", "threads"], "--runtime", "--busy"),
+    (["replay", "--busy", "enqueue", "--backend", "redis://127.0.0.1:1/0"], "--backend",
+     "--busy"),
+    (["replay", "--busy", "enqueue", "--workers", "2"], "--workers", "--busy"),
+    (["replay", "--metrics-port", "0", "--backend", "redis://127.0.0.1:1/0"],
+     "--metrics-port", "--backend"),
+    (["status", "--backend", "redis://127.0.0.1:1/0", "--json", "--watch"], "--watch",
+     "--json"),
+]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("argv", "refused", "other"), CONFLICTS)
+def test_options_that_do_not_go_together_are_refused_in_one_form(
+    argv: list[str], refused: str, other: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every refusal of two options together says it as argparse does for its mutually
+    exclusive options (``argument --watch: not allowed with argument --json``), then
+    why: ``--busy`` with ``--metrics-port`` said "--busy cannot be combined with
+    --metrics-port" and a busy replay's ``--policy`` "busy cannot be combined with"."""
+    import re
+
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command did work before refusing its settings")
+
+    for target in ("read_trace", "run_replay"):
+        monkeypatch.setattr(f"lanequeue.replay.{target}", boom)
+    monkeypatch.setattr("lanequeue.replay.busy.run_busy", boom)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(argv, capsys)
+    assert (code, out) == (2, "")
+    last = err.splitlines()[-1]
+    form = re.fullmatch(r"lanequeue (\w+): error: argument (\S+): not allowed with "
+                        r"argument (\S+)(?: \((.+)\))?", last)
+    assert form is not None, err
+    assert form.groups()[:3] == (argv[0], refused, other), err
+    assert "combined" not in err
+
 
 @pytest.mark.parametrize(("command", "option", "text", "value"), NUMERIC_OPTIONS)
 def test_every_numeric_option_takes_a_plus_sign(

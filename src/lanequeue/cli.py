@@ -276,18 +276,30 @@ def _refused(exc: Exception, args: argparse.Namespace) -> str:
     """The message of a refused setting, naming its option when it names one; the
     settings the message names (the Python API's names, such as ``global_cap``) are
     given as their options' names there (``global``, for ``--global``). A value out of
-    range is shown as it was typed (``got 1e400``, not ``got inf``)."""
+    range is shown as it was typed (``got 1e400``, not ``got inf``); a setting another
+    option excludes is said in the form of :func:`_not_allowed`."""
     options: dict[str, str] = args.options
     setting = getattr(exc, "setting", "")
     option = options.get(setting)
+    excluded_by = options.get(getattr(exc, "excluded_by", None) or "")
     expected = getattr(exc, "expected", None)
     typed = getattr(args, "typed", {}).get(setting)
+    if option and excluded_by:
+        return _not_allowed(option, excluded_by, getattr(exc, "reason", None))
     text = str(exc) if expected is None or typed is None else expected
     for name, given in options.items():
         text = re.sub(rf"\b{re.escape(name)}\b", given.split("/")[-1].lstrip("-"), text)
     if expected is not None and typed is not None:
         text += f", got {_as_typed(typed)}"
     return f"argument {option}: {text}" if option else text
+
+
+def _not_allowed(option: str, other: str, reason: str | None = None) -> str:
+    """The one form of the command line for two options that do not go together,
+    argparse's own (its mutually exclusive options say it): ``argument --json: not
+    allowed with argument --busy``, then why in parentheses."""
+    return f"argument {option}: not allowed with argument {other}" + (
+        f" ({reason})" if reason else "")
 
 
 @dataclass(frozen=True)
@@ -634,10 +646,11 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     policies = config.busy_policies  # checked by ReplayConfig, with what busy excludes
     for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
         if path is not None:
-            return fail(f"argument {option}: not with --busy, which prints a table only "
-                        f"({path} would not be written)")
+            return fail(_not_allowed(option, "--busy", "a busy replay prints a table only: "
+                                     f"{path} would not be written"))
     if args.metrics_port is not None:
-        return fail("--busy cannot be combined with --metrics-port: it serves no metrics")
+        return fail(_not_allowed("--metrics-port", "--busy", "a busy replay serves no "
+                                 "metrics"))
     try:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
@@ -716,8 +729,9 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 f"{_as_typed(typed)}"
             )
         if args.backend is not None:
-            return fail("--metrics-port serves in-process lanes; the lanes of --backend live "
-                        "in the worker processes")
+            return fail(_not_allowed("--metrics-port", "--backend", "it serves in-process "
+                                     "lanes; the lanes of --backend live in the worker "
+                                     "processes"))
         if importlib.util.find_spec("prometheus_client") is None:
             return fail("--metrics-port needs prometheus_client, which is not installed; "
                         "install it with: pip install 'lanequeue[prometheus]'")

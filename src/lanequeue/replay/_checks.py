@@ -65,7 +65,7 @@ def decimal_text(text: str) -> str | None:
 
 
 class SettingError(ValueError):
-    """A setting refused.
+    """A setting refused: out of range, or excluded by another setting.
 
     Attributes:
         setting: the name of the refused setting (a keyword argument or config field, e.g.
@@ -73,6 +73,9 @@ class SettingError(ValueError):
         expected: for a value out of range, what the setting must be (``"speed must be a
             number from 1e-06 to 1e+06"``): the message is this, ``, got`` and the value;
             the command line shows the value as it was typed instead. Else None.
+        excluded_by: for a setting another one excludes, that setting's name (``"busy"``),
+            and ``reason`` says why; the command line says it in its one form for
+            options that do not go together. Else None.
     """
 
     def __init__(
@@ -81,10 +84,14 @@ class SettingError(ValueError):
         message: str,
         *,
         expected: str | None = None,
+        excluded_by: str | None = None,
+        reason: str | None = None,
     ) -> None:
         super().__init__(message)
         self.setting = setting
         self.expected = expected
+        self.excluded_by = excluded_by
+        self.reason = reason
 
 
 def _out_of_range(setting: str, expected: str, value: object) -> SettingError:

@@ -168,20 +168,21 @@ class ReplayConfig:
             if p not in BUSY_POLICIES:
                 raise SettingError("busy", f"unknown busy policy {p!r}; available: "
                                            f"{', '.join(BUSY_POLICIES)}, or all")
-        refused = [
-            ("policy", self.policy != DEFAULT_POLICY,
-             f"policy {self.policy!r}: a busy replay takes the {DEFAULT_POLICY} policy's "
-             "lanes"),
-            ("runtime", self.runtime != "asyncio",
-             f"runtime {self.runtime!r}: a busy replay runs the dispatcher on asyncio"),
-            ("backend", self.backend is not None,
-             "a backend: a busy replay runs one process, on in-process lanes"),
-            ("workers", self.workers != 1,
-             "workers: a busy replay runs one process"),
+        refused = [  # (setting, refused, what, why)
+            ("policy", self.policy != DEFAULT_POLICY, f"policy {self.policy!r}",
+             f"a busy replay takes the {DEFAULT_POLICY} policy's lanes, not "
+             f"{self.policy!r}"),
+            ("runtime", self.runtime != "asyncio", f"runtime {self.runtime!r}",
+             f"a busy replay runs the dispatcher on asyncio, not {self.runtime!r}"),
+            ("backend", self.backend is not None, "a backend",
+             "a busy replay runs one process, on in-process lanes"),
+            ("workers", self.workers != 1, "workers",
+             f"a busy replay runs one process, not {self.workers}"),
         ]
-        for setting, bad, why in refused:
+        for setting, bad, what, why in refused:
             if bad:
-                raise SettingError(setting, f"busy cannot be combined with {why}")
+                raise SettingError(setting, f"busy cannot be combined with {what}: {why}",
+                                   excluded_by="busy", reason=why)
 
     @property
     def lanes(self) -> tuple[LaneSpec, ...]:
