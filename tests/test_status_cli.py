@@ -597,3 +597,96 @@ def test_watch_redraws_in_place_only_where_rich_can_redraw() -> None:
     tty = {"file": io.StringIO(), "force_terminal": True}
     assert redraws_in_place(Console(**tty, _environ={"TERM": "xterm-256color"}))
     assert not redraws_in_place(Console(**tty, _environ={"TERM": "dumb"}))
+
+
+class _ShortMarkerLane(RedisLane):
+    _version_ttl_s = 3.0
+
+
+class _ShortMarkerSessionLane(RedisSessionLane):
+    _version_ttl_s = 3.0
+
+
+def _ttls(client: Any, prefix: str) -> dict[str, int]:
+    """PTTL (ms) of each Redis key of ``prefix``'s lanes, by kind and suffix (``c:m``)."""
+    out = {}
+    for raw in client.scan_iter(match="{lq*", count=1000):
+        parsed = parse_lane_key(raw.decode())
+        if parsed is not None and parsed.prefix == prefix:
+            out[f"{parsed.kind}:{parsed.suffix}"] = int(client.pttl(raw))
+    return out
+
+
+def test_an_idle_lane_is_listed_until_its_keys_expire_as_the_readme_says(
+    capsys: pytest.CaptureFixture[str], reader_url: str, redis_client: Any, redis_prefix: str,
+) -> None:
+    """README, "A live view of a Redis": a lane with nothing left in it stays listed
+    until its keys expire (``:f``, ``:p`` one lease after the last grant or renewal,
+    ``:v`` 60 s after its last claim, claimed at most every 30 s of use), and a counting
+    lane's heading drops ``max N`` once its cap record (``:m``, one lease) has lapsed."""
+    from lanequeue.redis._protocol import DEFAULT_LEASE_S
+
+    readme = " ".join((Path(__file__).resolve().parent.parent / "README.md")
+                      .read_text(encoding="utf-8").split())
+    marker_s = RedisLane._version_ttl_s
+    assert (DEFAULT_LEASE_S, marker_s) == (30.0, 60.0)
+    assert ("A lane with nothing left in it (no holder, nobody waiting) stays listed until "
+            "its keys expire: its fencing counters and presence records (`:f`, `:p`) one "
+            f"lease (`lease_s`, {DEFAULT_LEASE_S:g} s by default) after their last grant or "
+            f"renewal, and its version marker (`:v`) {marker_s:g} s after it was last "
+            f"claimed, which a lane in use does at most every {marker_s / 2:g} s (so "
+            f"{marker_s / 2:g} to {marker_s:g} s after the last use). A counting lane's "
+            "heading shows its cap (`max N`) only while its cap record (`:m`) lives, one "
+            "lease after the lane's last acquire, renewal or release; then it drops `max N` "
+            "until the lane is used again.") in readme
+
+    # The default figures, as a real server has them right after one use of each kind.
+    sessions = RedisSessionLane(redis_client, prefix=redis_prefix)
+    llm = RedisLane(redis_client, "llm", max_concurrent=3, prefix=redis_prefix)
+    with sessions.acquire("k1"), llm.acquire("a"):
+        pass
+    ttls = _ttls(redis_client, redis_prefix)
+    assert sorted(ttls) == ["c:f", "c:m", "c:v", "s:f", "s:p", "s:v"], ttls
+    for suffix, ms in ttls.items():
+        life = marker_s if suffix.endswith("v") else DEFAULT_LEASE_S
+        assert life * 1000 - 2000 < ms <= life * 1000, (suffix, ms)
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", redis_prefix)
+    assert code == 0, err
+    assert _heading(redis_prefix, "llm", "counting, max 3", 0, 0).search(out), out
+    assert _heading(redis_prefix, "session", "session", 0, 0).search(out), out
+
+    # The same with a short lease and marker: each key expires on its own.
+    prefix = redis_prefix + "short"
+    lease_s, marker_s = 0.2, _ShortMarkerLane._version_ttl_s
+    sessions = _ShortMarkerSessionLane(redis_client, prefix=prefix, lease_s=lease_s)
+    llm = _ShortMarkerLane(redis_client, "llm", max_concurrent=3, prefix=prefix,
+                           lease_s=lease_s)
+
+    def use() -> dict[str, int]:
+        with sessions.acquire("k1"), llm.acquire("a"):
+            pass
+        return _ttls(redis_client, prefix)
+
+    use()
+    claimed = time.monotonic()
+    time.sleep(0.3)
+    ttls = use()  # before the marker's next claim is due: it runs on from the last one
+    for kind in "sc":
+        assert ttls[f"{kind}:v"] <= (claimed + marker_s - time.monotonic()) * 1000 + 50, ttls
+    time.sleep(max(0.0, claimed + marker_s / 2 + 0.1 - time.monotonic()))
+    ttls = use()  # half its life on: claimed again
+    for kind in "sc":
+        assert ttls[f"{kind}:v"] > (marker_s - 0.5) * 1000, ttls
+    reader = StatusReader(redis_client, prefix)
+    _until(lambda: "c:m" not in _ttls(redis_client, prefix), timeout=5)
+    code, out, err = _run(capsys, "--backend", reader_url, "--prefix", prefix)
+    assert code == 0, err
+    assert _heading(prefix, "llm", "counting", 0, 0).search(out), out  # no "max 3"
+    assert _heading(prefix, "session", "session", 0, 0).search(out), out
+    doc = reader.read()
+    assert [(lane["name"], lane.get("max_concurrent", "-"),
+             lane["holders"], lane["waiting"]) for lane in doc["lanes"]] == [
+        ("llm", None, [], 0), ("session", "-", [], 0)]
+    assert set(_ttls(redis_client, prefix)) == {"c:v", "s:v"}  # all that lists them now
+    _until(lambda: not _ttls(redis_client, prefix), timeout=marker_s + 2)
+    assert reader.read()["lanes"] == []
