@@ -175,6 +175,33 @@ def test_interrupt_cancels_the_running_turn_and_drops_the_pending(turns: Turns) 
         h.close()
 
 
+def test_interrupt_drops_the_current_turn_that_has_not_started_yet(turns: Turns) -> None:
+    """A turn submitted a moment earlier on an idle key is the key's current turn, but
+    its ``fn`` is called only when the loop next runs: an interrupt submitted before that
+    drops it (``dropped``, "superseded"), it does not cancel it, and runs next."""
+    dropped: list[list[Ticket]] = []
+    h = make(busy="interrupt", on_drop=dropped.append)
+    try:
+        def both() -> tuple[Ticket, Ticket]:
+            first = h.d.submit("k", turns.turn, 1)
+            assert (first.state, turns.started()) == ("pending", [])  # not running yet
+            return first, h.d.submit("k", turns.turn, 2)
+
+        first, second = h.call(both)
+        assert (first.state, first.reason) == ("dropped", "superseded")
+        assert isinstance(err(h, first), TurnDroppedError)
+        assert dropped == [[first]]
+        assert turns.started() == [2] and ("cancelled", 1) not in turns.log
+        turns.finish(2)
+        h.settle()
+        assert h.outcome(second) == ("ok", "r:2")
+        s = h.d.stats
+        assert (s.cancelled, s.dropped, s.done) == (0, 1, 1)
+        books(h)
+    finally:
+        h.close()
+
+
 def test_replace_keeps_the_running_turn_and_only_the_newest_pending(turns: Turns) -> None:
     h = make(busy="replace")
     try:

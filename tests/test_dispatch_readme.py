@@ -34,3 +34,55 @@ def test_readme_policy_table_lists_every_busy_policy() -> None:
     assert rows[: len(BUSY_POLICIES)] == list(BUSY_POLICIES)
     assert rows[len(BUSY_POLICIES):] == ["done", "failed", "cancelled", "dropped",
                                          "rejected", "timed_out", "deduped"]
+
+
+def test_readme_says_when_a_turn_starts_and_what_interrupt_does_to_one_not_started() -> None:
+    """The example's first submit said ``# runs at once``: on asyncio the turn is the
+    key's at once but starts when the loop next runs, and an ``interrupt`` submitted
+    before that drops it (``dropped``, "superseded"), not ``cancelled`` as the table
+    said of every current turn. The README says so, and a real event loop agrees."""
+    import asyncio
+
+    from lanequeue import Dispatcher, TurnDroppedError, build_default_async_lanes
+
+    text = section()
+    flat = " ".join(text.split())
+    assert "runs at once" not in text.split("```python", 1)[1].split("```", 1)[0]
+    assert ("# An idle key: \"hi\" becomes its turn at once (nothing merges into it); the "
+            "turn # starts when the loop next runs (here, at the first await).") in flat
+    assert ("| `interrupt` | cancels the running turn, whose `fn` was called (`cancelled`, "
+            "`\"superseded\"`), and drops every turn of the key that has not started "
+            "(`dropped`, `\"superseded\"`): the pending ones, steered payloads not taken "
+            "included, and the key's current turn when its `fn` has not been called yet (it "
+            "waits at the gate or for its lanes: on asyncio, a turn submitted a moment "
+            "earlier, which the loop has not run yet, ends so); then runs.") in flat
+
+    started: list[str] = []
+
+    async def reply(text: str) -> str:
+        started.append(text)
+        await asyncio.sleep(0.01)
+        return text
+
+    async def main() -> None:
+        dispatcher = Dispatcher(build_default_async_lanes(), busy="interrupt")
+        first = dispatcher.submit("conv-1", reply, "hi")
+        assert (first.state, started) == ("pending", [])  # not running when submit returns
+        await asyncio.sleep(0)  # the loop runs: the turn starts
+        assert (first.state, started) == ("running", ["hi"])
+        await first
+        early = dispatcher.submit("conv-1", reply, "a")  # not started yet ...
+        late = dispatcher.submit("conv-1", reply, "b")  # ... when this interrupts
+        assert (early.state, early.reason) == ("dropped", "superseded")
+        try:
+            await early
+        except TurnDroppedError:
+            pass
+        else:
+            raise AssertionError("the turn that had not started was not dropped")
+        assert await late == "b" and started == ["hi", "b"]
+        s = dispatcher.stats
+        assert (s.cancelled, s.dropped, s.done) == (0, 1, 2)
+        assert await dispatcher.drain(timeout_s=5.0)
+
+    asyncio.run(main())

@@ -9,7 +9,8 @@ under the lanes of a queue, and apply a busy policy when a key already has work:
 ``reject``     end at once as ``rejected`` ("busy")
 ``steer``      hand the payload to the current turn's ``inbox`` (same ``fn``, nothing
                pending); if it never takes it, it runs as a normal turn next
-``interrupt``  cancel the running turn, drop the pending ones ("superseded"), run this next
+``interrupt``  cancel the running turn; drop the turns not started ("superseded"), the
+               current one too if its ``fn`` has not been called yet; run this next
 ``replace``    the running turn goes on; drop the pending ones ("superseded"); this waits
 ``collect``    merge the key's pending turns of the same ``fn`` into one call with the list
                of their payloads (``debounce_s``, ``max_wait_s``)
