@@ -453,6 +453,21 @@ def test_table_headings_stay_on_one_line_when_not_on_a_terminal(
     assert all(line == line.rstrip() for line in out.splitlines())
 
 
+def _piped_and_narrow(redis_server: Any, redis_client: Any, prefix: str, key: str
+                      ) -> tuple[subprocess.CompletedProcess[str], ...]:
+    """``lanequeue status`` run twice while ``key`` is held on a session lane of
+    ``prefix``: piped with no width asked for, and with ``COLUMNS=60``."""
+    lane = RedisSessionLane(redis_client, prefix=prefix, lease_s=30)
+    url = f"redis://{redis_server.host}:{redis_server.port}/0"
+    argv = [sys.executable, "-m", "lanequeue", "status", "--backend", url, "--prefix", prefix]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    with lane.acquire(key):
+        return tuple(subprocess.run(argv, capture_output=True, text=True, timeout=20,
+                                    env={**env, **extra}, stdin=subprocess.DEVNULL)
+                     for extra in ({}, {"COLUMNS": "60"}))
+
+
 def test_piped_table_is_not_laid_out_for_80_columns_unless_columns_says_so(
     redis_server: Any, redis_client: Any, redis_prefix: str,
 ) -> None:
@@ -461,15 +476,7 @@ def test_piped_table_is_not_laid_out_for_80_columns_unless_columns_says_so(
     each heading and each row is one line; ``COLUMNS`` still sets a width."""
     prefix = redis_prefix + "-" + "p" * 70
     key = "conversation-" + "k" * 90
-    lane = RedisSessionLane(redis_client, prefix=prefix, lease_s=30)
-    url = f"redis://{redis_server.host}:{redis_server.port}/0"
-    argv = [sys.executable, "-m", "lanequeue", "status", "--backend", url, "--prefix", prefix]
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    with lane.acquire(key):
-        piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20,
-                               stdin=subprocess.DEVNULL)
-        narrow = subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                                env={**env, "COLUMNS": "60"}, stdin=subprocess.DEVNULL)
+    piped, narrow = _piped_and_narrow(redis_server, redis_client, prefix, key)
     assert piped.returncode == 0, piped.stderr
     assert _heading(prefix, "session", "session", 1, 0).search(piped.stdout), piped.stdout
     assert [line for line in piped.stdout.splitlines() if key in line] != []
@@ -561,16 +568,7 @@ def test_piped_table_shows_every_key_and_heading_whole_however_long(
     for) a key too long for it is folded over several lines, never cut."""
     prefix = redis_prefix + "-" + "p" * 1100
     key = "conversation-" + "k" * 1500
-    lane = RedisSessionLane(redis_client, prefix=prefix, lease_s=30)
-    url = f"redis://{redis_server.host}:{redis_server.port}/0"
-    argv = [sys.executable, "-m", "lanequeue", "status", "--backend", url, "--prefix", prefix]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
-    with lane.acquire(key):
-        piped = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20,
-                               stdin=subprocess.DEVNULL)
-        narrow = subprocess.run(argv, capture_output=True, text=True, timeout=20,
-                                env={**env, "COLUMNS": "60"}, stdin=subprocess.DEVNULL)
+    piped, narrow = _piped_and_narrow(redis_server, redis_client, prefix, key)
     assert piped.returncode == 0, piped.stderr
     assert _heading(prefix, "session", "session", 1, 0).search(piped.stdout), piped.stdout
     rows = [line for line in piped.stdout.splitlines() if key in line]
