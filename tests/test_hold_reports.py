@@ -13,6 +13,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -307,6 +308,104 @@ def test_a_check_between_a_release_and_its_report_does_not_log_it_twice(
     assert [line.split()[3] for line in lines] == ["'gate'"]  # not 'k': logged already
     held = [r.getMessage() for r in caplog.records if "'k' has held" in r.getMessage()]
     assert len(held) == 1
+
+
+def test_a_forked_child_makes_and_sets_lanes_while_a_parents_thread_sets_one() -> None:
+    """A thread of the parent is inside a ``warn_hold_s`` setting (or OTel's instrument
+    registry) at the fork: the child's locks are new, so the child makes lanes and sets
+    them (the child hung: the lock the parent's thread held was never released there)."""
+    from lanequeue import _ops, metrics
+
+    read, write = os.pipe()
+    with _ops._SETTING, _ops._WARNED, metrics._otel_providers_lock:
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                lane = SessionLane("child", warn_hold_s=5.0)
+                lane.warn_hold_s = 1.0
+                lane.stuck(0)
+                with metrics._otel_providers_lock:
+                    pass
+                os.write(write, b"ok")
+                code = 0
+            finally:
+                os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        out = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and out == b"ok"
+
+
+def test_an_interrupted_release_ended_before_its_report_came_is_logged_once(
+    ends: _Ends, gate: _Gate, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interrupt lands after the release queued its report; the hold then ends for
+    real (its drop, a manual release) before the reporter reaches the first report, which
+    so finds it ended: two reports of one end, logged once."""
+    from lanequeue import _core
+
+    queued = _core._report_later
+    interrupt = [True]
+
+    def then_interrupted(*args: Any) -> None:
+        queued(*args)
+        if interrupt[0]:
+            interrupt[0] = False
+            raise KeyboardInterrupt
+
+    clock = FakeClock()
+    lane = SessionLane("l", clock=clock, warn_hold_s=1.0)
+    with lane.acquire("gate"):
+        clock.advance(1)
+    assert gate.inside.wait(10)  # the reporter waits in the gate's report
+    hold = lane.acquire("k")
+    hold.__enter__()
+    token = hold.token
+    clock.advance(2)
+    with monkeypatch.context() as patched:
+        patched.setattr(_core, "_report_later", then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            hold.__exit__(None, None, None)
+    assert not interrupt[0] and _core._REPORTS[0].qsize() == 1
+    assert lane.manual_release("k")  # its real end: a second report of it
+    assert _core._REPORTS[0].qsize() == 2
+    gate.open.set()
+    assert [line for line in ends.settle() if "'k'" in line] == [
+        f"lane 'l': key 'k' held its permit for 2.000 s (token {token}), past "
+        "warn_hold_s; it has been released"]
+
+
+@pytest.mark.parametrize("kind", ["in-process", "redis"])
+def test_a_check_that_read_the_holds_before_one_ended_does_not_log_it_again(
+    ends: _Ends, caplog: pytest.LogCaptureFixture, kind: str, request: pytest.FixtureRequest,
+) -> None:
+    """A check reads the holds; one of them ends and its end is logged before the check
+    goes through what it read: the check does not log it ("has held", as if still
+    held) after its end was logged (a Redis lane, which logs an end in its release,
+    did, as an in-process one did when its report came first)."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    if kind == "redis":
+        from lanequeue.redis import RedisSessionLane
+
+        lane: Any = RedisSessionLane(request.getfixturevalue("redis_client"), "l",
+                                     prefix=request.getfixturevalue("redis_prefix"),
+                                     warn_hold_s=0.05)
+        hold = lane.acquire("k")
+        hold.__enter__()
+        time.sleep(0.06)
+    else:
+        clock = FakeClock()
+        lane = SessionLane("l", clock=clock, warn_hold_s=1.0)
+        hold = lane.acquire("k")
+        hold.__enter__()
+        clock.advance(2)
+    read = lane._hold_list()  # what a check read while it was held
+    hold.__exit__(None, None, None)
+    assert len([line for line in ends.settle() if "'k'" in line]) == 1  # its end, logged
+    lane._check_holds(read)  # the check goes on with what it read
+    assert [r.getMessage() for r in caplog.records if "'k' has held" in r.getMessage()] == []
 
 
 @pytest.mark.parametrize("cls", [Lane, SessionLane])

@@ -149,25 +149,17 @@ class LaneKind(LaneOps, Generic[C]):
             return
         core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
             self._hold_ended))
-        if limit is None:
-            self._warned_holds.clear()  # (no end will forget them now)
 
-    @property
-    def _ends_reported(self) -> bool:  # type: ignore[override]
-        return self._core.hold_warn_s is not None
-
-    def _hold_ended(self, key: str, token: int, held_s: float) -> None:
+    def _still_held(self, key: str, token: int) -> bool:
         # From the reporter thread. The release that queued this report held the core's
         # lock while it did, and commits before it lets go of it: a hold still held once
         # the lock is ours was not released (an interrupt stopped that release after the
         # report was queued; see "Interrupts" in lanequeue._core). Its real end, a
         # release or the drop of its hold, reports it then; logged now, "it has been
-        # released" would be false, and the hold logged twice.
+        # released" would be false.
         core = self._core
         with core._lock:
-            if core.owns(key, token):
-                return
-        super()._hold_ended(key, token, held_s)
+            return core.owns(key, token)
 
     def _holder_age(self, key: str) -> float | None:
         return self._core.holder_age(key)

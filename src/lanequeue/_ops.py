@@ -27,9 +27,13 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any, TypedDict, cast
 
+from ._core import at_fork_in_child
 from ._errors import shown
 from ._obs import StuckHold
 from ._validate import check_timeout
+
+#: Marks of logged holds kept (see LaneOps._forget_ended) besides twice the live holds.
+FORGET_AFTER = 1024
 
 __all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "LoopWaitWarner", "OnWait", "log"]
 
@@ -106,6 +110,20 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 # Held while a lane's ``warn_hold_s`` changes (rare: one lock for every lane).
 _SETTING = threading.Lock()
+# Held while a check or a hold's end decides whether it logs a long hold (rare: one lock
+# for every lane): a hold is logged once, by whichever decides first (see _hold_ended).
+_WARNED = threading.Lock()
+
+
+def _new_locks_after_fork() -> None:
+    """In a forked child: new locks (a thread of the parent may have held one at the
+    fork, and it does not exist here to release it)."""
+    global _SETTING, _WARNED
+    _SETTING = threading.Lock()
+    _WARNED = threading.Lock()
+
+
+at_fork_in_child(_new_locks_after_fork)
 
 
 def outside_level() -> int:
@@ -218,21 +236,26 @@ class LaneOps(LoopWaitWarner):
         in-process faces record it in their core's watch, which reports the holds."""
         self._warn_hold_s = limit
 
-    #: Every hold a check warned of reaches :meth:`_hold_ended` as it ends (an in-process
-    #: lane's reports come a moment after the release, from the reporter thread): the
-    #: checks then leave the forgetting of warned holds to it, which keeps a hold from
-    #: being logged twice (a check that forgot a released hold just before its report
-    #: came would let the report log it again).
-    _ends_reported = False
-
     def _hold_ended(self, key: str, token: int, held_s: float) -> None:
-        """Log a hold that lasted ``warn_hold_s`` or more as it ended, unless a check
-        logged it while it was held (then it is forgotten). Any thread. A broken log
-        handler's exception is dropped: this runs in a release, or in the reporter."""
-        warned = self._warned_holds
-        if (key, token) in warned:
-            warned.discard((key, token))
+        """Log a hold that lasted ``warn_hold_s`` or more as it ended, unless it was
+        logged already: by a check while it was held, or by an earlier report of its end
+        (an in-process release stopped by an interrupt after its report was queued, then
+        ended for real, reports twice). Any thread. A broken log handler's exception is
+        dropped: this runs in a release, or in the reporter.
+
+        Who logs a hold is decided under one lock (``_WARNED``), by a check and by the
+        end alike, and marked in ``_warned_holds``; the marks of ended holds are dropped
+        only once there are many of them (:meth:`_forget_ended`), so a check that read
+        the holds just before one ended, or a second report of one end, finds its
+        mark."""
+        if self._still_held(key, token):
             return
+        warned = self._warned_holds
+        with _WARNED:
+            if (key, token) in warned:
+                return
+            warned.add((key, token))
+        self._forget_ended(warned)
         try:
             log.warning("lane %r: key %s held its permit for %.3f s (token %d), past "
                         "warn_hold_s; it has been released", self.name, shown(key),
@@ -321,20 +344,39 @@ class LaneOps(LoopWaitWarner):
                 log.exception("lane %r: on_wait callback failed", self.name)
 
     def _check_holds(self, holds: list[tuple[str, int, float]]) -> None:
-        """Log, once per hold, the holds older than ``warn_hold_s``."""
+        """Log, once per hold, the holds older than ``warn_hold_s`` (see
+        :meth:`_hold_ended`: the holds the check or an end has logged are marked)."""
         limit = self.warn_hold_s
         if limit is None:
             return
         warned = self._warned_holds
-        for key, token, age in holds:
-            if age >= limit and (key, token) not in warned:
-                warned.add((key, token))
-                log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
-                            self.name, shown(key), age, token)
-        if warned and (not self._ends_reported or len(warned) > 2 * len(holds) + 1024):
-            # (with reported ends: only when reports were missed, see REPORTS_MAX, and
-            # their warned holds would stay: bounded, at the risk of a second line)
-            warned.intersection_update((k, t) for k, t, _ in holds)
+        with _WARNED:
+            new = [(k, t, age) for k, t, age in holds
+                   if age >= limit and (k, t) not in warned]
+            warned.update((k, t) for k, t, _ in new)
+            if len(warned) > 2 * len(holds) + FORGET_AFTER:
+                warned.intersection_update((k, t) for k, t, _ in holds)
+        for key, token, age in new:
+            log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
+                        self.name, shown(key), age, token)
+
+    def _forget_ended(self, warned: set[tuple[str, int]]) -> None:
+        """Drop the marks of ended holds from ``warned`` once there are many: bounded
+        (at most twice the holds plus :data:`FORGET_AFTER`), O(1) amortised. A mark
+        dropped while a second report of its hold's end still waits lets that report log
+        it again: only after :data:`FORGET_AFTER` other long holds, in between."""
+        if len(warned) <= FORGET_AFTER:
+            return
+        holds = self._hold_list()
+        with _WARNED:
+            if len(warned) > 2 * len(holds) + FORGET_AFTER:
+                warned.intersection_update((k, t) for k, t, _ in holds)
+
+    def _still_held(self, key: str, token: int) -> bool:
+        """For :meth:`_hold_ended`: whether the hold is still held, its end not done
+        (an in-process lane's release stopped by an interrupt after it queued its
+        report). A Redis lane logs in its release, after it: never."""
+        return False
 
     def stuck(self, older_than_s: float) -> list[StuckHold]:
         """The holds older than ``older_than_s`` seconds, oldest first.

@@ -81,6 +81,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
+from ._core import at_fork_in_child
 from ._obs import HistogramSnapshot, LaneMetrics, MetricsSource
 from ._validate import check_bool
 
@@ -434,6 +435,15 @@ class _PerCollection:
 #: held weakly (a provider may be collected; one that takes no weak reference is held).
 _otel_providers: list[Callable[[], Any]] = []
 _otel_providers_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    """In a forked child: a new lock (a parent's thread may have held it at the fork)."""
+    global _otel_providers_lock
+    _otel_providers_lock = threading.Lock()
+
+
+at_fork_in_child(_new_lock_after_fork)
 
 
 def _claim_provider(provider: Any) -> bool:
