@@ -816,7 +816,7 @@ def test_the_clean_up_service_is_started_before_an_interrupt_needs_it(
 _REAL_START = threading.Thread.start
 
 
-@pytest.mark.parametrize("stop", ["before_the_release", "steps_closed"])
+@pytest.mark.parametrize("stop", ["before_the_release", "steps_closed", "as_the_release_starts"])
 def test_an_acquire_all_stopped_while_it_releases_keeps_its_holds_listed(
     redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, stop: str,
 ) -> None:
@@ -847,6 +847,16 @@ def test_an_acquire_all_stopped_while_it_releases_keeps_its_holds_listed(
 
         with monkeypatch.context() as patched:
             patched.setattr(queue_module, "_caught", interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                multi.__exit__(None, None, None)
+    elif stop == "as_the_release_starts":
+        from lanequeue.redis._sync import RedisHold
+
+        def release(self: Any) -> bool:
+            raise KeyboardInterrupt  # (at the call's first instruction: nothing done)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(RedisHold, "release", release)
             with pytest.raises(KeyboardInterrupt):
                 multi.__exit__(None, None, None)
     else:

@@ -282,6 +282,13 @@ class MultiHold:
                     # the yield, and so the release, of every hold after a failed one)
                     failed = yield got
                     error = error or failed
+                    if got.held and failed is not None and not isinstance(failed,
+                                                                          Exception):
+                        # An interrupt stopped its release before it ended the hold:
+                        # the pass ends here, the hold still listed (last), with those
+                        # taken before it, for ``release()`` again (as an in-process
+                        # release stopped twice, below).
+                        break
                 # Popped once its release was tried, not before: a face stopped between
                 # the yield and the release (an interrupt) closes these steps and leaves
                 # the hold listed, for ``release()`` again (it is skipped there once it
