@@ -1010,7 +1010,7 @@ def test_every_numeric_option_takes_a_plus_sign(
     assert got == value and type(got) is type(value)
 
 
-@pytest.mark.parametrize("negative", ["-{}", "-{}e0", "-{}.5"])
+@pytest.mark.parametrize("negative", ["-{}", "-{}e0", "-{}.5", "-inf", "-nan", "-Infinity"])
 @pytest.mark.parametrize(("command", "option", "text", "value"), NUMERIC_OPTIONS)
 def test_every_numeric_option_refuses_a_negative_value_naming_the_option(
     command: str, option: str, text: str, value: object, negative: str,
@@ -1018,7 +1018,8 @@ def test_every_numeric_option_refuses_a_negative_value_naming_the_option(
 ) -> None:
     """A negative value is refused before any work, by a message naming the option;
     ``-2e0`` too, which argparse took for an unknown option before Python 3.13
-    (``expected one argument``)."""
+    (``expected one argument``), and ``-inf``, ``-nan``, ``-Infinity`` (which it takes
+    for one on every version)."""
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("the command did work before refusing its settings")
 
