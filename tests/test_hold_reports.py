@@ -408,6 +408,112 @@ def test_a_check_that_read_the_holds_before_one_ended_does_not_log_it_again(
     assert [r.getMessage() for r in caplog.records if "'k' has held" in r.getMessage()] == []
 
 
+def test_holds_a_check_logged_are_not_logged_again_while_their_reports_wait(
+    ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A check logs 1,100 long holds; they end while the reporter is held up by a slow
+    handler, so their reports wait; checks run meanwhile, with none of them held any
+    more: the marks of what the checks logged are kept for the reports (a prune dropped
+    them, and each report then logged its hold a second time)."""
+    from lanequeue import _core
+
+    monkeypatch.setattr(_core, "REPORTS_MAX", 2000)  # (every report waits: none missed)
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    clock = FakeClock()
+    lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
+    with lane.acquire("gate"):
+        clock.advance(1)
+    assert gate.inside.wait(10)
+    holds = [lane.acquire(f"k{i}") for i in range(1100)]
+    for hold in holds:
+        hold.__enter__()
+    clock.advance(2)
+    assert len(lane.stuck(1)) == 1100  # the check logs every one as held
+    for hold in holds:
+        hold.__exit__(None, None, None)  # their reports wait behind the gate
+    for _ in range(3):
+        lane.stuck(0)  # checks with nothing held
+    gate.open.set()
+    ended = [line for line in ends.settle() if "'k" in line]
+    assert ended == []  # each was logged by the check, once
+    held = [r.getMessage() for r in caplog.records if "has held its permit" in r.getMessage()]
+    assert len(held) == 1100
+
+
+def test_a_check_with_an_old_read_of_the_holds_keeps_the_marks_of_newer_ones(
+    ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Marks pile up past a prune: 2,100 holds logged by checks have ended and their
+    reports wait (a slow handler). A check that read the holds a while ago (its thread
+    switched out: nothing was held then) prunes: it must keep the marks of the holds
+    taken since and logged by another check (the next check logged them again), and
+    those of the ended holds whose reports still wait (each report logged its hold
+    again)."""
+    from lanequeue import _core
+
+    monkeypatch.setattr(_core, "REPORTS_MAX", 5000)  # (every report waits: none missed)
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    clock = FakeClock()
+    lane = Lane("g", clock=clock, warn_hold_s=1.0, max_concurrent=5000)
+    with lane.acquire("gate"):
+        clock.advance(1)
+    assert gate.inside.wait(10)
+    old = lane._hold_list()  # an old read: nothing held
+    for i in range(2100):
+        with lane.acquire(f"e{i}"):
+            clock.advance(1)
+            lane.stuck(0)  # logged as held; its report will wait
+    live = [lane.acquire(f"live{i}") for i in range(6)]
+    for hold in live:
+        hold.__enter__()
+    clock.advance(2)
+    lane.stuck(0)  # logs the six live holds
+    lane._check_holds(old)  # the old read: a prune, which must keep those marks
+    lane.stuck(0)
+    gate.open.set()
+    assert [line for line in ends.settle() if "'e" in line] == []  # logged by the checks
+    held = [r.getMessage() for r in caplog.records if "has held" in r.getMessage()]
+    assert len([m for m in held if "'live" in m]) == 6
+    assert len([m for m in held if "'e" in m]) == 2100
+    for hold in live:
+        hold.__exit__(None, None, None)
+
+
+def test_a_log_handler_that_raises_leaves_no_hold_of_the_check_unlogged() -> None:
+    """A handler that fails on the check's first line: the check's other holds are
+    logged still (they were marked, then never logged by anyone), and the handler's
+    error comes out of the check after them."""
+    clock = FakeClock()
+    lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
+    lines: list[str] = []
+
+    class Flaky(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:
+            if not lines:
+                lines.append("")
+                raise OSError("log server hiccup")
+            lines.append(record.getMessage())
+            return True
+
+    holds = [lane.acquire(f"k{i}") for i in range(5)]
+    for hold in holds:
+        hold.__enter__()
+    clock.advance(2)
+    handler = Flaky()
+    logger = logging.getLogger("lanequeue")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(OSError, match="hiccup"):
+            lane.stuck(0)
+    finally:
+        logger.removeHandler(handler)
+    assert sorted(line.split()[3] for line in lines[1:]) == ["'k1'", "'k2'", "'k3'", "'k4'"]
+    for hold in holds:
+        hold.__exit__(None, None, None)
+
+
 @pytest.mark.parametrize("cls", [Lane, SessionLane])
 @pytest.mark.parametrize("how", ["exit", "manual_release"])
 def test_a_release_interrupted_after_its_report_is_not_logged_as_released(

@@ -32,8 +32,9 @@ from ._errors import shown
 from ._obs import StuckHold
 from ._validate import check_timeout
 
-#: Marks of logged holds kept (see LaneOps._forget_ended) besides twice the live holds.
-FORGET_AFTER = 1024
+#: Ends of holds a lane remembers having handled (see LaneOps._hold_ended): a second
+#: report of one end, or a check that read the holds just before it, finds it there.
+ENDS_KEPT = 1024
 
 __all__ = ["DEFAULT_WARN_AFTER_S", "LaneOps", "LoopWaitWarner", "OnWait", "log"]
 
@@ -113,6 +114,9 @@ _SETTING = threading.Lock()
 # Held while a check or a hold's end decides whether it logs a long hold (rare: one lock
 # for every lane): a hold is logged once, by whichever decides first (see _hold_ended).
 _WARNED = threading.Lock()
+# Marks of logged holds a lane keeps before it prunes them (see LaneOps._prune_warned):
+# more than the reports that may wait for the reporter thread at once.
+_PRUNE_FLOOR = 2048
 
 
 def _new_locks_after_fork() -> None:
@@ -191,7 +195,12 @@ class LaneOps(LoopWaitWarner):
     warn_after_s: float | None
     on_wait: OnWait | None
     _warn_hold_s: float | None
-    _warned_holds: set[tuple[str, int]]  # (key, token): a Redis lane's tokens are per key
+    # Holds a check logged while held, not ended yet (key, token: a Redis lane's tokens
+    # are per key); and the last ENDS_KEPT ends handled (see _hold_ended).
+    _warned_holds: set[tuple[str, int]]
+    _ends_seen: dict[tuple[str, int], None]
+    _ended_marks: set[tuple[str, int]]
+    _prune_warned_at: int
 
     def _ops_init(
         self,
@@ -207,6 +216,9 @@ class LaneOps(LoopWaitWarner):
         #: Called as ``on_wait(lane, key, waited_s, ahead)`` once per slow wait.
         self.on_wait = checked["on_wait"]
         self._warned_holds = set()
+        self._ends_seen: dict[tuple[str, int], None] = {}
+        self._ended_marks: set[tuple[str, int]] = set()  # (see _prune_warned)
+        self._prune_warned_at = _PRUNE_FLOOR
         self.warn_hold_s = checked["warn_hold_s"]
 
     @property
@@ -223,6 +235,8 @@ class LaneOps(LoopWaitWarner):
         limit = check_timeout(value, f"{type(self).__name__}.warn_hold_s")
         with _SETTING:  # (one setting at a time)
             self._watch_holds(limit)
+            if limit is None:  # (no end will take the marks away now)
+                self._warned_holds = set()
 
     def _hold_limit(self) -> float | None:
         """The setting, from its one record: one, so that no interrupt can split a
@@ -244,18 +258,23 @@ class LaneOps(LoopWaitWarner):
         dropped: this runs in a release, or in the reporter.
 
         Who logs a hold is decided under one lock (``_WARNED``), by a check and by the
-        end alike, and marked in ``_warned_holds``; the marks of ended holds are dropped
-        only once there are many of them (:meth:`_forget_ended`), so a check that read
-        the holds just before one ended, or a second report of one end, finds its
-        mark."""
+        end alike: a check marks the holds it logs (``_warned_holds``); an end takes its
+        hold's mark away, and is remembered among the last :data:`ENDS_KEPT` ends
+        (``_ends_seen``), which a second report of the same end, and a check that read
+        the holds just before it, find there."""
         if self._still_held(key, token):
             return
-        warned = self._warned_holds
+        mark = (key, token)
         with _WARNED:
-            if (key, token) in warned:
+            seen = self._ends_seen
+            if mark in seen:
                 return
-            warned.add((key, token))
-        self._forget_ended(warned)
+            seen[mark] = None
+            if len(seen) > ENDS_KEPT:
+                del seen[next(iter(seen))]
+            if mark in self._warned_holds:
+                self._warned_holds.discard(mark)
+                return
         try:
             log.warning("lane %r: key %s held its permit for %.3f s (token %d), past "
                         "warn_hold_s; it has been released", self.name, shown(key),
@@ -345,32 +364,48 @@ class LaneOps(LoopWaitWarner):
 
     def _check_holds(self, holds: list[tuple[str, int, float]]) -> None:
         """Log, once per hold, the holds older than ``warn_hold_s`` (see
-        :meth:`_hold_ended`: the holds the check or an end has logged are marked)."""
+        :meth:`_hold_ended`: who logs a hold is decided under one lock). A log handler
+        that raises does not keep the other holds unlogged: each is logged, and the
+        first error raised after them."""
         limit = self.warn_hold_s
         if limit is None:
             return
-        warned = self._warned_holds
+        warned, seen = self._warned_holds, self._ends_seen
         with _WARNED:
             new = [(k, t, age) for k, t, age in holds
-                   if age >= limit and (k, t) not in warned]
+                   if age >= limit and (k, t) not in warned and (k, t) not in seen]
             warned.update((k, t) for k, t, _ in new)
-            if len(warned) > 2 * len(holds) + FORGET_AFTER:
-                warned.intersection_update((k, t) for k, t, _ in holds)
+            prune = len(warned) > self._prune_warned_at
+        if prune:
+            self._prune_warned()
+        failed: Exception | None = None
         for key, token, age in new:
-            log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
-                        self.name, shown(key), age, token)
+            try:
+                log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
+                            self.name, shown(key), age, token)
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
-    def _forget_ended(self, warned: set[tuple[str, int]]) -> None:
-        """Drop the marks of ended holds from ``warned`` once there are many: bounded
-        (at most twice the holds plus :data:`FORGET_AFTER`), O(1) amortised. A mark
-        dropped while a second report of its hold's end still waits lets that report log
-        it again: only after :data:`FORGET_AFTER` other long holds, in between."""
-        if len(warned) <= FORGET_AFTER:
-            return
+    def _prune_warned(self) -> None:
+        """Drop the marks of holds no longer held whose end never came to
+        :meth:`_hold_ended` (a report that waited behind :data:`~lanequeue._core.REPORTS_MAX`
+        others is counted, not made). Every end takes its mark away, so the marks only
+        outgrow the live holds by the reports still waiting and the missed ones. Pruned
+        once they pass twice what they were after the last prune plus
+        :data:`_PRUNE_FLOOR` (bounded, O(1) amortised), against the holds read now (an
+        old read would drop the marks of newer holds); a mark of an ended hold goes at
+        the second prune that finds it, not the first: its report may still wait."""
         holds = self._hold_list()
+        live = {(k, t) for k, t, _ in holds}
         with _WARNED:
-            if len(warned) > 2 * len(holds) + FORGET_AFTER:
-                warned.intersection_update((k, t) for k, t, _ in holds)
+            warned = self._warned_holds
+            ended = warned - live
+            gone = ended & self._ended_marks  # ended at the last prune too: missed
+            warned -= gone
+            self._ended_marks = ended - gone
+            self._prune_warned_at = 2 * len(warned) + _PRUNE_FLOOR
 
     def _still_held(self, key: str, token: int) -> bool:
         """For :meth:`_hold_ended`: whether the hold is still held, its end not done
