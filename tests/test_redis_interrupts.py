@@ -816,7 +816,8 @@ def test_the_clean_up_service_is_started_before_an_interrupt_needs_it(
 _REAL_START = threading.Thread.start
 
 
-@pytest.mark.parametrize("stop", ["before_the_release", "steps_closed", "as_the_release_starts"])
+@pytest.mark.parametrize("stop", ["before_the_release", "steps_closed", "as_the_release_starts",
+                                  "in_the_release"])
 def test_an_acquire_all_stopped_while_it_releases_keeps_its_holds_listed(
     redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, stop: str,
 ) -> None:
@@ -849,6 +850,18 @@ def test_an_acquire_all_stopped_while_it_releases_keeps_its_holds_listed(
             patched.setattr(queue_module, "_caught", interrupted)
             with pytest.raises(KeyboardInterrupt):
                 multi.__exit__(None, None, None)
+    elif stop == "in_the_release":
+        from lanequeue.redis._protocol import RedisLaneBase
+
+        def stopped(self: Any, hold: Any, me: object) -> Any:
+            raise KeyboardInterrupt  # marked RELEASING, its clean-up not begun
+            yield  # (a generator, as _finish is)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(RedisLaneBase, "_finish", stopped)
+            with pytest.raises(KeyboardInterrupt):
+                multi.__exit__(None, None, None)
+        assert not multi.holds[-1].held  # RELEASING: not held, not ended either
     elif stop == "as_the_release_starts":
         from lanequeue.redis._sync import RedisHold
 

@@ -277,13 +277,13 @@ class MultiHold:
                 if core is not None:  # an in-process lane: its token, or a view of it
                     end_last(taken, core, key, again or failed_at == n)
                     continue
-                if got.held:  # a lane's own hold (Redis, foreign)
+                if _release_due(got):  # a lane's own hold (Redis, foreign)
                     # (yield first, then combine: ``error or (yield got)`` would skip
                     # the yield, and so the release, of every hold after a failed one)
                     failed = yield got
                     error = error or failed
-                    if got.held and failed is not None and not isinstance(failed,
-                                                                          Exception):
+                    if _release_due(got) and failed is not None and not isinstance(
+                            failed, Exception):
                         # An interrupt stopped its release before it ended the hold:
                         # the pass ends here, the hold still listed (last), with those
                         # taken before it, for ``release()`` again (as an in-process
@@ -317,6 +317,14 @@ class MultiHold:
 
     def __repr__(self) -> str:
         return f"<MultiHold key={shown(self._key)} {self.holds!r}>"
+
+
+def _release_due(hold: Any) -> bool:
+    """Whether a release pass of ``acquire_all`` releases this lane's own hold (Redis,
+    foreign): ``held``, or, on a hold that tells it (``_release_due``), also one whose
+    release an interrupt stopped before its end, which a later release takes over."""
+    due = getattr(hold, "_release_due", None)
+    return bool(hold.held if due is None else due())
 
 
 def end_last(taken: list[Any], core: Core, key: str, again: bool) -> None:

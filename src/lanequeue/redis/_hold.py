@@ -110,6 +110,12 @@ class RedisHoldBase(Hold):
         see :attr:`lost`), as on every hold; a queue releases what is ``held``."""
         return self._state == HELD
 
+    def _release_due(self) -> bool:
+        """Held, or its release begun and stopped before its end (an interrupt): a
+        queue's release pass releases it (again: a later release takes a stopped one
+        over, see RedisLaneBase._detach)."""
+        return HELD <= self._state <= RELEASING
+
     def _watch_loss(self, fn: Any) -> None:
         """Call ``fn()`` when the loss of this hold's lease is noticed (by the lane's
         deadline watchdog, its renewer or its presence connection, on their thread),
