@@ -357,7 +357,8 @@ def test_a_limit_takes_a_sign_as_a_count_and_as_a_share(
         assert got.share == (None if share is None else Fraction(share, 100))
 
 
-@pytest.mark.parametrize("bad", ["-1", "-1%", "-0.5%", "-1e3%", "-10"])
+@pytest.mark.parametrize("bad", ["-1", "-1%", "-0.5%", "-1e3%", "-10", "-inf%", "-nan%",
+                                 "-Infinity%", "-inf"])
 def test_a_negative_limit_is_refused_naming_the_option(
     bad: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -254,10 +254,11 @@ def _add_max_bad_lines(parser: argparse.ArgumentParser, using: str) -> None:
 
 
 #: What argparse takes for a negative number (a value, not an option): a minus sign then
-#: a digit, or ``.`` and a digit, as Python 3.13's argparse does; or then ``inf``,
-#: ``infinity`` or ``nan``, in any case, which ``float()`` reads (the option's own check
-#: refuses them, naming its range).
-_NEGATIVE_VALUE = re.compile(r"-(\.?[0-9]|(?i:inf(inity)?|nan)$)")
+#: a digit, or ``.`` and a digit, as Python 3.13's argparse does; or then ``inf`` or
+#: ``nan`` in any case (``-inf``, ``-Infinity``, ``-nan%``), which ``float()`` reads or
+#: a share is written with (the option's own check refuses them, naming its range). No
+#: option of these commands starts so.
+_NEGATIVE_VALUE = re.compile(r"-(\.?[0-9]|(?i:inf|nan))")
 
 
 def _take_negative_values(parser: argparse.ArgumentParser) -> None:
