@@ -67,8 +67,8 @@ def test_replay_busy_rejects_a_bad_policy() -> None:
 
 
 @pytest.mark.parametrize(("extra", "option", "names"), [
-    (["--policy", "global-serial"], "--policy", "policy 'global-serial'"),
-    (["--runtime", "threads"], "--runtime", "runtime 'threads'"),
+    (["--policy", "global-serial"], "argument --policy", "not 'global-serial'"),
+    (["--runtime", "threads"], "argument --runtime", "not 'threads'"),
     (["--backend", "redis://127.0.0.1:1/0"], "--backend", "backend"),
     (["--metrics-port", "0"], "--metrics-port", "--metrics-port"),
     (["--json", "out.json"], "argument --json", "out.json would not be written"),
