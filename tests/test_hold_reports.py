@@ -338,12 +338,10 @@ def test_a_forked_child_makes_and_sets_lanes_while_a_parents_thread_sets_one() -
     assert os.waitstatus_to_exitcode(status) == 0 and out == b"ok"
 
 
-def test_an_interrupted_release_ended_before_its_report_came_is_logged_once(
-    ends: _Ends, gate: _Gate, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The interrupt lands after the release queued its report; the hold then ends for
-    real (its drop, a manual release) before the reporter reaches the first report, which
-    so finds it ended: two reports of one end, logged once."""
+def _report_then_interrupt() -> tuple[Any, list[bool]]:
+    """A stand-in for ``_core._report_later`` that queues the report, then raises
+    KeyboardInterrupt the first time (as a signal landing as the call returns), and the
+    flag that says it has not fired yet."""
     from lanequeue import _core
 
     queued = _core._report_later
@@ -354,6 +352,19 @@ def test_an_interrupted_release_ended_before_its_report_came_is_logged_once(
         if interrupt[0]:
             interrupt[0] = False
             raise KeyboardInterrupt
+
+    return then_interrupted, interrupt
+
+
+def test_an_interrupted_release_ended_before_its_report_came_is_logged_once(
+    ends: _Ends, gate: _Gate, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The interrupt lands after the release queued its report; the hold then ends for
+    real (its drop, a manual release) before the reporter reaches the first report, which
+    so finds it ended: two reports of one end, logged once."""
+    from lanequeue import _core
+
+    then_interrupted, interrupt = _report_then_interrupt()
 
     clock = FakeClock()
     lane = SessionLane("l", clock=clock, warn_hold_s=1.0)
@@ -524,14 +535,7 @@ def test_a_release_interrupted_after_its_report_is_not_logged_as_released(
     be false); the hold's real end logs it, once."""
     from lanequeue import _core
 
-    queued = _core._report_later
-    interrupt = [True]
-
-    def then_interrupted(*args: Any) -> None:
-        queued(*args)
-        if interrupt[0]:
-            interrupt[0] = False
-            raise KeyboardInterrupt
+    then_interrupted, interrupt = _report_then_interrupt()
 
     monkeypatch.setattr(_core, "_report_later", then_interrupted)
     clock = FakeClock()
