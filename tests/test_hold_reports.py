@@ -347,11 +347,12 @@ def _report_then_interrupt() -> tuple[Any, list[bool]]:
     queued = _core._report_later
     interrupt = [True]
 
-    def then_interrupted(*args: Any) -> None:
-        queued(*args)
+    def then_interrupted(*args: Any) -> bool:
+        got: bool = queued(*args)
         if interrupt[0]:
             interrupt[0] = False
             raise KeyboardInterrupt
+        return got
 
     return then_interrupted, interrupt
 
@@ -489,6 +490,71 @@ def test_a_check_with_an_old_read_of_the_holds_keeps_the_marks_of_newer_ones(
     assert len([m for m in held if "'live" in m]) == 6
     assert len([m for m in held if "'e" in m]) == 2100
     for hold in live:
+        hold.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("n", [10_000])
+def test_marks_stay_bounded_and_waiting_reports_keep_theirs_when_reports_are_missed(
+    ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture, n: int,
+) -> None:
+    """The reporter is held up while 10,000 long holds are each logged by a check and
+    end: 1,000 reports wait, the others are missed (their ends never come). The marks
+    stay bounded (they grew with every missed end), and the waiting reports find their
+    marks however many prunes ran meanwhile (each logged its hold a second time)."""
+    from lanequeue import _core, _ops
+
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    clock = FakeClock()
+    lane = Lane("g", clock=clock, warn_hold_s=1.0, max_concurrent=10)
+    with lane.acquire("gate"):
+        clock.advance(1)
+    assert gate.inside.wait(10)
+    peak = 0
+    for i in range(n):
+        with lane.acquire(f"k{i}"):
+            clock.advance(2)
+            lane.stuck(0)
+        peak = max(peak, len(lane._warned_holds))
+    assert peak <= _core.REPORTS_MAX + 3 * _ops._PRUNE_FLOOR, peak
+    gate.open.set()
+    deadline = time.monotonic() + 20
+    while _core._REPORTS[0].qsize() and time.monotonic() < deadline:  # (room for settle's)
+        time.sleep(0.01)
+    assert [line for line in ends.settle() if "'k" in line] == []  # logged by the checks
+    held = [r.getMessage() for r in caplog.records if "has held its permit" in r.getMessage()]
+    assert len(held) == n
+
+
+def test_an_interrupt_in_a_check_leaves_at_most_the_hold_it_was_logging_unlogged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Ctrl-C as a check logs its first line: the check's other holds are not marked
+    yet, so the next check logs them (they were marked all at once, first, and nobody
+    logged them then)."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    clock = FakeClock()
+    lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
+    holds = [lane.acquire(f"k{i}") for i in range(3)]
+    for hold in holds:
+        hold.__enter__()
+    clock.advance(2)
+
+    class CtrlC(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:
+            raise KeyboardInterrupt
+
+    handler = CtrlC()
+    logger = logging.getLogger("lanequeue")
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lane.stuck(0)
+    finally:
+        logger.removeHandler(handler)
+    caplog.clear()
+    lane.stuck(0)
+    assert sorted(r.getMessage().split()[3] for r in caplog.records) == ["'k1'", "'k2'"]
+    for hold in holds:
         hold.__exit__(None, None, None)
 
 

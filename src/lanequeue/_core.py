@@ -386,6 +386,7 @@ class _CoreBase:
         "hold_shown",
         "hold_warn_s",
         "hold_report",
+        "reports_pending",
         "per_key",
         "waits_at_grant",
         "seen_busy",
@@ -439,6 +440,9 @@ class _CoreBase:
         # lasted that long (see watch_holds).
         self.hold_warn_s: float | None = None
         self.hold_report: Callable[[], Callable[[str, int, float], object] | None] | None = None
+        # (key, token) of the holds whose reports wait for the reporter thread (added as
+        # queued, discarded by the lane's report: see lanequeue._ops LaneOps._prune_warned).
+        self.reports_pending: set[tuple[str, int]] = set()
         # True on a SessionCore: what the hot paths that serve both kinds
         # (MultiHoldSteps, through ``Plan.kinds``) branch on.
         self.per_key = False
@@ -632,8 +636,8 @@ class _CoreBase:
         report = self.hold_report
         if age >= limit and report is not None:
             fn = report()  # (the lane's method, alive for as long as the report waits)
-            if fn is not None:
-                _report_later(fn, key, token, age)
+            if fn is not None and _report_later(fn, key, token, age):
+                self.reports_pending.add((key, token))
         if len(held) >= HELD_BATCH:
             held.fold()
 
@@ -758,6 +762,7 @@ class _CoreBase:
         self._lock = threading.RLock()
         self._waiting = 0
         self._dropped = []
+        self.reports_pending = set()  # (the parent's reports are not the child's)
         self._clear()
 
     @property
@@ -812,14 +817,15 @@ def _start_reporter() -> None:
 
 
 def _report_later(fn: Callable[[str, int, float], object], key: str, token: int,
-                  seconds: float) -> None:
-    """Queue a report for the reporter thread (lock held: builtins only), or count it
-    missed when :data:`REPORTS_MAX` wait already."""
+                  seconds: float) -> bool:
+    """Queue a report for the reporter thread (lock held: builtins only) and return
+    True, or count it missed when :data:`REPORTS_MAX` wait already (False)."""
     reports = _REPORTS[0]
     if reports.qsize() < REPORTS_MAX:
         reports.put((fn, key, token, seconds))
-    else:
-        _missed[0] += 1
+        return True
+    _missed[0] += 1
+    return False
 
 
 def _run_reports(reports: queue.SimpleQueue[Any]) -> None:

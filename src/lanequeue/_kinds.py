@@ -150,6 +150,15 @@ class LaneKind(LaneOps, Generic[C]):
         core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
             self._hold_ended))
 
+    def _hold_ended(self, key: str, token: int, held_s: float) -> None:
+        try:
+            super()._hold_ended(key, token, held_s)
+        finally:  # (the report is handled: see _pending_ends)
+            self._core.reports_pending.discard((key, token))
+
+    def _pending_ends(self) -> set[tuple[str, int]]:
+        return set(self._core.reports_pending)
+
     def _still_held(self, key: str, token: int) -> bool:
         # From the reporter thread. The release that queued this report held the core's
         # lock while it did, and commits before it lets go of it: a hold still held once

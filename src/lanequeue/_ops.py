@@ -233,10 +233,8 @@ class LaneOps(LoopWaitWarner):
     @warn_hold_s.setter
     def warn_hold_s(self, value: float | None) -> None:
         limit = check_timeout(value, f"{type(self).__name__}.warn_hold_s")
-        with _SETTING:  # (one setting at a time)
+        with _SETTING:  # (one setting at a time; the marks stay: see _hold_ended)
             self._watch_holds(limit)
-            if limit is None:  # (no end will take the marks away now)
-                self._warned_holds = set()
 
     def _hold_limit(self) -> float | None:
         """The setting, from its one record: one, so that no interrupt can split a
@@ -374,38 +372,51 @@ class LaneOps(LoopWaitWarner):
         with _WARNED:
             new = [(k, t, age) for k, t, age in holds
                    if age >= limit and (k, t) not in warned and (k, t) not in seen]
-            warned.update((k, t) for k, t, _ in new)
-            prune = len(warned) > self._prune_warned_at
-        if prune:
-            self._prune_warned()
         failed: Exception | None = None
         for key, token, age in new:
+            # Marked one at a time, right before its line: an interrupt leaves at most
+            # the hold being logged marked and not logged (not every one after it).
+            with _WARNED:
+                if (key, token) in warned or (key, token) in seen:
+                    continue
+                warned.add((key, token))
             try:
                 log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
                             self.name, shown(key), age, token)
             except Exception as exc:
                 failed = failed or exc
+        if len(warned) > self._prune_warned_at:
+            self._prune_warned()
         if failed is not None:
             raise failed
 
     def _prune_warned(self) -> None:
         """Drop the marks of holds no longer held whose end never came to
         :meth:`_hold_ended` (a report that waited behind :data:`~lanequeue._core.REPORTS_MAX`
-        others is counted, not made). Every end takes its mark away, so the marks only
-        outgrow the live holds by the reports still waiting and the missed ones. Pruned
-        once they pass twice what they were after the last prune plus
-        :data:`_PRUNE_FLOOR` (bounded, O(1) amortised), against the holds read now (an
-        old read would drop the marks of newer holds); a mark of an ended hold goes at
-        the second prune that finds it, not the first: its report may still wait."""
+        others is counted, not made; a lost Redis hold). Every end takes its mark away,
+        so the marks outgrow the live holds only by the reports still waiting (kept:
+        :meth:`_pending_ends`) and the missed ends. Pruned against the holds read now
+        (an old read would drop the marks of newer holds); a mark of an ended hold goes
+        at the second prune that finds it (a Redis lane logs an end right after the
+        release that the read no longer shows). The next prune comes once the marks
+        have grown by the live holds or :data:`_PRUNE_FLOOR`, whichever is more: the
+        marks stay within the live holds, the waiting reports and twice that growth,
+        and a prune costs O(1) per mark added, amortised."""
         holds = self._hold_list()
         live = {(k, t) for k, t, _ in holds}
+        pending = self._pending_ends()
         with _WARNED:
             warned = self._warned_holds
-            ended = warned - live
+            ended = warned - live - pending
             gone = ended & self._ended_marks  # ended at the last prune too: missed
             warned -= gone
             self._ended_marks = ended - gone
-            self._prune_warned_at = 2 * len(warned) + _PRUNE_FLOOR
+            self._prune_warned_at = len(warned) + max(_PRUNE_FLOOR, len(live))
+
+    def _pending_ends(self) -> set[tuple[str, int]]:
+        """The holds whose end is on its way to :meth:`_hold_ended` (an in-process
+        lane's reports waiting for the reporter thread); a Redis lane: none."""
+        return set()
 
     def _still_held(self, key: str, token: int) -> bool:
         """For :meth:`_hold_ended`: whether the hold is still held, its end not done
