@@ -558,6 +558,66 @@ def test_an_interrupt_in_a_check_leaves_at_most_the_hold_it_was_logging_unlogged
         hold.__exit__(None, None, None)
 
 
+def test_a_check_that_reads_a_hold_ended_long_before_it_logs_does_not_log_it(
+    ends: _Ends, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A check read H; before it gets to H's line (a slow handler), H ended and was
+    logged, and 1,100 more ends pushed it out of the ends the lane remembers: the check
+    finds H no longer held and leaves it to its end (it logged H a second time, as held)."""
+    from lanequeue import _core
+
+    monkeypatch.setattr(_core, "REPORTS_MAX", 5000)  # (every report waits: none missed)
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    clock = FakeClock()
+    lane = Lane("g", clock=clock, warn_hold_s=1.0, max_concurrent=10)
+    hold = lane.acquire("H")
+    hold.__enter__()
+    clock.advance(2)
+    read = lane._hold_list()  # the check's read
+    hold.__exit__(None, None, None)
+    for i in range(1100):
+        with lane.acquire(f"e{i}"):
+            clock.advance(2)
+    assert len([line for line in ends.settle() if "'H'" in line]) == 1  # its end
+    lane._check_holds(read)  # the check gets to H's line now
+    assert [r.getMessage() for r in caplog.records if "'H' has held" in r.getMessage()] == []
+
+
+def test_one_prune_of_marks_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two prunes read the holds before H was taken and are held up after their reads;
+    H is taken and logged (marked); then both go on: the first took H for ended, and
+    the second, finding it so twice, dropped H's mark (the next check logged H again).
+    Now one prune runs at a time: the second finds the first under way and leaves."""
+    from lanequeue._ops import LaneOps
+
+    clock = FakeClock()
+    lane = Lane("g", clock=clock, warn_hold_s=1.0, max_concurrent=10)
+    inside, go = threading.Semaphore(0), threading.Event()
+    pending = LaneOps._pending_ends
+
+    def held_up(self: Any) -> set[tuple[str, int]]:
+        inside.release()
+        assert go.wait(10)
+        return pending(self)
+
+    monkeypatch.setattr(type(lane), "_pending_ends", held_up)
+    prunes = [threading.Thread(target=lane._prune_warned) for _ in range(2)]
+    prunes[0].start()
+    assert inside.acquire(timeout=10)  # the first read the holds: none
+    prunes[1].start()
+    inside.acquire(timeout=0.5)  # (the second too, unless it left at once)
+    monkeypatch.setattr(type(lane), "_pending_ends", pending)
+    hold = lane.acquire("H")
+    hold.__enter__()
+    clock.advance(2)
+    assert [s.key for s in lane.stuck(1)] == ["H"]  # logged: marked
+    go.set()
+    for prune in prunes:
+        prune.join(10)
+    assert ("H", hold.token) in lane._warned_holds
+    hold.__exit__(None, None, None)
+
+
 def test_a_log_handler_that_raises_leaves_no_hold_of_the_check_unlogged() -> None:
     """A handler that fails on the check's first line: the check's other holds are
     logged still (they were marked, then never logged by anyone), and the handler's

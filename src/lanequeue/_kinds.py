@@ -159,6 +159,9 @@ class LaneKind(LaneOps, Generic[C]):
     def _pending_ends(self) -> set[tuple[str, int]]:
         return set(self._core.reports_pending)
 
+    def _held_now(self, key: str, token: int) -> bool:
+        return self._core.owns(key, token)  # (no lock: one read of the entry)
+
     def _still_held(self, key: str, token: int) -> bool:
         # From the reporter thread. The release that queued this report held the core's
         # lock while it did, and commits before it lets go of it: a hold still held once

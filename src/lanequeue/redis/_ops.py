@@ -198,6 +198,14 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                         out.append((key, h.token, now - h._since))
         return out
 
+    def _held_now(self, key: str, token: int) -> bool:
+        # (one read of the registry's list for the key, copied: no lock needed)
+        for entry in list(self._holds.get(key, ())):
+            hold = entry()
+            if hold is not None and hold.token == token:
+                return bool(hold.held)
+        return False
+
     def _holder_age(self, key: str) -> float | None:
         """Seconds this object's oldest live hold that a waiter of ``key`` waits behind
         has lasted (per-key lane: of ``key``; counting lane: of any key); None: none."""
