@@ -272,6 +272,13 @@ class _Gate(logging.Handler):
             self.inside.set()
             assert self.open.wait(20)
 
+    def hold_up(self, lane: Any, clock: FakeClock) -> None:
+        """Hold the reporter thread up: a long hold of key 'gate' on ``lane`` ends, and
+        its report waits in this handler until ``open`` is set."""
+        with lane.acquire("gate"):
+            clock.advance(lane.warn_hold_s)
+        assert self.inside.wait(10)
+
 
 @pytest.fixture
 def gate() -> Iterator[_Gate]:
@@ -295,9 +302,7 @@ def test_a_check_between_a_release_and_its_report_does_not_log_it_twice(
     caplog.set_level(logging.WARNING, logger="lanequeue")
     clock = FakeClock()
     lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
-    with lane.acquire("gate"):
-        clock.advance(1)
-    assert gate.inside.wait(10)  # the reporter is held in the gate's report
+    gate.hold_up(lane, clock)
     with lane.acquire("k"):
         clock.advance(2)
         assert [s.key for s in lane.stuck(1)] == ["k"]  # a check logs it, held
@@ -369,9 +374,7 @@ def test_an_interrupted_release_ended_before_its_report_came_is_logged_once(
 
     clock = FakeClock()
     lane = SessionLane("l", clock=clock, warn_hold_s=1.0)
-    with lane.acquire("gate"):
-        clock.advance(1)
-    assert gate.inside.wait(10)  # the reporter waits in the gate's report
+    gate.hold_up(lane, clock)
     hold = lane.acquire("k")
     hold.__enter__()
     token = hold.token
@@ -434,9 +437,7 @@ def test_holds_a_check_logged_are_not_logged_again_while_their_reports_wait(
     caplog.set_level(logging.WARNING, logger="lanequeue")
     clock = FakeClock()
     lane = SessionLane("s", clock=clock, warn_hold_s=1.0)
-    with lane.acquire("gate"):
-        clock.advance(1)
-    assert gate.inside.wait(10)
+    gate.hold_up(lane, clock)
     holds = [lane.acquire(f"k{i}") for i in range(1100)]
     for hold in holds:
         hold.__enter__()
@@ -469,9 +470,7 @@ def test_a_check_with_an_old_read_of_the_holds_keeps_the_marks_of_newer_ones(
     caplog.set_level(logging.WARNING, logger="lanequeue")
     clock = FakeClock()
     lane = Lane("g", clock=clock, warn_hold_s=1.0, max_concurrent=5000)
-    with lane.acquire("gate"):
-        clock.advance(1)
-    assert gate.inside.wait(10)
+    gate.hold_up(lane, clock)
     old = lane._hold_list()  # an old read: nothing held
     for i in range(2100):
         with lane.acquire(f"e{i}"):
@@ -506,9 +505,7 @@ def test_marks_stay_bounded_and_waiting_reports_keep_theirs_when_reports_are_mis
     caplog.set_level(logging.WARNING, logger="lanequeue")
     clock = FakeClock()
     lane = Lane("g", clock=clock, warn_hold_s=1.0, max_concurrent=10)
-    with lane.acquire("gate"):
-        clock.advance(1)
-    assert gate.inside.wait(10)
+    gate.hold_up(lane, clock)
     peak = 0
     for i in range(n):
         with lane.acquire(f"k{i}"):

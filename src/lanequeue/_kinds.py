@@ -169,9 +169,8 @@ class LaneKind(LaneOps, Generic[C]):
         # report was queued; see "Interrupts" in lanequeue._core). Its real end, a
         # release or the drop of its hold, reports it then; logged now, "it has been
         # released" would be false.
-        core = self._core
-        with core._lock:
-            return core.owns(key, token)
+        with self._core._lock:
+            return self._held_now(key, token)
 
     def _holder_age(self, key: str) -> float | None:
         return self._core.holder_age(key)

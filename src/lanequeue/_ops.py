@@ -372,11 +372,10 @@ class LaneOps(LoopWaitWarner):
         if limit is None:
             return
         warned, seen = self._warned_holds, self._ends_seen
-        with _WARNED:
-            new = [(k, t, age) for k, t, age in holds
-                   if age >= limit and (k, t) not in warned and (k, t) not in seen]
         failed: Exception | None = None
-        for key, token, age in new:
+        for key, token, age in holds:
+            if age < limit:
+                continue
             # Marked one at a time, right before its line: an interrupt leaves at most
             # the hold being logged marked and not logged (not every one after it).
             with _WARNED:
