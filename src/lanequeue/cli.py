@@ -110,14 +110,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--speed",
-        **_number(float),
+        **_number(_float),
         default=defaults.speed,
         help=f"divide trace time by this, 1e-06 to 1e+06 (default {defaults.speed:g}: the "
         "hour plays in a minute)",
     )
     rp.add_argument(
         "--tpot-ms",
-        **_number(float),
+        **_number(_float),
         default=defaults.tpot_ms,
         metavar="MS",
         help="work per output token, trace milliseconds, for lines that give tokens "
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--global",
         dest="global_cap",
-        **_number(int),
+        **_number(_int),
         default=defaults.global_cap,
         metavar="N",
         help=f"permits of the global lane, 1 to 10**9 (default {defaults.global_cap})",
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--limit",
-        **_number(int),
+        **_number(_int),
         default=None,
         metavar="N",
         help="replay only the first N requests (in arrival order)",
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--workers",
-        **_number(int),
+        **_number(_int),
         default=defaults.workers,
         metavar="N",
         help="with --backend: worker processes, each running --runtime (asyncio or threads); "
@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--max-sessions",
-        **_number(int),
+        **_number(_int),
         default=defaults.max_sessions,
         metavar="N",
         help=f"soft cap of the session lane's registry (default {defaults.max_sessions})",
@@ -181,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument(
         "--idle-timeout",
         dest="idle_timeout_s",
-        **_number(float),
+        **_number(_float),
         default=defaults.idle_timeout_s,
         metavar="S",
         help="seconds of trace time an idle session entry is kept, scaled by "
@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument(
         "--metrics-port",
-        **_number(int),
+        **_number(_int),
         default=None,
         metavar="N",
         help="serve the lanes' Prometheus metrics on http://127.0.0.1:N/metrics while the "
@@ -254,11 +254,12 @@ def _add_max_bad_lines(parser: argparse.ArgumentParser, using: str) -> None:
 
 
 #: What argparse takes for a negative number (a value, not an option): a minus sign then
-#: a digit, or ``.`` and a digit, as Python 3.13's argparse does; or then ``inf`` or
+#: a digit, or ``.`` and a digit, as Python 3.13's argparse does (any script's digit, which
+#: the option's own reader then refuses in the one form of a refusal); or then ``inf`` or
 #: ``nan`` in any case (``-inf``, ``-Infinity``, ``-nan%``), which ``float()`` reads or
 #: a share is written with (the option's own check refuses them, naming its range). No
 #: option of these commands starts so.
-_NEGATIVE_VALUE = re.compile(r"-(\.?[0-9]|(?i:inf|nan))")
+_NEGATIVE_VALUE = re.compile(r"-(\.?\d|(?i:inf|nan))")
 
 
 def _take_negative_values(parser: argparse.ArgumentParser) -> None:
@@ -279,21 +280,28 @@ def _refused(exc: Exception, args: argparse.Namespace) -> str:
     """The message of a refused setting, naming its option when it names one; the
     settings the message names (the Python API's names, such as ``global_cap``) are
     given as their options' names there (``global``, for ``--global``). A value out of
-    range is shown as it was typed (``got 1e400``, not ``got inf``); a setting another
-    option excludes is said in the form of :func:`_not_allowed`."""
+    range is shown as it was typed (``got 1e400``, not ``got inf``), in the form of
+    :func:`_refusal`, and so is the other setting's value it was compared with
+    (``min-global must be at most max-global (3), got 09``); a setting another option
+    excludes is said in the form of :func:`_not_allowed`."""
     options: dict[str, str] = args.options
     setting = getattr(exc, "setting", "")
     option = options.get(setting)
     excluded_by = options.get(getattr(exc, "excluded_by", None) or "")
     expected = getattr(exc, "expected", None)
-    typed = getattr(args, "typed", {}).get(setting)
+    every_typed: dict[str, str] = getattr(args, "typed", {})
+    typed = every_typed.get(setting)
     if option and excluded_by:
         return _not_allowed(option, excluded_by, getattr(exc, "reason", None))
+    compared_with = getattr(exc, "compared_with", None)
+    if expected is not None and compared_with is not None:  # min_global above max_global
+        other = every_typed.get(compared_with)
+        expected = None if other is None else f"{expected} ({_as_typed(other)})"
     text = str(exc) if expected is None or typed is None else expected
     for name, given in options.items():
         text = re.sub(rf"\b{re.escape(name)}\b", given.split("/")[-1].lstrip("-"), text)
     if expected is not None and typed is not None:
-        text += f", got {_as_typed(typed)}"
+        text = _refusal(text, typed)
     return f"argument {option}: {text}" if option else text
 
 
@@ -315,15 +323,61 @@ class _Typed:
 
 def _number(convert: Any) -> dict[str, Any]:
     """``add_argument``'s ``type`` and ``action`` for a number option read by ``convert``
-    (``float``, ``int``, ...): the value is stored as usual, and the text it was typed as
-    in ``args.typed`` (by the option's ``dest``), for an error to show the value as the
-    user wrote it (``1e400``, not what ``float`` made of it, ``inf``)."""
+    (:func:`_float`, :func:`_int` or :func:`_seconds`): the value is stored as usual, and
+    the text it was typed as in ``args.typed`` (by the option's ``dest``), for an error to
+    show the value as the user wrote it (``1e400``, not what ``float`` made of it,
+    ``inf``)."""
 
     def read(text: str) -> _Typed:
         return _Typed(convert(text), text)
 
-    read.__name__ = convert.__name__  # argparse's "invalid float value: 'x'"
+    read.__name__ = convert.__name__
     return {"type": read, "action": _KeepText}
+
+
+# The numbers of every option are read alike: ASCII decimal notation only (blanks around
+# them ignored), so that what Python's int(), float() and Fraction() also take (``1_000``,
+# other scripts' digits such as '\u0661\u0660', ``2/3``) is refused by every option, as
+# by the trace reader. An option that takes a fraction also takes ``nan`` and
+# ``inf``/``infinity`` with a sign, in any case, as float() reads them, for its range check
+# to refuse them (``speed must be a number from 1e-06 to 1e+06, got nan``).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NOT_FINITE = re.compile(r"[+-]?(?:inf(?:inity)?|nan)", re.IGNORECASE)
+#: What a number option takes, for the refusal of a text that is not such a number.
+_DECIMAL_NOTATION = "in decimal notation (such as 2, 0.5 or 1e3)"
+
+
+def _refusal(expected: str, typed: str) -> str:
+    """The one form of every refused value of the command line: what the option takes,
+    then the value as it was typed (:func:`_as_typed`), e.g. ``must be from 0.1 to 3600
+    seconds, got 0``. Range checks, syntax checks and ``--max-bad-lines`` all say it so."""
+    return f"{expected}, got {_as_typed(typed)}"
+
+
+def _float(text: str) -> float:
+    """A number option's value (a float): ASCII decimal notation (``-1.5``, ``.5``,
+    ``2e3``), ``nan`` or ``inf``; more than a float holds is ``inf``, for the option's
+    range to refuse (shown as typed)."""
+    from lanequeue.replay._checks import decimal_text
+
+    decimal = decimal_text(text)
+    if decimal is not None:
+        return float(decimal)
+    if _NOT_FINITE.fullmatch(text.strip()):
+        return float(text)
+    raise argparse.ArgumentTypeError(_refusal(f"must be a number {_DECIMAL_NOTATION}", text))
+
+
+def _int(text: str) -> int:
+    """An integer option's value: ASCII digits with an optional sign, however many (the
+    option's range refuses a huge one, shown as typed)."""
+    from decimal import Decimal
+
+    stripped = text.strip()
+    if not _INTEGER.fullmatch(stripped):
+        raise argparse.ArgumentTypeError(
+            _refusal("must be an integer in decimal digits (such as 8)", text))
+    return int(Decimal(stripped))  # int() reads at most 4,300 digits
 
 
 class _KeepText(argparse.Action):
@@ -340,22 +394,29 @@ class _KeepText(argparse.Action):
 
 
 def _as_typed(text: str) -> str:
-    """An option's value for an error, as it was typed (without surrounding blanks, cut
-    when very long)."""
+    """An option's value for a message, as it was typed: without surrounding blanks,
+    non-printable characters escaped, cut when very long (its start and end, and its
+    length); ``''`` when empty."""
     from lanequeue._errors import cut
+    from lanequeue.replay.trace import printable
 
-    return cut(text.strip())
+    stripped = text.strip()
+    return cut(printable(stripped, len(stripped))) if stripped else "''"
 
 
-def _seconds(text: str) -> Fraction:
-    """A number of seconds in ASCII decimal notation, kept exact (``0.1`` is one tenth);
-    :class:`PlanGoal` checks its range."""
-    from lanequeue.replay._checks import decimal_text
+def _seconds(text: str) -> Fraction | float:
+    """A number of seconds, read as by :func:`_float` but kept exact (``0.1`` is one
+    tenth, ``1e-9999`` is not 0); :class:`PlanGoal` checks its range (``nan`` and ``inf``
+    included)."""
+    from lanequeue.replay._checks import decimal_value
 
-    decimal = decimal_text(text)
-    if decimal is None:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    return Fraction(decimal)
+    value = decimal_value(text)
+    if value is not None:
+        return value
+    if _NOT_FINITE.fullmatch(text.strip()):
+        return float(text)
+    raise argparse.ArgumentTypeError(
+        _refusal(f"must be a number of seconds {_DECIMAL_NOTATION}", text))
 
 
 def _add_plan_parser(sub: Any) -> None:
@@ -399,7 +460,7 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--tpot-ms",
-        **_number(float),
+        **_number(_float),
         default=None,
         metavar="MS",
         help="work per output token, milliseconds, for lines that give tokens "
@@ -407,14 +468,14 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--min-global",
-        **_number(int),
+        **_number(_int),
         default=1,
         metavar="A",
         help="smallest global cap to consider (default 1)",
     )
     pp.add_argument(
         "--max-global",
-        **_number(int),
+        **_number(_int),
         default=None,
         metavar="B",
         help="largest global cap to consider (default: no limit)",
@@ -444,13 +505,13 @@ def _add_plan_parser(sub: Any) -> None:
     )
     pp.add_argument(
         "--speed",
-        **_number(float),
+        **_number(_float),
         default=60.0,
         help="with --verify: divide trace time by this, 1e-06 to 1e+06 (default 60)",
     )
     pp.add_argument(
         "--jobs",
-        **_number(int),
+        **_number(_int),
         default=None,
         metavar="N",
         help="processes simulating caps, 1 to 1024 (default: the usable cores for a trace "
@@ -525,18 +586,18 @@ def _bad_line_limit(text: str) -> BadLineLimit:
     """``--max-bad-lines``: ``P%`` (a share of the request lines, 0 to 100) or ``N`` (a
     number of lines, 0 to 10**9); either with an optional sign (``+2`` as ``+2%``; a
     negative one is out of range)."""
-    from lanequeue.replay._checks import MAX_COUNT, decimal_text
+    from lanequeue.replay._checks import MAX_COUNT, decimal_value
 
     stripped = text.strip()
     if stripped.endswith("%"):
-        decimal = decimal_text(stripped[:-1])
-        if decimal is not None and 0 <= Fraction(decimal) <= 100:
-            return BadLineLimit(stripped, share=Fraction(decimal) / 100)
+        share = decimal_value(stripped[:-1])
+        if share is not None and 0 <= share <= 100:
+            return BadLineLimit(stripped, share=share / 100)
     elif re.fullmatch(r"[+-]?[0-9]{1,10}", stripped) and 0 <= int(stripped) <= MAX_COUNT:
         return BadLineLimit(stripped, count=int(stripped))
-    raise argparse.ArgumentTypeError(
-        f"must be a share of the request lines from 0% to 100% (such as 1%) or a number "
-        f"of lines from 0 to {MAX_COUNT:,} (such as 10), not {text!r}")
+    raise argparse.ArgumentTypeError(_refusal(
+        "must be a share of the request lines from 0% to 100% (such as 1%) or a number "
+        f"of lines from 0 to {MAX_COUNT:,} (such as 10)", text))
 
 
 def _percent(part: int, whole: int, limit: Fraction | None = None) -> str:
@@ -597,13 +658,15 @@ def _check_lines(trace: Any, limit: BadLineLimit, err: TextIO, command: str) -> 
     if not limit.allows(bad, lines):
         return (
             f"{bad:,} of {lines:,} request lines are malformed "
-            f"({_percent(bad, lines, limit.share)}), more than --max-bad-lines {limit.text} "
+            f"({_percent(bad, lines, limit.share)}), more than --max-bad-lines "
+            f"{_as_typed(limit.text)} "
             f"allows: not {using} the other {len(trace.requests):,} (fix the trace, or "
             "raise the limit: --max-bad-lines 100% uses whatever lines are valid)"
         )
     print(f"lanequeue {command}: {bad:,} malformed line{'s' if bad > 1 else ''} skipped "
           f"({_percent(bad, lines, limit.share)} of {lines:,} request lines, within "
-          f"--max-bad-lines {limit.text}); {using} the other {len(trace.requests):,}",
+          f"--max-bad-lines {_as_typed(limit.text)}); {using} the other "
+          f"{len(trace.requests):,}",
           file=err)
     return None
 
@@ -726,11 +789,9 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return fail(refused)
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
-            typed = getattr(args, "typed", {}).get("metrics_port", str(args.metrics_port))
-            return fail(
-                "argument --metrics-port: must be a port number from 0 to 65535, got "
-                f"{_as_typed(typed)}"
-            )
+            typed = getattr(args, "typed", {}).get("metrics_port") or str(args.metrics_port)
+            return fail(_refusal("argument --metrics-port: must be a port number from 0 to "
+                                 "65535", typed))
         if args.backend is not None:
             return fail(_not_allowed("--metrics-port", "--backend", "it serves in-process "
                                      "lanes; the lanes of --backend live in the worker "
@@ -809,6 +870,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue._errors import counted
+    from lanequeue.replay._figures import exact_text
     from lanequeue.replay.plan import (
         PlanGoal,
         check_plan_arguments,
@@ -869,7 +931,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         last = trace.requests[-1].timestamp_ms - trace.requests[0].timestamp_ms
         print(
             f"\nverify: replaying {counted(plan.requests, 'request')} at global cap "
-            f"{plan.recommended_global}, speed {args.speed:g}x (arrivals over "
+            f"{plan.recommended_global}, speed {exact_text(args.speed)}x (arrivals over "
             f"{last / 1000 / args.speed:.1f} s) ...",
             file=out,
             flush=True,
@@ -930,15 +992,13 @@ def _status_prefix(text: str) -> str:
 
 
 def _status_interval(text: str) -> float:
-    """``--interval``: seconds from ``STATUS_MIN_INTERVAL_S`` to ``STATUS_MAX_INTERVAL_S``."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    """``--interval``: seconds from ``STATUS_MIN_INTERVAL_S`` to ``STATUS_MAX_INTERVAL_S``,
+    read as every number option (:func:`_float`)."""
+    value = _float(text)
     if not STATUS_MIN_INTERVAL_S <= value <= STATUS_MAX_INTERVAL_S:  # (NaN fails too)
-        raise argparse.ArgumentTypeError(
-            f"must be from {STATUS_MIN_INTERVAL_S:g} to {STATUS_MAX_INTERVAL_S:g} seconds, "
-            f"got {_as_typed(text)}")
+        raise argparse.ArgumentTypeError(_refusal(
+            f"must be from {STATUS_MIN_INTERVAL_S:g} to {STATUS_MAX_INTERVAL_S:g} seconds",
+            text))
     return value
 
 

@@ -24,11 +24,13 @@ __all__ = [
     "MAX_TPOT_MS",
     "MIN_SPEED",
     "SettingError",
+    "above_setting",
     "check_count",
     "check_seconds",
     "check_speed",
     "check_tpot_ms",
     "decimal_text",
+    "decimal_value",
 ]
 
 #: Largest cap, registry size or request count a setting may name.
@@ -64,6 +66,22 @@ def decimal_text(text: str) -> str | None:
     return text if _DECIMAL.fullmatch(text) else None
 
 
+def decimal_value(text: str) -> Fraction | None:
+    """The exact value of ``text`` if it is a number in ASCII decimal notation (as
+    :func:`decimal_text` takes it), however many digits it has (``Fraction()`` refuses
+    more than 4,300, as ``int()`` does), else None.
+
+    Example::
+
+        >>> decimal_value(" 0.1 "), decimal_value("1e-3"), decimal_value("1_000")
+        (Fraction(1, 10), Fraction(1, 1000), None)
+    """
+    from decimal import Decimal
+
+    decimal = decimal_text(text)
+    return None if decimal is None else Fraction(Decimal(decimal))
+
+
 class SettingError(ValueError):
     """A setting refused: out of range, or excluded by another setting.
 
@@ -76,6 +94,10 @@ class SettingError(ValueError):
         excluded_by: for a setting another one excludes, that setting's name (``"busy"``),
             and ``reason`` says why; the command line says it in its one form for
             options that do not go together. Else None.
+        compared_with: for a value out of range of another setting's value (``min_global``
+            above ``max_global``), that setting's name: ``expected`` names it, and the
+            message is ``expected``, its value in parentheses, ``, got`` and the value;
+            the command line shows both values as they were typed. Else None.
     """
 
     def __init__(
@@ -86,16 +108,27 @@ class SettingError(ValueError):
         expected: str | None = None,
         excluded_by: str | None = None,
         reason: str | None = None,
+        compared_with: str | None = None,
     ) -> None:
         super().__init__(message)
         self.setting = setting
         self.expected = expected
         self.excluded_by = excluded_by
         self.reason = reason
+        self.compared_with = compared_with
 
 
 def _out_of_range(setting: str, expected: str, value: object) -> SettingError:
     return SettingError(setting, f"{expected}, got {_shown(value)}", expected=expected)
+
+
+def above_setting(setting: str, value: object, other: str, limit: object) -> SettingError:
+    """The error of ``setting`` = ``value`` above ``other`` = ``limit`` (``min_global``
+    above ``max_global``), in the form of a value out of range: ``min_global must be at
+    most max_global (3), got 9``."""
+    expected = f"{setting} must be at most {other}"
+    return SettingError(setting, f"{expected} ({_shown(limit)}), got {_shown(value)}",
+                        expected=expected, compared_with=other)
 
 
 def _shown(value: object) -> str:

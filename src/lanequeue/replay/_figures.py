@@ -16,11 +16,14 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-__all__ = ["MAX_EXTRA_DIGITS", "against", "exact", "exact_text"]
+__all__ = ["MAX_EXACT_DIGITS", "MAX_EXTRA_DIGITS", "against", "exact", "exact_text"]
 
 #: Digits :func:`against` adds at most to the ones asked for before it rounds towards the
 #: limit's side instead of to the nearest.
 MAX_EXTRA_DIGITS = 15
+#: Most significant digits :func:`exact_text` shows of a number with a finite decimal
+#: form; one with more is rounded to this many (``about``).
+MAX_EXACT_DIGITS = 20
 #: Significant digits of :func:`exact_text` for a number with no finite decimal form.
 _REPEATING_DIGITS = 12
 
@@ -56,7 +59,8 @@ def _rounded(value: Fraction, places: int, mode: str) -> str:
 def _magnitude(value: Fraction) -> int:
     """The exponent ``e`` with ``10**e <= |value| < 10**(e + 1)`` (``value`` not 0)."""
     v = abs(value)
-    e = len(str(v.numerator)) - len(str(v.denominator))
+    # From the sizes in bits (str() of an int of more than 4,300 digits is refused).
+    e = int((v.numerator.bit_length() - v.denominator.bit_length()) * 0.30102999566398)
     while Fraction(10) ** e > v:
         e -= 1
     while Fraction(10) ** (e + 1) <= v:
@@ -107,25 +111,84 @@ def against(
 
 
 def exact_text(value: int | float | Fraction) -> str:
-    """``value`` in plain decimal notation, exactly when it has a finite decimal form
-    (every int and float, and the Fraction of a decimal such as ``--p99-wait-s 0.1``),
-    else to 12 significant digits: a limit is shown as it was given, never rounded
-    (``1.0000001``, not ``1``).
+    """``value`` as it was given, short: exactly when it has a finite decimal form of at
+    most :data:`MAX_EXACT_DIGITS` significant digits (every float, and the Fraction of a
+    decimal such as ``--p99-wait-s 0.1``), never rounded (``1.0000001``, not ``1``); with
+    more, rounded to that many and marked ``about``; with no finite decimal form, to 12
+    significant digits. In plain notation from 1e-6 to below 1e21, else in scientific
+    notation (``1e-9999``, ``5e+300``), so a tiny or huge value is never printed as its
+    thousands of digits.
 
     Example::
 
         >>> exact_text(2), exact_text(1e-05), exact_text(Fraction("1.0000001"))
         ('2', '0.00001', '1.0000001')
+        >>> exact_text(Fraction(1, 10**9999)), exact_text(5e300), exact_text(10**40 + 1)
+        ('1e-9999', '5e+300', 'about 1e+40')
     """
     v = exact(value)
+    sign = "-" if v < 0 else ""
+    v = abs(v)
+    if v == 0:
+        return "0"
+    # v = n / d; a finite decimal form when d has no prime factor but 2 and 5.
     d = v.denominator
-    places = 0
-    while d % 10 == 0:
-        d //= 10
-        places += 1
-    while d % 2 == 0 or d % 5 == 0:
-        d //= 2 if d % 2 == 0 else 5
-        places += 1
+    twos = (d & -d).bit_length() - 1
+    d >>= twos
+    fives = 0
+    while d % 5 == 0:
+        d //= 5
+        fives += 1
+    about = ""
     if d != 1:
-        return _digits(v, _REPEATING_DIGITS, True, "nearest")
-    return _digits(v, places, False, "nearest") if places else str(v.numerator)
+        exponent = _magnitude(v) + 1 - _REPEATING_DIGITS
+        digits = _digit_string(round(v / Fraction(10) ** exponent))
+    else:
+        places = max(twos, fives)
+        digits, exponent = _digit_string(v.numerator * 10**places // v.denominator), -places
+        digits, exponent = _stripped(digits, exponent)
+        if len(digits) > MAX_EXACT_DIGITS:
+            digits, exponent = _round_digits(digits, exponent, MAX_EXACT_DIGITS)
+            about = "about "
+    return about + sign + _notation(*_stripped(digits, exponent))
+
+
+def _stripped(digits: str, exponent: int) -> tuple[str, int]:
+    """``digits * 10**exponent`` without the trailing zeros of ``digits``."""
+    kept = digits.rstrip("0")
+    return kept, exponent + len(digits) - len(kept)
+
+
+def _digit_string(n: int) -> str:
+    """The decimal digits of ``n`` >= 0, however many (``str()`` refuses more than 4,300
+    by default)."""
+    from decimal import Decimal
+
+    return "".join(map(str, Decimal(n).as_tuple().digits))
+
+
+def _round_digits(digits: str, exponent: int, keep: int) -> tuple[str, int]:
+    """``digits * 10**exponent`` rounded (half to even) to ``keep`` significant digits."""
+    head, rest = digits[:keep], digits[keep:]
+    exponent += len(rest)
+    units = int(head)
+    tail = rest.rstrip("0")
+    if rest[0] > "5" or (rest[0] == "5" and (len(tail) > 1 or units % 2)):
+        units += 1
+    return str(units), exponent
+
+
+def _notation(digits: str, exponent: int) -> str:
+    """The number ``digits * 10**exponent`` (``digits`` without trailing zeros): plain
+    when its leading digit is from the 1e-6 to the 1e20 place, else scientific, as
+    Python writes exponents (``1e-07``, ``5e+300``)."""
+    lead = exponent + len(digits) - 1
+    if not -7 < lead < 21:
+        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
+        return f"{mantissa}e{lead:+03d}"
+    if exponent >= 0:
+        return digits + "0" * exponent
+    point = len(digits) + exponent
+    if point > 0:
+        return f"{digits[:point]}.{digits[point:]}"
+    return "0." + "0" * -point + digits

@@ -93,7 +93,7 @@ from typing import Any
 from lanequeue._errors import counted
 from lanequeue.replay._checks import (
     MAX_PROCESSES,
-    SettingError,
+    above_setting,
     check_count,
     check_seconds,
     check_speed,
@@ -516,7 +516,7 @@ class CapacityPlan:
         work = (
             "service times from the trace"
             if self.tpot_ms is None
-            else f"{self.tpot_ms:g} ms per output token"
+            else f"{exact_text(self.tpot_ms)} ms per output token"
         )
         lines = [
             f"lanequeue plan: {printable(self.source, MAX_SOURCE_CHARS)}",
@@ -729,8 +729,7 @@ def check_plan_arguments(
     if max_global is not None:
         check_count(max_global, "max_global")
         if min_global > max_global:
-            raise SettingError("min_global",
-                               f"min_global ({min_global}) > max_global ({max_global})")
+            raise above_setting("min_global", min_global, "max_global", max_global)
     if jobs is not None:
         check_count(jobs, "jobs", maximum=MAX_PROCESSES)
     if speed is not None:
@@ -935,8 +934,8 @@ class Verification:
         ]
         lines = [
             f"verify: replayed at global cap {self.global_cap} through real lanes "
-            f"({self.runtime}, speed {self.speed:g}x, {self.wall_s:.1f} s); waits in trace "
-            "seconds",
+            f"({self.runtime}, speed {exact_text(self.speed)}x, {self.wall_s:.1f} s); waits in "
+            "trace seconds",
             f"{'metric':<11}  {'measured':>10}  {'simulated':>10}",
         ]
         lines += [f"{name:<11}  {against(m, limit, 3):>10}  {against(s, limit, 3):>10}"
@@ -954,7 +953,7 @@ class Verification:
                     f"goal ({self.goal.describe()}): the measured waits MISS it (the "
                     f"simulation {'meets' if sim.meets else 'misses'} it at this cap). The "
                     "measured waits include the replay's own delays (wake-ups, a busy "
-                    f"machine), counted {self.speed:g} times over in trace seconds"
+                    f"machine), counted {exact_text(self.speed)} times over in trace seconds"
                     + (": verify again at a lower --speed before trusting either"
                        if self.speed > 1 else ", which no speed removes")
                 )

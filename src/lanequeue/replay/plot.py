@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lanequeue._errors import counted
+from lanequeue.replay._figures import exact_text
 
 if TYPE_CHECKING:
     from lanequeue._obs import LaneMetrics
@@ -91,7 +92,7 @@ def write_plot(
     ax1.set_ylabel("requests")
     ax1.set_title(
         f"lanequeue replay: policy {rep.policy}, {counted(rep.requests, 'request')}, "
-        f"speed {rep.speed:g}x, runtime {rep.runtime}"
+        f"speed {exact_text(rep.speed)}x, runtime {rep.runtime}"
     )
     ax1.legend(loc="upper right", fontsize="small")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from lanequeue._errors import counted
+from lanequeue.replay._figures import exact_text
 from lanequeue.replay.policy import policy_lanes
 from lanequeue.replay.trace import MAX_SOURCE_CHARS, printable
 
@@ -225,7 +226,7 @@ class ReplayReport:
         w0 = max(len(r[0]) for r in rows)
         w1 = max(len("replay"), *(len(r[1]) for r in rows))
         w2 = max(len("ideal"), *(len(r[2]) for r in rows))
-        speed = f"{self.speed:g}"
+        speed = exact_text(self.speed)
         lines = [
             f"lanequeue replay: {printable(self.source, MAX_SOURCE_CHARS)}",
             f"policy {self.policy}, runtime {self.runtime}, global cap {self.global_cap}"
@@ -235,7 +236,7 @@ class ReplayReport:
             + (
                 "service times from the trace"
                 if self.tpot_ms is None
-                else f"{self.tpot_ms:g} ms per output token"
+                else f"{exact_text(self.tpot_ms)} ms per output token"
             ),
         ]
         if self.backend is not None:
