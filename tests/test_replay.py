@@ -684,7 +684,9 @@ def test_cli_plot_without_matplotlib(
 
     monkeypatch.setattr(importlib, "import_module", no_matplotlib)
     assert main(["replay", "--limit", "5", "--plot", str(tmp_path / "p.png")]) == 2
-    assert "pip install 'lanequeue[plot]'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pip install 'lanequeue[plot]'" in err
+    assert "(in a source checkout: pip install '.[plot]')" in err
 
 
 @pytest.mark.timeout(60)

@@ -257,7 +257,8 @@ def test_without_redis_py_status_says_so_and_usage_errors_stay_usage_errors(
                           "--prefix", "app")
     assert (code, out) == (2, "")
     assert err == ("lanequeue status: lanequeue.redis needs redis-py: "
-                   "pip install 'lanequeue[redis]'\n")
+                   "pip install 'lanequeue[redis]' (in a source checkout: "
+                   "pip install '.[redis]')\n")
     _, _, err = _usage_error(capsys, "--backend", "redis://127.0.0.1:1/0", "--interval", "1")
     assert "argument --interval: only with --watch" in err
 
@@ -688,3 +689,23 @@ def test_an_idle_lane_is_listed_until_its_keys_expire_as_the_readme_says(
     assert set(_ttls(redis_client, prefix)) == {"c:v", "s:v"}  # all that lists them now
     _until(lambda: not _ttls(redis_client, prefix), timeout=marker_s + 2)
     assert reader.read()["lanes"] == []
+
+
+def test_every_install_hint_names_an_extra_of_the_package() -> None:
+    """The hints a missing optional part gives (``install_hint``) name extras that
+    ``pyproject.toml`` declares, in both forms: from an index and from a checkout."""
+    import re
+    from pathlib import Path
+
+    from lanequeue._errors import install_hint
+
+    root = Path(__file__).resolve().parents[1]
+    table = (root / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+    extras = set(re.findall(r"^(\w+) = \[", table.split("\n[")[0], re.M))
+    source = "\n".join(p.read_text() for p in (root / "src").rglob("*.py"))
+    named = set(re.findall(r"install_hint\('(\w+)'\)", source))
+    named |= set(re.findall(r"_need\(\s*\"[\w.]+\",\s*\"(\w+)\"", source))
+    assert {"cli", "plot", "prometheus", "redis", "otel"} <= named
+    assert named <= extras
+    assert install_hint("plot") == ("pip install 'lanequeue[plot]' "
+                                    "(in a source checkout: pip install '.[plot]')")

@@ -57,6 +57,13 @@ def told(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def install_hint(extra: str) -> str:
+    """How to install the optional part ``extra`` (a name of ``pyproject.toml``'s
+    optional dependencies), for a message: from an index, and from a source checkout,
+    where ``lanequeue[...]`` names no package pip can find."""
+    return f"pip install 'lanequeue[{extra}]' (in a source checkout: pip install '.[{extra}]')"
+
+
 def counted(n: int, noun: str) -> str:
     """``n`` (thousands separated) and ``noun``, plural unless ``n`` is 1: ``1 lane``,
     ``12,031 requests``."""

@@ -43,6 +43,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any, TextIO
 
+from ._errors import install_hint
+
 __all__ = ["BadLineLimit", "build_parser", "main"]
 
 #: Skipped trace lines (and failed requests) reported one by one on stderr; the rest are
@@ -203,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="write a PNG of concurrency over time, the wait distribution, in-flight "
         "requests against the cap and the lanes' own wait histograms "
-        "(needs matplotlib: pip install 'lanequeue[plot]')",
+        f"(needs matplotlib: {install_hint('plot')})",
     )
     rp.add_argument(
         "--metrics-port",
@@ -212,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="serve the lanes' Prometheus metrics on http://127.0.0.1:N/metrics while the "
         "replay runs (0: any free port; in-process runtimes only; needs prometheus_client: "
-        "pip install 'lanequeue[prometheus]')",
+        f"{install_hint('prometheus')})",
     )
     rp.add_argument(
         "--busy",
@@ -495,7 +497,7 @@ def _add_plan_parser(sub: Any) -> None:
         default=None,
         metavar="PATH",
         help="write a PNG of the p99 and max wait against the cap "
-        "(needs matplotlib: pip install 'lanequeue[plot]')",
+        f"(needs matplotlib: {install_hint('plot')})",
     )
     pp.add_argument(
         "--verify",
@@ -798,7 +800,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                                      "processes"))
         if importlib.util.find_spec("prometheus_client") is None:
             return fail("--metrics-port needs prometheus_client, which is not installed; "
-                        "install it with: pip install 'lanequeue[prometheus]'")
+                        f"install it with: {install_hint('prometheus')}")
     if args.backend is not None:
         try:
             check_backend(args.backend)
@@ -956,7 +958,7 @@ def _add_status_parser(sub: Any) -> None:
             "fencing token, lease left), live waiters in line per key, and the oldest wait "
             "seen. Finds the keys with SCAN (never KEYS) and only reads. --json prints one "
             "document (no extra needed); the table and --watch need rich "
-            "(pip install 'lanequeue[cli]')."
+            f"({install_hint('cli')})."
         ),
     )
     sp.add_argument("--backend", required=True, metavar="redis://HOST:PORT/DB",

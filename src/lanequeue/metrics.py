@@ -82,6 +82,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 from ._core import at_fork_in_child
+from ._errors import install_hint
 from ._obs import HistogramSnapshot, LaneMetrics, MetricsSource
 from ._validate import check_bool
 
@@ -140,7 +141,7 @@ def _need(module: str, extra: str, user: str) -> None:
     except ImportError as exc:
         raise ImportError(
             f"{user} needs {module.split('.')[0]}, which is not installed: "
-            f"pip install 'lanequeue[{extra}]'") from exc
+            f"{install_hint(extra)}") from exc
 
 
 def _dispatcher(target: Any) -> Any:

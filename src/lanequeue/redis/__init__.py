@@ -324,11 +324,13 @@ in-process lanes: ``queue.add_lane("global", max_concurrent=8, backend=backend)`
 
 from __future__ import annotations
 
+from .._errors import install_hint
+
 try:
     import redis as _redis_py  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "lanequeue.redis needs redis-py: pip install 'lanequeue[redis]'"
+        f"lanequeue.redis needs redis-py: {install_hint('redis')}"
     ) from exc
 
 from ._async import AsyncRedisHold, AsyncRedisLane, AsyncRedisSessionLane

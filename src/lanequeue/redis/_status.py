@@ -23,7 +23,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._errors import counted, told
+from .._errors import counted, install_hint, told
 from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
@@ -418,7 +418,7 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         try:
             import rich  # noqa: F401
         except ImportError:
-            print("lanequeue status: the table needs rich: pip install 'lanequeue[cli]' "
+            print(f"lanequeue status: the table needs rich: {install_hint('cli')} "
                   "(or use --json)", file=err)
             return 2
     try:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lanequeue._errors import counted
+from lanequeue._errors import counted, install_hint
 from lanequeue.replay._figures import exact_text
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ __all__ = ["PlotUnavailableError", "require_matplotlib", "write_plot"]
 
 
 class PlotUnavailableError(RuntimeError):
-    """matplotlib is not installed (``pip install 'lanequeue[plot]'``)."""
+    """matplotlib is not installed (the ``plot`` extra)."""
 
 
 def require_matplotlib() -> Any:
@@ -34,7 +34,7 @@ def require_matplotlib() -> Any:
     except ImportError as exc:
         raise PlotUnavailableError(
             "--plot needs matplotlib, which is not installed; "
-            "install it with: pip install 'lanequeue[plot]'"
+            f"install it with: {install_hint('plot')}"
         ) from exc
     matplotlib.use("Agg")
     return importlib.import_module("matplotlib.pyplot")

@@ -146,7 +146,7 @@ from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from lanequeue import AsyncLaneQueue, LaneQueue
-from lanequeue._errors import told
+from lanequeue._errors import install_hint, told
 from lanequeue.replay.observe import Observer, peak_concurrency
 from lanequeue.replay.runtimes.aio import drive_tasks
 from lanequeue.replay.runtimes.base import (
@@ -219,7 +219,7 @@ def _redis_module() -> Any:
         import redis
     except ImportError:
         raise BackendError(
-            "the Redis backend needs redis-py: pip install 'lanequeue[redis]'"
+            f"the Redis backend needs redis-py: {install_hint('redis')}"
         ) from None
     return redis
 
