@@ -283,6 +283,38 @@ async def test_a_hold_dropped_without_being_entered_warns(f: Face) -> None:
 
 
 @contract
+async def test_awaiting_a_hold_says_which_statement_enters_it(f: Face) -> None:
+    """``await lane.acquire(key)`` and ``await queue.acquire_all(...)`` raise a TypeError
+    at the call that says to write ``async with`` (asyncio faces) or ``with`` (thread
+    faces), not Python's own, which names an internal class. The hold is left as it
+    was: entered afterwards it holds; dropped unused, it gives no RuntimeWarning."""
+    lane = f.lane("awaited", timeout_s=None)
+    queue = f.queue()
+    queue.add(lane)
+    statement = "async with" if f.is_async else "with"
+    made = [lane.acquire("k"), queue.acquire_all("k", ["awaited"])]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for hold, call in zip(made, ["lane.acquire(key)",
+                                     "queue.acquire_all(key, lane_names)"]):
+            with pytest.raises(TypeError) as info:
+                await hold
+            assert f"not an awaitable: write '{statement} {call}:'" in str(info.value)
+            assert "Acquire" not in str(info.value)  # (no internal class)
+            assert "Hold" not in str(info.value)
+            assert lane.active_count == 0 and lane.waiting == 0
+        async with f.hold(made[0]):  # left as it was: it still holds
+            assert lane.active_count == 1
+        assert lane.active_count == 0
+        with pytest.raises(TypeError, match="not an awaitable"):
+            await lane.acquire("unused")
+        del made[:]
+        gc.collect()
+        assert [w for w in seen if issubclass(w.category, RuntimeWarning)] == [], [
+            str(w.message) for w in seen]
+
+
+@contract
 async def test_a_hold_is_single_use_even_after_its_enter_timed_out(f: Face) -> None:
     """A hold is single use: entered again after it ended, or after its enter timed out
     (nothing was granted), it raises RuntimeError and takes nothing, even once the key

@@ -47,6 +47,7 @@ from ._kinds import (
     CountingKind,
     Hold,
     OnWait,
+    RefusesAwait,
     SessionKind,
     warn_dropped,
     warn_unentered,
@@ -109,7 +110,7 @@ class Plan:
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 
-class MultiHold:
+class MultiHold(RefusesAwait):
     """The holds taken by one ``acquire_all`` call, in registration order.
 
     ``multi[name]`` is the hold on the lane called ``name``: the lane's own hold type
