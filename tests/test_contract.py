@@ -296,7 +296,7 @@ async def test_awaiting_a_hold_says_which_statement_enters_it(f: Face) -> None:
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for hold, call in zip(made, ["lane.acquire(key)",
-                                     "queue.acquire_all(key, lane_names)"]):
+                                     "queue.acquire_all(key, lane_names)"], strict=True):
             with pytest.raises(TypeError) as info:
                 await hold
             assert f"not an awaitable: write '{statement} {call}:'" in str(info.value)
