@@ -565,3 +565,24 @@ def test_the_other_calls_argument_errors_name_the_call(
         a.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("make", FACES)
+def test_a_keyword_argument_for_fn_is_refused_saying_how_to_bind_it(
+    request: pytest.FixtureRequest, make: Any
+) -> None:
+    """``submit`` passes ``fn`` positional arguments only: a keyword it does not take is
+    a TypeError that says so and names ``functools.partial``, before anything is
+    submitted (no loop needed on the asyncio face)."""
+    d = make({})
+    try:
+        with pytest.raises(TypeError) as info:
+            d.submit("k", print, "x", sep="-")
+        text = str(info.value)
+        face = CALLS[request.node.callspec.id].rstrip("()")
+        assert text.startswith(f"{face}.submit() got an unexpected keyword argument 'sep'")
+        assert "functools.partial(fn, sep=...)" in text
+        assert d.stats.submitted == 0
+    finally:
+        if isinstance(d, ThreadDispatcher):
+            d.close()

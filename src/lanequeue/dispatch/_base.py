@@ -9,7 +9,7 @@ import os
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from threading import TIMEOUT_MAX
-from typing import Any
+from typing import Any, NoReturn
 
 from .._kinds import LANE_DEFAULT
 from .._ops import LoopWaitWarner
@@ -250,6 +250,7 @@ class DispatcherBase(LoopWaitWarner):
         priority: int = 0,
         timeout_s: Any = LANE_DEFAULT,
         run_timeout_s: float | None = None,
+        **fn_kwargs: NoReturn,
     ) -> Ticket:
         """Submit one turn of ``key``: ``fn(*args)``, run under the dispatcher's lanes.
 
@@ -264,7 +265,10 @@ class DispatcherBase(LoopWaitWarner):
                 ``ThreadDispatcher`` a plain function (a coroutine function is a
                 TypeError here); on ``Dispatcher`` a coroutine function (awaited) or a
                 plain function (run on the loop). An async generator function is refused.
-            args: its arguments (the payload, for ``collect`` and ``steer``).
+            args: its arguments (the payload, for ``collect`` and ``steer``). ``fn``
+                takes no keyword arguments from ``submit``: any other keyword is a
+                TypeError that says so (bind them with ``functools.partial``; a type
+                checker flags them too).
             busy: this submit's busy policy (default: the dispatcher's): ``"enqueue"``,
                 ``"reject"``, ``"steer"``, ``"interrupt"``, ``"replace"``, ``"collect"``.
             dedupe_id: an idempotency id: a repeat within ``dedupe_ttl_s`` returns the
@@ -309,6 +313,13 @@ class DispatcherBase(LoopWaitWarner):
             RuntimeError: (asyncio) outside the dispatcher's event loop.
         """
         where = f"{type(self).__name__}.submit() argument"
+        if fn_kwargs:
+            name = next(iter(fn_kwargs))
+            raise TypeError(
+                f"{type(self).__name__}.submit() got an unexpected keyword argument "
+                f"{name!r}: submit passes fn only positional arguments, fn(*args); bind "
+                f"keyword arguments first, as submit(key, functools.partial(fn, {name}=...), "
+                "*args)")
         key = check_key(key, f"{where} 'key'")
         if self._utf8_keys and not key.isascii():
             check_utf8(key, f"{where} 'key'")
