@@ -141,6 +141,11 @@ def test_table_shows_every_lane(
     assert f"{redis_prefix}/session (session)" in out
     for token in busy_lanes.values():
         assert str(token) in out
+    # How long a holder has held: a counting lane's column; a per-key lane's holder
+    # records no start in Redis, so its table has no such column (not one of dashes).
+    counting, session = out.split(f"{redis_prefix}/session (session)")
+    assert "held (s)" in counting and "lease left (s)" in session
+    assert "held (s)" not in session
 
 
 def test_watch_refreshes_until_interrupted(

@@ -329,19 +329,24 @@ def render(doc: dict[str, Any]) -> Any:
         table.add_column("key", overflow="fold")
         table.add_column("fencing token", justify="right", overflow="fold")
         table.add_column("lease left (s)", justify="right", overflow="fold")
-        table.add_column("held (s)", justify="right", overflow="fold")
+        # (a per-key lane's holder records no start in Redis: no such column there)
+        timed = lane["kind"] == "counting"
+        if timed:
+            table.add_column("held (s)", justify="right", overflow="fold")
         table.add_column("in line", justify="right", overflow="fold")
         keys = sorted({h["key"] for h in lane["holders"]} | set(lane["lines"]))
         for key in keys:
             mine = [h for h in lane["holders"] if h["key"] == key] or [None]
             for h in mine:
-                table.add_row(
+                cells: list[Any] = [
                     Text(shown(key)),
                     "-" if h is None else str(h["token"]),
                     "-" if h is None else f"{h['lease_left_s']:.1f}",
-                    "-" if h is None or "held_s" not in h else f"{h['held_s']:.1f}",
-                    str(lane["lines"].get(key, 0)),
-                )
+                ]
+                if timed:
+                    cells.append("-" if h is None else f"{h['held_s']:.1f}")
+                cells.append(str(lane["lines"].get(key, 0)))
+                table.add_row(*cells)
         parts.append(table)
     return Group(*parts)
 
