@@ -553,12 +553,8 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
 
-    def _forget(self, owner: str) -> None:
-        try:
-            waker = self._wk()
-        except RuntimeError:  # closed outside its loop: nothing waits any more
-            return
-        waker.forget(owner)
+    def _forgets(self) -> tuple[Callable[[str, None], object], ...]:
+        return self._wk().forgets()
 
     async def _wait_wake(self, owner: str, block: float) -> int:
         token = await self._wk().wait(owner, self._ops_block(owner, block))

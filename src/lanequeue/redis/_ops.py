@@ -114,8 +114,10 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             failed = True
             raise
         finally:
-            now = time.monotonic()
             with self._lock:
+                # Unregistered first, in plain stores, before any call: an interrupt can
+                # land right after a call returns (a clock read included), and one that
+                # landed before these stores left the waiter here for good.
                 if owner in self._ops_waiters:  # (owner ids are unique: it is w)
                     del self._ops_waiters[owner]
                     n = per_key[line] - 1
@@ -123,6 +125,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                         per_key[line] = n
                     else:
                         del per_key[line]
+                now = time.monotonic()
                 if granted and not w.in_line:
                     self._wait_zeros += 1
                 elif w.in_line or (not failed and timeout != 0):

@@ -352,8 +352,12 @@ class RedisLaneBase(ABC, Generic[H]):
         script: see :mod:`._wake`)."""
 
     @abstractmethod
-    def _forget(self, owner: str) -> None:
-        """The waiter is done (granted, timed out or gone)."""
+    def _forgets(self) -> tuple[Callable[[str, None], object], ...]:
+        """What undoes :meth:`_expect` once the waiter is done (granted, timed out or
+        gone): C-level calls, each ``fn(owner, None)`` (the pops of the listener's
+        records of a waiter), taken before the waiter is registered, so that its
+        clean-up makes each store in a call of its own, with no Python call before it
+        where an interrupt could land (see :meth:`_take`)."""
 
     @abstractmethod
     def _wait_wake(self, owner: str, block: float) -> Any:
@@ -549,12 +553,20 @@ class RedisLaneBase(ABC, Generic[H]):
         """A caller-owned hold was garbage-collected while still registered (never
         released): it is no longer renewed, so its lease lapses (C20). Runs inside the
         garbage collector: no lock taken here; the entry is purged later. A hold
-        inherited through fork is the parent's (it renews it): forgotten here, silently."""
+        inherited through fork is the parent's (it renews it): forgotten here, silently.
+
+        Queued first, in one C call, before any other call: an interrupt can land in a
+        callback the collector runs (Python then only reports it), and one that landed
+        before the queueing left the entry in the registry for good, counted among the
+        holders (``wait_idle()`` and ``drain()`` never true again). One at the entry of
+        this callback leaves it to the renewer's next round, which finds the entry dead
+        (:meth:`_renewal_due`). An inherited entry is in no registry of this process:
+        the purge passes it over."""
+        self._dropped.append(entry)
         inherited = self._inherited.get(entry.key)
         if inherited is not None and any(e is entry for e in inherited):
             inherited[:] = [e for e in inherited if e is not entry]
             return
-        self._dropped.append(entry)
         warnings.warn(
             f"lane {self.name!r}: a hold of key {shown(entry.key)} (fencing token {entry.token}) "
             f"was garbage-collected without release; it is no longer renewed, and it is "
@@ -908,6 +920,7 @@ class RedisLaneBase(ABC, Generic[H]):
         deadline = None if timeout is None else t0 + timeout
         in_line = expecting = asked = False
         turn = None
+        forgets: tuple[Callable[[str, None], object], ...] = ()
         owner = hold.owner
         try:
             prev = None
@@ -972,6 +985,7 @@ class RedisLaneBase(ABC, Generic[H]):
             # Flagged first: forgetting an owner never expected is harmless, while an
             # expectation registered unflagged would never be forgotten (and would count
             # as a waiter of this process for ever, see _poll_plan).
+            forgets = self._forgets()
             expecting = True
             # A wake-up that came before this (the key was handed to us right after our
             # first script) was kept by the listener for us.
@@ -1072,13 +1086,30 @@ class RedisLaneBase(ABC, Generic[H]):
                 self._see_to(hold)
             raise
         finally:
-            if in_line:
-                with self._lock:
-                    self._waiting -= 1
-            if turn is not None:
-                self._turn_done(key, turn)
-            if expecting:
-                self._forget(owner)
+            # The finally of an acquire that ends without an interrupt is where a single
+            # interrupt can stop a clean-up: each clean-up below runs even when one lands
+            # in the one before it (nested), and none makes a call before its first
+            # store (the uncount; the pops, C calls that store before CPython can
+            # deliver an interrupt; the same-key turn, idempotent, is done again when
+            # stopped at its entry), so what an acquire registered never outlives it.
+            try:
+                if in_line:
+                    with self._lock:
+                        self._waiting -= 1
+            finally:
+                try:
+                    if turn is not None:
+                        try:
+                            self._turn_done(key, turn)
+                        except BaseException:
+                            self._turn_done(key, turn)
+                            raise
+                finally:
+                    if expecting:
+                        try:
+                            forgets[0](owner, None)
+                        finally:
+                            forgets[1](owner, None)
 
     def _poll_plan(self) -> tuple[float, int]:
         """(seconds until this waiter's next poll, its liveness window in ms, sent with
@@ -1351,10 +1382,15 @@ class RedisLaneBase(ABC, Generic[H]):
             soon = now + self._renew_s / 4
             batch: list[H] = []
             first = nxt = now + self._renew_s
+            dead: list[Watched] = []
             for entries in self._holds.values():
                 for entry in entries:
                     h = entry()
-                    if h is None or not HELD <= h._state <= RELEASING or h._lost or h._paused \
+                    if h is None:
+                        if isinstance(entry, Watched):  # (a Kept entry never dies)
+                            dead.append(entry)
+                        continue
+                    if not HELD <= h._state <= RELEASING or h._lost or h._paused \
                             or h._pid != pid:
                         continue
                     if h._renew_at <= soon:
@@ -1362,6 +1398,13 @@ class RedisLaneBase(ABC, Generic[H]):
                         first = min(first, h._renew_at)
                     elif h._renew_at < nxt:
                         nxt = h._renew_at
+            if dead:
+                # Dropped holds still registered: their callback (_on_drop) was stopped
+                # before it queued them (an interrupt at its entry), or has yet to run.
+                # Purged now, and released with this round (a second queueing of one
+                # is passed over by the purge).
+                self._dropped.extend(dead)
+                self._purge_dropped()
             if batch and first <= now:
                 return batch, max(0.001, nxt - now)
             return [], max(0.001, min(first, nxt) - now)
@@ -1412,30 +1455,37 @@ class RedisLaneBase(ABC, Generic[H]):
         answered after its hold's deadline does not revive it. The holder's deadline
         never depends on this I/O."""
         plan = self._renewal_due(time.monotonic())
-        with self._lock:
-            dropped, self._to_release = self._to_release, []
-        if dropped:
-            # Holds garbage-collected without release (their finalizer could not do I/O):
-            # released now, each only if still its owner's, in one round trip.
-            # One whose release was sent before (stopped before its answer) and is not
-            # ours any more was freed by that release: released, as _finish counts it.
-            # Counted however this round ends (a renewer task cancelled with its loop):
-            # each leaves holders once, in released or, lapsing, in unmatched_releases.
-            freed = 0
-            try:
-                replies = yield self._renew_many_io, (
-                    [self._k.release(o, t, k) for o, t, k, _ in dropped],
-                    self._renew_timeout_s)
-                freed = sum(1 for r, (*_, sent) in zip(replies, dropped, strict=True)
-                            if r == 1 or (sent and not isinstance(r, BaseException)))
-            except Exception as exc:  # they lapse with their leases
-                log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
-                            self.name, len(dropped), told(exc))
-            finally:
+        # Holds garbage-collected without release (their finalizer could not do I/O):
+        # released now, each only if still its owner's, in one round trip.
+        # One whose release was sent before (stopped before its answer) and is not
+        # ours any more was freed by that release: released, as _finish counts it.
+        # Counted however this round ends (a renewer task cancelled with its loop, an
+        # interrupt in the task): each leaves holders once, in released or, lapsing, in
+        # unmatched_releases. Taken inside the try, their number first (a call), then
+        # plain stores; counted in the finally by plain stores only.
+        dropped: list[tuple[str, int, str, bool]] = []
+        n = freed = 0
+        try:
+            with self._lock:
+                n = len(self._to_release)
+                # -- commit: plain stores --
+                dropped, self._to_release = self._to_release, []
+            if dropped:
+                try:
+                    replies = yield self._renew_many_io, (
+                        [self._k.release(o, t, k) for o, t, k, _ in dropped],
+                        self._renew_timeout_s)
+                    freed = sum(1 for r, (*_, sent) in zip(replies, dropped, strict=True)
+                                if r == 1 or (sent and not isinstance(r, BaseException)))
+                except Exception as exc:  # they lapse with their leases
+                    log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
+                                self.name, n, told(exc))
+        finally:
+            if dropped:
                 with self._lock:
                     self.released += freed
-                    self.unmatched += len(dropped) - freed
-                    self._n_live -= len(dropped)
+                    self.unmatched += n - freed
+                    self._n_live -= n
         if plan is None:
             return None
         due, sleep = plan
@@ -1482,11 +1532,14 @@ class RedisLaneBase(ABC, Generic[H]):
         claim is kept): the next grant starts a new one."""
         with self._lock:
             if claim is None or self._renewing == claim:
+                # The dropped holds it was to release lapse (see _purge_dropped). Their
+                # number first (a call), then plain stores only (this runs in a finally).
+                n = len(self._to_release)
+                # -- commit: plain stores --
                 self._renewing = 0
-                # The dropped holds it was to release lapse (see _purge_dropped).
-                left, self._to_release = self._to_release, []
-                self._n_live -= len(left)
-                self.unmatched += len(left)
+                self._to_release = []
+                self._n_live -= n
+                self.unmatched += n
 
     # -- views of this lane object -------------------------------------------------------
 

@@ -389,8 +389,8 @@ class _SyncFace(RedisOps[RedisHold]):
     def _expect(self, owner: str) -> None:
         self._wk().expect(owner)
 
-    def _forget(self, owner: str) -> None:
-        self._wk().forget(owner)
+    def _forgets(self) -> tuple[Callable[[str, None], object], ...]:
+        return self._wk().forgets()
 
     def _wait_wake(self, owner: str, block: float) -> int:
         if not self._warned_loop and _get_running_loop() is not None:

@@ -45,6 +45,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from .._core import at_fork_in_child
@@ -420,9 +421,11 @@ class SyncWaker:
         """Waiters registered now."""
         return len(self._events)
 
-    def forget(self, owner: str) -> None:
-        self._events.pop(owner, None)
-        self._tokens.pop(owner, None)
+    def forgets(self) -> tuple[Callable[[str, None], object], ...]:
+        """The calls that forget a waiter, each ``fn(owner, None)``: its event, then a
+        grant a wake-up carried to it and nobody took (C calls: see
+        ``RedisLaneBase._forgets``)."""
+        return self._events.pop, self._tokens.pop
 
     def take_token(self, owner: str) -> int:
         """The fencing token of a grant a wake-up carried to ``owner`` and nobody has
@@ -636,9 +639,11 @@ class AsyncWaker:
         """Waiters registered now."""
         return len(self._events)
 
-    def forget(self, owner: str) -> None:
-        self._events.pop(owner, None)
-        self._tokens.pop(owner, None)
+    def forgets(self) -> tuple[Callable[[str, None], object], ...]:
+        """The calls that forget a waiter, each ``fn(owner, None)``: its event, then a
+        grant a wake-up carried to it and nobody took (C calls: see
+        ``RedisLaneBase._forgets``)."""
+        return self._events.pop, self._tokens.pop
 
     async def poll_turn(self, owner: str) -> int:
         """Wait for the turn of ``owner``'s poll among the calls in flight: 0 once a permit
@@ -657,8 +662,9 @@ class AsyncWaker:
         try:
             got = await self.slots.wait(place)
         finally:
-            if self._polls.get(owner) is place:
-                del self._polls[owner]
+            # (One C call that stores: a lookup before it was a point where an interrupt
+            # left the place here. The owner's polls come one at a time: it is ours.)
+            self._polls.pop(owner, None)
         if got:
             self._tokens.pop(owner, None)
         return got
