@@ -11,6 +11,8 @@ import asyncio
 import gc
 import logging
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -322,7 +324,17 @@ def test_a_forked_child_makes_and_sets_lanes_while_a_parents_thread_sets_one() -
     from lanequeue import _ops, metrics
 
     read, write = os.pipe()
-    with _ops._SETTING, _ops._WARNED, metrics._otel_providers_lock:
+    inside, leave = threading.Event(), threading.Event()
+
+    def setter() -> None:  # another thread of the parent: inside the three at the fork
+        with _ops._SETTING, _ops._WARNED, metrics._otel_providers_lock:
+            inside.set()
+            leave.wait(30)
+
+    other = threading.Thread(target=setter)
+    other.start()
+    assert inside.wait(30)
+    try:
         pid = os.fork()
         if pid == 0:  # the child
             code = 1
@@ -336,10 +348,17 @@ def test_a_forked_child_makes_and_sets_lanes_while_a_parents_thread_sets_one() -
                 code = 0
             finally:
                 os._exit(code)
+    finally:
+        leave.set()
+        other.join(30)
     os.close(write)
+    ready, _, _ = select.select([read], [], [], 10)
+    if not ready:  # the child hangs: end it, and fail here rather than at the timeout
+        os.kill(pid, signal.SIGKILL)
     with os.fdopen(read, "rb") as pipe:
-        out = pipe.read()
+        out = pipe.read() if ready else b""
     _, status = os.waitpid(pid, 0)
+    assert ready, "the child hung on a lock a thread of the parent held at the fork"
     assert os.waitstatus_to_exitcode(status) == 0 and out == b"ok"
 
 

@@ -91,7 +91,9 @@ section below:
   would release another thread's hold. The second form exists for speed: a ``with``
   builds two bound methods and an argument tuple per call (about 100 ns on CPython
   3.11), the ``try`` costs nothing. The core never calls itself while holding the lock
-  (finalizers only record, see below), so the ``RLock`` is never re-entered by it. A
+  (finalizers only record, see below; a view that a finalizer's warning reaches, through
+  a log handler, leaves the records to the next operation: ``_CoreBase._drain``),
+  so the ``RLock`` is never re-entered by it. A
   signal handler must not call a lane either: it runs at one of the checks of the
   interrupted code, possibly inside a critical section of that lane.
 - Inside the lock, a step first does everything that may run Python code or check the
@@ -497,7 +499,14 @@ class _CoreBase:
         without a warning or a count: its finalizer already warned. Two threads may
         drain at once: each release checks, under the lock, that its item is still the
         front one.
+
+        Left to the next operation when this thread is inside the core: a finalizer may
+        run in any allocation under the lock, and its warning's handler may call a view
+        (``status()``, ``stuck()``), which drains first; a release there would run in
+        the middle of the outer operation (the RLock lets it in).
         """
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            return
         dropped = self._dropped
         while dropped:
             item = dropped[0]

@@ -110,10 +110,15 @@ def check_ops_arguments(
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 # Held while a lane's ``warn_hold_s`` changes (rare: one lock for every lane).
-_SETTING = threading.Lock()
+_SETTING = threading.RLock()
 # Held while a check or a hold's end decides whether it logs a long hold (rare: one lock
 # for every lane): a hold is logged once, by whichever decides first (see _hold_ended).
-_WARNED = threading.Lock()
+# Both are RLocks: a finalizer may run at any allocation inside them, and its warning's
+# log handler may run a check (``status()``) or a release on this same thread; a plain
+# Lock would hang that thread, and every check of every lane after it. Each decision
+# under ``_WARNED`` stays right when another runs inside it: an end is recorded in
+# ``_ends_seen`` before it logs, and a check logs only a hold still held.
+_WARNED = threading.RLock()
 # Held by the one prune of marks that runs at a time (see LaneOps._prune_warned).
 _PRUNING = threading.Lock()
 # Marks of logged holds a lane keeps before it prunes them (see LaneOps._prune_warned):
@@ -125,8 +130,8 @@ def _new_locks_after_fork() -> None:
     """In a forked child: new locks (a thread of the parent may have held one at the
     fork, and it does not exist here to release it)."""
     global _SETTING, _WARNED, _PRUNING
-    _SETTING = threading.Lock()
-    _WARNED = threading.Lock()
+    _SETTING = threading.RLock()
+    _WARNED = threading.RLock()
     _PRUNING = threading.Lock()
 
 
@@ -338,7 +343,11 @@ class LaneOps(LoopWaitWarner):
         not known, as when other waiters were ahead); ``granted`` False: it ended without
         the permit (cleared, drained or closed), and the holds ahead may still hold;
         ``ending``: the name of the exception that ended it (a cancellation, an
-        interrupt), if one did."""
+        interrupt), if one did.
+
+        This runs inside a wait (or as it ends): a log handler that raises, on this
+        line or on the long holds it checks, does not end the wait or skip ``on_wait``;
+        its error is dropped."""
         if ended:
             holder = ("logged as the wait ended; " + (
                 f"it was ended by {ending}" + ("" if granted else ", without the permit")
@@ -350,13 +359,16 @@ class LaneOps(LoopWaitWarner):
             holder_age = self._holder_age(key)
             holder = (self._no_holder_age if holder_age is None
                       else f"the current holder has held for {holder_age:.3f} s")
-        log.warning(
-            "lane %r: key %s has waited %.3f s for a permit (%d %s ahead when it joined; "
-            "%s)", self.name, shown(key), waited_s, ahead,
-            "waiter was" if ahead == 1 else "waiters were", holder,
-        )
-        if self.warn_hold_s is not None:
-            self._check_holds(self._hold_list())
+        try:
+            log.warning(
+                "lane %r: key %s has waited %.3f s for a permit (%d %s ahead when it "
+                "joined; %s)", self.name, shown(key), waited_s, ahead,
+                "waiter was" if ahead == 1 else "waiters were", holder,
+            )
+            if self.warn_hold_s is not None:
+                self._check_holds(self._hold_list())
+        except Exception:  # (a broken handler: see above)
+            pass
         if self.on_wait is not None:
             try:
                 self.on_wait(self, key, waited_s, ahead)

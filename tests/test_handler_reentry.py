@@ -1,0 +1,175 @@
+"""Log handlers and finalizers that run inside a lane's own work.
+
+A finalizer may run at any allocation, also while this thread is inside a lane's lock
+or inside the decision of who logs a long hold; the warning it gives (a hold dropped
+while held) goes to the user's warning or log handler, which may call a view of the
+lane (``status()``, ``stuck()``). And a log handler may raise. None of it may hang a
+thread, end a wait, or corrupt a lane's counts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import FakeClock
+
+from lanequeue import Lane, SessionLane, _ops
+from lanequeue._obs import HELD_BATCH, HOLD_BUCKETS, Histogram
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def quiet_lanequeue() -> Iterator[None]:
+    """The lanequeue logger's records go nowhere else during the test."""
+    logger = logging.getLogger("lanequeue")
+    propagate = logger.propagate
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.propagate = propagate
+
+
+@pytest.mark.parametrize("make", [SessionLane, Lane])
+def test_a_check_made_inside_the_decision_of_who_logs_does_not_hang(
+    make: Any, quiet_lanequeue: None
+) -> None:
+    """A check (``status()``) made by a thread that is already inside the decision of
+    who logs a long hold, as a finalizer's warning handler is when the collector runs at
+    an allocation there (the reporter thread's ``_hold_ended``, a check's own
+    ``_held_now``), returns and logs the hold once. The decision's lock was a plain
+    Lock: that thread hung, and every check of every lane after it."""
+    clock = FakeClock()
+    lane = make("reentry", warn_hold_s=1.0, clock=clock, warn_after_s=None)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lanequeue").addHandler(handler)
+    done = threading.Event()
+
+    def inside() -> None:
+        with _ops._WARNED:  # as a finalizer run inside the decision finds it
+            lane.status()
+            lane.stuck(0)
+        done.set()
+
+    try:
+        assert lane.try_acquire("k")
+        clock.advance(2.0)
+        worker = threading.Thread(target=inside, daemon=True)
+        worker.start()
+        assert done.wait(10), "a check inside the decision hung"
+        held = [line for line in lines if "has held its permit" in line]
+        assert len(held) == 1 and "'k'" in held[0]
+        assert lane.manual_release("k")
+    finally:
+        logging.getLogger("lanequeue").removeHandler(handler)
+
+
+class _FoldHook(Histogram):
+    """The core's hold-time list, with a hook run at the start of each fold (where the
+    collector may run a finalizer: the fold allocates)."""
+
+    hook: Any = None
+
+    def fold(self) -> None:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        super().fold()
+
+
+def test_a_view_a_dropped_holds_warning_calls_inside_a_release_changes_nothing_there(
+    quiet_lanequeue: None,
+) -> None:
+    """A hold dropped while held, finalized inside another hold's release (under the
+    core's lock), warns; the warning's handler calls ``status()``, which ends the
+    dropped holds first. That ending ran a release inside the outer release (the core's
+    lock is an RLock): the two folds of the hold times ran into each other, and the
+    outer release raised ``ValueError: max() arg is an empty sequence`` with its hold
+    still held. Now the view leaves the dropped hold to the next operation: the outer
+    release ends its hold, the next operation ends the dropped one, and every hold time
+    is counted once."""
+    clock = FakeClock()
+    lane = SessionLane("fold", warn_hold_s=1000.0, clock=clock, warn_after_s=None)
+    core: Any = lane._core
+    hooked = _FoldHook(HOLD_BUCKETS)
+    hooked.extend(core.hold_hist)
+    core.hold_hist = hooked
+    for i in range(HELD_BATCH - 1):  # hold times waiting: the outer release folds
+        with lane.acquire(f"k{i}"):
+            clock.advance(0.001 * 10 ** (i % 5))  # (spread over buckets)
+    box: dict[str, Any] = {"dropped": lane.acquire("dropped")}
+    box["dropped"].__enter__()
+    clock.advance(0.5)
+    outer = lane.acquire("outer")
+    outer.__enter__()
+    clock.advance(0.25)
+    views: list[dict[str, Any]] = []
+
+    def finalize_inside() -> None:  # the collector, at the fold's first allocation
+        del box["dropped"]  # its finalizer runs now, inside the outer release
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda *a, **k: views.append(lane.status())
+        hooked.hook = finalize_inside
+        outer.release()  # raised ValueError; the nested release ended 'dropped' here
+    assert len(views) == 1  # the warning came, inside the release
+    assert len(core._dropped) == 1  # 'dropped': left to the next operation
+    assert core._entries["dropped"].token  # still held
+    assert not core.owns("outer", outer.token)
+    assert lane.active_count == 0  # an operation: it ends the dropped hold
+    assert not core._dropped and not lane.is_held("dropped")
+    snap = core.hold_hist.snapshot()
+    assert sum(snap.counts) == HELD_BATCH + 1  # each hold time once, 'dropped' included
+    spread = sum(0.001 * 10 ** (i % 5) for i in range(HELD_BATCH - 1))
+    assert snap.sum == pytest.approx(spread + 0.75 + 0.25)
+
+
+@pytest.mark.parametrize("make", [SessionLane, Lane])
+def test_a_handler_that_raises_on_a_long_hold_line_does_not_end_a_wait(
+    make: Any, quiet_lanequeue: None
+) -> None:
+    """A slow wait's warning checks the long holds; a log handler that raises on the
+    long-hold line made the waiting ``acquire`` raise its error (the wait given up) and
+    skipped ``on_wait``. Now the wait goes on, ``on_wait`` is called, and the permit
+    comes when the holder releases."""
+    warned = threading.Event()
+    lane = make("broken", warn_after_s=0.05, warn_hold_s=0.01,
+                on_wait=lambda *args: warned.set(), **(
+                    {"max_concurrent": 1} if make is Lane else {}))
+
+    class Broken(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:
+            if "has held its permit" in record.getMessage():
+                raise RuntimeError("log sink down")
+            return True
+
+    broken = Broken()
+    logging.getLogger("lanequeue").addHandler(broken)
+    got: list[Any] = []
+
+    def waiter() -> None:
+        try:
+            with lane.acquire("k", timeout_s=20):
+                got.append("granted")
+        except BaseException as exc:
+            got.append(exc)
+
+    try:
+        assert lane.try_acquire("k")
+        worker = threading.Thread(target=waiter, daemon=True)
+        worker.start()
+        assert warned.wait(10), f"on_wait was not called: {got}"
+        assert lane.manual_release("k")
+        worker.join(10)
+        assert got == ["granted"]
+    finally:
+        logging.getLogger("lanequeue").removeHandler(broken)
