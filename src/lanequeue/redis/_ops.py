@@ -201,6 +201,15 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                         out.append((key, h.token, now - h._since))
         return out
 
+    def _pending_ends(self) -> set[tuple[str, int]]:
+        """The holds a release has taken out of the registry whose end has not been
+        through :meth:`_hold_released` yet (see ``RedisLaneBase._ending``): a prune of
+        the marks (``_prune_warned``) keeps theirs, so that a hold a check logged as
+        held is not logged again as it ends, however late its releasing thread gets
+        there (before, two prunes in that gap dropped its mark)."""
+        with self._lock:
+            return set(self._ending)
+
     def _held_now(self, key: str, token: int) -> bool:
         # (one read of the registry's list for the key, copied: no lock needed)
         for entry in list(self._holds.get(key, ())):

@@ -243,6 +243,13 @@ class RedisLaneBase(ABC, Generic[H]):
         self._inherited: dict[str, list[Kept | Watched]] = {}
         # Per key, the event of this object's latest same-key request still joining.
         self._joins: dict[str, Any] = {}
+        # (key, token) of the holds a release has taken out of the registry (or is about
+        # to) whose end has not been through _hold_released yet: recorded by plain
+        # stores before the unlink, removed once the release returns or raises. The
+        # operations layer keeps the marks of these holds (_pending_ends): a hold a
+        # check logged as held is then never logged again as it ends, however long
+        # the releasing thread takes to get there.
+        self._ending: dict[tuple[str, int], None] = {}
         _LANES.add(self)
         self.acquired = 0
         self.released = 0
@@ -705,17 +712,27 @@ class RedisLaneBase(ABC, Generic[H]):
         """The renewer found gone a HELD hold whose release was sent and stopped before
         its answer, its own deadline not passed: that release freed it. Counted in
         ``released`` and ended, with a warning; not a lost lease."""
-        with self._lock:
-            if hold._state != HELD or hold._lost:
-                return  # (a release took it over meanwhile: its answer decides)
-            self._unlink(hold, True)
-        log.warning(
-            "lane %r: the hold of key %s (fencing token %d) was released by its release "
-            "that an interrupt stopped before the answer; it is ended here, and "
-            "manual_release(key) has nothing left to release", self.name,
-            shown(hold.key), hold.token,
-        )
-        self._hold_released(hold)
+        ending = False
+        mark = (hold.key, hold._token)
+        try:
+            with self._lock:
+                if hold._state != HELD or hold._lost:
+                    return  # (a release took it over meanwhile: its answer decides)
+                # -- before the unlink, plain stores: see _ending --
+                ending = True
+                self._ending[mark] = None
+                self._unlink(hold, True)
+            log.warning(
+                "lane %r: the hold of key %s (fencing token %d) was released by its "
+                "release that an interrupt stopped before the answer; it is ended here, "
+                "and manual_release(key) has nothing left to release", self.name,
+                shown(hold.key), hold.token,
+            )
+            self._hold_released(hold)
+        finally:
+            if ending:
+                with self._lock:
+                    self._ending.pop(mark, None)
 
     def _hold_released(self, hold: H) -> None:
         """``hold``, not known lost when its release was sent, was freed by it (or by its
@@ -839,6 +856,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self._renewer_pid = 0
         self._idle_since = None
         self._joins = {}
+        self._ending = {}
         self._watch_at = math.inf
         self._server_checked = False
 
@@ -1238,55 +1256,67 @@ class RedisLaneBase(ABC, Generic[H]):
         freed: bool | None = None
         was_lost = interrupted = sent = ours = False
         committed = False  # counted released here (see _hold_released)
+        # This release unlinks the hold: its end is on its way to the operations layer
+        # (see _ending) until this returns or raises.
+        ending = False
+        mark = (hold.key, hold._token)
         try:
-            was_lost = hold.lost
-            sent = hold._sent  # an earlier release of it was sent, and stopped unanswered
-            if was_lost:
-                self._notice_lost(hold)
-                # Lost by our own clock or presence, the server may still have it (the
-                # release script checks the owner): free the key now rather than after
-                # the server's expiry. What it answers, the holder hears LeaseLostError.
-                try:
+            try:
+                was_lost = hold.lost
+                sent = hold._sent  # an earlier release of it was sent, and stopped unanswered
+                if was_lost:
+                    self._notice_lost(hold)
+                    # Lost by our own clock or presence, the server may still have it (the
+                    # release script checks the owner): free the key now rather than after
+                    # the server's expiry. What it answers, the holder hears LeaseLostError.
+                    try:
+                        reply = yield from self._script("release", hold.key,
+                                                        self._release_call(hold))
+                        freed = flag_reply(reply) == 1
+                    except LaneBackendError:
+                        freed = False
+                else:
+                    hold._sent = True  # (stopped before its answer: see the finally)
+                    entry = hold._entry
+                    if entry is not None:
+                        entry.sent = True  # (for the renewer, should the hold be dropped)
                     reply = yield from self._script("release", hold.key,
                                                     self._release_call(hold))
                     freed = flag_reply(reply) == 1
-                except LaneBackendError:
-                    freed = False
-            else:
-                hold._sent = True  # (stopped before its answer: see the finally)
-                entry = hold._entry
-                if entry is not None:
-                    entry.sent = True  # (for the renewer, should the hold be dropped)
-                reply = yield from self._script("release", hold.key,
-                                                self._release_call(hold))
-                freed = flag_reply(reply) == 1
-        except BaseException as exc:
-            interrupted = not isinstance(exc, Exception)
-            raise
+            except BaseException as exc:
+                interrupted = not isinstance(exc, Exception)
+                raise
+            finally:
+                with self._lock:
+                    # (Not ours any more: a later release took it over, see _detach; that
+                    # one counts it.)
+                    if hold._state == RELEASING and hold._releaser is me:
+                        if interrupted and freed is None:
+                            hold._state = HELD  # maybe still held: kept, as in process
+                        else:
+                            # Refused after a release of ours was sent unanswered, the hold
+                            # not lost by its own clock: that release freed it (released).
+                            ours = freed is False and sent and not was_lost
+                            # No answer (LaneBackendError): unmatched, the lease lapses.
+                            committed = freed is True or ours
+                            # -- before the unlink, plain stores: see _ending --
+                            ending = True
+                            self._ending[mark] = None
+                            self._unlink(hold, committed)
+            if ours:
+                self._hold_released(hold)
+                raise self._freed_error(hold)
+            if was_lost or not freed:
+                if not was_lost:
+                    self._notice_lost(hold)  # refused: the server no longer has it
+                raise self._lost_error(hold, freed is True)
+            if committed:
+                self._hold_released(hold)
+            return True
         finally:
-            with self._lock:
-                # (Not ours any more: a later release took it over, see _detach; that
-                # one counts it.)
-                if hold._state == RELEASING and hold._releaser is me:
-                    if interrupted and freed is None:
-                        hold._state = HELD  # maybe still held: kept, as in process
-                    else:
-                        # Refused after a release of ours was sent unanswered, the hold
-                        # not lost by its own clock: that release freed it (released).
-                        ours = freed is False and sent and not was_lost
-                        # No answer (LaneBackendError): unmatched, the lease lapses.
-                        self._unlink(hold, freed is True or ours)
-                        committed = freed is True or ours
-        if ours:
-            self._hold_released(hold)
-            raise self._freed_error(hold)
-        if was_lost or not freed:
-            if not was_lost:
-                self._notice_lost(hold)  # refused: the server no longer has it
-            raise self._lost_error(hold, freed is True)
-        if committed:
-            self._hold_released(hold)
-        return True
+            if ending:
+                with self._lock:
+                    self._ending.pop(mark, None)
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""

@@ -1,0 +1,140 @@
+"""``warn_hold_s`` on the Redis lanes (README, "Stuck holders"): each hold that lasts
+longer is logged once, by a check while it is held or as it ends, whatever happens in
+between, against a real redis-server. The interleavings are driven by a gate on the
+point where a release reports its hold (``RedisOps._hold_released``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from test_redis_cleanup_interrupts import MAX_POINTS, Interrupt
+
+from lanequeue.redis import RedisSessionLane
+from lanequeue.redis._ops import RedisOps
+from lanequeue.redis._sync import drive
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Gate:
+    """Holds up every report of a hold's end (``RedisOps._hold_released``) until
+    ``open`` is set; ``reached`` is set once one is held up."""
+
+    def __init__(self) -> None:
+        self.reached = threading.Event()
+        self.open = threading.Event()
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Gate]:
+    g = _Gate()
+    original = RedisOps._hold_released
+
+    def held_up(self: Any, *args: Any) -> Any:
+        g.reached.set()
+        assert g.open.wait(20)
+        return original(self, *args)
+
+    monkeypatch.setattr(RedisOps, "_hold_released", held_up)
+    try:
+        yield g
+    finally:
+        g.open.set()
+
+
+def _lines(caplog: pytest.LogCaptureFixture, key: str) -> tuple[int, int]:
+    """How many times ``key`` was logged as held too long, and as ended so."""
+    messages = [r.getMessage() for r in caplog.records]
+    held = sum(1 for m in messages if f"key '{key}' has held its permit" in m)
+    ended = sum(1 for m in messages if f"key '{key}' held its permit" in m
+                and "past warn_hold_s" in m)
+    return held, ended
+
+
+def _in_thread(fn: Callable[[], object]) -> threading.Thread:
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("end", ["release", "stopped release"])
+def test_a_hold_a_check_logged_is_not_logged_again_when_prunes_pass_before_its_report(
+    redis_client: Any, redis_prefix: str, gate: _Gate, caplog: pytest.LogCaptureFixture,
+    end: str,
+) -> None:
+    """A check logs a hold as held; its end takes it out of the registry and is held up
+    before its report; two prunes of the marks run in that gap. Observed before: the
+    second prune dropped the check's mark (the hold was neither held nor among the
+    ends on their way: a Redis lane had none), and the report logged the hold a second
+    time ("... it has been released"). Expected: logged once. ``end``: leaving the
+    block, or the renewer finding the hold freed by its release that an interrupt
+    stopped before its answer."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = RedisSessionLane(redis_client, "hr", prefix=redis_prefix, warn_hold_s=0.0,
+                            warn_after_s=None)
+    hold = lane.acquire("H")
+    hold.__enter__()
+    lane.status()  # the check logs it as held
+    assert _lines(caplog, "H") == (1, 0)
+    if end == "release":
+        t = _in_thread(lambda: hold.__exit__(None, None, None))
+    else:
+        # Its release ran in Redis, and its answer never came (an interrupt).
+        assert drive(lane._script("release", "H", lane._release_call(hold))) is not None
+        t = _in_thread(lambda: lane._freed_by_stopped_release(hold))
+    assert gate.reached.wait(10)
+    assert lane.get_active() == {}  # out of the registry, its report not made yet
+    lane._prune_warned()
+    lane._prune_warned()
+    gate.open.set()
+    t.join(10)
+    assert not t.is_alive()
+    assert _lines(caplog, "H") == (1, 0)
+    assert lane._ending == {}  # (the release is done with it)
+    assert lane._warned_holds == set() and lane.stats.holders == 0
+
+
+@pytest.mark.timeout(120)
+def test_an_interrupt_at_any_point_of_a_release_leaves_no_end_pending(
+    redis_client: Any, redis_prefix: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A release of a hold a check logged is interrupted at each point in turn (see
+    ``test_redis_cleanup_interrupts``); ``manual_release`` then ends what it left.
+    Expected at every point: the release's record of an end on its way is gone once it
+    returned or raised (else the check's mark of that hold were kept for good), and the
+    hold is logged once (by the check)."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = RedisSessionLane(redis_client, "hi", prefix=redis_prefix, warn_hold_s=0.0,
+                            warn_after_s=None)
+    wrong: list[str] = []
+    fired: list[str] = []
+    for n in range(MAX_POINTS):
+        hold = lane.acquire("k")
+        hold.__enter__()
+        lane.status()
+        inject = Interrupt(n, None)
+        inject.run(lambda: hold.__exit__(None, None, None))  # noqa: B023
+        where = inject.fired or "no point"
+        if lane._ending:
+            wrong.append(f"interrupted at {where}: {lane._ending}")
+            lane._ending.clear()
+        if hold._release_due():
+            lane.manual_release("k")
+        messages = [r.getMessage() for r in caplog.records]
+        token = f"(token {hold.token})"
+        logged = [m for m in messages if "key 'k'" in m and token in m and "held" in m]
+        if len(logged) != 1:
+            wrong.append(f"interrupted at {where}: {logged}")
+        caplog.clear()
+        if inject.fired is None:
+            break
+        fired.append(inject.fired)
+    else:
+        pytest.fail(f"more than {MAX_POINTS} points")
+    assert wrong == [], "\n".join(wrong)
+    assert len(fired) >= 10, fired
+    assert lane.stats.holders == 0
