@@ -13,6 +13,19 @@ import pytest
 from lanequeue.lanes import _ThreadWaiter
 
 
+def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The exit status, stdout and stderr of ``lanequeue ARGV`` (argparse's refusals,
+    which exit, too)."""
+    from lanequeue.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
 class FakeClock:
     """A monotonic clock that moves only when told to."""
 

@@ -10,8 +10,9 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
-from lanequeue.cli import build_parser, main
+from lanequeue.cli import build_parser
 
 #: Every numeric option, with the arguments its command needs besides it and a valid value.
 NUMBER_OPTIONS = [
@@ -35,15 +36,6 @@ def _argv(command: str, option: str, value: str) -> list[str]:
     extra = {"replay": ["--no-progress"], "plan": ["--p99-wait-s", "1"],
              "status": ["--backend", "redis://127.0.0.1:1/0", "--watch"]}[command]
     return [command, *extra, f"{option}={value}"]
-
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture
@@ -75,7 +67,7 @@ def test_min_global_above_max_global_is_shown_as_typed(
 ) -> None:
     """``--min-global 09 --max-global 3`` said ``min-global (9) > max-global (3)``: the
     parsed numbers, in a form of its own."""
-    code, out, err = _run(["plan", "--p99-wait-s", "1", "--min-global", "09",
+    code, out, err = run_cli(["plan", "--p99-wait-s", "1", "--min-global", "09",
                            "--max-global", "+3"], capsys)
     assert (code, out) == (2, "")
     assert err.splitlines()[-1] == (
@@ -103,7 +95,7 @@ def test_every_refusal_of_a_number_ends_with_got_and_the_typed_value(
     """``--max-bad-lines 101%`` ended ``not '101%'``, ``--speed x`` said ``invalid float
     value: 'x'`` and ``--p99-wait-s x`` ``not a number of seconds: 'x'``, where a value out
     of range said ``got ...``: every option says ``got`` and the value as typed now."""
-    code, out, err = _run(_argv(command, option, bad), capsys)
+    code, out, err = run_cli(_argv(command, option, bad), capsys)
     assert (code, out) == (2, "")
     last = _refusal(command, option, err)
     assert last.endswith(f", got {bad or repr('')}"), err
@@ -124,7 +116,7 @@ def test_every_numeric_option_refuses_what_is_not_ascii_decimal(
     """``--jobs 1_000`` started 1,000 processes and ``--global \u0661\u0660`` made ten
     permits (int() and float() take both), while ``--p99-wait-s`` refused them."""
     text = bad + ("%" if option == "--max-bad-lines" else "")
-    code, out, err = _run(_argv(command, option, text), capsys)
+    code, out, err = run_cli(_argv(command, option, text), capsys)
     assert (code, out) == (2, "")
     assert _refusal(command, option, err).endswith(f", got {text}"), err
 
@@ -154,7 +146,7 @@ def test_a_huge_spelling_is_refused_in_the_one_form_and_cut(
     """5,000 digits (beyond what int() and Fraction() convert from text) are read like
     any other number, and refused by the option's range, shown cut."""
     huge = "9" * 5000 + ("%" if option == "--max-bad-lines" else "")
-    code, out, err = _run(_argv(command, option, huge), capsys)
+    code, out, err = run_cli(_argv(command, option, huge), capsys)
     assert (code, out) == (2, "")
     last = _refusal(command, option, err)
     assert "must be" in last and f"({len(huge):,} characters)" in last and len(last) < 500, last
@@ -168,7 +160,7 @@ def test_seconds_options_refuse_nan_and_inf_by_their_range(
     option's range refuses them, as ``--speed nan`` is."""
     for option in ("--p99-wait-s", "--max-wait-s"):
         for value in ("nan", "-Infinity", "inf"):
-            code, _, err = _run(_argv("plan", option, value), capsys)
+            code, _, err = run_cli(_argv("plan", option, value), capsys)
             assert code == 2
             assert err.splitlines()[-1] == (
                 f"lanequeue plan: error: argument {option}: {option[2:]} must be a number "
@@ -193,14 +185,14 @@ def trace(tmp_path: Path) -> Path:
 def test_tiny_goals_are_echoed_short(trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--p99-wait-s 1e-9999`` was printed in full, 10,000 digits, in the goal line (and
     in the line of the waits that miss it)."""
-    code, out, err = _run(["plan", str(trace), "--p99-wait-s", "1e-9999",
+    code, out, err = run_cli(["plan", str(trace), "--p99-wait-s", "1e-9999",
                            "--max-wait-s", "1e-300"], capsys)
     assert code == 3, err
     assert max(len(line) for line in out.splitlines()) < 200, out
     assert "goal: p99 wait <= 1e-9999 s and max wait <= 1e-300 s\n" in out
     assert "waits more than 1e-9999 s at every cap" in out
     digits = "0." + "0" * 5000 + "1"
-    code, out, err = _run(["plan", str(trace), "--p99-wait-s", digits], capsys)
+    code, out, err = run_cli(["plan", str(trace), "--p99-wait-s", digits], capsys)
     assert code == 3, err
     assert "goal: p99 wait <= 1e-5001 s\n" in out
 
@@ -209,11 +201,11 @@ def test_tiny_goals_are_echoed_short(trace: Path, capsys: pytest.CaptureFixture[
 def test_a_tiny_tpot_is_echoed_short(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "tokens.jsonl"
     path.write_text(json.dumps({"timestamp": 0, "key": "a", "output_tokens": 10}) + "\n")
-    code, out, err = _run(["plan", str(path), "--p99-wait-s", "1", "--tpot-ms", "5e-324"],
+    code, out, err = run_cli(["plan", str(path), "--p99-wait-s", "1", "--tpot-ms", "5e-324"],
                           capsys)
     assert code == 0, err
     assert "; 5e-324 ms per output token\n" in out
-    code, out, err = _run(["plan", str(path), "--p99-wait-s", "1", "--tpot-ms",
+    code, out, err = run_cli(["plan", str(path), "--p99-wait-s", "1", "--tpot-ms",
                            "30.0000001"], capsys)
     assert "; 30.0000001 ms per output token\n" in out  # not rounded to 30 either
 
@@ -226,7 +218,7 @@ def test_a_long_bad_line_limit_is_echoed_cut(
     path.write_text("{bad\n" + json.dumps({"timestamp": 0, "key": "a", "duration_s": 1})
                     + "\n")
     limit = "100." + "0" * 5000 + "%"
-    code, _, err = _run(["plan", str(path), "--p99-wait-s", "1", "--max-bad-lines", limit],
+    code, _, err = run_cli(["plan", str(path), "--p99-wait-s", "1", "--max-bad-lines", limit],
                           capsys)
     assert code == 0, err
     assert max(len(line) for line in err.splitlines()) < 500, err

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
+import conftest
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -598,11 +599,8 @@ def test_readme_generic_example(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     """The exit status and stderr of ``lanequeue ARGV`` (argparse's own refusals too)."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, capsys.readouterr().err
+    code, _, err = conftest.run_cli(argv, capsys)
+    return code, err
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -727,16 +728,6 @@ def test_python_dash_m(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------------------
 # Settings refused at once; the generic format; the checks line of global-serial
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    """The exit status, stdout and stderr of ``lanequeue ARGV`` (argparse's refusals too)."""
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 HUGE = str(10**30)
