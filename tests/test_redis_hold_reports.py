@@ -5,13 +5,15 @@ point where a release reports its hold (``RedisOps._hold_released``)."""
 
 from __future__ import annotations
 
+import collections
+import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from test_redis_cleanup_interrupts import MAX_POINTS, Interrupt
+from test_redis_cleanup_interrupts import MAX_POINTS, Interrupt, _no_renewer
 
 from lanequeue.redis import RedisSessionLane
 from lanequeue.redis._ops import RedisOps
@@ -138,3 +140,87 @@ def test_an_interrupt_at_any_point_of_a_release_leaves_no_end_pending(
     assert wrong == [], "\n".join(wrong)
     assert len(fired) >= 10, fired
     assert lane.stats.holders == 0
+
+
+def _dropped_lane(client: Any, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A lane whose renewer's rounds the test runs (``drive(lane._renew_round())``)."""
+    _no_renewer(monkeypatch)
+    lane = RedisSessionLane(client, "dh", prefix=prefix, lease_s=30.0, warn_hold_s=0.0,
+                            warn_after_s=None)
+    lane.track_holds()
+    return lane
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_dropped_long_hold_is_logged_by_the_renewers_release_of_it(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hold past ``warn_hold_s`` is garbage-collected while held, no check having run.
+    Observed before: never logged (its dead weak reference left the checks' list at
+    once, and the renewer's release of it reported nothing), while an in-process lane
+    logs it ("... it has been released"). Expected: the renewer's release of it logs it,
+    once, and observes its time, as any release does."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = _dropped_lane(redis_client, redis_prefix, monkeypatch)
+    hold = lane.acquire("D")
+    hold.__enter__()
+    token = hold.token
+    del hold
+    gc.collect()
+    lane.status()  # a check: the dropped hold is not held any more, so not logged here
+    assert _lines(caplog, "D") == (0, 0)
+    drive(lane._renew_round())
+    assert _lines(caplog, "D") == (0, 1)
+    assert f"(token {token}), past warn_hold_s; it has been released" in caplog.text
+    st = lane.stats
+    assert (st.acquired, st.released, st.holders) == (1, 1, 0), st
+    assert sum(lane.metrics_snapshot()[0].hold.counts) == 1
+    drive(lane._renew_round())
+    lane.status()
+    assert _lines(caplog, "D") == (0, 1)
+    assert lane._warned_holds == set() and lane._releasing == {}
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_dropped_hold_a_check_logged_is_not_logged_again_whatever_prunes_pass(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A check logs a hold as held; the hold is dropped; two prunes of the marks run at
+    each stage of its way to the renewer's report (dead in the registry, queued for the
+    renewer, in the renewer's release). Expected: the report finds the check's mark
+    and says nothing: logged once."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = _dropped_lane(redis_client, redis_prefix, monkeypatch)
+    hold = lane.acquire("D")
+    hold.__enter__()
+    lane.status()
+    assert _lines(caplog, "D") == (1, 0)
+    lane._dropped = _NotQueued()  # (its callback queues nothing: dead in the registry)
+    del hold
+    gc.collect()
+    assert any(e() is None for e in lane._holds["D"])
+    lane._prune_warned()
+    lane._prune_warned()
+    lane._dropped = collections.deque(lane._holds["D"])
+    assert lane.active_count == 1 and len(lane._to_release) == 1  # queued
+    lane._prune_warned()
+    lane._prune_warned()
+    io = lane._renew_many_io
+
+    def pruned_meanwhile(calls: Any, wait: float) -> Any:
+        lane._prune_warned()
+        lane._prune_warned()
+        return io(calls, wait)
+
+    monkeypatch.setattr(lane, "_renew_many_io", pruned_meanwhile)
+    drive(lane._renew_round())
+    assert lane.stats.released == 1
+    assert _lines(caplog, "D") == (1, 0)
+    assert lane._warned_holds == set()
+
+
+class _NotQueued(collections.deque):  # type: ignore[type-arg]
+    def append(self, entry: Any) -> None:
+        pass

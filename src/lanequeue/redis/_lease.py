@@ -55,13 +55,19 @@ class Kept:
 class Watched(weakref.ref):  # type: ignore[type-arg]
     """Registry entry of a hold its caller owns (weak; see the module docstring)."""
 
-    __slots__ = ("key", "token", "owner", "live", "sent")
+    __slots__ = ("key", "token", "owner", "live", "sent", "since")
 
-    def __init__(self, hold: Any, on_drop: Any) -> None:
+    def __new__(cls, hold: Any, on_drop: Any, since: float) -> Watched:
+        return super().__new__(cls, hold, on_drop)
+
+    def __init__(self, hold: Any, on_drop: Any, since: float) -> None:
         super().__init__(hold, on_drop)  # type: ignore[call-arg]
         self.key: str = hold.key
         self.token: int = hold.token
         self.owner: str = hold.owner  # what its release names, once the hold is gone
+        # When its grant was asked for (the hold's ``_since``): the renewer's release of
+        # the dropped hold reports how long it was held (``warn_hold_s``, hold times).
+        self.since = since
         self.live = True
         # A release of it was sent (and stopped before its answer, if the hold is then
         # dropped): the renewer's release of the dropped hold finding it gone means that

@@ -174,19 +174,20 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         """Wake ``owner``'s bounded wait now (the face's)."""
         ...
 
-    def _hold_released(self, hold: H) -> None:
+    def _hold_released(self, key: str, token: int, since: float) -> None:
         """Observe the time of a hold its release freed (once per hold, after its count;
         when ``track_holds()`` was called), and log it if it lasted ``warn_hold_s``
-        (unless a check logged it while it was held)."""
+        (unless a check logged it while it was held). A dropped hold's release is the
+        renewer's (see ``RedisLaneBase._renew_round``)."""
         hist = self._hold_hist
         limit = self.warn_hold_s
         if hist is not None or limit is not None:
-            held = time.monotonic() - hold._since
+            held = time.monotonic() - since
             if hist is not None:
                 with self._lock:
                     hist.observe(held)
             if limit is not None and held >= limit:
-                self._hold_ended(hold.key, hold.token, held)
+                self._hold_ended(key, token, held)
 
     # -- the LaneOps interface -------------------------------------------------------------
 
@@ -203,12 +204,23 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
 
     def _pending_ends(self) -> set[tuple[str, int]]:
         """The holds a release has taken out of the registry whose end has not been
-        through :meth:`_hold_released` yet (see ``RedisLaneBase._ending``): a prune of
-        the marks (``_prune_warned``) keeps theirs, so that a hold a check logged as
-        held is not logged again as it ends, however late its releasing thread gets
-        there (before, two prunes in that gap dropped its mark)."""
+        through :meth:`_hold_released` yet (see ``RedisLaneBase._ending``), and the
+        dropped holds (garbage-collected while held) until the renewer's release of them
+        has reported them: a prune of the marks (``_prune_warned``) keeps theirs, so
+        that a hold a check logged as held is not logged again as it ends, however late
+        its end gets there (before, two prunes in that gap dropped its mark)."""
         with self._lock:
-            return set(self._ending)
+            out = set(self._ending)
+            # Dropped holds: the dead entries not purged yet, those waiting for the
+            # renewer, and the renewer's batches not reported yet.
+            for key, entries in self._holds.items():
+                for entry in entries:
+                    if entry() is None:
+                        out.add((key, entry.token))
+            for batch in (self._to_release, *self._releasing.values()):
+                for _, token, key, *_ in batch:
+                    out.add((key, token))
+            return out
 
     def _held_now(self, key: str, token: int) -> bool:
         # (one read of the registry's list for the key, copied: no lock needed)

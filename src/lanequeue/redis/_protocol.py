@@ -108,6 +108,13 @@ DEFAULT_PREFIX = "lanequeue"
 
 OnLeaseLost = Callable[[Any], object]
 
+#: A dropped hold the renewer is to release: (owner, token, key, a release of it was
+#: sent, when its grant was asked for).
+Dropped = tuple[str, int, str, bool, float]
+
+#: Numbers of the renewer's batches of dropped holds (see RedisLaneBase._renew_round).
+_batches = itertools.count(1)
+
 
 #: Every lane object of this process, so a forked child can reset what it cannot share.
 _LANES: weakref.WeakSet[RedisLaneBase[Any]] = weakref.WeakSet()
@@ -236,9 +243,12 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
-        # (owner, token, key, a release of it was sent) of dropped holds to release: the
-        # renewer sends them.
-        self._to_release: list[tuple[str, int, str, bool]] = []
+        # (owner, token, key, a release of it was sent, when it was granted) of dropped
+        # holds to release: the renewer sends them.
+        self._to_release: list[Dropped] = []
+        # The batches of them the renewer has taken and not reported yet, by number
+        # (see _renew_round and _pending_ends).
+        self._releasing: dict[int, list[Dropped]] = {}
         # In a forked child: the parent's holds, per key (see _forked); never in _holds.
         self._inherited: dict[str, list[Kept | Watched]] = {}
         # Per key, the event of this object's latest same-key request still joining.
@@ -483,7 +493,8 @@ class RedisLaneBase(ABC, Generic[H]):
             pid = os.getpid()
             expires = t0 + self.lease_s - self._guard_s
             hold._token = token  # (read by the entry)
-            entry: Kept | Watched = Kept(hold) if kept else Watched(hold, self._on_drop)
+            entry: Kept | Watched = (Kept(hold) if kept
+                                     else Watched(hold, self._on_drop, t0))
             entries = self._holds.get(hold.key)
             start = not self._renewer_runs(pid)
             # -- commit: plain stores, then one last builtin --
@@ -604,7 +615,7 @@ class RedisLaneBase(ABC, Generic[H]):
                 if self._renewer_runs(os.getpid()):
                     # Still in _n_live: held in Redis until the renewer's release answers.
                     self._to_release.append(
-                        (entry.owner, entry.token, entry.key, entry.sent))
+                        (entry.owner, entry.token, entry.key, entry.sent, entry.since))
                 else:  # no renewer to release it (its loop closed): it lapses
                     self._n_live -= 1
                     self.unmatched += 1
@@ -728,17 +739,18 @@ class RedisLaneBase(ABC, Generic[H]):
                 "and manual_release(key) has nothing left to release", self.name,
                 shown(hold.key), hold.token,
             )
-            self._hold_released(hold)
+            self._hold_released(hold.key, hold._token, hold._since)
         finally:
             if ending:
                 with self._lock:
                     self._ending.pop(mark, None)
 
-    def _hold_released(self, hold: H) -> None:
-        """``hold``, not known lost when its release was sent, was freed by it (or by its
-        release that an interrupt stopped) and counted in ``released``: a hook (the
-        operations layer observes the hold's time), called once per such hold, after the
-        count."""
+    def _hold_released(self, key: str, token: int, since: float) -> None:
+        """The hold of ``key`` (fencing ``token``, granted as asked for at ``since``),
+        not known lost when its release was sent, was freed by it (or by its release
+        that an interrupt stopped, or, dropped, by the renewer's release of it) and
+        counted in ``released``: a hook (the operations layer observes the hold's time
+        and logs a long hold), called once per such hold, after the count."""
 
     def _notice_lost(self, hold: H) -> None:
         """Mark ``hold`` lost (once), call ``on_lease_lost`` and the hold's loss
@@ -852,6 +864,7 @@ class RedisLaneBase(ABC, Generic[H]):
         self._waiting = 0
         self._dropped = deque()
         self._to_release = []
+        self._releasing = {}
         self._renewing = 0
         self._renewer_pid = 0
         self._idle_since = None
@@ -1304,14 +1317,14 @@ class RedisLaneBase(ABC, Generic[H]):
                             self._ending[mark] = None
                             self._unlink(hold, committed)
             if ours:
-                self._hold_released(hold)
+                self._hold_released(hold.key, hold._token, hold._since)
                 raise self._freed_error(hold)
             if was_lost or not freed:
                 if not was_lost:
                     self._notice_lost(hold)  # refused: the server no longer has it
                 raise self._lost_error(hold, freed is True)
             if committed:
-                self._hold_released(hold)
+                self._hold_released(hold.key, hold._token, hold._since)
             return True
         finally:
             if ending:
@@ -1493,29 +1506,42 @@ class RedisLaneBase(ABC, Generic[H]):
         # interrupt in the task): each leaves holders once, in released or, lapsing, in
         # unmatched_releases. Taken inside the try, their number first (a call), then
         # plain stores; counted in the finally by plain stores only.
-        dropped: list[tuple[str, int, str, bool]] = []
+        # Each freed one is then reported as any release's hold is (_hold_released: its
+        # time, and warn_hold_s), once; until then the batch stays in _releasing (its
+        # holds' marks are kept: see _pending_ends).
+        dropped: list[Dropped] = []
+        ended: list[Dropped] = []
         n = freed = 0
+        no = next(_batches)
         try:
-            with self._lock:
-                n = len(self._to_release)
-                # -- commit: plain stores --
-                dropped, self._to_release = self._to_release, []
-            if dropped:
-                try:
-                    replies = yield self._renew_many_io, (
-                        [self._k.release(o, t, k) for o, t, k, _ in dropped],
-                        self._renew_timeout_s)
-                    freed = sum(1 for r, (*_, sent) in zip(replies, dropped, strict=True)
-                                if r == 1 or (sent and not isinstance(r, BaseException)))
-                except Exception as exc:  # they lapse with their leases
-                    log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
-                                self.name, n, told(exc))
-        finally:
-            if dropped:
+            try:
                 with self._lock:
-                    self.released += freed
-                    self.unmatched += n - freed
-                    self._n_live -= n
+                    n = len(self._to_release)
+                    # -- commit: plain stores --
+                    dropped, self._to_release = self._to_release, []
+                    self._releasing[no] = dropped
+                if dropped:
+                    try:
+                        replies = yield self._renew_many_io, (
+                            [self._k.release(o, t, k) for o, t, k, *_ in dropped],
+                            self._renew_timeout_s)
+                        ended = [d for r, d in zip(replies, dropped, strict=True)
+                                 if r == 1 or (d[3] and not isinstance(r, BaseException))]
+                        freed = len(ended)
+                    except Exception as exc:  # they lapse with their leases
+                        log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
+                                    self.name, n, told(exc))
+            finally:
+                if dropped:
+                    with self._lock:
+                        self.released += freed
+                        self.unmatched += n - freed
+                        self._n_live -= n
+            for _, token, key, _, since in ended:
+                self._hold_released(key, token, since)
+        finally:
+            with self._lock:
+                self._releasing.pop(no, None)
         if plan is None:
             return None
         due, sleep = plan
