@@ -1,7 +1,7 @@
 """``warn_hold_s`` on the Redis lanes (README, "Stuck holders"): each hold that lasts
 longer is logged once, by a check while it is held or as it ends, whatever happens in
 between, against a real redis-server. The interleavings are driven by a gate on the
-point where a release reports its hold (``RedisOps._hold_released``)."""
+point where a release reports its hold (``RedisOps._hold_end``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from test_redis_cleanup_interrupts import MAX_POINTS, Interrupt, _no_renewer
 
+from lanequeue import LaneBackendError, LeaseLostError
 from lanequeue.redis import RedisSessionLane
 from lanequeue.redis._ops import RedisOps
 from lanequeue.redis._sync import drive
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 class _Gate:
-    """Holds up every report of a hold's end (``RedisOps._hold_released``) until
+    """Holds up every report of a hold's end (``RedisOps._hold_end``) until
     ``open`` is set; ``reached`` is set once one is held up."""
 
     def __init__(self) -> None:
@@ -34,14 +36,14 @@ class _Gate:
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Gate]:
     g = _Gate()
-    original = RedisOps._hold_released
+    original = RedisOps._hold_end
 
     def held_up(self: Any, *args: Any) -> Any:
         g.reached.set()
         assert g.open.wait(20)
         return original(self, *args)
 
-    monkeypatch.setattr(RedisOps, "_hold_released", held_up)
+    monkeypatch.setattr(RedisOps, "_hold_end", held_up)
     try:
         yield g
     finally:
@@ -224,3 +226,101 @@ def test_a_dropped_hold_a_check_logged_is_not_logged_again_whatever_prunes_pass(
 class _NotQueued(collections.deque):  # type: ignore[type-arg]
     def append(self, entry: Any) -> None:
         pass
+
+
+def _lost(lane: Any, hold: Any) -> None:
+    """``hold``'s lease is lost by this process's own clock, as the watchdog finds it
+    at its deadline (the server still has the hold)."""
+    hold._expires = 0.0
+    lane._deadlines_due(0.0)
+    assert hold.lost and hold.held
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_a_long_hold_whose_lease_was_lost_is_logged_once(
+    redis_client: Any, redis_prefix: str, caplog: pytest.LogCaptureFixture, check: bool,
+) -> None:
+    """A hold past ``warn_hold_s`` whose lease is then lost, released by its holder
+    (``LeaseLostError``). Observed before: never logged as a long hold (the checks left
+    lost holds out, and the release of a lost hold reported nothing), and ``stuck()``
+    did not list it, though its holder still held it. Expected (README, "Stuck
+    holders"): held until released, so ``stuck()`` lists it and a check logs it; else
+    its release logs it; once."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = RedisSessionLane(redis_client, "lh", prefix=redis_prefix, warn_hold_s=0.0,
+                            warn_after_s=None)
+    lane.track_holds()
+    hold = lane.acquire("L")
+    hold.__enter__()
+    _lost(lane, hold)
+    assert lane.get_active() == {} and lane.stats.holders == 0  # (its key may be another's)
+    if check:
+        assert [s.key for s in lane.stuck(0)] == ["L"]
+        lane.status()
+        lane.metrics_snapshot()
+        assert _lines(caplog, "L") == (1, 0)
+    with pytest.raises(LeaseLostError):
+        hold.__exit__(None, None, None)
+    assert _lines(caplog, "L") == ((1, 0) if check else (0, 1))
+    assert lane.stuck(0) == []
+    lane.status()
+    assert _lines(caplog, "L") == ((1, 0) if check else (0, 1))
+    st = lane.stats
+    assert (st.acquired, st.released, st.holders) == (1, 1, 0), st  # (freed in Redis)
+    assert sum(lane.metrics_snapshot()[0].hold.counts) == 0  # (a lost hold's time: not)
+    assert lane._warned_holds == set()
+
+
+def test_a_long_hold_whose_release_failed_is_logged_once(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hold past ``warn_hold_s`` whose release gets no answer (``LaneBackendError``:
+    it lapses with its lease). Observed before: never logged. Expected: its release
+    logs it, once."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = RedisSessionLane(redis_client, "fh", prefix=redis_prefix, warn_hold_s=0.0,
+                            warn_after_s=None)
+    hold = lane.acquire("F")
+    hold.__enter__()
+    run = lane._run
+
+    def no_answer(op: str, key: Any, call: Any) -> Any:
+        if op == "release":
+            raise redis.ConnectionError("no answer")
+        return run(op, key, call)
+
+    monkeypatch.setattr(lane, "_run", no_answer)
+    with pytest.raises(LaneBackendError):
+        hold.__exit__(None, None, None)
+    assert _lines(caplog, "F") == (0, 1)
+    st = lane.stats
+    assert (st.acquired, st.unmatched_releases, st.holders) == (1, 1, 0), st
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_dropped_hold_whose_lease_was_lost_is_released_counted_and_logged(
+    redis_client: Any, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A hold past ``warn_hold_s`` whose lease was lost by this process's clock is
+    dropped while held. Observed before: counted nowhere (``acquired`` 1, ``released``
+    and ``unmatched_releases`` 0, ``holders`` 0, for good), left in Redis until the
+    server's expiry, and never logged. Expected: the renewer releases it in Redis (the
+    server still had it: ``released``) and logs it, once."""
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = _dropped_lane(redis_client, redis_prefix, monkeypatch)
+    other = RedisSessionLane(redis_client, "dh", prefix=redis_prefix, lease_s=30.0)
+    hold = lane.acquire("X")
+    hold.__enter__()
+    _lost(lane, hold)
+    del hold
+    gc.collect()
+    assert lane.active_count == 0 and len(lane._to_release) == 1
+    drive(lane._renew_round())
+    st = lane.stats
+    assert (st.acquired, st.released, st.unmatched_releases, st.holders) == (1, 1, 0, 0), st
+    assert _lines(caplog, "X") == (0, 1)
+    assert sum(lane.metrics_snapshot()[0].hold.counts) == 0
+    assert other.try_acquire("X")  # (freed in Redis, not left to its lease)
+    assert other.manual_release("X")

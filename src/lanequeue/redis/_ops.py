@@ -174,12 +174,13 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
         """Wake ``owner``'s bounded wait now (the face's)."""
         ...
 
-    def _hold_released(self, key: str, token: int, since: float) -> None:
-        """Observe the time of a hold its release freed (once per hold, after its count;
-        when ``track_holds()`` was called), and log it if it lasted ``warn_hold_s``
-        (unless a check logged it while it was held). A dropped hold's release is the
-        renewer's (see ``RedisLaneBase._renew_round``)."""
-        hist = self._hold_hist
+    def _hold_end(self, key: str, token: int, since: float, freed: bool) -> None:
+        """A hold ended (once per hold, after its count; see ``RedisLaneBase._hold_end``):
+        log it if it lasted ``warn_hold_s`` (unless a check logged it while it was
+        held), however it ended (its lease lost included); observe its time when its
+        release ``freed`` it (when ``track_holds()`` was called). A dropped hold's
+        release is the renewer's (see ``RedisLaneBase._renew_round``)."""
+        hist = self._hold_hist if freed else None
         limit = self.warn_hold_s
         if hist is not None or limit is not None:
             held = time.monotonic() - since
@@ -192,19 +193,23 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
     # -- the LaneOps interface -------------------------------------------------------------
 
     def _hold_list(self) -> list[tuple[str, int, float]]:
+        """This object's holds, those whose lease was lost included: such a hold is
+        held until its holder releases it (``hold.held``), so ``stuck()`` lists it and
+        a check logs it past ``warn_hold_s`` (``holders``, ``get_active()`` and the
+        ``sessions`` count leave it out: its key may be another's)."""
         now = time.monotonic()
         out: list[tuple[str, int, float]] = []
         with self._lock:
             for key, entries in self._holds.items():
                 for entry in entries:
                     h = entry()
-                    if h is not None and not h.lost:
+                    if h is not None:
                         out.append((key, h.token, now - h._since))
         return out
 
     def _pending_ends(self) -> set[tuple[str, int]]:
         """The holds a release has taken out of the registry whose end has not been
-        through :meth:`_hold_released` yet (see ``RedisLaneBase._ending``), and the
+        through :meth:`_hold_end` yet (see ``RedisLaneBase._ending``), and the
         dropped holds (garbage-collected while held) until the renewer's release of them
         has reported them: a prune of the marks (``_prune_warned``) keeps theirs, so
         that a hold a check logged as held is not logged again as it ends, however late
@@ -218,7 +223,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                     if entry() is None:
                         out.add((key, entry.token))
             for batch in (self._to_release, *self._releasing.values()):
-                for _, token, key, *_ in batch:
+                for _, token, key, *_ in batch.values():
                     out.add((key, token))
             return out
 
@@ -324,7 +329,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
             stats=self.stats,
             wait=wait,
             hold=hold,
-            sessions=len({k for k, _, _ in holds}) if self._kind_label == "session" else None,
+            sessions=len(self._local_active()) if self._kind_label == "session" else None,
             oldest_wait_s=max(0.0, now - min(starts)) if starts else 0.0,
             leases_lost=self.leases_lost,
             scope="process",

@@ -109,8 +109,8 @@ DEFAULT_PREFIX = "lanequeue"
 OnLeaseLost = Callable[[Any], object]
 
 #: A dropped hold the renewer is to release: (owner, token, key, a release of it was
-#: sent, when its grant was asked for).
-Dropped = tuple[str, int, str, bool, float]
+#: sent, when its grant was asked for, counted live: not known lost).
+Dropped = tuple[str, int, str, bool, float, bool]
 
 #: Numbers of the renewer's batches of dropped holds (see RedisLaneBase._renew_round).
 _batches = itertools.count(1)
@@ -243,18 +243,20 @@ class RedisLaneBase(ABC, Generic[H]):
         # Registry entries of caller-owned holds that were garbage-collected unreleased
         # (appended by the weak reference's callback; purged under the lock).
         self._dropped: deque[Watched] = deque()
-        # (owner, token, key, a release of it was sent, when it was granted) of dropped
-        # holds to release: the renewer sends them.
-        self._to_release: list[Dropped] = []
+        # Dropped holds to release (see Dropped), by owner id: the renewer sends them.
+        # A dict, so that the purge queues one by a plain store (see _purge_dropped);
+        # ``_queued_live``: how many of them are counted in ``_n_live`` (not lost).
+        self._to_release: dict[str, Dropped] = {}
+        self._queued_live = 0
         # The batches of them the renewer has taken and not reported yet, by number
         # (see _renew_round and _pending_ends).
-        self._releasing: dict[int, list[Dropped]] = {}
+        self._releasing: dict[int, dict[str, Dropped]] = {}
         # In a forked child: the parent's holds, per key (see _forked); never in _holds.
         self._inherited: dict[str, list[Kept | Watched]] = {}
         # Per key, the event of this object's latest same-key request still joining.
         self._joins: dict[str, Any] = {}
         # (key, token) of the holds a release has taken out of the registry (or is about
-        # to) whose end has not been through _hold_released yet: recorded by plain
+        # to) whose end has not been through _hold_end yet: recorded by plain
         # stores before the unlink, removed once the release returns or raises. The
         # operations layer keeps the marks of these holds (_pending_ends): a hold a
         # check logged as held is then never logged again as it ends, however long
@@ -594,31 +596,45 @@ class RedisLaneBase(ABC, Generic[H]):
         )
 
     def _purge_dropped(self) -> None:
-        """Lock held: forget the entries of dropped holds; the live ones are released by
-        the renewer's next round (:meth:`_renew_round`), so their keys come free before
-        their leases would lapse. Until that release has answered, such a hold stays in
-        ``_n_live`` (``holders``, ``available``, idle): it is still held in Redis, and
-        ``acquired == released + unmatched_releases + holders`` at every instant. With
-        no renewer of this process running (an asyncio renewer ends with its loop), or
-        once it stops, nobody will release it: it is counted in ``unmatched_releases``
-        at once, and its lease lapses."""
+        """Lock held: forget the entries of dropped holds; they are released by the
+        renewer's next round (:meth:`_renew_round`), so their keys come free before
+        their leases would lapse (one whose lease was lost too: the server may still
+        have it, as a lost hold's release finds). Until that release has answered, a
+        live one stays in ``_n_live`` (``holders``, ``available``, idle): it is still
+        held in Redis, and ``acquired == released + unmatched_releases + holders`` once
+        its release is counted. With no renewer of this process running (an asyncio
+        renewer ends with its loop), or once it stops, nobody will release it: it is
+        counted in ``unmatched_releases`` at once, and its lease lapses.
+
+        Each entry leaves in one commit: the calls first (its lookups), then plain
+        stores (its queueing a dict store), the registry's ``remove`` last; an interrupt
+        after the ``popleft`` leaves the entry dead in the registry, for the renewer's
+        next look (:meth:`_renewal_due`)."""
+        runs = self._renewer_runs(os.getpid())
         while self._dropped:
             entry = self._dropped.popleft()
             entries = self._holds.get(entry.key)
             if entries is None or entry not in entries:
                 continue
-            entries.remove(entry)
-            if not entries:
-                del self._holds[entry.key]
-            if entry.live:
-                entry.live = False
-                if self._renewer_runs(os.getpid()):
-                    # Still in _n_live: held in Redis until the renewer's release answers.
-                    self._to_release.append(
-                        (entry.owner, entry.token, entry.key, entry.sent, entry.since))
-                else:  # no renewer to release it (its loop closed): it lapses
+            last = len(entries) == 1
+            # -- commit: plain stores, then one last builtin --
+            live = entry.live  # (False: its lease was lost, out of _n_live since)
+            entry.live = False
+            if runs:
+                # A live one stays in _n_live: held in Redis until the renewer's release
+                # answers.
+                self._to_release[entry.owner] = (
+                    entry.owner, entry.token, entry.key, entry.sent, entry.since, live)
+                if live:
+                    self._queued_live += 1
+            else:  # no renewer to release it (its loop closed): it lapses
+                if live:
                     self._n_live -= 1
-                    self.unmatched += 1
+                self.unmatched += 1
+            if last:
+                del self._holds[entry.key]
+            else:
+                entries.remove(entry)
 
     def _unlink(self, hold: H, freed: bool) -> None:
         """Lock held: drop ``hold`` from the registry, mark it ENDED and count its release
@@ -739,18 +755,22 @@ class RedisLaneBase(ABC, Generic[H]):
                 "and manual_release(key) has nothing left to release", self.name,
                 shown(hold.key), hold.token,
             )
-            self._hold_released(hold.key, hold._token, hold._since)
+            self._hold_end(hold.key, hold._token, hold._since, True)
         finally:
             if ending:
                 with self._lock:
                     self._ending.pop(mark, None)
 
-    def _hold_released(self, key: str, token: int, since: float) -> None:
-        """The hold of ``key`` (fencing ``token``, granted as asked for at ``since``),
-        not known lost when its release was sent, was freed by it (or by its release
-        that an interrupt stopped, or, dropped, by the renewer's release of it) and
-        counted in ``released``: a hook (the operations layer observes the hold's time
-        and logs a long hold), called once per such hold, after the count."""
+    def _hold_end(self, key: str, token: int, since: float, freed: bool) -> None:
+        """The hold of ``key`` (fencing ``token``, granted as asked for at ``since``)
+        has ended: it left this object's registry and was counted (in ``released`` or
+        ``unmatched_releases``). A hook (the operations layer logs a long hold), called
+        once per hold, after the count, however it ended: released, released with its
+        lease lost, a release that failed, or dropped and released by the renewer.
+        ``freed``: its release (or its release that an interrupt stopped, or the
+        renewer's) freed it, not known lost when it was sent (the operations layer
+        observes its time). Not called for an end that an interrupt stopped after its
+        count, nor for a dropped hold that lapses unreleased (no renewer runs)."""
 
     def _notice_lost(self, hold: H) -> None:
         """Mark ``hold`` lost (once), call ``on_lease_lost`` and the hold's loss
@@ -863,7 +883,8 @@ class RedisLaneBase(ABC, Generic[H]):
         self._n_live = 0
         self._waiting = 0
         self._dropped = deque()
-        self._to_release = []
+        self._to_release = {}
+        self._queued_live = 0
         self._releasing = {}
         self._renewing = 0
         self._renewer_pid = 0
@@ -1263,15 +1284,17 @@ class RedisLaneBase(ABC, Generic[H]):
         lock (:meth:`_unlink`), so an interrupt anywhere never ends a hold uncounted nor
         counts one still held. A refusal (the server no longer has the hold: its lease
         ran out, or it was taken over) marks the hold lost, and every release of a hold
-        that is lost raises :class:`~lanequeue.LeaseLostError`, after that commit."""
+        that is lost raises :class:`~lanequeue.LeaseLostError`, after that commit. The
+        hold's end is then reported (:meth:`_hold_end`: ``warn_hold_s``), however it
+        ended, unless an interrupt propagates."""
         # The script's answer: True (freed), False (not ours, or no answer to a release
         # of a hold known lost), None (none yet).
         freed: bool | None = None
         was_lost = interrupted = sent = ours = False
-        committed = False  # counted released here (see _hold_released)
+        committed = False  # counted released here
         # This release unlinks the hold: its end is on its way to the operations layer
         # (see _ending) until this returns or raises.
-        ending = False
+        ending = stopped = False
         mark = (hold.key, hold._token)
         try:
             try:
@@ -1317,19 +1340,27 @@ class RedisLaneBase(ABC, Generic[H]):
                             self._ending[mark] = None
                             self._unlink(hold, committed)
             if ours:
-                self._hold_released(hold.key, hold._token, hold._since)
                 raise self._freed_error(hold)
             if was_lost or not freed:
                 if not was_lost:
                     self._notice_lost(hold)  # refused: the server no longer has it
                 raise self._lost_error(hold, freed is True)
-            if committed:
-                self._hold_released(hold.key, hold._token, hold._since)
             return True
+        except BaseException as exc:
+            stopped = not isinstance(exc, Exception)
+            raise
         finally:
             if ending:
-                with self._lock:
-                    self._ending.pop(mark, None)
+                # This release ended the hold: reported however it ended (freed, lost,
+                # refused, no answer), once, after its count; not while an interrupt
+                # propagates (no log handler runs then).
+                try:
+                    if not stopped:
+                        self._hold_end(hold.key, hold._token, hold._since,
+                                       committed and not was_lost)
+                finally:
+                    with self._lock:
+                        self._ending.pop(mark, None)
 
     def _enter(self, hold: H) -> Steps[None]:
         """Entering ``with lane.acquire(key)``: wait for the grant or raise."""
@@ -1506,39 +1537,46 @@ class RedisLaneBase(ABC, Generic[H]):
         # interrupt in the task): each leaves holders once, in released or, lapsing, in
         # unmatched_releases. Taken inside the try, their number first (a call), then
         # plain stores; counted in the finally by plain stores only.
-        # Each freed one is then reported as any release's hold is (_hold_released: its
-        # time, and warn_hold_s), once; until then the batch stays in _releasing (its
-        # holds' marks are kept: see _pending_ends).
-        dropped: list[Dropped] = []
-        ended: list[Dropped] = []
-        n = freed = 0
+        # A dropped hold whose lease was lost (not live) is released as a lost hold's
+        # release is: freed only if the server still had it. Then each is reported as
+        # any release's hold is (_hold_end: warn_hold_s, and the time of one freed),
+        # once; until then the batch stays in _releasing (its holds' marks are kept:
+        # see _pending_ends).
+        dropped: dict[str, Dropped] = {}
+        done: list[tuple[Dropped, bool]] = []
+        n = n_live = freed = 0
         no = next(_batches)
         try:
             try:
                 with self._lock:
                     n = len(self._to_release)
                     # -- commit: plain stores --
-                    dropped, self._to_release = self._to_release, []
+                    n_live = self._queued_live
+                    self._queued_live = 0
+                    dropped, self._to_release = self._to_release, {}
                     self._releasing[no] = dropped
                 if dropped:
+                    gone = list(dropped.values())
                     try:
                         replies = yield self._renew_many_io, (
-                            [self._k.release(o, t, k) for o, t, k, *_ in dropped],
+                            [self._k.release(o, t, k) for o, t, k, *_ in gone],
                             self._renew_timeout_s)
-                        ended = [d for r, d in zip(replies, dropped, strict=True)
-                                 if r == 1 or (d[3] and not isinstance(r, BaseException))]
-                        freed = len(ended)
+                        done = [(d, r == 1 or (d[3] and d[5]
+                                               and not isinstance(r, BaseException)))
+                                for r, d in zip(replies, gone, strict=True)]
                     except Exception as exc:  # they lapse with their leases
                         log.warning("lane %r: releasing %d dropped hold(s) failed: %s",
                                     self.name, n, told(exc))
+                        done = [(d, False) for d in gone]
+                    freed = sum(1 for _, ok in done if ok)
             finally:
                 if dropped:
                     with self._lock:
                         self.released += freed
                         self.unmatched += n - freed
-                        self._n_live -= n
-            for _, token, key, _, since in ended:
-                self._hold_released(key, token, since)
+                        self._n_live -= n_live
+            for (_, token, key, _, since, live), ok in done:
+                self._hold_end(key, token, since, ok and live)
         finally:
             with self._lock:
                 self._releasing.pop(no, None)
@@ -1593,8 +1631,9 @@ class RedisLaneBase(ABC, Generic[H]):
                 n = len(self._to_release)
                 # -- commit: plain stores --
                 self._renewing = 0
-                self._to_release = []
-                self._n_live -= n
+                self._to_release = {}
+                self._n_live -= self._queued_live
+                self._queued_live = 0
                 self.unmatched += n
 
     # -- views of this lane object -------------------------------------------------------
