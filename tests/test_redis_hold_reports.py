@@ -262,6 +262,7 @@ def test_a_long_hold_whose_lease_was_lost_is_logged_once(
     with pytest.raises(LeaseLostError):
         hold.__exit__(None, None, None)
     assert _lines(caplog, "L") == ((1, 0) if check else (0, 1))
+    assert ("its lease was lost" in caplog.text) is not check  # (its end's line)
     assert lane.stuck(0) == []
     lane.status()
     assert _lines(caplog, "L") == ((1, 0) if check else (0, 1))
@@ -294,6 +295,7 @@ def test_a_long_hold_whose_release_failed_is_logged_once(
     with pytest.raises(LaneBackendError):
         hold.__exit__(None, None, None)
     assert _lines(caplog, "F") == (0, 1)
+    assert "; it has ended: its lease was lost, or its release did not free it" in caplog.text
     st = lane.stats
     assert (st.acquired, st.unmatched_releases, st.holders) == (1, 1, 0), st
 

@@ -151,9 +151,10 @@ class LaneKind(LaneOps, Generic[C]):
         core.watch_holds(limit, None if limit is None else weakref.WeakMethod(
             self._hold_ended))
 
-    def _hold_ended(self, key: str, token: int, held_s: float) -> None:
+    def _hold_ended(self, key: str, token: int, held_s: float,
+                    ending: str = "it has been released") -> None:
         try:
-            super()._hold_ended(key, token, held_s)
+            super()._hold_ended(key, token, held_s, ending)
         finally:  # (the report is handled: see _pending_ends)
             self._core.reports_pending.discard((key, token))
 

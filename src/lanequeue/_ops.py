@@ -256,8 +256,10 @@ class LaneOps(LoopWaitWarner):
         in-process faces record it in their core's watch, which reports the holds."""
         self._warn_hold_s = limit
 
-    def _hold_ended(self, key: str, token: int, held_s: float) -> None:
-        """Log a hold that lasted ``warn_hold_s`` or more as it ended, unless it was
+    def _hold_ended(self, key: str, token: int, held_s: float,
+                    ending: str = "it has been released") -> None:
+        """Log a hold that lasted ``warn_hold_s`` or more as it ended (``ending``: how,
+        for the line), unless it was
         logged already: by a check while it was held, or by an earlier report of its end
         (an in-process release stopped by an interrupt after its report was queued, then
         ended for real, reports twice). Any thread. A broken log handler's exception is
@@ -283,8 +285,7 @@ class LaneOps(LoopWaitWarner):
                 return
         try:
             log.warning("lane %r: key %s held its permit for %.3f s (token %d), past "
-                        "warn_hold_s; it has been released", self.name, shown(key),
-                        held_s, token)
+                        "warn_hold_s; %s", self.name, shown(key), held_s, token, ending)
         except Exception:  # (a broken handler: its error would replace the release's)
             pass
 

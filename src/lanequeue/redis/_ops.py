@@ -188,7 +188,9 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                 with self._lock:
                     hist.observe(held)
             if limit is not None and held >= limit:
-                self._hold_ended(key, token, held)
+                self._hold_ended(key, token, held, "it has been released" if freed else
+                                 "it has ended: its lease was lost, or its release did "
+                                 "not free it")
 
     # -- the LaneOps interface -------------------------------------------------------------
 
