@@ -1684,7 +1684,10 @@ class RedisLaneBase(ABC, Generic[H]):
         releases whose answer never came (``LaneBackendError``: the hold is no longer
         renewed and its lease lapses), so every hold that leaves ``holders`` is counted
         once, in ``released`` or in ``unmatched_releases``: ``acquired == released +
-        unmatched_releases + holders`` at every instant. A hold garbage-collected without
+        unmatched_releases + holders`` at every instant, except while a hold whose lease
+        was lost is still held by its caller (it leaves ``holders`` when the loss is
+        noticed, and is counted when it is released, or dropped and released by the
+        renewer). A hold garbage-collected without
         release stays in ``holders`` (it is still held in Redis) until its renewer's
         release of it has answered, within ``lease_s/3``."""
         with self._lock:
