@@ -13,8 +13,7 @@ import math
 import time
 import warnings
 import weakref
-from collections.abc import Generator
-from typing import Any, ClassVar, Generic, NoReturn, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from ._core import (
     DEFAULT_AGEING_S,
@@ -483,36 +482,7 @@ class SessionKind(LaneKind[SessionCore]):
         }
 
 
-class RefusesAwait:
-    """A mixin of every hold (:class:`Hold`, :class:`lanequeue.MultiHold`): ``await
-    lane.acquire(key)`` (the habit of ``await lock.acquire()``) raises a TypeError that
-    says what to write, where Python's own names an internal class and nothing to do.
-    The hold is left as it was, never entered: it can still be used with its statement,
-    and dropped unused it gives no RuntimeWarning (the error said it)."""
-
-    __slots__ = ()
-
-    _is_multi: ClassVar[bool]
-    _parked: Any
-
-    def __await__(self) -> Generator[Any, None, NoReturn]:
-        """Raises TypeError: a hold is entered with ``with`` (thread faces) or ``async
-        with`` (asyncio faces), never awaited."""
-        self._parked = None  # (refused at the call: see the class)
-        tasks = hasattr(type(self), "__aenter__")
-        made = "queue.acquire_all(key, lane_names)" if self._is_multi else "lane.acquire(key)"
-        statement = "async with" if tasks else "with"
-        raise TypeError(
-            f"{made} gives {'an async' if tasks else 'a'} context manager, not an awaitable: "
-            f"write '{statement} {made}:'" + (
-                "" if tasks and self._is_multi
-                else "; to hold a permit without a block: 'await lane.acquire_timeout(key)', "
-                "then 'await lane.manual_release(key)'" if tasks
-                else "; in async code, use the asyncio lanes (AsyncSessionLane, AsyncLane, "
-                "AsyncLaneQueue, the Redis ones' Async twins), whose holds take 'async with'"))
-
-
-class Hold(RefusesAwait):
+class Hold:
     """One permit of one lane for one key, from grant to release.
 
     ``token`` (also ``fencing_token``) is the grant's number: it grows with every grant of
@@ -686,8 +656,9 @@ def warn_unentered(made: str, key: str, usage: str = "lane.acquire(key)",
     Python shows where the hold was made, as for its own ``ResourceWarning``."""
     warnings.warn(
         f"{made}: the hold made for key {shown(key)} was garbage-collected without being "
-        f"entered (or an interrupt stopped its enter before it began, or it was used with "
-        f"the other face's statement, which raised TypeError), so it never held anything: "
+        f"entered (or an interrupt stopped its enter before it began, or it was awaited or "
+        f"used with the other face's statement, which raised TypeError), so it never held "
+        f"anything: "
         f"use it as 'with {usage}:' on thread lanes, 'async with {usage}:' on asyncio",
         RuntimeWarning,
         stacklevel=2,

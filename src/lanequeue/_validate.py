@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TypeVar, cast
 from ._errors import shown
 
 F = TypeVar("F")
+T = TypeVar("T", bound=type)
 
 __all__ = [
     "AGEING_MAX", "argument_of", "as_int", "as_seconds", "bad_key", "check_ageing",
@@ -221,6 +222,17 @@ def public_name(cls: type) -> str:
              if not c.__name__.startswith("_") and not c.__dict__.get("_mixin")),
             cls.__name__)
     return name
+
+
+def shown_as_public(cls: T) -> T:
+    """Class decorator: ``cls`` (an internal hold class that ``acquire`` makes) is named
+    by its public class (:func:`public_name`) in the messages Python itself makes of an
+    object of it: ``object AsyncHold can't be used in 'await' expression`` (``await
+    lane.acquire(key)``), ``'AsyncHold' object does not support the context manager
+    protocol`` (``with`` on an asyncio hold), where the internal name told a user
+    nothing. Its ``__qualname__`` (its ``repr``, tracebacks) keeps the real name."""
+    cls.__name__ = public_name(cls)
+    return cls
 
 
 def function_copy(fn: F, qualname: str | None = None) -> F:

@@ -73,7 +73,7 @@ from ._ops import (
     noted_cancel_wait,
     poll_idle_async,
 )
-from ._validate import check_bool, check_key, check_timeout, function_copy
+from ._validate import check_bool, check_key, check_timeout, function_copy, shown_as_public
 from .contract import SyncLane, TaskHold, TaskLane, must_await
 from .queue import MultiHold, QueueBase, Step, _MultiDropWatch, _send, end_last
 
@@ -335,6 +335,7 @@ class AsyncHold(Hold):
         return Hold.release(self)
 
 
+@shown_as_public
 class _AsyncHold(_DropWatch, AsyncHold):
     """What an asyncio lane's ``acquire`` makes (with its kind's steps mixed in:
     :class:`_AsyncSessionHold`, :class:`_AsyncCountingHold`): an :class:`AsyncHold` with
@@ -352,6 +353,7 @@ class _AsyncHold(_DropWatch, AsyncHold):
     _enter_slow = AsyncHold._step_in  # (a step not taken: None, the general path)
 
 
+@shown_as_public
 class _AsyncSessionHold(SessionHoldSteps, _AsyncHold):
     """An :class:`_AsyncHold` of an :class:`AsyncSessionLane`."""
 
@@ -364,6 +366,7 @@ class _AsyncSessionHold(SessionHoldSteps, _AsyncHold):
     _step_out = function_copy(SessionHoldSteps._step_out)
 
 
+@shown_as_public
 class _AsyncCountingHold(CountingHoldSteps, _AsyncHold):
     """An :class:`_AsyncHold` of an :class:`AsyncLane`."""
 
@@ -897,6 +900,7 @@ def _no_prepare(lane: object) -> None:
     """Every in-process lane was checked (bound) before the first take."""
 
 
+@shown_as_public
 class _AsyncMultiAcquire(MultiHoldSteps, MultiHold):
     """What ``AsyncLaneQueue.acquire_all`` returns: entering takes every lane, in order.
     With in-process lanes only, entering and leaving run the cores' common steps
@@ -1167,6 +1171,7 @@ async def _release_rest(steps: Any, hold: Any) -> None:
 
 
 
+@shown_as_public
 class _WatchedAsyncMultiAcquire(_MultiDropWatch, _AsyncMultiAcquire):
     """An :class:`_AsyncMultiAcquire` with the finalizer of a dropped ``acquire_all``,
     until its block is left."""

@@ -35,7 +35,7 @@ from ._kinds import (
     _DropWatch,
 )
 from ._ops import poll_idle
-from ._validate import check_bool, check_key, check_timeout, function_copy
+from ._validate import check_bool, check_key, check_timeout, function_copy, shown_as_public
 
 __all__ = ["Lane", "SessionLane", "ThreadHold"]
 
@@ -131,6 +131,7 @@ class ThreadHold(Hold):
 ThreadHold._ended_class = ThreadHold
 
 
+@shown_as_public
 class _SessionThreadHold(SessionHoldSteps, _DropWatch, ThreadHold):
     """A :class:`ThreadHold` of a :class:`SessionLane`: entering and leaving run the
     core's common steps themselves (:class:`lanequeue._core.SessionHoldSteps`); a
@@ -144,6 +145,7 @@ class _SessionThreadHold(SessionHoldSteps, _DropWatch, ThreadHold):
     __exit__ = function_copy(SessionHoldSteps._step_out)
 
 
+@shown_as_public
 class _CountingThreadHold(CountingHoldSteps, _DropWatch, ThreadHold):
     """A :class:`ThreadHold` of a :class:`Lane`: entering and leaving run the core's
     common steps themselves (:class:`lanequeue._core.CountingHoldSteps`); a

@@ -47,7 +47,6 @@ from ._kinds import (
     CountingKind,
     Hold,
     OnWait,
-    RefusesAwait,
     SessionKind,
     warn_dropped,
     warn_unentered,
@@ -63,6 +62,7 @@ from ._validate import (
     function_copy,
     made_by,
     own_signatures,
+    shown_as_public,
 )
 from .contract import LaneBackend, SyncHold, SyncLane, TaskLane
 from .lanes import Lane, SessionLane, _ThreadFace
@@ -110,7 +110,7 @@ class Plan:
 _ZERO = 0  # ``priority is _ZERO``: the default, checked by identity on the hot path
 
 
-class MultiHold(RefusesAwait):
+class MultiHold:
     """The holds taken by one ``acquire_all`` call, in registration order.
 
     ``multi[name]`` is the hold on the lane called ``name``: the lane's own hold type
@@ -469,6 +469,7 @@ class _MultiDropWatch:
             warn_dropped(steps[i][0], key, got, self)
 
 
+@shown_as_public
 class _MultiAcquire(MultiHoldSteps, MultiHold):
     """What ``LaneQueue.acquire_all`` returns: entering takes every lane, in order;
     leaving releases them, last first. With in-process lanes only, entering and leaving
@@ -611,6 +612,7 @@ def _hold(lane: SyncLane, key: str, timeout: float | None, priority: int = 0
 
 
 
+@shown_as_public
 class _WatchedMultiAcquire(_MultiDropWatch, _MultiAcquire):
     """A :class:`_MultiAcquire` with the finalizer of a dropped ``acquire_all``, until
     its block is left."""
