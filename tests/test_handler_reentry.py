@@ -173,3 +173,80 @@ def test_a_handler_that_raises_on_a_long_hold_line_does_not_end_a_wait(
         assert got == ["granted"]
     finally:
         logging.getLogger("lanequeue").removeHandler(broken)
+
+
+@pytest.mark.parametrize("make", [SessionLane, Lane])
+def test_a_check_run_inside_another_checks_decision_logs_a_hold_once(
+    make: Any, quiet_lanequeue: None
+) -> None:
+    """The collector may run a finalizer at any object a check makes while it decides
+    whether to log a hold (its ``(key, token)``, a list copy); the finalizer's warning
+    handler may run a check of its own on the same thread, which logs the hold first.
+    The outer check had passed its test already and logged the hold a second time.
+    Driven: the decision's first look at the ends seen runs the inner check."""
+    clock = FakeClock()
+    lane = make("twice", warn_hold_s=1.0, clock=clock, warn_after_s=None)
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lanequeue").addHandler(handler)
+    inner: list[int] = []
+
+    class Seen(dict):  # type: ignore[type-arg]
+        def __contains__(self, mark: object) -> bool:
+            if not inner:
+                inner.append(1)
+                lane.status()  # the finalizer's handler: a check inside the decision
+            return super().__contains__(mark)
+
+    lane._ends_seen = Seen()
+    try:
+        assert lane.try_acquire("k")
+        clock.advance(5.0)
+        lane.stuck(0)
+        assert inner == [1]
+        assert [line for line in lines if "has held its permit" in line] == [
+            "lane 'twice': key 'k' has held its permit for 5.000 s (token 1)"]
+        assert lane.manual_release("k")
+    finally:
+        logging.getLogger("lanequeue").removeHandler(handler)
+
+
+def test_a_handler_that_raises_on_every_line_and_a_raising_on_wait_do_not_end_a_wait(
+    quiet_lanequeue: None,
+) -> None:
+    """``on_wait`` raises, and the handler raises on every line, the one that reports
+    ``on_wait``'s error too: that error ended the wait. Now the wait goes on."""
+    called = threading.Event()
+
+    def on_wait(*args: Any) -> None:
+        called.set()
+        raise ValueError("on_wait broke")
+
+    lane = SessionLane("broken2", warn_after_s=0.05, warn_hold_s=0.01, on_wait=on_wait)
+
+    class Broken(logging.Handler):
+        def handle(self, record: logging.LogRecord) -> bool:
+            raise RuntimeError("log sink down")
+
+    broken = Broken()
+    logging.getLogger("lanequeue").addHandler(broken)
+    got: list[Any] = []
+
+    def waiter() -> None:
+        try:
+            with lane.acquire("k", timeout_s=20):
+                got.append("granted")
+        except BaseException as exc:
+            got.append(exc)
+
+    try:
+        assert lane.try_acquire("k")
+        worker = threading.Thread(target=waiter, daemon=True)
+        worker.start()
+        assert called.wait(10), f"on_wait was not called: {got}"
+        assert lane.manual_release("k")
+        worker.join(10)
+        assert got == ["granted"]
+    finally:
+        logging.getLogger("lanequeue").removeHandler(broken)

@@ -374,7 +374,10 @@ class LaneOps(LoopWaitWarner):
             try:
                 self.on_wait(self, key, waited_s, ahead)
             except Exception:
-                log.exception("lane %r: on_wait callback failed", self.name)
+                try:
+                    log.exception("lane %r: on_wait callback failed", self.name)
+                except Exception:  # (a broken handler: see above)
+                    pass
 
     def _check_holds(self, holds: list[tuple[str, int, float]]) -> None:
         """Log, once per hold, the holds older than ``warn_hold_s`` (see
@@ -390,12 +393,17 @@ class LaneOps(LoopWaitWarner):
             if age < limit:
                 continue
             # Marked one at a time, right before its line: an interrupt leaves at most
-            # the hold being logged marked and not logged (not every one after it).
+            # the hold being logged marked and not logged (not every one after it). The
+            # mark is made before the decision, and the decision asked again after
+            # ``_held_now``: the collector runs only where an object is made (a tuple, a
+            # list copy), and a finalizer it runs there may make a check of its own on
+            # this thread (the lock lets it in), which may log this hold first.
+            mark = (key, token)
             with _WARNED:
-                if (key, token) in warned or (key, token) in seen or \
-                        not self._held_now(key, token):
+                if mark in warned or mark in seen or not self._held_now(key, token) or \
+                        mark in warned or mark in seen:
                     continue  # (logged, or ended since the read: its end logs it)
-                warned.add((key, token))
+                warned.add(mark)
             try:
                 log.warning("lane %r: key %s has held its permit for %.3f s (token %d)",
                             self.name, shown(key), age, token)
