@@ -582,6 +582,13 @@ def test_a_keyword_argument_for_fn_is_refused_saying_how_to_bind_it(
         face = CALLS[request.node.callspec.id].rstrip("()")
         assert text.startswith(f"{face}.submit() got an unexpected keyword argument 'sep'")
         assert "functools.partial(fn, sep=...)" in text
+        # A misspelt option of submit's own is named, not sent to functools.partial.
+        for typo, meant in [("dedupeid", "dedupe_id"), ("run_timeout", "run_timeout_s"),
+                            ("timeout", "timeout_s"), ("priorty", "priority")]:
+            with pytest.raises(TypeError) as info:
+                d.submit("k", print, "x", **{typo: 1})
+            assert str(info.value).endswith(
+                f"unexpected keyword argument {typo!r}: did you mean {meant!r}?")
         assert d.stats.submitted == 0
     finally:
         if isinstance(d, ThreadDispatcher):

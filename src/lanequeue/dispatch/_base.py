@@ -3,6 +3,7 @@ state machine (:mod:`lanequeue.dispatch._machine`). The faces add how a turn is 
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 import os
@@ -37,6 +38,10 @@ from ._machine import (
 )
 
 __all__ = ["DEFAULT_LANES", "DispatcherBase", "check_busy", "check_fn", "check_int"]
+
+#: ``submit``'s own keyword arguments: a keyword close to one of them is named in the
+#: error (``dedupeid`` -> ``dedupe_id``), not sent to ``functools.partial``.
+_SUBMIT_OPTIONS = ("busy", "dedupe_id", "priority", "timeout_s", "run_timeout_s")
 
 #: The lanes every turn takes when a dispatcher is made without ``lanes``.
 DEFAULT_LANES: tuple[str, ...] = ("session", "global")
@@ -315,11 +320,14 @@ class DispatcherBase(LoopWaitWarner):
         where = f"{type(self).__name__}.submit() argument"
         if fn_kwargs:
             name = next(iter(fn_kwargs))
+            close = difflib.get_close_matches(name, _SUBMIT_OPTIONS, n=1)
             raise TypeError(
                 f"{type(self).__name__}.submit() got an unexpected keyword argument "
-                f"{name!r}: submit passes fn only positional arguments, fn(*args); bind "
-                f"keyword arguments first, as submit(key, functools.partial(fn, {name}=...), "
-                "*args)")
+                f"{name!r}: " + (
+                    f"did you mean {close[0]!r}?" if close else
+                    "submit passes fn only positional arguments, fn(*args); bind keyword "
+                    f"arguments first, as submit(key, functools.partial(fn, {name}=...), "
+                    "*args)"))
         key = check_key(key, f"{where} 'key'")
         if self._utf8_keys and not key.isascii():
             check_utf8(key, f"{where} 'key'")
