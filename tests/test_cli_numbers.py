@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import run_cli
@@ -240,3 +241,24 @@ def test_exact_text_is_short_and_exact() -> None:
     ]
     for value, shown in cases:
         assert exact_text(value) == shown, value
+
+
+@pytest.mark.parametrize(("option", "value", "read"), [
+    ("--max-bad-lines", "00000000003", 3),  # a count with leading zeros, as --jobs takes
+    ("--speed", "1e0002", 100.0),  # an exponent's leading zeros
+    ("--speed", "1E+003", 1000.0),
+])
+def test_leading_zeros_are_read_as_every_option_reads_them(
+    option: str, value: str, read: Any
+) -> None:
+    args = build_parser().parse_args(["replay", f"{option}={value}"])
+    got = args.max_bad_lines.count if option == "--max-bad-lines" else args.speed
+    assert got == read
+
+
+def test_an_exponent_of_more_than_four_digits_is_refused_saying_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run_cli(["replay", "--speed=1e10000"], capsys)
+    assert code == 2
+    assert "an exponent of at most 4 digits), got 1e10000" in err

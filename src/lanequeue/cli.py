@@ -346,7 +346,8 @@ def _number(convert: Any) -> dict[str, Any]:
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NOT_FINITE = re.compile(r"[+-]?(?:inf(?:inity)?|nan)", re.IGNORECASE)
 #: What a number option takes, for the refusal of a text that is not such a number.
-_DECIMAL_NOTATION = "in decimal notation (such as 2, 0.5 or 1e3)"
+_DECIMAL_NOTATION = ("in decimal notation (such as 2, 0.5 or 1e3; an exponent of at most 4 "
+                     "digits)")
 
 
 def _refusal(expected: str, typed: str) -> str:
@@ -595,7 +596,7 @@ def _bad_line_limit(text: str) -> BadLineLimit:
         share = decimal_value(stripped[:-1])
         if share is not None and 0 <= share <= 100:
             return BadLineLimit(stripped, share=share / 100)
-    elif re.fullmatch(r"[+-]?[0-9]{1,10}", stripped) and 0 <= int(stripped) <= MAX_COUNT:
+    elif re.fullmatch(r"[+-]?0*[0-9]{1,10}", stripped) and 0 <= int(stripped) <= MAX_COUNT:
         return BadLineLimit(stripped, count=int(stripped))
     raise argparse.ArgumentTypeError(_refusal(
         "must be a share of the request lines from 0% to 100% (such as 1%) or a number "

@@ -49,13 +49,13 @@ MAX_TPOT_MS = 60_000.0
 # Numbers in text: ASCII decimal notation only, so that what Python's float(), int() and
 # Fraction() also take (underscores, "nan", "inf", "2/3", other scripts' digits; Fraction
 # takes underscores only from Python 3.11) is refused alike on every Python.
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?0*[0-9]{1,4})?")
 
 
 def decimal_text(text: str) -> str | None:
     """``text`` without surrounding blanks if it is a number in ASCII decimal notation (an
     optional sign, digits with an optional ``.`` fraction, an optional exponent of at most
-    4 digits: ``-1.5``, ``.5``, ``2e3``), else None.
+    4 digits after its leading zeros: ``-1.5``, ``.5``, ``2e3``, ``1e0005``), else None.
 
     Example::
 
