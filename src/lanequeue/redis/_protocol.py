@@ -16,8 +16,11 @@ changing the hold's state, mapping errors, choosing the next step). A face runs 
 its ``drive``: the thread face calls ``fn(*args)``, the asyncio face awaits it, and each
 sends the reply back or throws in what the I/O raised. So the faces (:mod:`._sync`,
 :mod:`._async`) differ only in how they do I/O and how they run the renewer (a daemon
-thread, a task). The registry is guarded by one short ``threading.Lock`` (never held
-across I/O), which is also safe on an event loop.
+thread, a task). The registry is guarded by one short ``threading.RLock`` (never held
+across I/O), which is also safe on an event loop. A finalizer may run at any allocation,
+also inside it: a dropped hold's only records (:meth:`RedisLaneBase._on_drop`), and the
+views that its warning's handler may call on that thread get in (the RLock) and leave
+the purge of dropped holds to the next operation (:meth:`RedisLaneBase._outermost`).
 """
 
 from __future__ import annotations
@@ -228,8 +231,10 @@ class RedisLaneBase(ABC, Generic[H]):
             self._fence_ttl_ms, self._cap,
         )
         # Guards the registry and counters; never held across I/O, so it is also safe on
-        # an event loop.
-        self._lock = threading.Lock()
+        # an event loop. An RLock: a finalizer may run at any allocation under it, and
+        # the handler of its warning (a dropped hold's) may call a view on this thread
+        # (see _outermost).
+        self._lock = threading.RLock()
         # This object's holds not yet released (lost ones included), per key, oldest
         # first: manual_release(key) ends the oldest.
         self._holds: dict[str, list[Kept | Watched]] = {}
@@ -595,6 +600,14 @@ class RedisLaneBase(ABC, Generic[H]):
             stacklevel=2,
         )
 
+    def _outermost(self) -> bool:
+        """Before taking ``self._lock``: whether this thread is outside it (else a view
+        was called from inside the lane's own work: a finalizer ran at an allocation
+        under the lock, and its warning's handler called the view). A view inside
+        reads, and leaves the purge of dropped holds to the next operation: a purge
+        there would change the registry under the operation it interrupted."""
+        return not self._lock._is_owned()  # type: ignore[attr-defined]
+
     def _purge_dropped(self) -> None:
         """Lock held: forget the entries of dropped holds; they are released by the
         renewer's next round (:meth:`_renew_round`), so their keys come free before
@@ -870,7 +883,7 @@ class RedisLaneBase(ABC, Generic[H]):
         parent's history, and the holds the parent had at the fork count as released
         (``acquired == released + holders`` holds in the child, as in-process). A face
         extends this (its renewal link, its listener)."""
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         for entries in self._holds.values():
             for entry in entries:
                 entry.live = False
@@ -1642,8 +1655,10 @@ class RedisLaneBase(ABC, Generic[H]):
     def active_count(self) -> int:
         """Holds of THIS lane object now (not lost): on a per-key lane, the keys it
         holds."""
+        outermost = self._outermost()
         with self._lock:
-            self._purge_dropped()
+            if outermost:
+                self._purge_dropped()
             return self._n_live
 
     @property
@@ -1690,8 +1705,10 @@ class RedisLaneBase(ABC, Generic[H]):
         renewer). A hold garbage-collected without
         release stays in ``holders`` (it is still held in Redis) until its renewer's
         release of it has answered, within ``lease_s/3``."""
+        outermost = self._outermost()
         with self._lock:
-            self._purge_dropped()
+            if outermost:
+                self._purge_dropped()
             return LaneStats(
                 acquired=self.acquired,
                 released=self.released,
@@ -1710,8 +1727,10 @@ class RedisLaneBase(ABC, Generic[H]):
 
     def _local_active(self) -> dict[str, float]:
         now = time.monotonic()
+        outermost = self._outermost()
         with self._lock:
-            self._purge_dropped()
+            if outermost:
+                self._purge_dropped()
             out: dict[str, float] = {}
             for key, entries in self._holds.items():
                 for entry in entries:
