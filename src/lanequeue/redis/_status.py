@@ -12,6 +12,19 @@ acquire script records when it joins (hash ``Bj``, see :mod:`lanequeue.redis`): 
 that joined before the reader started shows its true wait at the first look. A waiter
 without a join record (it joined under a client that did not record one) counts from
 when this reader first saw it (a lower bound; 0 at the first look).
+
+Whether each holder's process is still there (``present``) comes from the hold's
+presence record (see :mod:`._presence` and the scripts in :mod:`._scripts`): on a
+per-key lane the string ``<base>p``, ``"owner|channel|absent since"`` (it describes the
+holder only when its owner is the holder key's owner), on a counting lane the hash
+``<base>p``, hold id -> ``"channel|absent since"``. ``PUBSUB NUMSUB <channel>`` (one
+call for every holder of a read, never a write) says whether the process's presence
+connection is still subscribed: it drops at once when the process dies (its socket
+closed), and a waiter ends such a hold once the channel has stayed empty for
+:data:`._presence.GRACE_S`. Unknown (None) for a hold with no presence record (granted
+without a presence connection, on Redis Cluster, by an older client) and for every hold
+when the server refuses ``PUBSUB NUMSUB`` (a Redis user allowed only to read, SCAN and
+TIME): the document's ``presence_unknown`` then says why, once.
 """
 
 from __future__ import annotations
@@ -31,6 +44,10 @@ __all__ = ["StatusReader", "parse_lane_key"]
 _KIND = {"s": "session", "c": "counting"}
 _SUFFIX = re.compile(r"[a-z](:[0-9a-f]+)?\Z")
 _GLOB = re.compile(r"([*?\[\]\\])")
+#: A holder's ``present`` as the table's "process" column shows it.
+_PROCESS = {True: "live", False: "gone", None: "?"}
+#: Channels per ``PUBSUB NUMSUB`` call (its reply holds two items per channel).
+_NUMSUB_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,24 @@ def _joins(raw: dict[Any, Any]) -> dict[str, int]:
     return out
 
 
+def _channel(record: str) -> str | None:
+    """The channel of a presence record's ``"channel|absent since"`` tail, or None."""
+    channel, bar, since = record.rpartition("|")
+    return channel if bar and channel and since.isdigit() else None
+
+
+def _numsub_pairs(reply: Any) -> list[tuple[str, int]]:
+    """``PUBSUB NUMSUB``'s reply, however redis-py shaped it (pairs, a flat list, a
+    dict), as (channel, subscribers) pairs."""
+    if isinstance(reply, dict):
+        items: list[Any] = list(reply.items())
+    elif reply and not isinstance(reply[0], (list, tuple)):
+        items = list(zip(reply[0::2], reply[1::2], strict=False))
+    else:
+        items = list(reply or [])
+    return [(_text(c), int(n)) for c, n in items]
+
+
 @dataclass
 class _Lane:
     prefix: str
@@ -131,6 +166,9 @@ class StatusReader:
         reader = StatusReader(redis.Redis(), prefix="lanequeue")
         doc = reader.read()
         doc["keys_seen"], [lane["name"] for lane in doc["lanes"]]
+
+    Besides plain reads it sends ``PUBSUB NUMSUB`` (for ``present``); a server that
+    refuses it (NOPERM, or renamed away) leaves ``present`` unknown, never an error.
     """
 
     def __init__(self, client: Any, prefix: str | None = None, *, count: int = 1000) -> None:
@@ -149,12 +187,15 @@ class StatusReader:
         """One picture: ``keys_seen`` (keys SCAN returned), ``server_time_ms``,
         ``prefix`` and ``lanes`` (sorted by prefix, name, kind), each with ``prefix``,
         ``name``, ``kind`` (``session``/``counting``), ``versions`` (protocol versions
-        with a live marker), ``holders`` (``key``, ``token``, ``lease_left_s``; a
-        counting lane adds ``held_s``), ``lines`` (key -> live waiters in line),
+        with a live marker), ``holders`` (``key``, ``token``, ``lease_left_s``,
+        ``present``: whether the holder's process is still there, True / False / None
+        when unknown, see the module docstring; a counting lane adds ``held_s``),
+        ``lines`` (key -> live waiters in line),
         ``waiting`` (their sum), ``oldest_wait_s`` (see the module docstring), and on a
         counting lane ``max_concurrent`` (the cap in use, when known). A lane whose keys
         hold data of another type (not written by lanequeue) has ``error`` (the server's
-        message) instead of the holders and lines."""
+        message) instead of the holders and lines. ``presence_unknown``: None, or why
+        no holder's presence could be asked (the server refused ``PUBSUB NUMSUB``)."""
         lanes: dict[tuple[str, str, str], _Lane] = {}
         seen = 0
         for pattern in self._patterns():
@@ -177,10 +218,11 @@ class StatusReader:
         now_ms = int(sec) * 1000 + int(usec) // 1000
         out = []
         alive: set[tuple[str, str, str, str]] = set()
+        probes: list[tuple[dict[str, Any], str]] = []
         for ident in sorted(lanes):
             lane = lanes[ident]
             try:
-                doc = self._read_lane(lane, now_ms, alive)
+                doc = self._read_lane(lane, now_ms, alive, probes)
             except ResponseError as exc:
                 # Foreign data under a lane's key names (WRONGTYPE): this lane only is
                 # unreadable; the others are shown.
@@ -193,8 +235,26 @@ class StatusReader:
             "prefix": self.prefix,
             "keys_seen": seen,
             "server_time_ms": now_ms,
+            "presence_unknown": self._presence(probes),
             "lanes": out,
         }
+
+    def _presence(self, probes: list[tuple[dict[str, Any], str]]) -> str | None:
+        """Set ``present`` of each probed holder (holder, its presence channel) from
+        ``PUBSUB NUMSUB``; None, or why it stays unknown (the server refused the
+        command: the Redis user may not run it, or it was renamed away)."""
+        channels = sorted({c for _, c in probes})
+        counts: dict[str, int] = {}
+        try:
+            for at in range(0, len(channels), _NUMSUB_BATCH):
+                counts.update(_numsub_pairs(
+                    self.client.pubsub_numsub(*channels[at:at + _NUMSUB_BATCH])))
+        except ResponseError as exc:
+            return f"PUBSUB NUMSUB refused: {told(exc)}"
+        for holder, channel in probes:
+            if channel in counts:
+                holder["present"] = counts[channel] > 0
+        return None
 
     def _versions(self, lane: _Lane) -> list[str]:
         if not lane.versions:
@@ -205,8 +265,10 @@ class StatusReader:
     def _base(self, lane: _Lane, key: str | None) -> str:
         return base(lane.prefix, lane.kind, lane.name, key)
 
-    def _read_lane(self, lane: _Lane, now_ms: int, alive: set[tuple[str, str, str, str]]
-                   ) -> dict[str, Any]:
+    def _read_lane(self, lane: _Lane, now_ms: int, alive: set[tuple[str, str, str, str]],
+                   probes: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
+        """One lane's document (see :meth:`read`); appends (holder, presence channel)
+        to ``probes`` for each holder with a presence record."""
         holders: list[dict[str, Any]] = []
         lines: dict[str, int] = {}
         waiters: list[tuple[str, str]] = []  # (waiter id, key) of live waiters in line
@@ -226,15 +288,23 @@ class StatusReader:
                 pipe.lrange(b + "q", 0, -1)
                 pipe.zrange(b + "w", 0, -1, withscores=True)
                 pipe.hgetall(b + "j")
-                holder, pttl, line, live, joins = pipe.execute()
+                pipe.get(b + "p")
+                holder, pttl, line, live, joins, record = pipe.execute()
                 if holder is not None:
                     parts = _text(holder).split(":")
                     token = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
-                    holders.append({
+                    held = {
                         "key": key,
                         "token": token,
                         "lease_left_s": max(0, int(pttl)) / 1000.0,
-                    })
+                        "present": None,
+                    }
+                    holders.append(held)
+                    # "owner|channel|absent since": the holder's only if the owner is.
+                    owner, bar, rest = ("" if record is None else _text(record)).partition("|")
+                    channel = _channel(rest) if bar and owner == parts[0] else None
+                    if channel is not None:
+                        probes.append((held, channel))
                 deadlines = {_text(m): s for m, s in live}
                 joined.update(_joins(joins))
                 for wid in map(_text, line):
@@ -249,20 +319,27 @@ class StatusReader:
             pipe.zrange(b + "w", 0, -1, withscores=True)
             pipe.get(b + "m")
             pipe.hgetall(b + "j")
-            holds, info, line, live, cap, joins = pipe.execute()
+            pipe.hgetall(b + "p")
+            holds, info, line, live, cap, joins, records = pipe.execute()
             joined.update(_joins(joins))
             infos = {_text(k): _text(v) for k, v in info.items()}
+            channels = {_text(k): _channel(_text(v)) for k, v in records.items()}
             for hid, deadline in holds:
                 hid = _text(hid)
                 if deadline <= now_ms or hid not in infos:
                     continue  # lapsed: the next script purges it
                 fence, since, key = infos[hid].split(":", 2)
-                holders.append({
+                held = {
                     "key": key,
                     "token": int(fence),
                     "lease_left_s": (deadline - now_ms) / 1000.0,
+                    "present": None,
                     "held_s": max(0, now_ms - int(since)) / 1000.0,
-                })
+                }
+                holders.append(held)
+                channel = channels.get(hid)
+                if channel is not None:
+                    probes.append((held, channel))
             deadlines = {_text(m): s for m, s in live}
             for item in map(_text, line):
                 wid, _, key = item.partition(":")
@@ -311,6 +388,10 @@ def render(doc: dict[str, Any]) -> Any:
         f"{counted(len(doc['lanes']), 'lane')}, {counted(doc['keys_seen'], 'key')} seen (SCAN)"
         + (f", prefix {doc['prefix']!r}" if doc["prefix"] is not None else "")
     )]
+    why = doc.get("presence_unknown")
+    if why is not None:
+        parts.append(Text(f"process: ? for every holder ({shown(why)}; allow the "
+                          "Redis user +pubsub|numsub to see live or gone)"))
     for lane in doc["lanes"]:
         if "error" in lane:
             parts.append(Text(f"{shown(lane['prefix'])}/{shown(lane['name'])} "
@@ -333,6 +414,8 @@ def render(doc: dict[str, Any]) -> Any:
         timed = lane["kind"] == "counting"
         if timed:
             table.add_column("held (s)", justify="right", overflow="fold")
+        # Whether the holder's process is still there (see StatusReader.read).
+        table.add_column("process", overflow="fold")
         table.add_column("in line", justify="right", overflow="fold")
         keys = sorted({h["key"] for h in lane["holders"]} | set(lane["lines"]))
         for key in keys:
@@ -345,6 +428,7 @@ def render(doc: dict[str, Any]) -> Any:
                 ]
                 if timed:
                     cells.append("-" if h is None else f"{h['held_s']:.1f}")
+                cells.append("-" if h is None else _PROCESS[h.get("present")])
                 cells.append(str(lane["lines"].get(key, 0)))
                 table.add_row(*cells)
         parts.append(table)
