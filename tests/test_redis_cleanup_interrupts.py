@@ -3,8 +3,8 @@ clean-ups of the Redis lanes, against a real redis-server: a ``finally`` (or cal
 that makes a call before its first store loses that store to an interrupt landing right
 after the call. Swept: an acquire's end, whatever its path (granted at once, granted after
 a wait, timed out, refused), which must leave no waiter of the lane object behind; the
-renewer's release of dropped holds and its stop, which must count each hold once; and a
-dropped hold's callback stopped at its entry.
+renewer's release of dropped holds and its stop (the asyncio renewer task's too), which
+must count each hold once; and a dropped hold's callback stopped at its entry.
 
 The points (see "Interrupts" in ``lanequeue/_core.py``): the entry of a Python function
 and a generator's resumption after a plain ``yield`` (a ``RESUME`` with oparg 0 or 1),
@@ -16,6 +16,7 @@ the first run that reaches no point. Only the calling thread is traced.
 
 from __future__ import annotations
 
+import asyncio
 import dis
 import functools
 import gc
@@ -344,3 +345,93 @@ def test_a_dropped_holds_callback_stopped_at_its_entry_leaves_it_to_the_renewer(
     assert other.try_acquire("k")
     assert other.manual_release("k")
     client.close()
+
+
+def _not_renewing(ref: Any, sleep: Any) -> Any:
+    """A renewer's rounds that end at once (the test sweeps its stop)."""
+    return
+    yield
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_an_interrupt_at_any_point_of_the_asyncio_renewers_stop_leaves_no_dropped_hold_waiting(
+    redis_server: RedisServer, redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The asyncio renewer task ends (its ``finally``) with a dropped hold queued for
+    it; its stop is interrupted at each point in turn, then another hold is dropped.
+    Observed before: the stop made calls (its lookups, ``_renewer_stopped``) before it
+    recorded anything, so an interrupt at ``_renewer_stopped``'s entry or after its
+    ``len`` left the renewer's place taken (``_renewing`` set) with no renewer: the
+    hold dropped after it was queued for a release nobody would send, both counted
+    among the holders (``wait_idle()`` false) until the next grant started a renewer.
+    Expected at every point: the renewer's place is free, and the next view counts both
+    holds as lapsing (``unmatched_releases``), none left among the holders or queued."""
+    from lanequeue.redis import AsyncRedisSessionLane, _async
+
+    monkeypatch.setattr(_async, "renewal", _not_renewing)
+    wrong: list[str] = []
+    fired: list[str] = []
+
+    async def main() -> None:
+        client = redis.asyncio.Redis(host=redis_server.host, port=redis_server.port)
+        lane = AsyncRedisSessionLane(client, "rs", prefix=redis_prefix, lease_s=30.0,
+                                     warn_after_s=None)
+        loop = asyncio.get_running_loop()
+        create = loop.create_task
+        made: list[Any] = []
+
+        def capture(coro: Any, **kwargs: Any) -> Any:
+            if getattr(coro, "__name__", "") != "_renew_loop":
+                return create(coro, **kwargs)
+            made.append(coro)  # (the test runs it; the task it stands for: this one)
+            return asyncio.current_task()
+
+        loop.create_task = capture  # type: ignore[method-assign]
+        try:
+            for n in range(MAX_POINTS):
+                lane._renewing, lane._renew_task = 0, None  # (each point on its own)
+                made.clear()
+                hold = lane.acquire(f"q{n}")  # its grant starts a renewer
+                await hold.__aenter__()
+                after = lane.acquire(f"a{n}")  # (dropped after the stop)
+                await after.__aenter__()
+                del hold
+                gc.collect()
+                assert len(made) == 1 and lane.active_count == 2 and lane._to_release
+                coro = made[0]
+
+                def stop(coro: Any = coro) -> None:
+                    try:
+                        coro.send(None)  # (its rounds end at once: its finally runs)
+                    except StopIteration:
+                        pass
+
+                # (counted from its try: the coroutine's entry, before it, is another case)
+                inject = Interrupt(n, "drive")
+                inject.run(stop)
+                for made_coro in made:
+                    made_coro.close()
+                del after
+                gc.collect()
+                st = lane.stats
+                if lane._renewing or lane._to_release or st.holders \
+                        or st.acquired != st.released + st.unmatched_releases:
+                    wrong.append(f"interrupted at {inject.fired or 'no point'}: "
+                                 f"renewing {lane._renewing}, queued "
+                                 f"{sorted(d[2] for d in lane._to_release.values())}, {st}")
+                    lane._to_release, lane._queued_live = {}, 0
+                    lane._n_live = 0
+                    lane.unmatched = lane.acquired - lane.released
+                if inject.fired is None:
+                    break
+                fired.append(inject.fired)
+            else:
+                pytest.fail(f"more than {MAX_POINTS} points")
+        finally:
+            del loop.create_task
+            await client.aclose()
+
+    asyncio.run(main())
+    assert wrong == [], "\n".join(wrong)
+    assert len(fired) >= 3, fired

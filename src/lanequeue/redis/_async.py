@@ -56,7 +56,7 @@ from .._validate import check_bool, check_timeout
 from ..contract import must_await
 from ._link import AsyncLink, SyncLink, blocking_factory
 from ._ops import RedisOps
-from ._protocol import LATER_MAX, Call, RedisHoldBase, Step, Steps, T, renewal
+from ._protocol import LATER_MAX, Call, RedisHoldBase, Step, Steps, T, _claims, renewal
 from ._sync import drive as drive_blocking
 from ._sync import not_held
 from ._views import CountingLaneBase, SessionLaneBase
@@ -480,14 +480,27 @@ class AsyncRedisHold(RedisHoldBase):
         return True
 
 
-async def _renew_loop(ref: weakref.ref[_AsyncFace]) -> None:
-    """The renewer task of one lane object (weak reference between rounds)."""
+async def _renew_loop(ref: weakref.ref[_AsyncFace], here: _AsyncFace, claim: int) -> None:
+    """The renewer task of one lane object (``ref``: a weak reference between rounds;
+    ``here``: a weak proxy of it; ``claim``: its claim number, see ``_start_renewer``).
+
+    Its stop is recorded first, by a plain store through the proxy (no call before it):
+    a lookup first (``ref()``, ``current_task()``) let an interrupt there leave the
+    renewer's place taken with no renewer, so the holds dropped meanwhile were queued
+    for a release nobody sent, counted among the holders until the next grant. The
+    dropped holds queued for it then lapse (``_renewer_stopped``; the next purge, if an
+    interrupt stops it first, or if this runs in a finalizer inside the lane's lock: a
+    pending task collected closes its coroutine)."""
     try:
         await drive(renewal(ref, asyncio.sleep))
     finally:
-        lane = ref()
-        if lane is not None and lane._renew_task is asyncio.current_task():
-            lane._renewer_stopped()
+        try:
+            if here._renewing == claim:
+                here._renewing = 0  # -- the stop's record first: a plain store --
+            if here._outermost():
+                here._renewer_stopped(claim)
+        except ReferenceError:  # (the lane object is gone)
+            pass
 
 
 class _AsyncFace(RedisOps[AsyncRedisHold]):
@@ -662,11 +675,13 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
         loop = asyncio.get_running_loop()
         task = self._renew_task
         if needed or task is None or task.done() or task.get_loop() is not loop:
+            claim = next(_claims)
             with self._lock:
-                self._renewing = 1
+                self._renewing = claim
                 self._renewer_pid = os.getpid()
             self._renew_task = loop.create_task(
-                _renew_loop(weakref.ref(self)), name=f"lanequeue-renew-{self.name}"
+                _renew_loop(weakref.ref(self), weakref.proxy(self), claim),
+                name=f"lanequeue-renew-{self.name}",
             )
 
     # -- the public surface --------------------------------------------------------------

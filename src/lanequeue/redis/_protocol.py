@@ -624,6 +624,10 @@ class RedisLaneBase(ABC, Generic[H]):
         after the ``popleft`` leaves the entry dead in the registry, for the renewer's
         next look (:meth:`_renewal_due`)."""
         runs = self._renewer_runs(os.getpid())
+        if not runs and self._to_release:
+            # Queued for a renewer whose stop an interrupt cut short (its record made,
+            # the lapse not: see _renewer_stopped): they lapse now.
+            self._lapse_queued()
         while self._dropped:
             entry = self._dropped.popleft()
             entries = self._holds.get(entry.key)
@@ -1459,7 +1463,9 @@ class RedisLaneBase(ABC, Generic[H]):
             if self._n_live == 0:
                 if self._idle_since is None:
                     self._idle_since = now
-                elif now - self._idle_since >= self.lease_s:
+                elif now - self._idle_since >= self.lease_s and not self._to_release:
+                    # (Never with dropped holds queued: this round releases them, and
+                    # a purge that finds no renewer lapses those queued.)
                     self._renewing = 0
                     return None
                 return [], self._renew_s
@@ -1634,20 +1640,28 @@ class RedisLaneBase(ABC, Generic[H]):
         return sleep
 
     def _renewer_stopped(self, claim: int | None = None) -> None:
-        """The face's renewer ended (cancelled with its loop, exited idle, or, on the
-        thread face, by an error: ``claim`` is its claim number, and a later renewer's
-        claim is kept): the next grant starts a new one."""
+        """The face's renewer ended (cancelled with its loop, exited idle, or by an
+        error: ``claim`` is its claim number, and a later renewer's claim is kept): the
+        next grant starts a new one. The dropped holds it was to release lapse (see
+        :meth:`_purge_dropped`). The asyncio face's renewer records its stop itself
+        first (``_renewing`` 0, a plain store) and then calls this; if an interrupt
+        stops it in between, the next purge lapses them."""
         with self._lock:
             if claim is None or self._renewing == claim:
-                # The dropped holds it was to release lapse (see _purge_dropped). Their
-                # number first (a call), then plain stores only (this runs in a finally).
-                n = len(self._to_release)
-                # -- commit: plain stores --
-                self._renewing = 0
-                self._to_release = {}
-                self._n_live -= self._queued_live
-                self._queued_live = 0
-                self.unmatched += n
+                self._renewing = 0  # -- first: a plain store (this runs in a finally) --
+            if not self._renewer_runs(os.getpid()):
+                self._lapse_queued()
+
+    def _lapse_queued(self) -> None:
+        """Lock held, no renewer of this process running: the dropped holds queued for
+        its release lapse (counted in ``unmatched_releases``). Their number first (a
+        call), then plain stores only (this runs in a finally)."""
+        n = len(self._to_release)
+        # -- commit: plain stores --
+        self._to_release = {}
+        self._n_live -= self._queued_live
+        self._queued_live = 0
+        self.unmatched += n
 
     # -- views of this lane object -------------------------------------------------------
 
