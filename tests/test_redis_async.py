@@ -366,3 +366,36 @@ def test_a_client_used_on_a_second_open_loop_is_refused_and_its_own_loop_goes_on
     seen = asyncio.run(main())
     assert len(seen) == 1 and "used by a lane on another event loop that is still open" in (
         seen[0]), seen
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.timeout(30)
+def test_a_hold_dropped_after_its_loop_closed_uncancelled_is_counted_unmatched(
+    redis_server: Any, redis_prefix: str
+) -> None:
+    """A loop closed with ``loop.close()`` after ``run_until_complete`` never runs its
+    renewer task's ``finally``, which gives the renewer's place up. A hold dropped
+    after that was queued for good for a renewer that never came: counted among the
+    holders, ``wait_idle()`` never true. README ("Dropped holds"): with no renewer left,
+    it is counted in ``unmatched_releases`` at once, and its lease lapses."""
+    import gc
+
+    loop = asyncio.new_event_loop()
+    client = aredis.Redis(host=redis_server.host, port=redis_server.port)
+    lane = AsyncRedisSessionLane(client, "closed", prefix=redis_prefix, lease_s=1.0)
+    box: dict[str, Any] = {}
+
+    async def hold() -> None:
+        box["hold"] = lane.acquire("k")
+        await box["hold"].__aenter__()
+
+    try:
+        loop.run_until_complete(hold())
+    finally:
+        loop.close()  # (its tasks not cancelled: the renewer's never ends)
+    assert lane.stats.holders == 1
+    box.clear()
+    gc.collect()
+    st = lane.stats
+    assert (st.acquired, st.released, st.unmatched_releases, st.holders) == (1, 0, 1, 0), st
+    assert lane._to_release == {}

@@ -670,6 +670,17 @@ class _AsyncFace(RedisOps[AsyncRedisHold]):
 
             return drive_blocking(proc(run))
 
+    def _renewer_runs(self, pid: int) -> bool:
+        """As the base's, and the renewer task can still run: its loop is not closed. A
+        loop closed without cancelling its tasks (``loop.close()`` after
+        ``run_until_complete``) never runs the task's ``finally``, which gives the place
+        up: its claim stayed, and a hold dropped later was queued for good for a renewer
+        that never came (counted among the holders, ``wait_idle()`` never true)."""
+        if not super()._renewer_runs(pid):
+            return False
+        task = self._renew_task
+        return task is None or not (task.done() or task.get_loop().is_closed())
+
     def _start_renewer(self, needed: bool) -> None:
         # Also when the renewer task ended, or runs on another loop than this grant's.
         loop = asyncio.get_running_loop()
