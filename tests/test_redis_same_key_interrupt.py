@@ -50,6 +50,9 @@ class _InterruptedLock:
     def release(self) -> None:
         self.real.release()
 
+    def _is_owned(self) -> bool:  # (the lane asks whether its thread is inside it)
+        return bool(self.real._is_owned())
+
 
 @pytest.mark.parametrize("kind", [RedisSessionLane, RedisLane])
 def test_an_interrupt_just_after_joining_the_same_key_line_holds_up_no_successor(
