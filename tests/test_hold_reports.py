@@ -728,6 +728,56 @@ def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
     assert [int(m.split()[0]) for m in missed] == [15]
 
 
+def test_reports_missed_while_the_waiting_ones_are_logged_are_counted_in_one_line(
+    ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reports keep being missed while the reporter logs the waiting ones (a slow
+    handler, long holds still ending): the count was logged after every report that
+    found misses, one line each. README: the others are counted in one line. Driven: the
+    handler ends three more batches of long holds while it logs the first reports."""
+    from lanequeue import _core
+
+    monkeypatch.setattr(_core, "REPORTS_MAX", 5)
+    caplog.set_level(logging.WARNING, logger="lanequeue")
+    lane = SessionLane("s", warn_hold_s=0.0)
+    more = SessionLane("more", warn_hold_s=0.0)
+    batches: list[int] = []
+
+    class EndsMore(logging.Handler):  # (on the reporter thread, as each line is logged)
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("lane 's': key 'k") and len(batches) < 3:
+                batches.append(1)
+                for i in range(10):
+                    with more.acquire(f"m{len(batches)}-{i}"):
+                        pass
+
+    ending = EndsMore(logging.WARNING)
+    logging.getLogger("lanequeue").addHandler(ending)
+    try:
+        with lane.acquire("gate"):
+            pass
+        assert gate.inside.wait(10)
+        for i in range(20):
+            with lane.acquire(f"k{i}"):
+                pass
+        gate.open.set()
+        deadline = time.monotonic() + 10
+        while len(batches) < 3 or not _core._REPORTS[0].empty():  # (then a probe can wait)
+            assert time.monotonic() < deadline, (batches, _core._REPORTS[0].qsize())
+            time.sleep(0.001)
+        ends.settle()
+    finally:
+        logging.getLogger("lanequeue").removeHandler(ending)
+    assert len(batches) == 3
+    missed = [r.getMessage() for r in caplog.records if "were not logged" in r.getMessage()]
+    assert len(missed) == 1, missed
+    logged = [r for r in caplog.records if "past warn_hold_s; it has been released" in
+              r.getMessage() and not r.getMessage().startswith("lane 'probe'")]
+    # Every report made is logged or counted: the gate's, 20 of 's', 30 of 'more'.
+    assert len(logged) + int(missed[0].split()[0]) == 1 + 20 + 30
+
+
 def test_turning_it_off_stops_measuring(ends: _Ends) -> None:
     lane = Lane("g", warn_hold_s=1.0)
     assert lane._core.hold_hist is not None

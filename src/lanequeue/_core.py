@@ -839,7 +839,10 @@ def _report_later(fn: Callable[[str, int, float], object], key: str, token: int,
 
 def _run_reports(reports: queue.SimpleQueue[Any]) -> None:
     """The reporter thread: call each report; never dies of one (a log handler that
-    raises, even a BaseException, loses that report only)."""
+    raises, even a BaseException, loses that report only). The reports missed meanwhile
+    are counted in one line once the waiting ones are logged (the queue is empty): a
+    report is missed only while the queue is full, so a report always comes after it.
+    (Logged after each report, a slow handler gave one count line per report.)"""
     while True:
         try:
             fn, key, token, seconds = reports.get()
@@ -847,6 +850,8 @@ def _run_reports(reports: queue.SimpleQueue[Any]) -> None:
                 fn(key, token, seconds)
             finally:
                 del fn  # (not kept alive until the next report)
+            if not _missed[0] or not reports.empty():
+                continue
             missed, _missed[0] = _missed[0], 0
             if missed:
                 log.warning("%d reports of holds past warn_hold_s were not logged: more "
