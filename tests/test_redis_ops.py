@@ -143,6 +143,10 @@ def test_slow_wait_names_this_process_waiters_ahead_and_its_holder(
     assert all(c[0] is lane and c[1] == "k" and c[2] >= 0.1 for c in calls)
     slow = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
     assert len(slow) == 2 and all("current holder has held for " in m for m in slow)
+    # The count is this process's waiters, and the line says so (another process's
+    # waiters ahead are not counted).
+    assert sorted(m.split("(")[1].split(" ahead")[0] for m in slow) == [
+        "0 waiters of this process were", "1 waiter of this process was"]
     held = [r.getMessage() for r in caplog.records if "has held its permit" in r.getMessage()]
     assert len(held) == 1  # the long hold, logged once
     assert lane.manual_release("k")  # to the first waiter, then to the second

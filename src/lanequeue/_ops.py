@@ -326,6 +326,10 @@ class LaneOps(LoopWaitWarner):
         """End every wait for ``key`` with LaneClearedError; return how many."""
         ...
 
+    #: Whose waiters the slow-wait warning counts as ahead ("" here: the lane's own,
+    #: all of them; a Redis lane object counts its process's only).
+    _ahead_of = ""
+
     #: The slow-wait warning's words when :meth:`_holder_age` is None.
     _no_holder_age = "no hold is current"
 
@@ -364,7 +368,8 @@ class LaneOps(LoopWaitWarner):
             log.warning(
                 "lane %r: key %s has waited %.3f s for a permit (%d %s ahead when it "
                 "joined; %s)", self.name, shown(key), waited_s, ahead,
-                "waiter was" if ahead == 1 else "waiters were", holder,
+                ("waiter" if ahead == 1 else "waiters") + self._ahead_of
+                + (" was" if ahead == 1 else " were"), holder,
             )
             if self.warn_hold_s is not None:
                 self._check_holds(self._hold_list())

@@ -51,6 +51,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
 
     _kind_label = ""
     _internal_base = True
+    _ahead_of = " of this process"  # (other processes' waiters are not counted)
     _no_holder_age = ("the current holder is not this lane object's, so how long it has "
                       "held is not known here")
 
