@@ -36,9 +36,22 @@ def quiet_lanequeue() -> Iterator[None]:
         logger.propagate = propagate
 
 
+@pytest.fixture
+def lines(quiet_lanequeue: None) -> Iterator[list[str]]:
+    """The messages of the lanequeue logger's records during the test."""
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("lanequeue").addHandler(handler)
+    try:
+        yield seen
+    finally:
+        logging.getLogger("lanequeue").removeHandler(handler)
+
+
 @pytest.mark.parametrize("make", [SessionLane, Lane])
 def test_a_check_made_inside_the_decision_of_who_logs_does_not_hang(
-    make: Any, quiet_lanequeue: None
+    make: Any, lines: list[str]
 ) -> None:
     """A check (``status()``) made by a thread that is already inside the decision of
     who logs a long hold, as a finalizer's warning handler is when the collector runs at
@@ -47,10 +60,6 @@ def test_a_check_made_inside_the_decision_of_who_logs_does_not_hang(
     Lock: that thread hung, and every check of every lane after it."""
     clock = FakeClock()
     lane = make("reentry", warn_hold_s=1.0, clock=clock, warn_after_s=None)
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("lanequeue").addHandler(handler)
     done = threading.Event()
 
     def inside() -> None:
@@ -59,17 +68,14 @@ def test_a_check_made_inside_the_decision_of_who_logs_does_not_hang(
             lane.stuck(0)
         done.set()
 
-    try:
-        assert lane.try_acquire("k")
-        clock.advance(2.0)
-        worker = threading.Thread(target=inside, daemon=True)
-        worker.start()
-        assert done.wait(10), "a check inside the decision hung"
-        held = [line for line in lines if "has held its permit" in line]
-        assert len(held) == 1 and "'k'" in held[0]
-        assert lane.manual_release("k")
-    finally:
-        logging.getLogger("lanequeue").removeHandler(handler)
+    assert lane.try_acquire("k")
+    clock.advance(2.0)
+    worker = threading.Thread(target=inside, daemon=True)
+    worker.start()
+    assert done.wait(10), "a check inside the decision hung"
+    held = [line for line in lines if "has held its permit" in line]
+    assert len(held) == 1 and "'k'" in held[0]
+    assert lane.manual_release("k")
 
 
 class _FoldHook(Histogram):
@@ -135,7 +141,7 @@ def test_a_view_a_dropped_holds_warning_calls_inside_a_release_changes_nothing_t
 
 @pytest.mark.parametrize("make", [SessionLane, Lane])
 def test_a_check_run_inside_another_checks_decision_logs_a_hold_once(
-    make: Any, quiet_lanequeue: None
+    make: Any, lines: list[str]
 ) -> None:
     """The collector may run a finalizer at any object a check makes while it decides
     whether to log a hold (its ``(key, token)``, a list copy); the finalizer's warning
@@ -144,10 +150,6 @@ def test_a_check_run_inside_another_checks_decision_logs_a_hold_once(
     Driven: the decision's first look at the ends seen runs the inner check."""
     clock = FakeClock()
     lane = make("twice", warn_hold_s=1.0, clock=clock, warn_after_s=None)
-    lines: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("lanequeue").addHandler(handler)
     inner: list[int] = []
 
     class Seen(dict):  # type: ignore[type-arg]
@@ -158,16 +160,13 @@ def test_a_check_run_inside_another_checks_decision_logs_a_hold_once(
             return super().__contains__(mark)
 
     lane._ends_seen = Seen()
-    try:
-        assert lane.try_acquire("k")
-        clock.advance(5.0)
-        lane.stuck(0)
-        assert inner == [1]
-        assert [line for line in lines if "has held its permit" in line] == [
-            "lane 'twice': key 'k' has held its permit for 5.000 s (token 1)"]
-        assert lane.manual_release("k")
-    finally:
-        logging.getLogger("lanequeue").removeHandler(handler)
+    assert lane.try_acquire("k")
+    clock.advance(5.0)
+    lane.stuck(0)
+    assert inner == [1]
+    assert [line for line in lines if "has held its permit" in line] == [
+        "lane 'twice': key 'k' has held its permit for 5.000 s (token 1)"]
+    assert lane.manual_release("k")
 
 
 @pytest.mark.parametrize("make", [SessionLane, Lane])

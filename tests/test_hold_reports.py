@@ -701,6 +701,17 @@ def test_a_release_interrupted_after_its_report_is_not_logged_as_released(
         "warn_hold_s; it has been released"]
 
 
+def _twenty_behind_the_gate(lane: Any, gate: _Gate) -> None:
+    """The reporter held up at key 'gate' of ``lane``, then 20 long holds 'k0'..'k19' end
+    (``warn_hold_s`` 0): their reports wait behind it, or are missed."""
+    with lane.acquire("gate"):
+        pass
+    assert gate.inside.wait(10)
+    for i in range(20):
+        with lane.acquire(f"k{i}"):
+            pass
+
+
 def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
     ends: _Ends, gate: _Gate, caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
@@ -712,12 +723,7 @@ def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
     monkeypatch.setattr(_core, "REPORTS_MAX", 5)
     caplog.set_level(logging.WARNING, logger="lanequeue")
     lane = SessionLane("s", warn_hold_s=0.0)
-    with lane.acquire("gate"):
-        pass
-    assert gate.inside.wait(10)
-    for i in range(20):
-        with lane.acquire(f"k{i}"):
-            pass
+    _twenty_behind_the_gate(lane, gate)
     assert _core._REPORTS[0].qsize() <= 5
     gate.open.set()
     # the five queued are logged, then the count of the others (15, and the gate's own
@@ -755,12 +761,7 @@ def test_reports_missed_while_the_waiting_ones_are_logged_are_counted_in_one_lin
     ending = EndsMore(logging.WARNING)
     logging.getLogger("lanequeue").addHandler(ending)
     try:
-        with lane.acquire("gate"):
-            pass
-        assert gate.inside.wait(10)
-        for i in range(20):
-            with lane.acquire(f"k{i}"):
-                pass
+        _twenty_behind_the_gate(lane, gate)
         gate.open.set()
         deadline = time.monotonic() + 10
         while len(batches) < 3 or not _core._REPORTS[0].empty():  # (then a probe can wait)

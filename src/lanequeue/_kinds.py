@@ -25,7 +25,7 @@ from ._core import (
 )
 from ._errors import shown
 from ._obs import LaneMetrics
-from ._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
+from ._ops import DEFAULT_WARN_AFTER_S, RELEASED, LaneOps, OnWait
 from ._validate import (
     argument_of,
     check_ageing,
@@ -151,7 +151,7 @@ class LaneKind(LaneOps, Generic[C]):
             self._hold_ended))
 
     def _hold_ended(self, key: str, token: int, held_s: float,
-                    ending: str = "it has been released") -> None:
+                    ending: str = RELEASED) -> None:
         try:
             super()._hold_ended(key, token, held_s, ending)
         finally:  # (the report is handled: see _pending_ends)

@@ -109,6 +109,9 @@ def check_ops_arguments(
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
+#: How a long hold's end line ends for a hold its release freed (see LaneOps._hold_ended).
+RELEASED = "it has been released"
+
 # Held while a lane's ``warn_hold_s`` changes (rare: one lock for every lane).
 _SETTING = threading.RLock()
 # Held while a check or a hold's end decides whether it logs a long hold (rare: one lock
@@ -257,7 +260,7 @@ class LaneOps(LoopWaitWarner):
         self._warn_hold_s = limit
 
     def _hold_ended(self, key: str, token: int, held_s: float,
-                    ending: str = "it has been released") -> None:
+                    ending: str = RELEASED) -> None:
         """Log a hold that lasted ``warn_hold_s`` or more as it ended (``ending``: how,
         for the line), unless it was
         logged already: by a check while it was held, or by an earlier report of its end

@@ -22,7 +22,7 @@ from typing import Any
 from .._core import LaneStats
 from .._errors import LaneBackendError, LaneClearedError, LaneDrainingError
 from .._obs import HOLD_BUCKETS, WAIT_BUCKETS, Histogram, LaneMetrics
-from .._ops import DEFAULT_WARN_AFTER_S, LaneOps, OnWait
+from .._ops import DEFAULT_WARN_AFTER_S, RELEASED, LaneOps, OnWait
 from .._validate import argument_of
 from ._keys import plain_key
 from ._protocol import H, RedisLaneBase, Steps, log
@@ -189,7 +189,7 @@ class RedisOps(LaneOps, RedisLaneBase[H]):
                 with self._lock:
                     hist.observe(held)
             if limit is not None and held >= limit:
-                self._hold_ended(key, token, held, "it has been released" if freed else
+                self._hold_ended(key, token, held, RELEASED if freed else
                                  "it has ended: its lease was lost, or its release did "
                                  "not free it")
 
