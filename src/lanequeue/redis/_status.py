@@ -48,6 +48,11 @@ _GLOB = re.compile(r"([*?\[\]\\])")
 _PROCESS = {True: "live", False: "gone", None: "?"}
 #: Channels per ``PUBSUB NUMSUB`` call (its reply holds two items per channel).
 _NUMSUB_BATCH = 500
+#: Seconds ``lanequeue status`` waits for Redis to connect, and to answer one command,
+#: unless the ``--backend`` URL sets ``socket_connect_timeout`` / ``socket_timeout``:
+#: a frozen or unreachable server fails the read instead of holding it without a bound
+#: (redis-py's own default depends on its version, and was no bound at all).
+READ_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -511,7 +516,9 @@ def run_status(args: Any, out: Any, err: Any) -> int:
                   "(or use --json)", file=err)
             return 2
     try:
-        client = redis.Redis.from_url(args.backend)
+        # (the URL's own socket_timeout / socket_connect_timeout, if any, win)
+        client = redis.Redis.from_url(args.backend, socket_timeout=READ_TIMEOUT_S,
+                                      socket_connect_timeout=READ_TIMEOUT_S)
     except ValueError as exc:
         print(f"lanequeue status: bad --backend {args.backend!r}: {exc}", file=err)
         return 2
