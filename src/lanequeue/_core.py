@@ -156,8 +156,12 @@ take the lock: it only appends ``(key, token)`` to ``_dropped`` (``list.append``
 atomic), as its first call, so an interrupt can lose the drop only at the finalizer's
 very entry (and, for an ``acquire_all``, between the appends of its lanes). The
 finalizer then asks the face to end them now, so a waiter already parked is not left
-to its timeout: a thread lane does when its lock is free (not taken by this
-thread, nor by another), an asyncio lane in a callback on its loop. Else the lane's next
+to its timeout: a thread lane does when its lock is free, and else hands the work to the
+process's reporter thread (:func:`settle_later`: the lock is taken, by this thread's own
+operation or another thread's, and the reporter waits for it), an asyncio lane in a
+callback on its loop. The reporter runs whenever a thread has waited on a thread lane
+(:func:`ensure_reporter`, called before a waiter joins a line), so a parked waiter never
+waits for a dropped hold's permit until some later operation. Besides, the lane's next
 operation that could need that permit ends them first, in any thread, as releases that
 may hand the key to the next waiter: every call into the core's ``take`` and
 ``release`` (an acquire that finds the key held or the lane full, a new key, a release
@@ -823,6 +827,37 @@ def _start_reporter() -> None:
                                       name="lanequeue-reports", daemon=True)
             thread.start()
             _reporter[:] = [thread]
+
+
+def ensure_reporter() -> None:
+    """Start this process's reporter thread unless it was started (a waiter of a thread
+    lane calls this before it joins a line, off every lock: see :func:`settle_later`).
+    The check is one list read: the thread is a daemon and ends only with the
+    interpreter (a forked child starts its own)."""
+    if not _reporter:
+        _start_reporter()
+
+
+def settle_later(core: _CoreBase) -> None:
+    """Ask the reporter thread to end ``core``'s dropped holds: a finalizer could not,
+    the core's lock being taken (by this thread's operation, inside which the finalizer
+    runs, or by another thread's). The reporter's :meth:`_CoreBase._settle` waits for
+    the lock, so the permit reaches a parked waiter once that operation ends, not at
+    the lane's next one. Builtins only (a finalizer, maybe under the lock): one
+    ``SimpleQueue.put``, which is reentrant. Nothing is queued when no reporter was
+    started: then no thread has waited on a thread lane in this process, and the
+    lane's next operation that needs the permit ends the dropped holds first. A
+    request queued twice settles twice (the second finds nothing)."""
+    if _reporter:
+        _REPORTS[0].put((_settle_core, weakref.ref(core), 0, 0.0))
+
+
+def _settle_core(ref: weakref.ref[_CoreBase], _token: int, _seconds: float) -> None:
+    """A request of :func:`settle_later`, run by the reporter thread (the core may be
+    gone: nothing to do)."""
+    core = ref()
+    if core is not None:
+        core._settle()
 
 
 def _report_later(fn: Callable[[str, int, float], object], key: str, token: int,

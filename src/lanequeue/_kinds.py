@@ -578,10 +578,11 @@ class _DropWatch:
     (``_dropped.append``, one C call and the finalizer's first: an interrupt lands before
     it or after it), which ends it at the lane's next operation; the lane is asked to
     run that operation now if it can (``_dropped_hold``: a thread lane when its core's
-    lock is free, since a finalizer may run while this thread holds it; an asyncio lane
-    on its loop), so a waiter already parked gets the permit at once instead of at its
-    timeout. The hold is then marked ended (a block left later, by a generator
-    collected in the same reference cycle after it, releases nothing and counts no
+    lock is free, since a finalizer may run while this thread holds it, else the
+    reporter thread once the lock is free; an asyncio lane on its loop), so a waiter
+    already parked gets the permit at once instead of at its timeout. The hold is
+    then marked ended (a block left later, by a generator collected in the same
+    reference cycle after it, releases nothing and counts no
     unmatched release), and :func:`warn_dropped` warns: recorded first, so the permit
     comes back even when warnings are turned into errors (an error in a finalizer is
     only reported). Recording a token the core no longer holds is harmless: the lane's

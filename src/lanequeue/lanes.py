@@ -23,8 +23,10 @@ from ._core import (
     SessionHoldSteps,
     Waiter,
     ended_error,
+    ensure_reporter,
     record,
     recorded,
+    settle_later,
 )
 from ._errors import LaneTimeoutError
 from ._kinds import (
@@ -189,13 +191,17 @@ class _ThreadFace:
 
     def _dropped_hold(self) -> None:
         """A hold of this lane was dropped while held (see ``_kinds._DropWatch``): end it now,
-        handing its permit to a waiter already parked, unless the core's lock is taken
-        (maybe by this very thread, whose finalizer runs inside the core: then the next
-        operation ends it). Any thread may do this: a hand-off wakes a thread waiter by
-        releasing its lock. (The lock is an RLock: ``_is_owned`` tells whether this
-        thread is inside it, which ``acquire(False)`` alone would not.)"""
-        lock = self._core._lock
-        if lock._is_owned():  # inside the core: left to its next operation
+        handing its permit to a waiter already parked; when the core's lock is taken
+        (maybe by this very thread, whose finalizer runs inside the core, or by another
+        thread), the reporter thread ends it once the lock is free
+        (:func:`lanequeue._core.settle_later`). Any thread may do this: a hand-off wakes
+        a thread waiter by releasing its lock. (The lock is an RLock: ``_is_owned``
+        tells whether this thread is inside it, which ``acquire(False)`` alone would
+        not.)"""
+        core = self._core
+        lock = core._lock
+        if lock._is_owned():  # inside the core: the reporter ends it after this operation
+            settle_later(core)
             return
         free = False
         try:
@@ -206,7 +212,9 @@ class _ThreadFace:
             except RuntimeError:  # not taken: another thread holds it
                 pass
         if free:
-            self._core._settle()
+            core._settle()
+        else:
+            settle_later(core)
 
     def _park(self, key: str, timeout: float | None, priority: int = 0,
               into: Any = None) -> int:
@@ -242,6 +250,7 @@ class _ThreadFace:
             # interrupt stop the handler, ``into``'s finalizer returns the grant.
             if into is not None:
                 into._parked = (waiter, n)
+            ensure_reporter()  # before joining: a dropped hold's permit reaches this waiter
             if priority:
                 counting: CountingCore = self._core
                 token = counting.take(key, True, waiter, None, None, priority)
