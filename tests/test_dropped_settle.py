@@ -2,7 +2,7 @@
 
 A dropped hold's finalizer must not take the core's lock (it may run inside an operation
 of its own thread, under that lock). When the lock is taken, by this thread or another,
-the reporter thread ends the hold once the lock is free: the waiter in line gets the
+the settler thread ends the hold once the lock is free: the waiter in line gets the
 permit when that operation ends, not at the lane's next operation (here there is none:
 on the old code the waiter sat until its timeout).
 
@@ -13,6 +13,7 @@ the hold is dropped; no view is called after the drop (a view would end it itsel
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 import warnings
@@ -129,3 +130,20 @@ def test_dropped_while_another_thread_operates(index: int) -> None:
     assert granted.wait(GRANT_S), "the dropped hold's permit never reached the waiter"
     thread.join(GRANT_S)
     assert not errors
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform does not fork")
+def test_a_forked_child_settles_with_its_own_thread() -> None:
+    # The parent's settler runs (a waiter started it); the child has no such thread
+    # and gets its own, serving the child's fresh queue.
+    test_dropped_inside_this_threads_operation(0)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports by its exit status
+        code = 1
+        try:
+            test_dropped_inside_this_threads_operation(0)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

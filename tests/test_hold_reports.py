@@ -402,9 +402,9 @@ def test_an_interrupted_release_ended_before_its_report_came_is_logged_once(
         patched.setattr(_core, "_report_later", then_interrupted)
         with pytest.raises(KeyboardInterrupt):
             hold.__exit__(None, None, None)
-    assert not interrupt[0] and _core._REPORTS[0].qsize() == 1
+    assert not interrupt[0] and _core._REPORTER.queue.qsize() == 1
     assert lane.manual_release("k")  # its real end: a second report of it
-    assert _core._REPORTS[0].qsize() == 2
+    assert _core._REPORTER.queue.qsize() == 2
     gate.open.set()
     assert [line for line in ends.settle() if "'k'" in line] == [
         f"lane 'l': key 'k' held its permit for 2.000 s (token {token}), past "
@@ -534,7 +534,7 @@ def test_marks_stay_bounded_and_waiting_reports_keep_theirs_when_reports_are_mis
     assert peak <= _core.REPORTS_MAX + 3 * _ops._PRUNE_FLOOR, peak
     gate.open.set()
     deadline = time.monotonic() + 20
-    while _core._REPORTS[0].qsize() and time.monotonic() < deadline:  # (room for settle's)
+    while _core._REPORTER.queue.qsize() and time.monotonic() < deadline:  # (room for settle's)
         time.sleep(0.01)
     assert [line for line in ends.settle() if "'k" in line] == []  # logged by the checks
     held = [r.getMessage() for r in caplog.records if "has held its permit" in r.getMessage()]
@@ -724,7 +724,7 @@ def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
     caplog.set_level(logging.WARNING, logger="lanequeue")
     lane = SessionLane("s", warn_hold_s=0.0)
     _twenty_behind_the_gate(lane, gate)
-    assert _core._REPORTS[0].qsize() <= 5
+    assert _core._REPORTER.queue.qsize() <= 5
     gate.open.set()
     # the five queued are logged, then the count of the others (15, and the gate's own
     # report was taken before: 20 - 5)
@@ -764,8 +764,8 @@ def test_reports_missed_while_the_waiting_ones_are_logged_are_counted_in_one_lin
         _twenty_behind_the_gate(lane, gate)
         gate.open.set()
         deadline = time.monotonic() + 10
-        while len(batches) < 3 or not _core._REPORTS[0].empty():  # (then a probe can wait)
-            assert time.monotonic() < deadline, (batches, _core._REPORTS[0].qsize())
+        while len(batches) < 3 or not _core._REPORTER.queue.empty():  # (then a probe can wait)
+            assert time.monotonic() < deadline, (batches, _core._REPORTER.queue.qsize())
             time.sleep(0.001)
         ends.settle()
     finally:

@@ -157,10 +157,10 @@ atomic), as its first call, so an interrupt can lose the drop only at the finali
 very entry (and, for an ``acquire_all``, between the appends of its lanes). The
 finalizer then asks the face to end them now, so a waiter already parked is not left
 to its timeout: a thread lane does when its lock is free, and else hands the work to the
-process's reporter thread (:func:`settle_later`: the lock is taken, by this thread's own
-operation or another thread's, and the reporter waits for it), an asyncio lane in a
-callback on its loop. The reporter runs whenever a thread has waited on a thread lane
-(:func:`ensure_reporter`, called before a waiter joins a line), so a parked waiter never
+process's settler thread (:func:`settle_later`: the lock is taken, by this thread's own
+operation or another thread's, and the settler waits for it), an asyncio lane in a
+callback on its loop. The settler runs whenever a thread has waited on a thread lane
+(:func:`ensure_settler`, called before a waiter joins a line), so a parked waiter never
 waits for a dropped hold's permit until some later operation. Besides, the lane's next
 operation that could need that permit ends them first, in any thread, as releases that
 may hand the key to the next waiter: every call into the core's ``take`` and
@@ -605,7 +605,7 @@ class _CoreBase:
         :meth:`track_holds`), and each release calls :meth:`_fold_holds`, which checks
         the hold it ended."""
         if limit is not None:
-            _start_reporter()  # (off the lock: it may start a thread)
+            _REPORTER.start()  # (off the lock: it may start a thread)
         with self._lock:
             if limit is None:
                 self.hold_warn_s = None
@@ -799,72 +799,66 @@ def _after_fork_in_child() -> None:
 at_fork_in_child(_after_fork_in_child)
 
 
-# -- reports made off the lock ----------------------------------------------------------------
+# -- work done off the lock, by daemon threads --------------------------------------------------
+class _Daemon:
+    """A daemon thread of this process that serves one queue, started on demand
+    (:meth:`start`: idempotent, thread-safe; an interrupt that stops it before the
+    thread starts leaves the next call to start it). ``queue`` is read anew by every
+    caller, so that a forked child's fresh queue is seen by every core: in a child the
+    parent's thread does not exist, and :meth:`after_fork` makes a new queue, and a new
+    thread if the parent had started one. ``started``: True once a thread was started
+    (a daemon ends only with the interpreter), read by finalizers as one attribute
+    load."""
+
+    __slots__ = ("name", "_target", "queue", "started", "_thread", "_lock")
+
+    def __init__(self, name: str, target: Callable[[queue.SimpleQueue[Any]], None]) -> None:
+        self.name = name
+        self._target = target
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.started = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        at_fork_in_child(self.after_fork)
+
+    def start(self) -> None:
+        with self._lock:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                thread = threading.Thread(target=self._target, args=(self.queue,),
+                                          name=self.name, daemon=True)
+                thread.start()
+                self._thread = thread
+                self.started = True
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        had = self.started
+        self._thread = None
+        self.started = False
+        self.queue = queue.SimpleQueue()
+        if had:
+            self.start()
+
+
 # A release that ends a hold that lasted a lane's ``warn_hold_s`` runs under the core's lock,
 # where no observer's code may run (a log handler may block, or call into the lane): it
-# puts ``(report, key, token, seconds)`` on this queue with one builtin call (``report``:
-# the lane's method, from the weak reference the core keeps), and a daemon thread,
-# started by ``watch_holds``, calls ``report(key, token, seconds)``. At most
+# puts ``(report, key, token, seconds)`` on the reporter's queue with one builtin call
+# (``report``: the lane's method, from the weak reference the core keeps), and the reporter
+# thread, started by ``watch_holds``, calls ``report(key, token, seconds)``. At most
 # :data:`REPORTS_MAX` wait (a handler slower than the long holds come, or a limit so low
 # that every hold passes it): the others are counted, not queued, and the thread logs
-# how many it missed. A list of one queue, so that a forked child's fresh queue is seen
-# by every core.
-_REPORTS: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue()]
+# how many it missed.
 #: Reports of long holds that may wait for the reporter thread at once.
 REPORTS_MAX = 1000
 _missed = [0]  # reports not queued (the queue was full), not yet logged
-_reporter: list[threading.Thread] = []
-_reporter_lock = threading.Lock()
-
-
-def _start_reporter() -> None:
-    """Start this process's reporter thread unless it runs (idempotent, thread-safe; an
-    interrupt that stops it before the thread starts leaves the next call to start it;
-    two threads on the one queue would still report each hold once)."""
-    with _reporter_lock:
-        if not (_reporter and _reporter[0].is_alive()):
-            thread = threading.Thread(target=_run_reports, args=(_REPORTS[0],),
-                                      name="lanequeue-reports", daemon=True)
-            thread.start()
-            _reporter[:] = [thread]
-
-
-def ensure_reporter() -> None:
-    """Start this process's reporter thread unless it was started (a waiter of a thread
-    lane calls this before it joins a line, off every lock: see :func:`settle_later`).
-    The check is one list read: the thread is a daemon and ends only with the
-    interpreter (a forked child starts its own)."""
-    if not _reporter:
-        _start_reporter()
-
-
-def settle_later(core: _CoreBase) -> None:
-    """Ask the reporter thread to end ``core``'s dropped holds: a finalizer could not,
-    the core's lock being taken (by this thread's operation, inside which the finalizer
-    runs, or by another thread's). The reporter's :meth:`_CoreBase._settle` waits for
-    the lock, so the permit reaches a parked waiter once that operation ends, not at
-    the lane's next one. Builtins only (a finalizer, maybe under the lock): one
-    ``SimpleQueue.put``, which is reentrant. Nothing is queued when no reporter was
-    started: then no thread has waited on a thread lane in this process, and the
-    lane's next operation that needs the permit ends the dropped holds first. A
-    request queued twice settles twice (the second finds nothing)."""
-    if _reporter:
-        _REPORTS[0].put((_settle_core, weakref.ref(core), 0, 0.0))
-
-
-def _settle_core(ref: weakref.ref[_CoreBase], _token: int, _seconds: float) -> None:
-    """A request of :func:`settle_later`, run by the reporter thread (the core may be
-    gone: nothing to do)."""
-    core = ref()
-    if core is not None:
-        core._settle()
 
 
 def _report_later(fn: Callable[[str, int, float], object], key: str, token: int,
                   seconds: float) -> bool:
     """Queue a report for the reporter thread (lock held: builtins only) and return
     True, or count it missed when :data:`REPORTS_MAX` wait already (False)."""
-    reports = _REPORTS[0]
+    reports = _REPORTER.queue
     if reports.qsize() < REPORTS_MAX:
         reports.put((fn, key, token, seconds))
         return True
@@ -875,7 +869,7 @@ def _report_later(fn: Callable[[str, int, float], object], key: str, token: int,
 def _run_reports(reports: queue.SimpleQueue[Any]) -> None:
     """The reporter thread: call each report; never dies of one (a log handler that
     raises, even a BaseException, loses that report only). The reports missed meanwhile
-    are counted in one line once the waiting ones are logged (the queue is empty): a
+    are counted in one line once the waiting reports are logged (the queue is empty): a
     report is missed only while the queue is full, so a report always comes after it.
     (Logged after each report, a slow handler gave one count line per report.)"""
     while True:
@@ -895,20 +889,54 @@ def _run_reports(reports: queue.SimpleQueue[Any]) -> None:
             pass
 
 
-def _reporter_after_fork() -> None:
-    """In a forked child: the parent's reporter thread does not exist here; a new queue,
-    and a new thread if the parent had one."""
-    global _reporter_lock
-    _reporter_lock = threading.Lock()
-    had = bool(_reporter)
-    _reporter.clear()
-    _REPORTS[0] = queue.SimpleQueue()
+def _missed_after_fork() -> None:
     _missed[0] = 0
-    if had:
-        _start_reporter()
 
 
-at_fork_in_child(_reporter_after_fork)
+at_fork_in_child(_missed_after_fork)
+_REPORTER = _Daemon("lanequeue-reports", _run_reports)
+
+
+# A dropped hold's finalizer that finds a thread lane's lock taken (see "Dropped holds")
+# asks the settler thread to end the lane's dropped holds once the lock is free: a weak
+# reference to the core on its queue. Its own thread, not the reporter's: a slow log
+# handler must not hold a permit back from a parked waiter.
+def ensure_settler() -> None:
+    """Start this process's settler thread unless it was started (a waiter of a thread
+    lane calls this before it joins a line, off every lock: see :func:`settle_later`).
+    One attribute read once it runs."""
+    if not _SETTLER.started:
+        _SETTLER.start()
+
+
+def settle_later(core: _CoreBase) -> None:
+    """Ask the settler thread to end ``core``'s dropped holds: a finalizer could not,
+    the core's lock being taken (by this thread's operation, inside which the finalizer
+    runs, or by another thread's). The settler's :meth:`_CoreBase._settle` waits for
+    the lock, so the permit reaches a parked waiter once that operation ends, not at
+    the lane's next one. Builtins only (a finalizer, maybe under the lock): one
+    ``SimpleQueue.put``, which is reentrant. Nothing is queued when no settler was
+    started: then no thread has waited on a thread lane in this process, and the
+    lane's next operation that needs the permit ends the dropped holds first. A
+    request queued twice settles twice (the second finds nothing)."""
+    if _SETTLER.started:
+        _SETTLER.queue.put(weakref.ref(core))
+
+
+def _run_settles(requests: queue.SimpleQueue[Any]) -> None:
+    """The settler thread: end the dropped holds of each core asked for (gone: nothing to
+    do); never dies of one (a release's log handler that raises)."""
+    while True:
+        try:
+            core = requests.get()()
+            if core is not None:
+                core._settle()
+            del core  # (not kept alive until the next request)
+        except BaseException:  # (nothing to tell it with)
+            pass
+
+
+_SETTLER = _Daemon("lanequeue-settle", _run_settles)
 
 
 #: The stages of an ``acquire_all`` (``MultiHold._stage``): made, entered, and a release

@@ -579,7 +579,7 @@ class _DropWatch:
     it or after it), which ends it at the lane's next operation; the lane is asked to
     run that operation now if it can (``_dropped_hold``: a thread lane when its core's
     lock is free, since a finalizer may run while this thread holds it, else the
-    reporter thread once the lock is free; an asyncio lane on its loop), so a waiter
+    settler thread once the lock is free; an asyncio lane on its loop), so a waiter
     already parked gets the permit at once instead of at its timeout. The hold is
     then marked ended (a block left later, by a generator collected in the same
     reference cycle after it, releases nothing and counts no

@@ -23,7 +23,7 @@ from ._core import (
     SessionHoldSteps,
     Waiter,
     ended_error,
-    ensure_reporter,
+    ensure_settler,
     record,
     recorded,
     settle_later,
@@ -193,14 +193,14 @@ class _ThreadFace:
         """A hold of this lane was dropped while held (see ``_kinds._DropWatch``): end it now,
         handing its permit to a waiter already parked; when the core's lock is taken
         (maybe by this very thread, whose finalizer runs inside the core, or by another
-        thread), the reporter thread ends it once the lock is free
+        thread), the settler thread ends it once the lock is free
         (:func:`lanequeue._core.settle_later`). Any thread may do this: a hand-off wakes
         a thread waiter by releasing its lock. (The lock is an RLock: ``_is_owned``
         tells whether this thread is inside it, which ``acquire(False)`` alone would
         not.)"""
         core = self._core
         lock = core._lock
-        if lock._is_owned():  # inside the core: the reporter ends it after this operation
+        if lock._is_owned():  # inside the core: the settler ends it after this operation
             settle_later(core)
             return
         free = False
@@ -250,7 +250,7 @@ class _ThreadFace:
             # interrupt stop the handler, ``into``'s finalizer returns the grant.
             if into is not None:
                 into._parked = (waiter, n)
-            ensure_reporter()  # before joining: a dropped hold's permit reaches this waiter
+            ensure_settler()  # before joining: a dropped hold's permit reaches this waiter
             if priority:
                 counting: CountingCore = self._core
                 token = counting.take(key, True, waiter, None, None, priority)
