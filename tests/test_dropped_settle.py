@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from lanequeue import Lane, LaneQueue, SessionLane
+from lanequeue import Lane, LaneQueue, SessionLane, _core
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -147,3 +147,35 @@ def test_a_forked_child_settles_with_its_own_thread() -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_start_reentered_on_its_own_thread_does_not_hang(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A finalizer may run while _Daemon.start holds its lock (a thread's start
+    # allocates), and its warning's handler may wait on a lane, which starts the settler
+    # again on the same thread. Driven by a Thread.start that re-enters first.
+    served: list[int] = []
+    done = threading.Event()
+
+    def serve(requests: Any) -> None:
+        while True:
+            served.append(requests.get())
+            done.set()
+
+    daemon = _core._Daemon("lanequeue-test", serve)
+    original = threading.Thread.start
+    reentered: list[bool] = []
+
+    def start(thread: threading.Thread) -> None:
+        if not reentered:
+            reentered.append(True)
+            daemon.start()  # as the handler's wait would
+        original(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    daemon.start()
+    monkeypatch.undo()
+    assert reentered and daemon.started
+    daemon.queue.put(7)
+    assert done.wait(GRANT_S) and served == [7]  # each request served once
+    daemon.started = False  # (a forked child of a later test starts nothing for it)

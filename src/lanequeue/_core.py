@@ -808,7 +808,10 @@ class _Daemon:
     parent's thread does not exist, and :meth:`after_fork` makes a new queue, and a new
     thread if the parent had started one. ``started``: True once a thread was started
     (a daemon ends only with the interpreter), read by finalizers as one attribute
-    load."""
+    load. The lock is an RLock: a finalizer may run while ``start`` holds it (a thread's
+    start allocates), and its warning's handler may wait on a lane, which starts the
+    settler: that start begins a second thread on the same queue (harmless: each
+    request is served once), where a plain lock would hang the thread."""
 
     __slots__ = ("name", "_target", "queue", "started", "_thread", "_lock")
 
@@ -818,7 +821,7 @@ class _Daemon:
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.started = False
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         at_fork_in_child(self.after_fork)
 
     def start(self) -> None:
@@ -832,7 +835,7 @@ class _Daemon:
                 self.started = True
 
     def after_fork(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         had = self.started
         self._thread = None
         self.started = False
