@@ -971,7 +971,10 @@ def _add_status_parser(sub: Any) -> None:
     form.add_argument("--watch", action="store_true",
                       help="refresh the table every --interval seconds until "
                            "interrupted: in place on a terminal; piped or redirected, "
-                           "each refresh printed whole after the last")
+                           "each refresh printed whole after the last. A read that "
+                           "fails for a while (Redis unreachable, restarting, not "
+                           "answering) is shown in the table's place and retried; one "
+                           "that cannot heal (a wrong password) exits with status 2")
     form.add_argument("--json", action="store_true", help="print one JSON document")
     sp.add_argument("--interval", type=_status_interval, default=None, metavar="S",
                     help="seconds between refreshes, only with --watch (default 1.0; from "

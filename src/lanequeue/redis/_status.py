@@ -31,10 +31,20 @@ from __future__ import annotations
 
 import re
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._errors import counted, install_hint, told
 from ._keys import LAYOUT, base, version_key
@@ -53,6 +63,18 @@ _NUMSUB_BATCH = 500
 #: a frozen or unreachable server fails the read instead of holding it without a bound
 #: (redis-py's own default depends on its version, and was no bound at all).
 READ_TIMEOUT_S = 5.0
+#: The errors of a read that ``lanequeue status --watch`` shows in place of the table
+#: and retries at its interval, as they pass with time: the server unreachable or refusing
+#: connections (restarting), not answering in time (frozen, overloaded), loading its
+#: data set (``LOADING``, a BusyLoadingError, which is a ConnectionError), a replica cut
+#: from its master (``MASTERDOWN``) or a cluster not serving (``CLUSTERDOWN``,
+#: ``TRYAGAIN``). Except the :data:`_LASTING` ones.
+_PASSING: tuple[type[Exception], ...] = (
+    RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError)
+#: ConnectionErrors that retrying cannot heal (the password or user refused, a
+#: certificate not authorized): they end ``--watch`` at once, as every error not in
+#: :data:`_PASSING` does (a command the Redis user may not run, a bad database number).
+_LASTING: tuple[type[Exception], ...] = (AuthenticationError, AuthorizationError)
 
 
 @dataclass(frozen=True)
@@ -479,6 +501,34 @@ def redraws_in_place(console: Any) -> bool:
     return bool(console.is_terminal and not console.is_dumb_terminal)
 
 
+def passing(exc: BaseException) -> bool:
+    """Whether ``lanequeue status --watch`` retries a read that failed with ``exc``
+    (see :data:`_PASSING`), showing :func:`failure` in place of the table, rather
+    than exiting with status 2."""
+    return isinstance(exc, _PASSING) and not isinstance(exc, _LASTING)
+
+
+def failure(backend: str, exc: BaseException, at: str, interval: float,
+            failed: int = 1, since: str | None = None) -> Any:
+    """What ``--watch`` shows in place of the table when the read at ``at`` (a local
+    ``HH:MM:SS``) failed with ``exc`` (see :func:`passing`): the URL, the time and the
+    error, then that it retries every ``interval`` seconds, and, from the second failed
+    read of a run (``failed`` reads, the first at ``since``), since when. A rich
+    ``Text``, never parsed as markup, the URL and the error shown as :func:`shown`
+    does. Needs rich."""
+    from rich.text import Text
+
+    retrying = f"retrying every {interval:g} s"
+    if failed > 1:
+        retrying += f"; {counted(failed, 'read')} failed since {since}"
+    return Text(f"reading {shown(backend)} failed at {at}: {shown(told(exc))}\n{retrying}")
+
+
+def _nap(seconds: float) -> None:
+    """The wait of ``--watch`` between two reads."""
+    time.sleep(seconds)
+
+
 def _quiet_stdout(out: Any) -> None:
     """The reader of ``out`` went away (``lanequeue status --json | head -1``): point
     its file descriptor at /dev/null so that the interpreter's flush at exit writes
@@ -502,9 +552,15 @@ def run_status(args: Any, out: Any, err: Any) -> int:
     checked them (``--interval`` in range, with ``--watch`` only; not ``--json`` with
     ``--watch``): 0 on success, 1 (quietly) when the reader of the output went away (a
     closed pipe), 2 for a bad ``--backend`` URL, a missing rich, or a Redis that cannot
-    be read; 130 when interrupted."""
+    be read; 130 when interrupted. With ``--watch`` a read that fails with an error
+    that passes (see :func:`passing`: unreachable, refused, not answering in time,
+    loading) does not end the command: :func:`failure` is shown in place of the
+    table, the read is made again every ``--interval`` seconds, and the table comes
+    back once Redis answers; any other error (a wrong password, a command the user may
+    not run) exits with status 2 at whichever read meets it, as without ``--watch``.
+    A watch ends only when interrupted (130), its output pipe closed (1) or such an
+    error (2)."""
     import json
-    import time
 
     import redis
 
@@ -534,29 +590,32 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         console = Console(file=out)
         wide = unbounded(out)
 
-        def frame() -> Any:
-            shown = render(reader.read())
+        def fitted(shown: Any) -> Any:
             return fit(console, shown) if wide else shown
+
+        def frame() -> Any:
+            return fitted(render(reader.read()))
 
         if not args.watch:
             console.print(frame())
             out.flush()
             return 0
+        watched = _watched(frame, args.backend, args.interval, fitted)
         if not redraws_in_place(console):
             # Each frame as it is made, flushed, a blank line between two: what a
             # reader of the pipe (``| tee log``) sees at once, one after another.
-            console.print(frame())
+            console.print(watched())
             out.flush()
             while True:
-                time.sleep(args.interval)
-                shown = frame()
+                _nap(args.interval)
+                shown = watched()
                 console.print()
                 console.print(shown)
                 out.flush()
-        with Live(frame(), console=console, auto_refresh=False) as live:
+        with Live(watched(), console=console, auto_refresh=False) as live:
             while True:
-                time.sleep(args.interval)
-                live.update(frame(), refresh=True)
+                _nap(args.interval)
+                live.update(watched(), refresh=True)
     except BrokenPipeError:  # the reader of the output went away (``| head -1``)
         _quiet_stdout(out)
         return 1
@@ -568,3 +627,29 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         return 130
     finally:
         client.close()
+
+
+def _watched(frame: Callable[[], Any], backend: str, interval: float,
+             fitted: Callable[[Any], Any]) -> Callable[[], Any]:
+    """The frames of ``--watch``: ``frame()`` (the table of one read), or when that
+    read fails with an error that passes (:func:`passing`), :func:`failure` in its
+    place (through ``fitted``); any other error is raised."""
+    failed = 0  # reads failed since the last table
+    since = ""  # the local time of the first of them
+
+    def watched() -> Any:
+        nonlocal failed, since
+        try:
+            shown = frame()
+        except _PASSING as exc:
+            if not passing(exc):
+                raise
+            at = time.strftime("%H:%M:%S")
+            failed += 1
+            if failed == 1:
+                since = at
+            return fitted(failure(backend, exc, at, interval, failed, since))
+        failed = 0
+        return shown
+
+    return watched
