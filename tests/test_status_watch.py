@@ -186,8 +186,9 @@ def test_an_error_retrying_cannot_heal_ends_the_watch_at_once(
         redis_client.execute_command("ACL", "DELUSER", user)
     assert code == 2 and out == "" and naps == [], (out, err)
     error = "AuthenticationError" if who == "wrong password" else "NoPermissionError"
-    assert err.startswith(f"lanequeue status: reading {url}: {error}: "), err
-    assert err.count("\n") == 1
+    shown = _url(redis_server, f"{user}@")  # (its password taken out)
+    assert err.startswith(f"lanequeue status: reading {shown}: {error}: "), err
+    assert err.count("\n") == 1 and "pw" not in err.replace(shown, "")
 
 
 def test_an_error_that_cannot_heal_after_frames_ends_the_watch_with_status_2(
@@ -213,7 +214,8 @@ def test_an_error_that_cannot_heal_after_frames_ends_the_watch_with_status_2(
         delete()
     assert code == 2, (out, err)
     assert len(naps) < 5 and HEADER in _frames(out)[0], out
-    assert err.startswith(f"lanequeue status: reading {url}: AuthenticationError: "), err
+    shown = _url(redis_server, f"{user}@")  # (its password taken out)
+    assert err.startswith(f"lanequeue status: reading {shown}: AuthenticationError: "), err
 
 
 def _read_until(proc: subprocess.Popen[bytes], done: Callable[[bytes], bool],
@@ -308,3 +310,28 @@ def test_the_readme_shows_the_failure_as_the_watch_does() -> None:
             "redis://127.0.0.1:6379/0", redis.exceptions.TimeoutError(
                 "Timeout reading from socket"), "14:02:07", 1.0, 3, "14:02:01"))
     assert f"```\n{cap.get()}```\n" in readme, cap.get()
+
+
+@pytest.mark.parametrize("watch", [False, True], ids=["once", "watch"])
+def test_the_url_is_shown_without_its_password(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, watch: bool,
+) -> None:
+    """A dashboard left on screen, or a log of the exit line, shows the URL with its
+    password taken out (in the user part or as a query argument)."""
+    for secret_url, url in [
+        ("redis://ops:s3cret@127.0.0.1:1/0", "redis://ops@127.0.0.1:1/0"),
+        ("redis://127.0.0.1:1/0?password=s3cret&socket_timeout=0.5",
+         "redis://127.0.0.1:1/0?socket_timeout=0.5"),
+    ]:
+        if watch:
+            code, out, err, _ = _watch(
+                capsys, monkeypatch, ["--backend", secret_url, "--watch", "--interval",
+                                      "0.1"], {}, stop_at=1)
+            assert code == 130 and err == "", (out, err)
+            _assert_failed(_frames(out)[0], url, "ConnectionError", "0.1")
+        else:
+            code = main(["status", "--backend", secret_url, "--json"])
+            cap = capsys.readouterr()
+            out, err = cap.out, cap.err
+            assert code == 2 and url in err, err
+        assert "s3cret" not in out + err

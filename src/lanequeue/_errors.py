@@ -9,6 +9,7 @@ which caught ``TimeoutError``, keeps working.
 from __future__ import annotations
 
 import reprlib
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 __all__ = [
     "DispatcherDrainingError",
@@ -235,3 +236,21 @@ class TurnDedupedError(TurnError):
 class DispatcherDrainingError(LaneError):
     """``submit`` was called after ``drain()`` or ``close()``: the dispatcher takes no new
     turns."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (user name, host, port, database kept)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable URL>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        auth, host = netloc.rsplit("@", 1)
+        user = auth.split(":", 1)[0]
+        netloc = f"{user}@{host}" if user else host
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    query = urlencode([(k, v) for k, v in pairs if k.lower() != "password"])
+    if netloc == parts.netloc and len(pairs) == len(parse_qsl(query, keep_blank_values=True)):
+        return url  # nothing secret in it
+    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")

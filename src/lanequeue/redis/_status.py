@@ -46,7 +46,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .._errors import counted, install_hint, told
+from .._errors import counted, install_hint, redact_url, told
 from ._keys import LAYOUT, base, version_key
 
 __all__ = ["StatusReader", "parse_lane_key"]
@@ -576,7 +576,8 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         client = redis.Redis.from_url(args.backend, socket_timeout=READ_TIMEOUT_S,
                                       socket_connect_timeout=READ_TIMEOUT_S)
     except ValueError as exc:
-        print(f"lanequeue status: bad --backend {args.backend!r}: {exc}", file=err)
+        print(f"lanequeue status: bad --backend {redact_url(args.backend)!r}: {exc}",
+              file=err)
         return 2
     reader = StatusReader(client, args.prefix)
     try:
@@ -600,7 +601,7 @@ def run_status(args: Any, out: Any, err: Any) -> int:
             console.print(frame())
             out.flush()
             return 0
-        watched = _watched(frame, args.backend, args.interval, fitted)
+        watched = _watched(frame, redact_url(args.backend), args.interval, fitted)
         if not redraws_in_place(console):
             # Each frame as it is made, flushed, a blank line between two: what a
             # reader of the pipe (``| tee log``) sees at once, one after another.
@@ -620,7 +621,7 @@ def run_status(args: Any, out: Any, err: Any) -> int:
         _quiet_stdout(out)
         return 1
     except redis.RedisError as exc:
-        print(f"lanequeue status: reading {args.backend}: {told(exc)}",
+        print(f"lanequeue status: reading {redact_url(args.backend)}: {told(exc)}",
               file=err)
         return 2
     except KeyboardInterrupt:

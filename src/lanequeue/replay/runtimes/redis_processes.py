@@ -143,10 +143,10 @@ import uuid
 from collections.abc import Callable, Container, Coroutine, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from lanequeue import AsyncLaneQueue, LaneQueue
-from lanequeue._errors import install_hint, told
+from lanequeue._errors import install_hint, redact_url, told
 from lanequeue.replay.observe import Observer, peak_concurrency
 from lanequeue.replay.runtimes.aio import drive_tasks
 from lanequeue.replay.runtimes.base import (
@@ -194,24 +194,6 @@ COUNTER_CALLS = 16
 class BackendError(Exception):
     """The backend cannot be used: a bad URL, an unreachable server, redis-py missing, a
     worker process that failed to start or died."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (user name, host, port, database kept)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    netloc = parts.netloc
-    if "@" in netloc:
-        auth, host = netloc.rsplit("@", 1)
-        user = auth.split(":", 1)[0]
-        netloc = f"{user}@{host}" if user else host
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    query = urlencode([(k, v) for k, v in pairs if k.lower() != "password"])
-    if netloc == parts.netloc and len(pairs) == len(parse_qsl(query, keep_blank_values=True)):
-        return url  # nothing secret in it
-    return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 def _redis_module() -> Any:
