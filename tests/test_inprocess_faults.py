@@ -42,8 +42,6 @@ The random one is the issue's failing input: a ``signal.setitimer`` timer raisin
 from __future__ import annotations
 
 import asyncio
-import dis
-import functools
 import gc
 import inspect
 import logging
@@ -56,13 +54,14 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
+import interrupt_points
 import pytest
+from interrupt_points import DELIVERY, EVERY_INSTRUCTION, Injector, library
 from interrupt_timer import sigalrm_interrupts
 
 import lanequeue
@@ -98,120 +97,26 @@ _CORE = str(_PKG / "_core.py")
 _FACES = {str(_PKG / f) for f in ("lanes.py", "aio.py", "queue.py", "_kinds.py",
                                   "_validate.py", "_errors.py")}
 _TRACED = _FACES | {_CORE}
-_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
-
-
-@functools.cache
-def _backward_jumps(code: CodeType) -> frozenset[int]:
-    """Offsets of the backward jumps of ``code``: they check the eval breaker (a loop
-    can be interrupted there); JUMP_BACKWARD_NO_INTERRUPT does not."""
-    return frozenset(
-        ins.offset for ins in dis.get_instructions(code)
-        if ins.opcode in _JUMPS and isinstance(ins.argval, int) and ins.argval < ins.offset
-        and "NO_INTERRUPT" not in ins.opname
-    )
-
-
-class Injector:
-    """Raises KeyboardInterrupt at the ``n``-th injection point (see the module
-    docstring), once; ``paused`` turns injection off around test-side helpers."""
-
-    def __init__(self, n: int, real_points: bool = False) -> None:
-        self.n = n
-        self.real_points = real_points  # face frames too: only where CPython can deliver
-        self.count = 0
-        self.fired: str | None = None
-        self.paused = False
-        self.unraisable: list[Any] = []
-        # One object per callback, kept alive here: the interpreter drops its own
-        # references when a trace or profile function raises (with a bound method made
-        # afresh on each use, CPython 3.11 was seen calling a freed object).
-        self._trace_fn = self.trace
-        self._profile_fn = self.profile
-        self._face_fn = self._face_events
-        self._core_fn = self._core_events
-
-    def point(self, frame: FrameType, what: str) -> None:
-        if self.paused or self.fired is not None:
-            return
-        self.count += 1
-        if self.count == self.n:
-            self.fired = (
-                f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} "
-                f"{frame.f_code.co_name} {what} (point {self.n})"
-            )
-            raise KeyboardInterrupt(self.fired)
-
-    # sys.settrace: the global function sees every new frame ("call").
-    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        filename = frame.f_code.co_filename
-        if filename not in _TRACED or frame.f_code.co_name == "__del__":
-            return None
-        frame.f_trace_opcodes = True
-        local = self._core_fn if filename == _CORE or self.real_points else self._face_fn
-        self.point(frame, "call")
-        return local
-
-    def _face_events(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode":
-            self.point(frame, f"before {dis.opname[frame.f_code.co_code[frame.f_lasti]]}")
-        elif event == "return":
-            self.point(frame, "return")
-        return self._face_fn
-
-    def _core_events(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode" and frame.f_lasti in _backward_jumps(frame.f_code):
-            self.point(frame, "backward jump")
-        elif event == "return":
-            self.point(frame, "return")
-        return self._core_fn
-
-    # sys.setprofile: builtins called from a traced frame.
-    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if (event == "c_return" and frame.f_code.co_filename in _TRACED
-                and frame.f_code.co_name != "__del__"):
-            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Trace the calling thread. An exception injected into a finalizer is only
-        reported by Python ("Exception ignored in ..."); the reports go to a list
-        meanwhile (CPython 3.11's default report, printing a traceback through the
-        tracer's frames while tracing, can crash the interpreter)."""
-        old_trace, old_profile = sys.gettrace(), sys.getprofile()
-        old_hook, sys.unraisablehook = sys.unraisablehook, self.unraisable.append
-        sys.setprofile(self._profile_fn)
-        sys.settrace(self._trace_fn)
-        try:
-            yield
-        finally:
-            sys.settrace(old_trace)
-            sys.setprofile(old_profile)
-            sys.unraisablehook = old_hook
-
-    @contextmanager
-    def pause(self) -> Iterator[None]:
-        self.paused = True
-        try:
-            yield
-        finally:
-            self.paused = False
 
 
 def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 5000,
-                      real_points: bool = False,
-                      injector: Callable[[int, bool], Injector] | None = None) -> int:
-    """Call ``run_once(Injector(n))`` for n = 1, 2, ... until a run completes without an
-    injection; return how many injections were made. ``real_points``: in the face
-    modules too, only where CPython can deliver an asynchronous exception (as in
-    ``_core.py``), not at every instruction."""
-    for n in range(1, limit):
-        inj = (injector or Injector)(n, real_points)
-        run_once(inj)
-        if inj.fired is None:
-            assert n > 1, "the operation had no injection point: the tracer saw nothing"
-            return n - 1
-    raise AssertionError(f"more than {limit} injection points")
+                      real_points: bool = False, finalizers: bool = False) -> int:
+    """Call ``run_once(inj)`` with an injection at point n = 1, 2, ... (see the module
+    docstring) until a run completes without one; return how many injections were made.
+    ``real_points``: in the face modules too, only where CPython can deliver an
+    asynchronous exception (as in ``_core.py``), not at every instruction.
+    ``finalizers``: finalizers traced too (only where CPython can deliver one), except
+    the one point no Python code can guard: the very entry of ``__del__``, before its
+    first call records the drop (README, "Dropped holds")."""
+    if finalizers:
+        return interrupt_points.inject_everywhere(
+            run_once, limit, traced=library(_TRACED),
+            points=lambda code: (DELIVERY - {"call"} if code.co_name == "__del__"
+                                 else DELIVERY))
+    return interrupt_points.inject_everywhere(
+        run_once, limit, traced=library(_TRACED, skip={"__del__"}),
+        points=lambda code: (DELIVERY if real_points or code.co_filename == _CORE
+                             else EVERY_INSTRUCTION))
 
 
 # -- the three rules ---------------------------------------------------------------------
@@ -1507,25 +1412,6 @@ def test_timeout_message_keeps_the_source_wording_and_adds_the_wait() -> None:
 
 # -- interrupts inside a dropped hold's finalizer ----------------------------------------
 
-class _FinalizerInjector(Injector):
-    """An :class:`Injector` (where CPython can deliver an interrupt: calls' entries and
-    returns, backward jumps, after builtins) that traces finalizers too, except the one
-    point no Python code can guard: the very entry of ``__del__``, before its first call
-    records the drop (README, "Dropped holds")."""
-
-    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename not in _TRACED:
-            return None
-        frame.f_trace_opcodes = True
-        if frame.f_code.co_name != "__del__":
-            self.point(frame, "call")
-        return self._core_fn
-
-    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_return" and frame.f_code.co_filename in _TRACED:
-            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
-
-
 @pytest.mark.parametrize("what", ["SessionLane", "Lane", "acquire_all"])
 def test_c20_interrupt_inside_a_dropped_holds_finalizer_keeps_the_lane_whole(
     what: str,
@@ -1560,7 +1446,8 @@ def test_c20_interrupt_inside_a_dropped_holds_finalizer_keeps_the_lane_whole(
             assert in_thread(lambda c=core: c._lock.acquire(timeout=JOIN_S)
                              and not c._lock.release()), where
             check_consistent(core)  # (ends the recorded drop, as the next operation would)
-            if lane.stats.holders and what == "acquire_all" and " __del__ " in where:
+            if (lane.stats.holders and what == "acquire_all"
+                    and inj.fired_code is not None and inj.fired_code.co_name == "__del__"):
                 # Between the records of its lanes (one C call each): the lanes not
                 # recorded yet keep their permit, shown and ended by manual_release
                 # (README, "Dropped holds").
@@ -1568,7 +1455,7 @@ def test_c20_interrupt_inside_a_dropped_holds_finalizer_keeps_the_lane_whole(
             assert lane.stats.holders == 0, where
             check_thread_lane_works(lane)
 
-    assert inject_everywhere(run_once, injector=_FinalizerInjector) >= 3
+    assert inject_everywhere(run_once, finalizers=True) >= 3
 
 
 def test_an_interrupt_during_acquire_alls_rollback_is_not_swallowed() -> None:
