@@ -16,20 +16,18 @@ with reason ``"interrupted"``) or gone (the retry runs).
 
 from __future__ import annotations
 
-import dis
-import functools
 import random
 import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from types import CodeType, FrameType
+from types import FrameType
 from typing import Any
 
+import interrupt_points
 import pytest
+from interrupt_points import DELIVERY, Injector, library
 from interrupt_timer import sigalrm_interrupts
 
 import lanequeue.dispatch as dispatch_pkg
@@ -38,88 +36,14 @@ from lanequeue import LaneQueue, ThreadDispatcher, TurnError, current_turn
 WAIT = 10.0
 _PKG = Path(dispatch_pkg.__file__).resolve().parent
 _TRACED = {str(_PKG / f) for f in ("_machine.py", "_threads.py", "_base.py")}
-_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 
 
-@functools.cache
-def _backward_jumps(code: CodeType) -> frozenset[int]:
-    return frozenset(
-        ins.offset for ins in dis.get_instructions(code)
-        if ins.opcode in _JUMPS and isinstance(ins.argval, int) and ins.argval < ins.offset
-        and "NO_INTERRUPT" not in ins.opname
-    )
-
-
-class Injector:
-    """Raises KeyboardInterrupt at the ``n``-th injection point, once."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.count = 0
-        self.fired: str | None = None
-        self.on = False
-        self.scope: str | None = None  # only inside this function (and its callees)
-        self._trace_fn = self.trace
-        self._local_fn = self.local
-        self._profile_fn = self.profile
-
-    def point(self, frame: FrameType, what: str) -> None:
-        if not self.on or self.fired is not None:
-            return
-        self.count += 1
-        if self.count == self.n:
-            self.fired = (f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} "
-                          f"{frame.f_code.co_name} {what}")
-            raise KeyboardInterrupt(self.fired)
-
-    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if frame.f_code.co_filename not in _TRACED:
-            return None
-        frame.f_trace_opcodes = True
-        if self.scope is not None and frame.f_code.co_name == self.scope and (
-                self.fired is None):
-            self.on = True
-        self.point(frame, "call")
-        return self._local_fn
-
-    def local(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode" and frame.f_lasti in _backward_jumps(frame.f_code):
-            self.point(frame, "backward jump")
-        elif event == "return":
-            self.point(frame, "return")
-            if self.scope is not None and frame.f_code.co_name == self.scope:
-                self.on = False
-        return self._local_fn
-
-    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_return" and frame.f_code.co_filename in _TRACED:
-            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
-
-    def install(self) -> None:
-        """Trace the calling thread (from its next new frame on)."""
-        sys.setprofile(self._profile_fn)
-        sys.settrace(self._trace_fn)
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        self.install()
-        self.on = True
-        try:
-            yield
-        finally:
-            self.on = False
-            sys.settrace(None)
-            sys.setprofile(None)
-
-
-def inject_everywhere(run_once: Callable[[Injector], None], limit: int = 3000) -> int:
-    for n in range(1, limit):
-        inj = Injector(n)
-        run_once(inj)
-        if inj.fired is None:
-            assert n > 1, "the operation had no injection point: the tracer saw nothing"
-            return n - 1
-    raise AssertionError(f"more than {limit} injection points")
+def inject_everywhere(run_once: Callable[[Injector], None], **injector: Any) -> int:
+    """``run_once(inj)`` with an injection at point n = 1, 2, ... of the dispatcher's
+    modules (see the module docstring) until a run completes without one; how many
+    injections were made."""
+    return interrupt_points.inject_everywhere(
+        run_once, 3000, traced=library(_TRACED), points=DELIVERY, **injector)
 
 
 def _dispatcher(**kw: Any) -> ThreadDispatcher:
@@ -284,8 +208,7 @@ def test_interrupt_at_every_point_of_a_runners_report_leaves_the_dispatcher_whol
         reported = threading.Event()
 
         def traced() -> str:
-            inj.scope = "finish"  # this worker thread, inside its report only
-            inj.install()
+            inj.install()  # this worker thread, inside its report only (the scope)
             return "first"
 
         first = d.submit("conv", traced)
@@ -298,7 +221,10 @@ def test_interrupt_at_every_point_of_a_runners_report_leaves_the_dispatcher_whol
         assert _ended(first) == "done", inj.fired
         _check_whole(d, [first, nxt, other], inj)
 
-    assert inject_everywhere(run_once) > 10
+    def report(frame: FrameType) -> bool:
+        return frame.f_code.co_name == "finish" and frame.f_code.co_filename in _TRACED
+
+    assert inject_everywhere(run_once, scope=report, scope_return=True) > 10
 
 
 def test_random_timer_interrupts_in_submit_and_cancel_never_wedge_the_dispatcher() -> None:

@@ -20,15 +20,14 @@ Real redis-server (tests/redis_server.py)."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import pytest
 import redis
+from interrupt_points import Injector, inject_everywhere
 
 from lanequeue import LaneBackendError, ThreadDispatcher, build_default_lanes
 
@@ -36,60 +35,13 @@ WAIT = 10.0
 BOUND_S = 3.0 * 1.0 + 2.0  # the claim wait's bound (2 x socket_timeout + 1 s), plus slack
 
 
-class Injector:
-    """Raises KeyboardInterrupt at the ``n``-th point inside calls of ``scope`` (a code
-    object) made by this thread, once; counts the points it saw."""
-
-    def __init__(self, n: int, scope: Any) -> None:
-        self.n = n
-        self.scope = scope
-        self.count = 0
-        self.depth = 0  # frames of scope's call open
-        self.fired: str | None = None
-
-    def _point(self, frame: FrameType, what: str) -> None:
-        if self.depth and self.fired is None:
-            self.count += 1
-            if self.count == self.n:
-                self.fired = f"{frame.f_code.co_filename}:{frame.f_lineno} {what}"
-                raise KeyboardInterrupt(self.fired)
-
-    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if frame.f_code is self.scope:
-            self.depth += 1
-        if not self.depth:
-            return None
-        self._point(frame, f"{frame.f_code.co_name} call")
-        return self.local
-
-    def local(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "return":
-            if frame.f_code is self.scope:
-                self.depth -= 1
-            else:
-                self._point(frame, f"{frame.f_code.co_name} return")
-        return self.local
-
-    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_return":
-            self._point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        sys.setprofile(self.profile)
-        sys.settrace(self.trace)
-        try:
-            return fn()
-        finally:
-            sys.settrace(None)
-            sys.setprofile(None)
-
-
-def _sweep(run_once: Callable[[int], str | None], limit: int = 400) -> int:
-    for n in range(1, limit):
-        if run_once(n) is None:
-            assert n > 1, "the tracer saw no point"
-            return n - 1
-    raise AssertionError(f"more than {limit} points")
+def _sweep(run_once: Callable[[Injector], None], scope: Callable[..., Any]) -> int:
+    """``run_once(inj)`` with an injection at point n = 1, 2, ... inside the calls of
+    ``scope`` (a function) until a run completes without one; how many injections were
+    made."""
+    code = scope.__code__
+    return inject_everywhere(run_once, 400, points={"call", "return", "c_return"},
+                             scope=lambda frame: frame.f_code is code)
 
 
 @pytest.mark.timeout(300)
@@ -103,13 +55,11 @@ def test_an_interrupt_in_the_wait_for_a_claim_in_flight_blocks_no_submit(
     X runs once, and the dispatcher drains."""
     from lanequeue.dispatch import _machine
 
-    scope = _machine._Signal.wait if where == "wait" else _machine._Signal.set
-
-    def run_once(n: int) -> str | None:
+    def run_once(inj: Injector) -> None:
         client = redis.Redis(host=redis_server.host, port=redis_server.port,
                              socket_timeout=1.0)
         d = ThreadDispatcher(build_default_lanes(), dedupe_redis=client,
-                             dedupe_prefix=f"{redis_prefix}:{where}:{n}")
+                             dedupe_prefix=f"{redis_prefix}:{where}:{inj.n}")
         window = d._machine.window
         real = window.claim
 
@@ -118,7 +68,6 @@ def test_an_interrupt_in_the_wait_for_a_claim_in_flight_blocks_no_submit(
             return bool(real(dedupe_id, number))
 
         window.claim = slow_claim
-        inj = Injector(n, scope.__code__)
         ran: list[str] = []
         out: dict[str, Any] = {}
 
@@ -142,12 +91,12 @@ def test_an_interrupt_in_the_wait_for_a_claim_in_flight_blocks_no_submit(
                 f"a submit is blocked after an interrupt at {inj.fired}")
             assert d.drain(WAIT), (inj.fired, d.stats)
             assert len(ran) <= 1 and ran in ([], ["A"]), (inj.fired, ran)
-            return inj.fired
         finally:
             d.close()
             client.close()
 
-    assert _sweep(run_once) > 5
+    assert _sweep(run_once, _machine._Signal.wait if where == "wait"
+                  else _machine._Signal.set) > 5
 
 
 @pytest.mark.timeout(300)
@@ -165,12 +114,11 @@ def test_an_interrupt_while_a_failed_claim_is_given_back_blocks_no_later_claim(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
 
-    def run_once(n: int) -> str | None:
+    def run_once(inj: Injector) -> None:
         client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5,
                              socket_connect_timeout=0.5)
         d = ThreadDispatcher(build_default_lanes(), dedupe_redis=client,
                              dedupe_prefix=redis_prefix)
-        inj = Injector(n, _redis.RedisDedupeWindow.give_back_later.__code__)
         try:
             with pytest.raises((LaneBackendError, KeyboardInterrupt)):
                 inj.run(lambda: d.submit("k", len, [], dedupe_id="X"))
@@ -187,9 +135,8 @@ def test_an_interrupt_while_a_failed_claim_is_given_back_blocks_no_later_claim(
             threading.Thread(target=later, daemon=True).start()
             assert done.wait(BOUND_S), f"a later claim is blocked after {inj.fired}"
             assert [type(e) for e in errors] == [LaneBackendError], (inj.fired, errors)
-            return inj.fired
         finally:
             d.close()
             client.close()
 
-    assert _sweep(run_once) > 3
+    assert _sweep(run_once, _redis.RedisDedupeWindow.give_back_later) > 3
