@@ -15,87 +15,48 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import sys
 from asyncio import events
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import pytest
 from conftest import FakeClockLoop
 from dispatch_helpers import Stepped, Turns
+from interrupt_points import Injector, inject_everywhere, library
 
-import lanequeue
 from lanequeue import AsyncLane, AsyncSessionLane
 from lanequeue._ops import LoopTimer
 
-_PKG = str(Path(lanequeue.__file__).resolve().parent)
 _HANDLE_RUN = events.Handle._run.__code__
 
 
 def _ours(frame: FrameType) -> bool:
     """A Handle._run frame delivering one of our LoopTimers."""
+    if frame.f_code is not _HANDLE_RUN:
+        return False
     cb = frame.f_locals.get("self")
     cb = getattr(cb, "_callback", None)
     return isinstance(getattr(cb, "__self__", None), LoopTimer)
 
 
-class Injector:
-    """Raises KeyboardInterrupt at the ``n``-th point inside a LoopTimer's delivery."""
+#: The points of a LoopTimer's delivery (see the module docstring).
+_IN_DELIVERY: dict[str, Any] = {"traced": library(), "scope": _ours,
+                                "points": {"call", "return", "c_return"}}
 
-    def __init__(self, n: int, only: Callable[[FrameType], bool] | None = None) -> None:
-        self.n = n
-        self.only = only  # count only the points of frames it accepts
-        self.count = 0
-        self.fired: str | None = None
-        self.depth = 0  # > 0 inside a delivery
 
-    def point(self, frame: FrameType, what: str) -> None:
-        if self.fired is not None or (self.only is not None and not self.only(frame)):
-            return
-        self.count += 1
-        if self.count == self.n:
-            self.fired = f"{frame.f_code.co_qualname} {what}"
-            raise KeyboardInterrupt(self.fired)
+def _run(inj: Injector, step: Callable[[], None]) -> None:
+    """Run ``step`` traced; an injected interrupt ends it (and is swallowed)."""
+    if isinstance(inj.run(step, catch=KeyboardInterrupt), KeyboardInterrupt):
+        assert inj.fired is not None  # ours, not the test's
 
-    def trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event != "call":
-            return None
-        if frame.f_code is _HANDLE_RUN and _ours(frame):
-            self.depth += 1
-            self.point(frame, "call")
-            return self.local
-        if self.depth and frame.f_code.co_filename.startswith(_PKG):
-            self.point(frame, "call")
-            return self.local
-        return None
 
-    def local(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "return":
-            if frame.f_code is _HANDLE_RUN:
-                self.depth -= 1
-            else:
-                self.point(frame, "return")
-        return self.local
-
-    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if (event == "c_return" and self.depth
-                and frame.f_code.co_filename.startswith(_PKG)):
-            self.point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
-
-    def run(self, step: Callable[[], None]) -> None:
-        """Run ``step`` traced; an injected interrupt ends it (and is swallowed)."""
-        sys.settrace(self.trace)
-        sys.setprofile(self.profile)
-        try:
-            step()
-        except KeyboardInterrupt:
-            assert self.fired is not None  # ours, not the test's
-        finally:
-            sys.settrace(None)
-            sys.setprofile(None)
-            self.depth = 0
+def _sweep(case: Callable[[Injector], None], least: int) -> int:
+    """Run ``case`` with an injection at point 1, 2, ... of a LoopTimer's delivery (see
+    the module docstring) until none is left."""
+    n = inject_everywhere(case, 1000, **_IN_DELIVERY)
+    assert n >= least, f"the tracer saw only {n} points: it did not reach the timer"
+    return n
 
 
 def _lane_case(kind: str, inj: Injector) -> None:
@@ -124,7 +85,7 @@ def _lane_case(kind: str, inj: Injector) -> None:
         assert lane.waiting == 2
         for to in (1000.6, 1001.1, 1003.1):
             loop.fake_now = to
-            inj.run(loop.settle)
+            _run(inj, loop.settle)
             loop.settle()  # injection off: what the interrupt left runs on
         assert a.done() and b.done(), f"a wait outlived its deadline ({inj.fired})"
         assert a.result() is False and b.result() is False
@@ -141,15 +102,8 @@ def _lane_case(kind: str, inj: Injector) -> None:
 @pytest.mark.parametrize("kind", ["session", "counting"])
 def test_an_interrupt_anywhere_in_a_lane_timers_delivery_never_loses_a_deadline(
         kind: str) -> None:
-    n = 1
-    while True:
-        inj = Injector(n)
-        _lane_case(kind, inj)
-        if inj.fired is None:
-            break
-        n += 1
-    assert n > 10, f"the tracer saw only {n - 1} points: it did not reach the timer"
-    print(f"{kind}: {n - 1} injection points")
+    n = _sweep(lambda inj: _lane_case(kind, inj), 10)
+    print(f"{kind}: {n} injection points")
 
 
 @pytest.mark.timeout(30)
@@ -165,29 +119,18 @@ def test_a_plain_loop_handle_would_be_lost_where_a_loop_timer_is_not() -> None:
             plain.append(1)
 
         loop.call_at(1001.0, due)
-        first = Injector(1)
-
-        def trace_plain(frame: FrameType, event: str, arg: Any) -> Any:
-            if (event == "call" and frame.f_code is _HANDLE_RUN
-                    and getattr(frame.f_locals["self"], "_callback", None) is due):
-                first.point(frame, "call")
-            return None
-
+        first = Injector(1, traced=lambda code: False, scope=lambda frame: (
+            frame.f_code is _HANDLE_RUN
+            and getattr(frame.f_locals["self"], "_callback", None) is due))
         loop.fake_now = 1001.0
-        sys.settrace(trace_plain)
-        try:
-            loop.settle()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
+        first.run(loop.settle, catch=KeyboardInterrupt)
         loop.settle()
         assert first.fired is not None and plain == []  # lost
 
         timer = LoopTimer(loop, 1002.0, ours.append)
-        inj = Injector(1)
+        inj = Injector(1, **_IN_DELIVERY)
         loop.fake_now = 1002.0
-        inj.run(loop.settle)
+        _run(inj, loop.settle)
         assert inj.fired is not None and "Handle._run" in inj.fired
         loop.settle()
         assert ours == [timer]  # it came, once
@@ -217,18 +160,6 @@ def test_a_cancelled_loop_timer_never_calls() -> None:
         loop.shutdown()
 
 
-def _sweep(case: Callable[[Injector], None], least: int) -> int:
-    """Run ``case`` with an injection at point 1, 2, ... until none is left."""
-    n = 1
-    while True:
-        inj = Injector(n)
-        case(inj)
-        if inj.fired is None:
-            assert n > least, f"the tracer saw only {n - 1} points"
-            return n - 1
-        n += 1
-
-
 @pytest.mark.timeout(120)
 def test_an_interrupt_anywhere_in_a_dispatchers_start_deadline_timer_never_loses_it() -> None:
     """The asyncio Dispatcher's start deadline: a pending turn whose deadline timer is
@@ -243,7 +174,7 @@ def test_an_interrupt_anywhere_in_a_dispatchers_start_deadline_timer_never_loses
             late = s.submit("k", turns.turn, "late", timeout_s=1.0)
             assert not late.done()
             s.loop.fake_now += 1.5
-            inj.run(s.loop.settle)
+            _run(inj, s.loop.settle)
             s.settle()
             assert late.done(), f"the start deadline was lost ({inj.fired})"
             assert (late.state, late.reason) == ("timed_out", "start timeout"), (
@@ -276,7 +207,7 @@ def test_an_interrupt_in_the_deadline_step_keeps_the_stale_count_and_later_deadl
             other = s.submit("k", turns.turn, "other", timeout_s=5.0)
             s.call(s.d.cancel, gone)  # its deadline entry is stale now
             s.loop.fake_now += 1.5
-            inj.run(s.loop.settle)
+            _run(inj, s.loop.settle)
             s.settle()
             assert late.state == "timed_out", (late, inj.fired)
             s.call(s.d.cancel, other)  # an ordinary cancel: must not drop "later"'s entry
@@ -326,7 +257,7 @@ def test_an_interrupt_anywhere_in_a_dispatchers_run_timeout_timer_still_ends_the
             t = s.submit("k", turns.turn, "slow", run_timeout_s=1.0)
             assert turns.started() == ["slow"]
             s.loop.fake_now += 1.5
-            inj.run(s.loop.settle)
+            _run(inj, s.loop.settle)
             s.settle()
             assert t.done(), f"the run timeout was lost ({inj.fired}): {t}"
             assert (t.state, t.reason) == ("timed_out", "run timeout"), (t, inj.fired)
@@ -363,30 +294,14 @@ def test_a_repeated_deadline_call_leaves_one_deadline_timer() -> None:
         s.submit("k", turns.turn, "first")
         late = [s.submit("k", turns.turn, f"t{i}", timeout_s=1.0 + i) for i in range(5)]
         assert deadline_timers(s.loop) == 1
-        returned = Injector(1, only=lambda f: f.f_code.co_name == "_run"
-                            and f.f_code.co_filename.endswith("_ops.py"))
-
-        def trace(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "call" and frame.f_code is LoopTimer._run.__code__:
-                return local
-            return None
-
-        def local(frame: FrameType, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_lineno == ran_line:  # right after fn returned
-                returned.point(frame, "after fn returned")
-            return local
-
         lines, first_line = inspect.getsourcelines(LoopTimer._run)
         ran_line = first_line + next(
             i for i, line in enumerate(lines) if line.strip() == "self.ran = True")
+        returned = Injector(  # right after fn returned
+            1, traced=lambda code: code is LoopTimer._run.__code__, points={"line"},
+            only=lambda frame: frame.f_lineno == ran_line)
         s.loop.fake_now += 1.5
-        sys.settrace(trace)
-        try:
-            s.loop.settle()
-        except KeyboardInterrupt:
-            pass
-        finally:
-            sys.settrace(None)
+        returned.run(s.loop.settle, catch=KeyboardInterrupt)
         assert returned.fired is not None
         s.settle()
         assert late[0].state == "timed_out" and not late[1].done()
