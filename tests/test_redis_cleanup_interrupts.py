@@ -17,22 +17,18 @@ the first run that reaches no point. Only the calling thread is traced.
 from __future__ import annotations
 
 import asyncio
-import dis
-import functools
 import gc
 import logging
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 import redis
+from interrupt_points import Sweep, library
 from redis_server import RedisServer
 
-import lanequeue
 from lanequeue.redis import RedisLane, RedisSessionLane
 from lanequeue.redis._protocol import RedisLaneBase
 from lanequeue.redis._sync import _SyncFace, drive
@@ -43,93 +39,11 @@ MAX_POINTS = 2000
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*garbage-collected without being entered:RuntimeWarning")
 
-_PKG = str(Path(lanequeue.__file__).resolve().parent)
-_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
-#: Frames never interrupted: finalizers and a weak reference's callback run where the
-#: collector happens to run (Python only reports what they raise).
-_SKIPPED = {"__del__", "_on_drop"}
-
-
-@functools.cache
-def _resumes(code: CodeType) -> frozenset[int]:
-    return frozenset(i.offset for i in dis.get_instructions(code)
-                     if i.opname == "RESUME" and (i.arg or 0) < 2)
-
-
-@functools.cache
-def _backward_jumps(code: CodeType) -> frozenset[int]:
-    return frozenset(
-        ins.offset for ins in dis.get_instructions(code)
-        if ins.opcode in _JUMPS and isinstance(ins.argval, int) and ins.argval < ins.offset
-        and "NO_INTERRUPT" not in ins.opname
-    )
-
-
-def _ours(frame: FrameType) -> bool:
-    code = frame.f_code
-    return code.co_filename.startswith(_PKG) and code.co_name not in _SKIPPED
-
-
-class Interrupt:
-    """Raises KeyboardInterrupt at the ``n``-th point (from 0) counted from the first call
-    of ``start_at`` (which also calls ``on_start()`` first, outside the tracing)."""
-
-    def __init__(self, n: int, start_at: str | None,
-                 on_start: Callable[[], object] | None = None) -> None:
-        self.n = n
-        self.seen = 0
-        self.counting = start_at is None
-        self.start_at = start_at
-        self.on_start = on_start
-        self.fired: str | None = None
-        # One object per callback, kept alive here (see test_inprocess_faults.Injector).
-        self._trace_fn = self._trace
-        self._local_fn = self._local
-        self._profile_fn = self._profile
-
-    def _point(self, frame: FrameType, what: str) -> None:
-        if not self.counting or self.fired is not None:
-            return
-        if self.seen == self.n:
-            self.fired = (f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno} "
-                          f"{frame.f_code.co_qualname} {what}")
-            raise KeyboardInterrupt(self.fired)
-        self.seen += 1
-
-    def _trace(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if not _ours(frame):
-            return None
-        if not self.counting and frame.f_code.co_name == self.start_at:
-            self.counting = True
-            if self.on_start is not None:
-                self.on_start()
-        if frame.f_lasti in _resumes(frame.f_code):
-            self._point(frame, "entry")
-        frame.f_trace_opcodes = True
-        return self._local_fn
-
-    def _local(self, frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode" and frame.f_lasti in _backward_jumps(frame.f_code):
-            self._point(frame, "backward jump")
-        return self._local_fn
-
-    def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event == "c_return" and _ours(frame):
-            self._point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
-
-    def run(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` traced in this thread: what it returned, or the exception it raised."""
-        unraisable, sys.unraisablehook = sys.unraisablehook, lambda report: None
-        sys.setprofile(self._profile_fn)
-        sys.settrace(self._trace_fn)
-        try:
-            return fn()
-        except BaseException as exc:
-            return exc
-        finally:
-            sys.settrace(None)
-            sys.setprofile(None)
-            sys.unraisablehook = unraisable
+#: The points (see the module docstring). Frames never interrupted: finalizers and a weak
+#: reference's callback run where the collector happens to run (Python only reports
+#: what they raise).
+POINTS: dict[str, Any] = {"traced": library(skip={"__del__", "_on_drop"}),
+                          "points": {"entry", "backward jump", "c_return"}}
 
 
 def _lane(kind: Any, client: Any, prefix: str) -> Any:
@@ -204,12 +118,11 @@ def test_an_interrupt_at_any_point_of_an_acquires_end_leaves_no_waiter(
             return lane.acquire_timeout("k", 5.0)
     held_by_holder = path != "granted at once"
     wrong: list[str] = []
-    fired: list[str] = []
-    for n in range(MAX_POINTS):
+    sweep = Sweep(MAX_POINTS, start_at=start_at, on_start=on_start, **POINTS)
+    for inject in sweep:
         if held_by_holder and not holder.get_active():
             assert holder.try_acquire("k")
-        inject = Interrupt(n, start_at, on_start)
-        got = inject.run(call)
+        got = inject.run(call, catch=BaseException)
         where = inject.fired or "no point"
         if isinstance(got, BaseException) and not isinstance(got, KeyboardInterrupt):
             wrong.append(f"{where}: raised {got!r}")
@@ -226,13 +139,8 @@ def test_an_interrupt_at_any_point_of_an_acquires_end_leaves_no_waiter(
             wrong.append(f"interrupted at {where}: the key is still held in Redis")
         elif not held_by_holder:
             assert holder.manual_release("k")
-        if inject.fired is None:
-            break
-        fired.append(inject.fired)
-    else:
-        pytest.fail(f"more than {MAX_POINTS} points")
     assert wrong == [], "\n".join(wrong)
-    assert len(fired) >= 10, fired
+    assert len(sweep.fired) >= 10, sweep.fired
     assert lane.drain(1.0)
     client.close()
     other.close()
@@ -279,18 +187,15 @@ def test_an_interrupt_at_any_point_of_the_release_of_dropped_holds_counts_each_o
     lane = RedisSessionLane(redis_client, "dr", prefix=redis_prefix, lease_s=30.0,
                             warn_after_s=None, warn_hold_s=0.0)
     wrong: list[str] = []
-    fired: list[str] = []
-    for n in range(MAX_POINTS):
-        _drop_one(lane, f"k{n}", purge=step != "purge")
+    sweep = Sweep(MAX_POINTS, **POINTS)
+    for inject in sweep:
+        _drop_one(lane, f"k{inject.n}", purge=step != "purge")
         if step == "purge":
-            inject = Interrupt(n, None)
-            inject.run(lambda: lane.active_count)
+            inject.run(lambda: lane.active_count, catch=BaseException)
         elif step == "renewal round":
-            inject = Interrupt(n, None)
-            inject.run(lambda: drive(lane._renew_round()))
+            inject.run(lambda: drive(lane._renew_round()), catch=BaseException)
         else:
-            inject = Interrupt(n, None)
-            inject.run(lambda: lane._renewer_stopped(None))
+            inject.run(lambda: lane._renewer_stopped(None), catch=BaseException)
             lane._renewing = 99
         drive(lane._renew_round())  # (a round that runs to its end)
         if lane._releasing:  # (a batch kept as on its way to its report, for good)
@@ -301,13 +206,8 @@ def test_an_interrupt_at_any_point_of_the_release_of_dropped_holds_counts_each_o
             wrong.append(f"interrupted at {inject.fired or 'no point'}: {st}")
             lane._n_live = 0  # (so that each point's finding is its own)
             lane.unmatched = lane.acquired - lane.released
-        if inject.fired is None:
-            break
-        fired.append(inject.fired)
-    else:
-        pytest.fail(f"more than {MAX_POINTS} points")
     assert wrong == [], "\n".join(wrong)
-    assert len(fired) >= 3, fired
+    assert len(sweep.fired) >= 3, sweep.fired
 
 
 @pytest.mark.timeout(30)
@@ -371,7 +271,8 @@ def test_an_interrupt_at_any_point_of_the_asyncio_renewers_stop_leaves_no_droppe
 
     monkeypatch.setattr(_async, "renewal", _not_renewing)
     wrong: list[str] = []
-    fired: list[str] = []
+    # (counted from its try: the coroutine's entry, before it, is another case)
+    sweep = Sweep(MAX_POINTS, start_at="drive", **POINTS)
 
     async def main() -> None:
         client = redis.asyncio.Redis(host=redis_server.host, port=redis_server.port)
@@ -389,12 +290,12 @@ def test_an_interrupt_at_any_point_of_the_asyncio_renewers_stop_leaves_no_droppe
 
         loop.create_task = capture  # type: ignore[method-assign]
         try:
-            for n in range(MAX_POINTS):
+            for inject in sweep:
                 lane._renewing, lane._renew_task = 0, None  # (each point on its own)
                 made.clear()
-                hold = lane.acquire(f"q{n}")  # its grant starts a renewer
+                hold = lane.acquire(f"q{inject.n}")  # its grant starts a renewer
                 await hold.__aenter__()
-                after = lane.acquire(f"a{n}")  # (dropped after the stop)
+                after = lane.acquire(f"a{inject.n}")  # (dropped after the stop)
                 await after.__aenter__()
                 del hold
                 gc.collect()
@@ -407,9 +308,7 @@ def test_an_interrupt_at_any_point_of_the_asyncio_renewers_stop_leaves_no_droppe
                     except StopIteration:
                         pass
 
-                # (counted from its try: the coroutine's entry, before it, is another case)
-                inject = Interrupt(n, "drive")
-                inject.run(stop)
+                inject.run(stop, catch=BaseException)
                 for made_coro in made:
                     made_coro.close()
                 del after
@@ -423,15 +322,10 @@ def test_an_interrupt_at_any_point_of_the_asyncio_renewers_stop_leaves_no_droppe
                     lane._to_release, lane._queued_live = {}, 0
                     lane._n_live = 0
                     lane.unmatched = lane.acquired - lane.released
-                if inject.fired is None:
-                    break
-                fired.append(inject.fired)
-            else:
-                pytest.fail(f"more than {MAX_POINTS} points")
         finally:
             del loop.create_task
             await client.aclose()
 
     asyncio.run(main())
     assert wrong == [], "\n".join(wrong)
-    assert len(fired) >= 3, fired
+    assert len(sweep.fired) >= 3, sweep.fired

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import redis
-from test_redis_cleanup_interrupts import MAX_POINTS, Interrupt, _no_renewer
+from interrupt_points import Sweep
+from test_redis_cleanup_interrupts import MAX_POINTS, POINTS, _no_renewer
 
 from lanequeue import LaneBackendError, LeaseLostError
 from lanequeue.redis import RedisSessionLane
@@ -115,13 +116,12 @@ def test_an_interrupt_at_any_point_of_a_release_leaves_no_end_pending(
     lane = RedisSessionLane(redis_client, "hi", prefix=redis_prefix, warn_hold_s=0.0,
                             warn_after_s=None)
     wrong: list[str] = []
-    fired: list[str] = []
-    for n in range(MAX_POINTS):
+    sweep = Sweep(MAX_POINTS, **POINTS)
+    for inject in sweep:
         hold = lane.acquire("k")
         hold.__enter__()
         lane.status()
-        inject = Interrupt(n, None)
-        inject.run(lambda: hold.__exit__(None, None, None))  # noqa: B023
+        inject.run(lambda: hold.__exit__(None, None, None), catch=BaseException)  # noqa: B023
         where = inject.fired or "no point"
         if lane._ending:
             wrong.append(f"interrupted at {where}: {lane._ending}")
@@ -134,13 +134,8 @@ def test_an_interrupt_at_any_point_of_a_release_leaves_no_end_pending(
         if len(logged) != 1:
             wrong.append(f"interrupted at {where}: {logged}")
         caplog.clear()
-        if inject.fired is None:
-            break
-        fired.append(inject.fired)
-    else:
-        pytest.fail(f"more than {MAX_POINTS} points")
     assert wrong == [], "\n".join(wrong)
-    assert len(fired) >= 10, fired
+    assert len(sweep.fired) >= 10, sweep.fired
     assert lane.stats.holders == 0
 
 

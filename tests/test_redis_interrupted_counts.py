@@ -15,17 +15,15 @@ server and timeouts"), its release going on in the background.
 from __future__ import annotations
 
 import asyncio
-import dis
 import gc
 import logging
-import sys
 import time
-from types import CodeType, FrameType
 from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
+from interrupt_points import Sweep, library
 from redis_server import RedisServer
 
 from lanequeue import AsyncLaneQueue
@@ -47,70 +45,11 @@ MAX_POINTS = 400
 pytestmark = pytest.mark.filterwarnings(
     "ignore:.*garbage-collected without being entered:RuntimeWarning")
 
-_RESUMES: dict[CodeType, set[int]] = {}
-
-
-def _signal_point(frame: FrameType) -> bool:
-    """True where CPython checks for a pending signal as ``frame`` starts or resumes: its
-    RESUME instruction with oparg 0 (a function's entry) or 1 (after a plain ``yield``);
-    not after ``yield from``/``await`` (oparg 2, 3), where no signal handler runs. (Before
-    Python 3.11, which has no RESUME: every function entry and generator resumption.)"""
-    if "RESUME" not in dis.opmap:
-        return True
-    code = frame.f_code
-    offsets = _RESUMES.get(code)
-    if offsets is None:
-        offsets = _RESUMES[code] = {
-            i.offset for i in dis.get_instructions(code)
-            if i.opname == "RESUME" and (i.arg or 0) < 2
-        }
-    return frame.f_lasti in offsets
-
-
-class Interrupt:
-    """A trace function (this thread only) that raises KeyboardInterrupt at the ``n``-th
-    signal point (counted from 0) of a frame of lanequeue's own code, then stops tracing.
-    ``fired`` names the function it landed in (None: the traced call had fewer points);
-    a function named in ``stop_at`` ends the sweep window: tracing stops there, nothing
-    raised."""
-
-    def __init__(self, n: int, stop_at: str | None = None) -> None:
-        self.n = n
-        self.seen = 0
-        self.fired: str | None = None
-        self.stop_at = stop_at
-        self.stopped = False
-
-    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event != "call" or "/lanequeue/" not in frame.f_code.co_filename:
-            return None
-        if frame.f_code.co_name == "__del__":
-            # A finalizer the collector happens to run here (not the call swept): an
-            # interrupt there is only reported by Python ("Exception ignored").
-            return None
-        if frame.f_code.co_name == self.stop_at:
-            sys.settrace(None)
-            self.stopped = True
-            return None
-        if not _signal_point(frame):
-            return None
-        if self.seen == self.n:
-            sys.settrace(None)
-            self.fired = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-            raise KeyboardInterrupt
-        self.seen += 1
-        return None
-
-
-def _run_interrupted(fn: Any, inject: Interrupt) -> Any:
-    """``fn()`` with ``inject`` tracing this thread; what it returned or raised."""
-    sys.settrace(inject)
-    try:
-        return fn()
-    except KeyboardInterrupt as exc:
-        return exc
-    finally:
-        sys.settrace(None)
+#: The signal points of lanequeue's own code: where CPython checks for a pending signal
+#: as a frame starts or resumes (a RESUME with oparg 0 or 1; not after ``yield from`` or
+#: ``await``). A finalizer the collector happens to run (not the call swept) is not
+#: traced: an interrupt there is only reported by Python ("Exception ignored").
+_ENTRIES: dict[str, Any] = {"traced": library(skip={"__del__"}), "points": {"entry"}}
 
 
 def _lane(kind: Any, client: Any, prefix: str) -> Any:
@@ -155,17 +94,16 @@ def test_an_interrupt_at_any_point_of_a_release_counts_the_hold_once(
                   redis_prefix)
     lane.track_holds()
     wrong: list[str] = []
-    fired: list[str] = []
-    for n in range(MAX_POINTS):
+    sweep = Sweep(MAX_POINTS, **_ENTRIES)
+    for inject in sweep:
         hold = lane.acquire("k", timeout_s=2)
         hold.__enter__()
-        inject = Interrupt(n)
-        _run_interrupted(lambda: hold.__exit__(None, None, None), inject)  # noqa: B023
+        inject.run(lambda: hold.__exit__(None, None, None),  # noqa: B023
+                   catch=KeyboardInterrupt)
         if (bad := _counted_once(lane)) is not None:
             wrong.append(f"interrupted at {inject.fired}: {bad}")
         if inject.fired is None:
-            break  # this run had fewer points: every point was tried
-        fired.append(inject.fired)
+            continue  # this run had fewer points: every point was tried
         if "k" in lane.get_active() or hold._state in (HELD, RELEASING):
             lane.manual_release("k")  # (False when the script had run: counted released)
         st = lane.stats
@@ -175,11 +113,9 @@ def test_an_interrupt_at_any_point_of_a_release_counts_the_hold_once(
             wrong.append(f"after {inject.fired}: the key is still held in Redis")
         else:
             other.manual_release("k")
-    else:
-        pytest.fail(f"more than {MAX_POINTS} signal points in one release")
     assert wrong == []
     # The sweep went through the whole release (about 30 points on CPython 3.11).
-    assert len(fired) >= 10, fired
+    assert len(sweep.fired) >= 10, sweep.fired
     st = lane.stats
     hold_count = sum(lane.metrics_snapshot()[0].hold.counts)
     assert 1 <= hold_count <= st.released, (hold_count, st)
@@ -207,11 +143,10 @@ def test_an_interrupt_at_any_point_of_joining_the_line_leaves_no_waiter(
     assert not lane.acquire_timeout("warm", 0.05) or lane.manual_release("warm")
     assert holder.try_acquire("k")
     wrong: list[str] = []
-    fired: list[str] = []
+    sweep = Sweep(MAX_POINTS, stop_at="_wait_wake", **_ENTRIES)
     try:
-        for n in range(MAX_POINTS):
-            inject = Interrupt(n, stop_at="_wait_wake")
-            got = _run_interrupted(lambda: lane.acquire_timeout("k", 0.05), inject)
+        for inject in sweep:
+            got = inject.run(lambda: lane.acquire_timeout("k", 0.05), catch=KeyboardInterrupt)
             where = inject.fired or "no point"
             if got is True:
                 wrong.append(f"{where}: granted a held key")
@@ -227,14 +162,10 @@ def test_an_interrupt_at_any_point_of_joining_the_line_leaves_no_waiter(
                 wrong.append(f"interrupted at {where}: {seen}")
             if inject.fired is None:
                 assert inject.stopped, "the acquire never waited"
-                break
-            fired.append(inject.fired)
-        else:
-            pytest.fail(f"more than {MAX_POINTS} signal points before the first wait")
     finally:
         holder.manual_release("k")
     assert wrong == []
-    assert len(fired) >= 10, fired
+    assert len(sweep.fired) >= 10, sweep.fired
     assert lane.drain(1.0)
     client.close()
 
