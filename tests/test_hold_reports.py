@@ -74,6 +74,10 @@ def ends() -> Iterator[_Ends]:
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:
+        # Reports an earlier test left on the reporter's queue come first: not this one's.
+        handler.settle()
+        with handler.cond:
+            handler.lines.clear()
         yield handler
     finally:
         logger.removeHandler(handler)
