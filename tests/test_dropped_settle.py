@@ -12,8 +12,11 @@ the hold is dropped; no view is called after the drop (a view would end it itsel
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -22,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from lanequeue import Lane, LaneQueue, SessionLane, _core
+from lanequeue import AsyncSessionLane, Lane, LaneQueue, LaneTimeoutError, SessionLane, _core
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -151,31 +154,227 @@ def test_a_forked_child_settles_with_its_own_thread() -> None:
 
 def test_a_start_reentered_on_its_own_thread_does_not_hang(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # A finalizer may run while _Daemon.start holds its lock (a thread's start
+    # A finalizer may run while the settler's start holds its lock (a thread's start
     # allocates), and its warning's handler may wait on a lane, which starts the settler
     # again on the same thread. Driven by a Thread.start that re-enters first.
-    served: list[int] = []
-    done = threading.Event()
-
-    def serve(requests: Any) -> None:
-        while True:
-            served.append(requests.get())
-            done.set()
-
-    daemon = _core._Daemon("lanequeue-test", serve)
+    settler = _core._Settler()
     original = threading.Thread.start
     reentered: list[bool] = []
 
     def start(thread: threading.Thread) -> None:
         if not reentered:
             reentered.append(True)
-            daemon.start()  # as the handler's wait would
+            settler.wait_begins()  # as the handler's wait would
         original(thread)
 
     monkeypatch.setattr(threading.Thread, "start", start)
-    daemon.start()
+    settler.wait_begins()
     monkeypatch.undo()
-    assert reentered and daemon.started
-    daemon.queue.put(7)
-    assert done.wait(GRANT_S) and served == [7]  # each request served once
-    daemon.started = False  # (a forked child of a later test starts nothing for it)
+    assert reentered and settler.started and settler.parked == 2
+    settler.wait_ends()
+    settler.wait_ends()
+
+
+def _settle_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "lanequeue-settle"]
+
+
+def test_the_settler_runs_only_while_a_thread_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose waits are over keeps no thread of the library's (a fork of a
+    process with threads warns on Python 3.12+): the settler ends once no thread has
+    waited for SETTLER_IDLE_S, and the next wait starts it again."""
+    monkeypatch.setattr(_core, "SETTLER_IDLE_S", 0.05)
+    for lane in (SessionLane("s", warn_after_s=None), SessionLane("t", warn_after_s=None)):
+        _until(lambda: not _settle_threads())
+        assert lane.try_acquire("k")
+        waited = threading.Thread(target=lane.acquire_timeout, args=("k", 0.5))
+        waited.start()
+        _until(lambda: lane.stats.waiters == 1)  # noqa: B023  (called in this round)
+        assert _settle_threads() and _core._SETTLER.parked == 1
+        lane.manual_release("k")
+        waited.join(GRANT_S)
+        assert _core._SETTLER.parked == 0
+    _until(lambda: not _settle_threads())
+    assert not _core._SETTLER.started
+
+
+def test_a_wait_goes_on_when_no_thread_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settler only helps: a process at its thread limit still waits (its dropped
+    holds then wait for the lane's next operation)."""
+    _until(lambda: not _core._SETTLER.started)
+
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "lanequeue-settle":
+            raise RuntimeError("can't start new thread")
+        original(thread)
+
+    original = threading.Thread.start
+    lane = SessionLane("s", timeout_s=WAIT_S, warn_after_s=None)
+    assert lane.try_acquire("k")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(lane.acquire_timeout("k", WAIT_S)))
+    original(waiter)
+    _until(lambda: lane.stats.waiters == 1)
+    assert not _core._SETTLER.started
+    lane.manual_release("k")
+    waiter.join(GRANT_S)
+    assert got == [True]
+    assert lane.manual_release("k") and _core._SETTLER.parked == 0
+
+
+def test_one_lane_whose_lock_stays_taken_holds_back_no_other(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lane A's lock stays taken (a log handler running under it for seconds) while its
+    settle is asked for; lane B's dropped hold still reaches B's waiter once B's own
+    operation ends."""
+    a, b = SessionLane("a", warn_after_s=None), SessionLane("b", timeout_s=WAIT_S,
+                                                           warn_after_s=None)
+    hold_a, hold_b = a.acquire("k"), b.acquire("k")
+    hold_a.__enter__()
+    hold_b.__enter__()
+    thread, granted, errors = _waiter(lambda: b.acquire("k"))
+    _until(lambda: b.stats.waiters == 1)
+    inside, leave = threading.Event(), threading.Event()
+
+    def stuck_inside_a() -> None:
+        with a._core._lock:
+            inside.set()
+            leave.wait(WAIT_S)
+
+    stuck = threading.Thread(target=stuck_inside_a, daemon=True)
+    stuck.start()
+    try:
+        assert inside.wait(GRANT_S)
+        del hold_a  # A's settle is asked for, and A's lock stays taken
+        time.sleep(0.05)  # (the settler meets A's lock first)
+        with b._core._lock:
+            del hold_b  # B's, while B's operation is in progress
+        assert granted.wait(GRANT_S), "B's waiter was held back by A's lock"
+    finally:
+        leave.set()
+        stuck.join(GRANT_S)
+    thread.join(GRANT_S)
+    assert not errors
+    _until(lambda: a.stats.holders == 0)
+
+
+def test_an_interrupted_settle_in_the_finalizer_leaves_the_rest_to_the_settler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The finalizer ends the dropped hold itself when the lock is free; an interrupt in
+    that release (swallowed: a finalizer's exception is only printed) leaves it to the
+    settler, not to the lane's next operation."""
+    lane = SessionLane("s", timeout_s=WAIT_S, warn_after_s=None)
+    hold = lane.acquire("k")
+    hold.__enter__()
+    thread, granted, errors = _waiter(lambda: lane.acquire("k"))
+    _until(lambda: lane.stats.waiters == 1)
+    release = type(lane._core).release
+    fired: list[bool] = []
+
+    def interrupted(core: Any, *args: Any) -> Any:
+        if not fired and threading.current_thread() is threading.main_thread():
+            fired.append(True)
+            raise KeyboardInterrupt
+        return release(core, *args)
+
+    monkeypatch.setattr(type(lane._core), "release", interrupted)
+    unraisable: list[Any] = []
+    monkeypatch.setattr("sys.unraisablehook", unraisable.append)
+    del hold
+    assert fired and unraisable and unraisable[0].exc_type is KeyboardInterrupt
+    assert granted.wait(GRANT_S), "left to the lane's next operation"
+    thread.join(GRANT_S)
+    assert not errors
+
+
+def test_a_thread_waits_timeout_counts_the_time_its_slow_wait_warning_took() -> None:
+    """An ``on_wait`` (or a log handler) that takes long does not push the timeout
+    back: the wait ends at its timeout, or as soon as the warning returns past it."""
+    lane = SessionLane("s", timeout_s=1.0, warn_after_s=0.2,
+                       on_wait=lambda *args: time.sleep(1.5))
+    assert lane.try_acquire("k")
+    start = time.monotonic()
+    with pytest.raises(LaneTimeoutError), lane.acquire("k"):
+        pass
+    took = time.monotonic() - start
+    # 0.2 s, then 1.5 s in on_wait, then nothing left; the old wait parked 0.8 s more.
+    assert 1.6 < took < 2.4, took
+
+
+@pytest.mark.timeout(30)
+def test_an_asyncio_view_from_another_thread_leaves_the_hand_off_to_the_loop() -> None:
+    """A metrics scrape's thread reads an asyncio lane that has a dropped hold: the
+    hand-off wakes a task, which only the loop's thread may do (in debug mode asyncio
+    refused it from the scrape's thread and the wake-up was lost: the task never
+    resumed). The loop ends the hold; the view shows it held until then."""
+    lane = AsyncSessionLane("s", warn_after_s=None)
+    scrape: dict[str, Any] = {}
+
+    class Cycle:
+        me: Any
+        hold: Any
+
+    async def main() -> str:
+        gc.disable()  # (the cycle is collected in the scraper's thread only)
+        try:
+            return await run()
+        finally:
+            gc.enable()
+
+    async def run() -> str:
+        c = Cycle()
+        c.me, c.hold = c, lane.acquire("k")
+        await c.hold.__aenter__()
+        del c  # dropped, in a cycle: collected where the scraper collects
+
+        async def waiter() -> str:
+            async with lane.acquire("k", timeout_s=WAIT_S):
+                return "granted"
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0.05)
+
+        def scraper() -> None:
+            gc.collect()
+            try:
+                scrape["stats"] = lane.metrics_snapshot()[0].stats
+            except BaseException as exc:  # (reported below)
+                scrape["error"] = exc
+
+        reader = threading.Thread(target=scraper)
+        reader.start()
+        while reader.is_alive():
+            await asyncio.sleep(0.01)
+        return await asyncio.wait_for(task, GRANT_S)
+
+    assert asyncio.run(main(), debug=True) == "granted"
+    assert "error" not in scrape, scrape
+    assert lane.stats.holders == 0 and lane.stats.released == 2
+
+
+def test_holds_finalized_at_interpreter_exit_print_nothing(tmp_path: Any) -> None:
+    """Holds kept by a module torn down after lanequeue's are finalized once its globals
+    are gone: nothing to return them to, and nothing printed."""
+    (tmp_path / "holder.py").write_text("HOLDS = []\n")
+    (tmp_path / "main.py").write_text(
+        "import threading, time\n"
+        "import holder\n"
+        "from lanequeue import Lane, LaneQueue, SessionLane\n"
+        "s = SessionLane('s', timeout_s=None, warn_after_s=None)\n"
+        "g = Lane('g', max_concurrent=1, timeout_s=None, warn_after_s=None)\n"
+        "q = LaneQueue(warn_after_s=None)\n"
+        "q.add(SessionLane('session'))\n"
+        "for made in (s.acquire('k'), g.acquire('a'), q.acquire_all('m', ['session'])):\n"
+        "    made.__enter__()\n"
+        "    holder.HOLDS.append(made)\n"
+        "def wait():\n"
+        "    with s.acquire('k'):\n"
+        "        pass\n"
+        "threading.Thread(target=wait, daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "print('exit', flush=True)\n")
+    proc = subprocess.run([sys.executable, "main.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0 and proc.stdout == "exit\n", proc
+    assert "Exception ignored" not in proc.stderr and "Error" not in proc.stderr, proc.stderr

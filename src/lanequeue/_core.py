@@ -158,10 +158,10 @@ very entry (and, for an ``acquire_all``, between the appends of its lanes). The
 finalizer then asks the face to end them now, so a waiter already parked is not left
 to its timeout: a thread lane does when its lock is free, and else hands the work to the
 process's settler thread (:func:`settle_later`: the lock is taken, by this thread's own
-operation or another thread's, and the settler waits for it), an asyncio lane in a
-callback on its loop. The settler runs whenever a thread has waited on a thread lane
-(:func:`ensure_settler`, called before a waiter joins a line), so a parked waiter never
-waits for a dropped hold's permit until some later operation. Besides, the lane's next
+operation or another thread's, and the settler tries again until it is free), an asyncio
+lane in a callback on its loop. The settler runs while a thread waits on a thread lane
+(:class:`_Settler`, started as a waiter joins a line), so a parked waiter never waits
+for a dropped hold's permit until some later operation. Besides, the lane's next
 operation that could need that permit ends them first, in any thread, as releases that
 may hand the key to the next waiter: every call into the core's ``take`` and
 ``release`` (an acquire that finds the key held or the lane full, a new key, a release
@@ -396,6 +396,7 @@ class _CoreBase:
         "per_key",
         "waits_at_grant",
         "seen_busy",
+        "settles_elsewhere",
         "__weakref__",
     )
 
@@ -436,6 +437,11 @@ class _CoreBase:
         # A hint kept by the asyncio face (no lock, no rule): a take found the lane busy
         # lately, so its next acquire looks before taking (see aio._looks_busy).
         self.seen_busy = False
+        # Set by the asyncio face to its loop's (see aio._settles_on): called by a view
+        # that finds dropped holds, True when it asked the loop to end them instead (a
+        # view from another thread than the running loop's: a hand-off wakes a task, which
+        # only the loop's thread may do).
+        self.settles_elsewhere: Callable[[], bool] | None = None
         # Hold times, observed by release once an exporter turns them on, or a lane's
         # ``warn_hold_s`` (None: off); read by exporters only when ``hold_shown``.
         self.hold_hist: Histogram | None = None
@@ -517,8 +523,13 @@ class _CoreBase:
             self.release(item[0], item[1], item)
 
     def _settle(self) -> None:
-        """Drain the dropped holds now, if there are any (before a view)."""
+        """Drain the dropped holds now, if there are any (before a view); on an asyncio
+        lane's running loop only (from another thread the loop is asked to, and the view
+        shows them held until it has: ``settles_elsewhere``)."""
         if self._dropped:
+            elsewhere = self.settles_elsewhere
+            if elsewhere is not None and elsewhere():
+                return
             self._drain()
 
     def _still_dropped(self, item: tuple[str, int]) -> bool:
@@ -900,46 +911,116 @@ at_fork_in_child(_missed_after_fork)
 _REPORTER = _Daemon("lanequeue-reports", _run_reports)
 
 
-# A dropped hold's finalizer that finds a thread lane's lock taken (see "Dropped holds")
-# asks the settler thread to end the lane's dropped holds once the lock is free: a weak
-# reference to the core on its queue. Its own thread, not the reporter's: a slow log
-# handler must not hold a permit back from a parked waiter.
-def ensure_settler() -> None:
-    """Start this process's settler thread unless it was started (a waiter of a thread
-    lane calls this before it joins a line, off every lock: see :func:`settle_later`).
-    One attribute read once it runs."""
-    if not _SETTLER.started:
-        _SETTLER.start()
+#: Seconds the settler thread stays with no thread waiting on a thread lane and nothing to
+#: do, before it ends.
+SETTLER_IDLE_S = 1.0
+#: Seconds between two tries of a lane whose lock stays taken: the first, and the most.
+SETTLE_RETRY_S = (0.001, 0.05)
+
+
+class _Settler:
+    """The settler thread: ends dropped holds whose finalizer found a thread lane's lock
+    taken (see "Dropped holds"), once that lock is free (:func:`settle_later` queues a
+    weak reference to the core). Its own thread, not the reporter's: a slow log handler
+    must not hold a permit back from a parked waiter. It never blocks on one lane's lock
+    while others wait: a lane whose lock is taken is tried again a moment later (a log
+    handler may run for seconds under a lane's lock, when a finalizer's warning reaches
+    it there), and the requests for one lane merge into one.
+
+    It runs only while a thread waits on a thread lane: the thread face's ``_park``
+    counts its waits (:meth:`wait_begins` before the waiter joins a line, which starts
+    the thread if none runs, and :meth:`wait_ends`), and the thread ends once none has
+    waited for :data:`SETTLER_IDLE_S` with nothing queued. A process whose waits are
+    over has no thread of the library's (``os.fork()`` of a process with threads
+    warns on Python 3.12+, and is unsafe), and a forked child starts with none. A
+    thread that cannot start (a limit on threads) fails no wait: the dropped holds then
+    wait for the lane's next operation, as they would with no waiter.
+
+    ``_lock`` (an RLock: a finalizer's handler may wait on a lane while this thread
+    starts the settler; the inner start makes a second settler on the same queue,
+    harmless) orders the count and the start against the thread's decision to end."""
+
+    __slots__ = ("queue", "started", "parked", "_lock")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.started = False  # a settler runs (read by finalizers: one attribute load)
+        self.parked = 0  # thread waits in progress
+        self._lock = threading.RLock()
+        at_fork_in_child(self.after_fork)
+
+    def wait_begins(self) -> None:
+        with self._lock:
+            self.parked += 1
+            if not self.started:
+                thread = threading.Thread(target=self._run, args=(self.queue,),
+                                          name="lanequeue-settle", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread can start now: see the class
+                    return
+                self.started = True
+
+    def wait_ends(self) -> None:
+        with self._lock:
+            self.parked -= 1
+
+    def after_fork(self) -> None:
+        self._lock = threading.RLock()
+        self.started = False
+        self.parked = 0
+        self.queue = queue.SimpleQueue()
+
+    def _run(self, requests: queue.SimpleQueue[Any]) -> None:
+        pending: dict[weakref.ref[_CoreBase], None] = {}  # (one per core: refs compare so)
+        retry = SETTLE_RETRY_S[0]
+        while True:
+            try:
+                if not pending:
+                    try:
+                        pending[requests.get(timeout=SETTLER_IDLE_S)] = None
+                    except queue.Empty:
+                        with self._lock:
+                            if not self.parked and requests.empty():
+                                self.started = False
+                                return
+                        continue
+                while not requests.empty():
+                    pending[requests.get()] = None
+                for ref in list(pending):
+                    core = ref()
+                    if core is None:
+                        del pending[ref]
+                        continue
+                    lock = core._lock
+                    if lock.acquire(False):
+                        lock.release()
+                        del pending[ref]
+                        core._settle()  # (may wait, if another thread took it meanwhile)
+                    del core  # (not kept alive while others are tried)
+                if pending:  # a lock still taken: again in a moment, less often in time
+                    time.sleep(retry)
+                    retry = min(retry * 2, SETTLE_RETRY_S[1])
+                else:
+                    retry = SETTLE_RETRY_S[0]
+            except BaseException:  # (a release's log handler that raised: nothing to tell)
+                pass
+
+
+_SETTLER = _Settler()
 
 
 def settle_later(core: _CoreBase) -> None:
     """Ask the settler thread to end ``core``'s dropped holds: a finalizer could not,
     the core's lock being taken (by this thread's operation, inside which the finalizer
-    runs, or by another thread's). The settler's :meth:`_CoreBase._settle` waits for
-    the lock, so the permit reaches a parked waiter once that operation ends, not at
-    the lane's next one. Builtins only (a finalizer, maybe under the lock): one
-    ``SimpleQueue.put``, which is reentrant. Nothing is queued when no settler was
-    started: then no thread has waited on a thread lane in this process, and the
-    lane's next operation that needs the permit ends the dropped holds first. A
-    request queued twice settles twice (the second finds nothing)."""
+    runs, or by another thread's). The permit then reaches a parked waiter once that
+    operation ends, not at the lane's next one. Builtins only (a finalizer, maybe under
+    the lock): one ``SimpleQueue.put``, which is reentrant. Nothing is queued when no
+    settler runs: then no thread waits on a thread lane, and the lane's next operation
+    that needs the permit ends the dropped holds first (a request queued just as the
+    settler ends is served by the next one)."""
     if _SETTLER.started:
         _SETTLER.queue.put(weakref.ref(core))
-
-
-def _run_settles(requests: queue.SimpleQueue[Any]) -> None:
-    """The settler thread: end the dropped holds of each core asked for (gone: nothing to
-    do); never dies of one (a release's log handler that raises)."""
-    while True:
-        try:
-            core = requests.get()()
-            if core is not None:
-                core._settle()
-            del core  # (not kept alive until the next request)
-        except BaseException:  # (nothing to tell it with)
-            pass
-
-
-_SETTLER = _Daemon("lanequeue-settle", _run_settles)
 
 
 #: The stages of an ``acquire_all`` (``MultiHold._stage``): made, entered, and a release

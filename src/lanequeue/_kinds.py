@@ -10,9 +10,11 @@ kinds own construction, argument checks and the read-only views; the cores in
 from __future__ import annotations
 
 import math
+import sys
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ._core import (
@@ -610,7 +612,7 @@ class _DropWatch:
     _token: int
     _parked: tuple[Any, int] | None
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         try:
             token = self._token
         except AttributeError:  # interrupted while acquire() was making it
@@ -629,6 +631,8 @@ class _DropWatch:
                 return
             self.lane._core._dropped.append((self.key, token))
         else:
+            if _finalizing():  # the interpreter ends (see below)
+                return
             # Never granted, or granted to its parked waiter and recorded nowhere: the
             # wait's handler was stopped by a second interrupt (see parked_grant).
             token = parked_grant(self, 0)
@@ -643,6 +647,10 @@ class _DropWatch:
                 return
             self.lane._core._dropped.append((self.key, token))
         self._token = -token  # type: ignore[misc]  # ended (see the class)
+        if _finalizing():
+            # The interpreter ends (a hold kept by a module cleared after this one): no
+            # thread will wait for the permit, and this module's globals may be gone.
+            return
         self.lane._dropped_hold()
         warn_dropped(self.lane, self.key, token, self)
 

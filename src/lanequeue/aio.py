@@ -37,7 +37,8 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from threading import get_ident
 from types import TracebackType
 from typing import Any, ClassVar, Literal, cast
@@ -244,6 +245,29 @@ class _Deadlines:
         finally:
             if heap:
                 self._timer_by(heap[0][0], now)
+
+
+def _settles_on(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Any]) -> Callable[[], bool]:
+    """The core's ``settles_elsewhere`` for a lane bound to ``loop``: a view from another
+    thread while the loop runs (a metrics scrape's thread) asks the loop to end the
+    dropped holds (their hand-offs wake tasks: asyncio's futures and ``call_soon`` are
+    the loop thread's only) and returns True; on the loop's thread, or while it does
+    not run (nothing can race the view then), False: the view ends them itself. Holds
+    the core by a weak reference (the lane keeps it; no cycle)."""
+
+    def elsewhere() -> bool:
+        if not loop.is_running() or _running_loop() is loop:
+            return False
+        core = ref()
+        if core is None:
+            return False
+        try:
+            loop.call_soon_threadsafe(core._settle)
+        except RuntimeError:  # closed meanwhile: nothing runs on it any more
+            return False
+        return True
+
+    return elsewhere
 
 
 class AsyncHold(Hold):
@@ -475,6 +499,7 @@ class _AsyncFace:
             # The waits' ``since`` on the core's own clock: its hand-offs observe the
             # waits they end (see _park). Set while the lane is quiet (_refusal_on).
             self._core.waits_at_grant = clock is self._core._clock
+            self._core.settles_elsewhere = _settles_on(loop, weakref.ref(self._core))
         return loop
 
     async def _take(self, key: str, timeout: float | None, priority: int = 0) -> int:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import threading
 from asyncio.events import _get_running_loop
+from time import monotonic as _monotonic
 from types import TracebackType
 from typing import Any, ClassVar, Literal
 
 from ._core import (
+    _SETTLER,
     CLEARED,
     Core,
     CountingCore,
@@ -23,7 +25,6 @@ from ._core import (
     SessionHoldSteps,
     Waiter,
     ended_error,
-    ensure_settler,
     record,
     recorded,
     settle_later,
@@ -211,10 +212,14 @@ class _ThreadFace:
                 lock.release()
             except RuntimeError:  # not taken: another thread holds it
                 pass
-        if free:
-            core._settle()
-        else:
+        if not free:
             settle_later(core)
+            return
+        try:
+            core._settle()
+        finally:
+            if core._dropped:  # an interrupt stopped it (or more came): the settler ends them
+                settle_later(core)
 
     def _park(self, key: str, timeout: float | None, priority: int = 0,
               into: Any = None) -> int:
@@ -242,6 +247,10 @@ class _ThreadFace:
         waiter.since = start = clock()
         observed = False
         n = 0 if into is None or not into._is_multi else len(into._taken)
+        # Counted as a wait in progress before joining, and started the settler if none
+        # runs: a hold dropped under a taken lock then still reaches this waiter (see
+        # lanequeue._core._Settler).
+        _SETTLER.wait_begins()
         try:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt lands at, the handler
@@ -250,7 +259,6 @@ class _ThreadFace:
             # interrupt stop the handler, ``into``'s finalizer returns the grant.
             if into is not None:
                 into._parked = (waiter, n)
-            ensure_settler()  # before joining: a dropped hold's permit reaches this waiter
             if priority:
                 counting: CountingCore = self._core
                 token = counting.take(key, True, waiter, None, None, priority)
@@ -267,10 +275,14 @@ class _ThreadFace:
             warn = self.warn_after_s
             if warn is not None and (timeout is None or timeout > warn):
                 ahead = waiter.ahead  # (stored as it joined)
+                parked = _monotonic()
                 granted = waiter.park(warn)
                 if not granted:
                     self._slow_wait(key, clock() - start, ahead)
-                    granted = waiter.park(None if timeout is None else timeout - warn)
+                    # The rest of the timeout: the warning's handlers (a log handler,
+                    # ``on_wait``) took time too, and a wait ends at its timeout.
+                    granted = waiter.park(None if timeout is None else
+                                          max(0.0, timeout - (_monotonic() - parked)))
             else:
                 granted = waiter.park(timeout)
             # Ran out of time? The releaser may still have granted us just now: withdraw
@@ -298,6 +310,8 @@ class _ThreadFace:
             if not observed and token <= 0:  # (a grant's wait: see above)
                 self._core.observe_wait(clock() - start, False)
             raise
+        finally:
+            _SETTLER.wait_ends()
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import sys
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -418,7 +419,7 @@ class _MultiDropWatch:
     _parked: tuple[Any, int] | None
     _stage: int
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         try:
             taken = self._taken
         except AttributeError:  # interrupted while being made: it never held anything
@@ -436,6 +437,8 @@ class _MultiDropWatch:
                 if got.__class__ is int:
                     steps[i][1]._dropped.append((key, got))
                 i += 1  # noqa: SIM113
+        if _finalizing():  # the interpreter ends: as _DropWatch
+            return
         # A grant to the waiter it parked, recorded nowhere: the wait's handler was
         # stopped by a second interrupt (see parked_grant).
         parked = parked_grant(self, len(taken))
