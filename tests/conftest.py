@@ -4,6 +4,9 @@ waiting thread parks (``_ThreadWaiter.park``), so interleavings are driven by ev
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -182,3 +185,16 @@ def redis_client(redis_server: RedisServer) -> _Iterator[Any]:
     client = redis.Redis(host=redis_server.host, port=redis_server.port)
     yield client
     client.close()
+
+
+def spawn_status_watch(url: str, prefix: str) -> subprocess.Popen[bytes]:
+    """``python -m lanequeue status --watch --interval 0.1`` for ``url`` and ``prefix``
+    as a process whose output is a pipe (no terminal variables inherited), stdin
+    closed, stdout and stderr piped."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "lanequeue", "status", "--backend", url,
+         "--prefix", prefix, "--watch", "--interval", "0.1"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )

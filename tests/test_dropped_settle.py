@@ -93,13 +93,21 @@ def _case(index: int) -> tuple[Callable[[], Any], Callable[[], Any], Any, Any]:
 CASES = [name for name, *_ in _lanes()]
 
 
-@pytest.mark.parametrize("index", range(len(CASES)), ids=CASES)
-def test_dropped_inside_this_threads_operation(index: int) -> None:
+def _parked_behind(index: int) -> tuple[Any, Any, tuple[threading.Thread, threading.Event,
+                                                         list[Any]]]:
+    """Case ``index``: a hold entered, and a waiter thread parked behind it. The hold,
+    the core whose lock to take, and the waiter (see :func:`_waiter`)."""
     hold_of, wait_for, watched, core = _case(index)
     hold = hold_of()
     hold.__enter__()
-    thread, granted, errors = _waiter(wait_for)
+    waiter = _waiter(wait_for)
     _until(lambda: watched.stats.waiters == 1)
+    return hold, core, waiter
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=CASES)
+def test_dropped_inside_this_threads_operation(index: int) -> None:
+    hold, core, (thread, granted, errors) = _parked_behind(index)
     with core._lock:  # an operation of this thread in progress
         del hold
         gc.collect()  # (no cycle: the drop came at the del; any cycle's too)
@@ -111,11 +119,7 @@ def test_dropped_inside_this_threads_operation(index: int) -> None:
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=CASES)
 def test_dropped_while_another_thread_operates(index: int) -> None:
-    hold_of, wait_for, watched, core = _case(index)
-    hold = hold_of()
-    hold.__enter__()
-    thread, granted, errors = _waiter(wait_for)
-    _until(lambda: watched.stats.waiters == 1)
+    hold, core, (thread, granted, errors) = _parked_behind(index)
     inside, leave = threading.Event(), threading.Event()
 
     def operate() -> None:  # another thread's operation, held open until told

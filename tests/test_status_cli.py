@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import spawn_status_watch
 
 from lanequeue.cli import main
 from lanequeue.redis import RedisLane, RedisSessionLane
@@ -540,13 +541,7 @@ def test_piped_watch_writes_each_frame_as_it_is_made(
     import signal
 
     url = f"redis://{redis_server.host}:{redis_server.port}/0"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lanequeue", "status", "--backend", url,
-         "--prefix", redis_prefix, "--watch", "--interval", "0.1"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    )
+    proc = spawn_status_watch(url, redis_prefix)
     assert proc.stdout is not None and proc.stderr is not None
     try:
         data = _read_until(proc.stdout, lambda d: d.count(b"keys seen (SCAN)") >= 3)

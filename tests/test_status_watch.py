@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 import redis
+from conftest import spawn_status_watch
 from redis_server import RedisServer
 
 from lanequeue.cli import main
@@ -244,13 +244,7 @@ def test_the_command_keeps_watching_a_redis_that_froze_until_ctrl_c(
     a second (several reads fail), then thawed: the failures, then the table again;
     SIGINT (Ctrl-C) ends it with status 130 and nothing on stderr."""
     url = _url(own_server)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("COLUMNS", "LINES", "FORCE_COLOR", "TTY_COMPATIBLE")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lanequeue", "status", "--backend", url,
-         "--prefix", redis_prefix, "--watch", "--interval", "0.1"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-    )
+    proc = spawn_status_watch(url, redis_prefix)
     try:
         data = _read_until(proc, lambda d: HEADER.encode() in d, b"")
         own_server.freeze()
