@@ -168,15 +168,14 @@ def test_a_start_reentered_on_its_own_thread_does_not_hang(
     def start(thread: threading.Thread) -> None:
         if not reentered:
             reentered.append(True)
-            settler.wait_begins()  # as the handler's wait would
+            settler.wait_begins(core)  # as the handler's wait would
         original(thread)
 
+    core = SessionLane("s")._core
     monkeypatch.setattr(threading.Thread, "start", start)
-    settler.wait_begins()
+    settler.wait_begins(core)
     monkeypatch.undo()
-    assert reentered and settler.started and settler.parked == 2
-    settler.wait_ends()
-    settler.wait_ends()
+    assert reentered and settler.started and list(settler.watched) == [core]
 
 
 def _settle_threads() -> list[threading.Thread]:
@@ -194,12 +193,45 @@ def test_the_settler_runs_only_while_a_thread_waits(monkeypatch: pytest.MonkeyPa
         waited = threading.Thread(target=lane.acquire_timeout, args=("k", 0.5))
         waited.start()
         _until(lambda: lane.stats.waiters == 1)  # noqa: B023  (called in this round)
-        assert _settle_threads() and _core._SETTLER.parked == 1
+        assert _settle_threads() and lane._core in _core._SETTLER.watched
+        time.sleep(0.2)  # (idle rounds pass: a waiter in line keeps it)
+        assert _settle_threads()
         lane.manual_release("k")
         waited.join(GRANT_S)
-        assert _core._SETTLER.parked == 0
     _until(lambda: not _settle_threads())
     assert not _core._SETTLER.started
+
+
+def test_the_settler_ends_after_waits_an_interrupt_stopped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No count of waits that an interrupt could leave wrong: a wait stopped anywhere
+    (here: the settler told of it, the wait gone) leaves no settler running once no
+    waiter is in line."""
+    monkeypatch.setattr(_core, "SETTLER_IDLE_S", 0.05)
+    _until(lambda: not _settle_threads())
+    lane = SessionLane("s", warn_after_s=None)
+    for _ in range(3):
+        _core._SETTLER.wait_begins(lane._core)  # as a wait interrupted right after
+    assert _settle_threads()
+    _until(lambda: not _settle_threads())
+    assert not _core._SETTLER.started
+
+
+def test_a_drop_the_finalizer_could_not_report_reaches_the_waiter(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finalizer stopped by an interrupt right after it recorded the drop (before it
+    asked anyone to end it): the settler, while a waiter is in line, finds it within
+    about SETTLER_IDLE_S, and the waiter gets the permit, not a timeout."""
+    monkeypatch.setattr(_core, "SETTLER_IDLE_S", 0.1)
+    lane = SessionLane("s", timeout_s=WAIT_S, warn_after_s=None)
+    assert lane.try_acquire("k")
+    thread, granted, errors = _waiter(lambda: lane.acquire("k"))
+    _until(lambda: lane.stats.waiters == 1)
+    # What the stopped finalizer left:
+    lane._core._dropped.append(("k", lane._core._entries["k"].token))
+    assert granted.wait(GRANT_S), "left to the waiter's timeout"
+    thread.join(GRANT_S)
+    assert not errors and lane.stats.holders == 0
 
 
 def test_a_wait_goes_on_when_no_thread_can_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -224,7 +256,7 @@ def test_a_wait_goes_on_when_no_thread_can_start(monkeypatch: pytest.MonkeyPatch
     lane.manual_release("k")
     waiter.join(GRANT_S)
     assert got == [True]
-    assert lane.manual_release("k") and _core._SETTLER.parked == 0
+    assert lane.manual_release("k")
 
 
 def test_one_lane_whose_lock_stays_taken_holds_back_no_other(
@@ -382,3 +414,52 @@ def test_holds_finalized_at_interpreter_exit_print_nothing(tmp_path: Any) -> Non
                           capture_output=True, text=True, timeout=20)
     assert proc.returncode == 0 and proc.stdout == "exit\n", proc
     assert "Exception ignored" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+
+
+def test_an_asyncio_view_off_a_stopped_loop_leaves_the_hand_off_to_the_loop() -> None:
+    """Between two runs of its loop (the loop may start at any moment, from another
+    thread too), a view asks the loop to end a dropped hold, once however often it is
+    read, and shows it held until the loop runs."""
+    lane = AsyncSessionLane("s", warn_after_s=None)
+    loop = asyncio.new_event_loop()
+
+    class Cycle:
+        me: Any
+        hold: Any
+
+    async def setup() -> asyncio.Task[str]:
+        c = Cycle()
+        c.me, c.hold = c, lane.acquire("k")
+        await c.hold.__aenter__()
+        del c
+
+        async def waiter() -> str:
+            async with lane.acquire("k", timeout_s=WAIT_S):
+                return "granted"
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0.05)
+        return task
+
+    gc.disable()
+    try:
+        task = loop.run_until_complete(setup())
+        ready = len(loop._ready)  # type: ignore[attr-defined]
+        seen: list[Any] = []
+
+        def scrape() -> None:
+            gc.collect()
+            seen.extend(lane.stats for _ in range(100))
+
+        reader = threading.Thread(target=scrape)
+        reader.start()
+        reader.join(GRANT_S)
+        assert len(seen) == 100, seen
+        assert all(s.released == 0 and s.waiters == 1 for s in seen), seen[-1]
+        # The finalizer's request, and the views' one (however many views).
+        assert len(loop._ready) == ready + 2  # type: ignore[attr-defined]
+        assert loop.run_until_complete(asyncio.wait_for(task, GRANT_S)) == "granted"
+    finally:
+        gc.enable()
+        loop.close()
+    assert lane.stats.holders == 0 and lane.stats.released == 2

@@ -927,31 +927,42 @@ class _Settler:
     handler may run for seconds under a lane's lock, when a finalizer's warning reaches
     it there), and the requests for one lane merge into one.
 
-    It runs only while a thread waits on a thread lane: the thread face's ``_park``
-    counts its waits (:meth:`wait_begins` before the waiter joins a line, which starts
-    the thread if none runs, and :meth:`wait_ends`), and the thread ends once none has
-    waited for :data:`SETTLER_IDLE_S` with nothing queued. A process whose waits are
-    over has no thread of the library's (``os.fork()`` of a process with threads
-    warns on Python 3.12+, and is unsafe), and a forked child starts with none. A
+    It runs only while a thread waits on a thread lane: a waiter of the thread face,
+    once in line, calls :meth:`wait_begins` with its core, which starts the thread if
+    none runs and adds the core to ``watched`` (weakly). When nothing was asked of it for
+    :data:`SETTLER_IDLE_S`, the thread looks at the watched cores: it ends if none has a
+    waiter in line (a process whose waits are over has no thread of the library's:
+    ``os.fork()`` of a process with threads warns on Python 3.12+, and is unsafe; a
+    forked child starts with none), and else ends the dropped holds it finds there that
+    nobody asked it for (a finalizer stopped by an interrupt before it could ask: the
+    waiter then gets the permit within about that time, not at its timeout). No count
+    is kept that an interrupt could leave wrong: the cores' own lines are the truth. A
     thread that cannot start (a limit on threads) fails no wait: the dropped holds then
     wait for the lane's next operation, as they would with no waiter.
 
-    ``_lock`` (an RLock: a finalizer's handler may wait on a lane while this thread
-    starts the settler; the inner start makes a second settler on the same queue,
-    harmless) orders the count and the start against the thread's decision to end."""
+    Why after joining the line: the thread decides to end under ``_lock`` after
+    reading the lines, and :meth:`wait_begins` reads ``started`` under it too, so a
+    waiter already in line is either seen by that decision or starts a new settler. A
+    hold dropped between the join and that call, with no settler running, is ended by
+    the waiter itself (``_park``: the core's dropped holds, right after this call).
 
-    __slots__ = ("queue", "started", "parked", "_lock")
+    ``_lock`` is an RLock: a finalizer's handler may wait on a lane while this thread
+    starts the settler; the inner start makes a second settler on the same queue
+    (harmless: each request is served once, and each ends on its own)."""
+
+    __slots__ = ("queue", "started", "watched", "_lock")
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.started = False  # a settler runs (read by finalizers: one attribute load)
-        self.parked = 0  # thread waits in progress
+        self.watched: weakref.WeakSet[_CoreBase] = weakref.WeakSet()
         self._lock = threading.RLock()
         at_fork_in_child(self.after_fork)
 
-    def wait_begins(self) -> None:
+    def wait_begins(self, core: _CoreBase) -> None:
+        """A thread waiter of ``core`` is in line (see the class)."""
         with self._lock:
-            self.parked += 1
+            self.watched.add(core)
             if not self.started:
                 thread = threading.Thread(target=self._run, args=(self.queue,),
                                           name="lanequeue-settle", daemon=True)
@@ -961,15 +972,26 @@ class _Settler:
                     return
                 self.started = True
 
-    def wait_ends(self) -> None:
-        with self._lock:
-            self.parked -= 1
-
     def after_fork(self) -> None:
         self._lock = threading.RLock()
         self.started = False
-        self.parked = 0
+        self.watched = weakref.WeakSet()
         self.queue = queue.SimpleQueue()
+
+    def _idle(self, requests: queue.SimpleQueue[Any],
+              pending: dict[weakref.ref[_CoreBase], None]) -> bool:
+        """Nothing asked for a while: True to end (no watched core has a waiter, nothing
+        queued); else the watched cores' dropped holds nobody asked for go to
+        ``pending``."""
+        with self._lock:
+            watched = list(self.watched)
+            if not any(core._waiting for core in watched) and requests.empty():
+                self.started = False
+                return True
+        for core in watched:
+            if core._dropped:
+                pending[weakref.ref(core)] = None
+        return False
 
     def _run(self, requests: queue.SimpleQueue[Any]) -> None:
         pending: dict[weakref.ref[_CoreBase], None] = {}  # (one per core: refs compare so)
@@ -980,10 +1002,8 @@ class _Settler:
                     try:
                         pending[requests.get(timeout=SETTLER_IDLE_S)] = None
                     except queue.Empty:
-                        with self._lock:
-                            if not self.parked and requests.empty():
-                                self.started = False
-                                return
+                        if self._idle(requests, pending):
+                            return
                         continue
                 while not requests.empty():
                     pending[requests.get()] = None

@@ -248,22 +248,33 @@ class _Deadlines:
 
 
 def _settles_on(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Any]) -> Callable[[], bool]:
-    """The core's ``settles_elsewhere`` for a lane bound to ``loop``: a view from another
-    thread while the loop runs (a metrics scrape's thread) asks the loop to end the
-    dropped holds (their hand-offs wake tasks: asyncio's futures and ``call_soon`` are
-    the loop thread's only) and returns True; on the loop's thread, or while it does
-    not run (nothing can race the view then), False: the view ends them itself. Holds
-    the core by a weak reference (the lane keeps it; no cycle)."""
+    """The core's ``settles_elsewhere`` for a lane bound to ``loop``: a view from any
+    thread but the one running the loop (a metrics scrape's thread, or the program
+    between two runs of the loop) asks the loop to end the dropped holds and returns
+    True: their hand-offs wake tasks, and asyncio's futures and ``call_soon`` are the
+    running loop's only (a loop that is not running may start at any moment); on the
+    loop, or once it is closed (nothing runs on it any more), False: the view ends them
+    itself. One request waits at a time (a hot reader queues no flood of callbacks): the
+    flag is cleared by the callback before it settles, so a drop after that is asked
+    for again. Holds the core by a weak reference (the lane keeps it; no cycle)."""
+    asked = [False]
+
+    def settle() -> None:
+        asked[0] = False
+        core = ref()
+        if core is not None:
+            core._settle()
 
     def elsewhere() -> bool:
-        if not loop.is_running() or _running_loop() is loop:
+        if _running_loop() is loop:
             return False
-        core = ref()
-        if core is None:
-            return False
+        if asked[0]:
+            return True
+        asked[0] = True
         try:
-            loop.call_soon_threadsafe(core._settle)
-        except RuntimeError:  # closed meanwhile: nothing runs on it any more
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # closed: nothing runs on it any more
+            asked[0] = False
             return False
         return True
 

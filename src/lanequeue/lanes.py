@@ -247,10 +247,6 @@ class _ThreadFace:
         waiter.since = start = clock()
         observed = False
         n = 0 if into is None or not into._is_multi else len(into._taken)
-        # Counted as a wait in progress before joining, and started the settler if none
-        # runs: a hold dropped under a taken lock then still reaches this waiter (see
-        # lanequeue._core._Settler).
-        _SETTLER.wait_begins()
         try:
             # The waiter exists before the take that may put it in line, and this try
             # covers that call: whatever instant an interrupt lands at, the handler
@@ -266,6 +262,13 @@ class _ThreadFace:
                 token = core.take(key, True, waiter)
             if token:  # freed since the first look: granted at once
                 return record(into, token)
+            # In line: the settler watches this core from now on (started if none runs),
+            # so a hold dropped under a taken lock still reaches this waiter; one dropped
+            # before, while no settler ran, is ended here (lanequeue._core._Settler).
+            watched = self._core
+            _SETTLER.wait_begins(watched)
+            if watched._dropped:
+                watched._settle()
             if into is not None and getattr(into, "_aborted", False):
                 # Its owner gave up on it (see _MultiAcquire._end_wait), maybe before
                 # this wait joined the line: it ends as cleared (the handler withdraws).
@@ -310,8 +313,6 @@ class _ThreadFace:
             if not observed and token <= 0:  # (a grant's wait: see above)
                 self._core.observe_wait(clock() - start, False)
             raise
-        finally:
-            _SETTLER.wait_ends()
 
     def _release(self, key: str, token: int) -> bool:
         """End the hold ``token`` of ``key`` (0: the key's hold); any thread may call it."""
