@@ -593,3 +593,26 @@ def test_a_keyword_argument_for_fn_is_refused_saying_how_to_bind_it(
     finally:
         if isinstance(d, ThreadDispatcher):
             d.close()
+
+
+@pytest.mark.parametrize("make", FACES)
+def test_a_dedupe_id_reused_for_another_key_is_refused_not_answered_with_its_turn(
+        make: Any) -> None:
+    """README "Idempotency": an id names one turn of the dispatcher, whatever its key.
+    The same id for another conversation within the window is refused at the call,
+    naming both keys (it got the first conversation's ticket, and its reply, silently);
+    nothing is counted deduped or submitted for it, and the same key still dedupes."""
+    async def go() -> None:
+        d = make({"busy": "enqueue"})
+        try:
+            first = d.submit("tg:chat-a", lambda: "a", dedupe_id="42")
+            with pytest.raises(ValueError, match=r"'dedupe_id': '42' was submitted for key "
+                               r"'tg:chat-a' within dedupe_ttl_s, now for key 'tg:chat-b'"):
+                d.submit("tg:chat-b", lambda: "b", dedupe_id="42")
+            assert d.submit("tg:chat-a", lambda: "a", dedupe_id="42") is first
+            s = d.stats
+            assert (s.submitted, s.deduped) == (1, 1)
+        finally:
+            d.close()
+
+    asyncio.run(go())

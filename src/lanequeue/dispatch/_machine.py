@@ -1155,6 +1155,14 @@ class Machine:
                                 # give-back must carry ours.
                                 seen[0]._number = number
                             claimed = False  # the claim is that ticket's now
+                            if seen[0].key != key:
+                                raise ValueError(
+                                    f"{type(self.face).__name__}.submit() argument "
+                                    f"'dedupe_id': {shown(dedupe_id)} was submitted for "
+                                    f"key {shown(seen[0].key)} within dedupe_ttl_s, now for "
+                                    f"key {shown(key)}: an id names one turn of the "
+                                    "dispatcher, whatever its key; make it unique across "
+                                    "conversations (e.g. f'{chat_id}:{message_id}')")
                             self._c["deduped"] += 1
                             return seen[0]
                     k = self._keys.get(key)
