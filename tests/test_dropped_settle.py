@@ -193,7 +193,8 @@ def test_the_settler_runs_only_while_a_thread_waits(monkeypatch: pytest.MonkeyPa
         waited = threading.Thread(target=lane.acquire_timeout, args=("k", 0.5))
         waited.start()
         _until(lambda: lane.stats.waiters == 1)  # noqa: B023  (called in this round)
-        assert _settle_threads() and lane._core in _core._SETTLER.watched
+        _until(lambda: bool(_settle_threads())
+               and lane._core in _core._SETTLER.watched)  # noqa: B023
         time.sleep(0.2)  # (idle rounds pass: a waiter in line keeps it)
         assert _settle_threads()
         lane.manual_release("k")
@@ -463,3 +464,109 @@ def test_an_asyncio_view_off_a_stopped_loop_leaves_the_hand_off_to_the_loop() ->
         gc.enable()
         loop.close()
     assert lane.stats.holders == 0 and lane.stats.released == 2
+
+
+def test_a_view_after_the_loop_closed_ends_the_dropped_hold_itself() -> None:
+    """A view between two runs asks the loop; the loop then closed without running (its
+    queued request gone): the next view ends the hold itself, and a new loop may bind."""
+    lane = AsyncSessionLane("s", warn_after_s=None)
+    loop = asyncio.new_event_loop()
+
+    class Cycle:
+        me: Any
+        hold: Any
+
+    async def drop() -> None:
+        c = Cycle()
+        c.me, c.hold = c, lane.acquire("k")
+        await c.hold.__aenter__()
+
+    gc.disable()
+    try:
+        loop.run_until_complete(drop())
+        gc.collect()
+        assert lane.stats.holders == 1  # asked the loop, which does not run
+        loop.close()
+        assert lane.stats.holders == 0 and lane.stats.released == 1
+    finally:
+        gc.enable()
+
+    async def again() -> str:
+        async with lane.acquire("k", timeout_s=0):
+            return "granted on a new loop"
+
+    assert asyncio.run(again()) == "granted on a new loop"
+
+
+def test_the_settlers_look_at_its_waiters_comes_whatever_keeps_it_busy(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lane B keeps the settler busy (its lock stays taken with a request pending); lane
+    A's waiter is behind a drop nobody asked for (a finalizer stopped by an interrupt):
+    the settler's periodic look still finds it."""
+    monkeypatch.setattr(_core, "SETTLER_IDLE_S", 0.1)
+    a = SessionLane("a", timeout_s=WAIT_S, warn_after_s=None)
+    b = SessionLane("b", warn_after_s=None)
+    assert a.try_acquire("k")
+    thread, granted, errors = _waiter(lambda: a.acquire("k"))
+    _until(lambda: a.stats.waiters == 1)
+    inside, leave = threading.Event(), threading.Event()
+
+    def stuck_inside_b() -> None:
+        with b._core._lock:
+            inside.set()
+            leave.wait(WAIT_S)
+
+    stuck = threading.Thread(target=stuck_inside_b, daemon=True)
+    stuck.start()
+    try:
+        assert inside.wait(GRANT_S)
+        # (A's waiter, in line, starts it and is watched)
+        _until(lambda: _core._SETTLER.started and a._core in _core._SETTLER.watched)
+        _core.settle_later(b._core)  # pending, B's lock taken: tried again and again
+        _until(_core._SETTLER.queue.empty)
+        a._core._dropped.append(("k", a._core._entries["k"].token))  # nobody asked
+        assert granted.wait(GRANT_S), "A's waiter was left to its timeout"
+    finally:
+        leave.set()
+        stuck.join(GRANT_S)
+    thread.join(GRANT_S)
+    assert not errors
+
+
+def test_a_wait_out_of_time_ends_a_dropped_hold_nobody_ended(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No settler (none could start) and a drop nobody asked to end: the waiter whose
+    timeout comes ends it itself and gets the permit instead of a timeout, on both
+    faces."""
+    def refuse(thread: threading.Thread) -> None:
+        if thread.name == "lanequeue-settle":
+            raise RuntimeError("can't start new thread")
+        original(thread)
+
+    original = threading.Thread.start
+    _until(lambda: not _core._SETTLER.started)
+    lane = SessionLane("s", warn_after_s=None)
+    assert lane.try_acquire("k")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(lane.acquire_timeout("k", 0.5)))
+    original(waiter)
+    _until(lambda: lane.stats.waiters == 1)
+    lane._core._dropped.append(("k", lane._core._entries["k"].token))
+    waiter.join(GRANT_S)
+    assert got == [True] and lane.stats.timeouts == 0
+
+    alane = AsyncSessionLane("a", warn_after_s=None)
+
+    async def main() -> bool:
+        assert await alane.try_acquire("k")
+
+        async def wait() -> bool:
+            return await alane.acquire_timeout("k", 0.3)
+
+        task = asyncio.create_task(wait())
+        await asyncio.sleep(0.05)
+        alane._core._dropped.append(("k", alane._core._entries["k"].token))
+        return await task
+
+    assert asyncio.run(main()) is True and alane.stats.timeouts == 0

@@ -929,9 +929,9 @@ class _Settler:
 
     It runs only while a thread waits on a thread lane: a waiter of the thread face,
     once in line, calls :meth:`wait_begins` with its core, which starts the thread if
-    none runs and adds the core to ``watched`` (weakly). When nothing was asked of it for
-    :data:`SETTLER_IDLE_S`, the thread looks at the watched cores: it ends if none has a
-    waiter in line (a process whose waits are over has no thread of the library's:
+    none runs and adds the core to ``watched`` (weakly). Every :data:`SETTLER_IDLE_S`,
+    whatever else it is doing, the thread looks at the watched cores: it ends if none has
+    a waiter in line (a process whose waits are over has no thread of the library's:
     ``os.fork()`` of a process with threads warns on Python 3.12+, and is unsafe; a
     forked child starts with none), and else ends the dropped holds it finds there that
     nobody asked it for (a finalizer stopped by an interrupt before it could ask: the
@@ -978,11 +978,12 @@ class _Settler:
         self.watched = weakref.WeakSet()
         self.queue = queue.SimpleQueue()
 
-    def _idle(self, requests: queue.SimpleQueue[Any],
+    def _scan(self, requests: queue.SimpleQueue[Any],
               pending: dict[weakref.ref[_CoreBase], None]) -> bool:
-        """Nothing asked for a while: True to end (no watched core has a waiter, nothing
-        queued); else the watched cores' dropped holds nobody asked for go to
-        ``pending``."""
+        """Every :data:`SETTLER_IDLE_S`: True to end (no watched core has a waiter, nothing
+        queued: requests for cores nobody waits on are left to their next operation);
+        else the watched cores' dropped holds nobody asked for go to ``pending``, and the
+        cores with neither waiters nor dropped holds stop being watched."""
         with self._lock:
             watched = list(self.watched)
             if not any(core._waiting for core in watched) and requests.empty():
@@ -991,22 +992,36 @@ class _Settler:
         for core in watched:
             if core._dropped:
                 pending[weakref.ref(core)] = None
+            elif not core._waiting:
+                self.watched.discard(core)  # (a later waiter adds it again)
         return False
 
     def _run(self, requests: queue.SimpleQueue[Any]) -> None:
+        try:
+            self._serve(requests)
+        finally:  # (ended, or killed by an exception delivered to this thread)
+            self.started = False
+
+    def _serve(self, requests: queue.SimpleQueue[Any]) -> None:
         pending: dict[weakref.ref[_CoreBase], None] = {}  # (one per core: refs compare so)
         retry = SETTLE_RETRY_S[0]
+        scanned = time.monotonic()
         while True:
             try:
                 if not pending:
+                    left = scanned + SETTLER_IDLE_S - time.monotonic()
                     try:
-                        pending[requests.get(timeout=SETTLER_IDLE_S)] = None
+                        pending[requests.get(timeout=max(left, 0.0))] = None
                     except queue.Empty:
-                        if self._idle(requests, pending):
-                            return
-                        continue
+                        pass
                 while not requests.empty():
                     pending[requests.get()] = None
+                # The scan comes every SETTLER_IDLE_S whatever else keeps it busy (a
+                # stream of requests, a lock that stays taken).
+                if time.monotonic() - scanned >= SETTLER_IDLE_S:
+                    scanned = time.monotonic()
+                    if self._scan(requests, pending):
+                        return
                 for ref in list(pending):
                     core = ref()
                     if core is None:

@@ -228,6 +228,10 @@ class _Deadlines:
         heap, lane = self.heap, self.lane
         now = self.loop.time()
         try:
+            if lane._core._dropped:
+                # A dropped hold nobody has ended (its finalizer was stopped by an
+                # interrupt before it asked the loop): its permit may be a due wait's.
+                lane._core._settle()
             while heap and heap[0][0] <= now:
                 _, _, waiter, key, what, timeout, ahead = heap[0]
                 if waiter.fut.done():  # granted, cancelled or ended meanwhile
@@ -253,10 +257,11 @@ def _settles_on(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Any]) -> Calla
     between two runs of the loop) asks the loop to end the dropped holds and returns
     True: their hand-offs wake tasks, and asyncio's futures and ``call_soon`` are the
     running loop's only (a loop that is not running may start at any moment); on the
-    loop, or once it is closed (nothing runs on it any more), False: the view ends them
-    itself. One request waits at a time (a hot reader queues no flood of callbacks): the
-    flag is cleared by the callback before it settles, so a drop after that is asked
-    for again. Holds the core by a weak reference (the lane keeps it; no cycle)."""
+    loop, or once it is closed (nothing runs on it any more, and a request it had
+    queued is gone), False: the view ends them itself. One request waits at a time (a
+    hot reader queues no flood of callbacks): the flag is cleared by the callback before
+    it settles, so a drop after that is asked for again. Holds the core by a weak
+    reference (the lane keeps it; no cycle)."""
     asked = [False]
 
     def settle() -> None:
@@ -266,7 +271,7 @@ def _settles_on(loop: asyncio.AbstractEventLoop, ref: weakref.ref[Any]) -> Calla
             core._settle()
 
     def elsewhere() -> bool:
-        if _running_loop() is loop:
+        if _running_loop() is loop or loop.is_closed():
             return False
         if asked[0]:
             return True

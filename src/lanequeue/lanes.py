@@ -288,6 +288,11 @@ class _ThreadFace:
                                           max(0.0, timeout - (_monotonic() - parked)))
             else:
                 granted = waiter.park(timeout)
+            if not granted and self._core._dropped:
+                # Out of time, and a dropped hold nobody has ended yet (its finalizer was
+                # stopped by an interrupt before it asked): its permit may be this wait's.
+                self._core._settle()
+                granted = bool(waiter.token)
             # Ran out of time? The releaser may still have granted us just now: withdraw
             # settles that race under the core's lock and returns the token if so.
             token = waiter.token if granted else core.withdraw(key, waiter, timed_out=True)
