@@ -13,6 +13,7 @@ the hold is dropped; no view is called after the drop (a view would end it itsel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import subprocess
@@ -61,6 +62,27 @@ def _until(cond: Callable[[], bool]) -> None:
     while not cond():
         assert time.monotonic() < deadline, "the waiter never joined the line"
         time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def _operating(core: Any) -> Iterator[None]:
+    """Another thread's operation on ``core`` in progress (its lock taken) for the
+    ``with`` block, then ended."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def operate() -> None:
+        with core._lock:
+            inside.set()
+            leave.wait(WAIT_S)
+
+    other = threading.Thread(target=operate, daemon=True)
+    other.start()
+    try:
+        assert inside.wait(GRANT_S)
+        yield
+    finally:
+        leave.set()
+        other.join(GRANT_S)
 
 
 def _lanes() -> list[tuple[str, Callable[[], Any], Callable[[], Any], Any]]:
@@ -120,20 +142,9 @@ def test_dropped_inside_this_threads_operation(index: int) -> None:
 @pytest.mark.parametrize("index", range(len(CASES)), ids=CASES)
 def test_dropped_while_another_thread_operates(index: int) -> None:
     hold, core, (thread, granted, errors) = _parked_behind(index)
-    inside, leave = threading.Event(), threading.Event()
-
-    def operate() -> None:  # another thread's operation, held open until told
-        with core._lock:
-            inside.set()
-            leave.wait(GRANT_S * 2)
-
-    other = threading.Thread(target=operate, daemon=True)
-    other.start()
-    assert inside.wait(GRANT_S)
-    del hold  # its finalizer finds the lock taken by the other thread
-    assert not granted.wait(0.2)
-    leave.set()
-    other.join(GRANT_S)
+    with _operating(core):
+        del hold  # its finalizer finds the lock taken by the other thread
+        assert not granted.wait(0.2)
     assert granted.wait(GRANT_S), "the dropped hold's permit never reached the waiter"
     thread.join(GRANT_S)
     assert not errors
@@ -272,25 +283,12 @@ def test_one_lane_whose_lock_stays_taken_holds_back_no_other(
     hold_b.__enter__()
     thread, granted, errors = _waiter(lambda: b.acquire("k"))
     _until(lambda: b.stats.waiters == 1)
-    inside, leave = threading.Event(), threading.Event()
-
-    def stuck_inside_a() -> None:
-        with a._core._lock:
-            inside.set()
-            leave.wait(WAIT_S)
-
-    stuck = threading.Thread(target=stuck_inside_a, daemon=True)
-    stuck.start()
-    try:
-        assert inside.wait(GRANT_S)
+    with _operating(a._core):
         del hold_a  # A's settle is asked for, and A's lock stays taken
         time.sleep(0.05)  # (the settler meets A's lock first)
         with b._core._lock:
             del hold_b  # B's, while B's operation is in progress
         assert granted.wait(GRANT_S), "B's waiter was held back by A's lock"
-    finally:
-        leave.set()
-        stuck.join(GRANT_S)
     thread.join(GRANT_S)
     assert not errors
     _until(lambda: a.stats.holders == 0)
@@ -509,26 +507,13 @@ def test_the_settlers_look_at_its_waiters_comes_whatever_keeps_it_busy(
     assert a.try_acquire("k")
     thread, granted, errors = _waiter(lambda: a.acquire("k"))
     _until(lambda: a.stats.waiters == 1)
-    inside, leave = threading.Event(), threading.Event()
-
-    def stuck_inside_b() -> None:
-        with b._core._lock:
-            inside.set()
-            leave.wait(WAIT_S)
-
-    stuck = threading.Thread(target=stuck_inside_b, daemon=True)
-    stuck.start()
-    try:
-        assert inside.wait(GRANT_S)
+    with _operating(b._core):
         # (A's waiter, in line, starts it and is watched)
         _until(lambda: _core._SETTLER.started and a._core in _core._SETTLER.watched)
         _core.settle_later(b._core)  # pending, B's lock taken: tried again and again
         _until(_core._SETTLER.queue.empty)
         a._core._dropped.append(("k", a._core._entries["k"].token))  # nobody asked
         assert granted.wait(GRANT_S), "A's waiter was left to its timeout"
-    finally:
-        leave.set()
-        stuck.join(GRANT_S)
     thread.join(GRANT_S)
     assert not errors
 
