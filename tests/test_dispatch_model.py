@@ -84,16 +84,19 @@ class DispatcherModel(RuleBasedStateMachine):
         self.duration[label] = duration
         self.take_inbox[label] = take
         try:
+            # (An id names one turn of the dispatcher, whatever its key: the model's ids
+            # are per key; the same id for another key is refused, see
+            # test_dispatch_arguments.)
             t = self.on_loop(self.d.submit, key, self.work, label, busy=policy,
                              priority=priority, timeout_s=timeout, run_timeout_s=run_timeout,
-                             dedupe_id=dedupe)
+                             dedupe_id=None if dedupe is None else f"{key}:{dedupe}")
         except DispatcherDrainingError:
             assert self.draining
             return
         assert not self.draining
         if id(t) in self.ids:
             self.deduped += 1
-            assert dedupe is not None and t.dedupe_id == dedupe
+            assert dedupe is not None and t.dedupe_id == f"{key}:{dedupe}"
             # An id whose turn ended before it ran is forgotten: it never answers a repeat.
             began = any(self.label_of[id(t)] in labels for labels in self.begun.values())
             assert began or t.state in ("pending", "running"), t

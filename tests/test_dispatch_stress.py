@@ -53,12 +53,19 @@ def test_stress_100k_turns_1k_keys_interrupt_and_collect() -> None:
         rng = random.Random(11)
         keys = [f"conv-{i}" for i in range(KEYS)]
 
+        key_of: dict[int, str] = {}
+
         async def submit_batch(start: int, n: int) -> None:
             for i in range(start, start + n):
                 key = keys[rng.randrange(KEYS)]
                 busy = "interrupt" if i % 2 else "collect"
-                # One submit in ten repeats an earlier id (a redelivered webhook).
-                dedupe = f"m{rng.randrange(i)}" if i and i % 10 == 0 else f"m{i}"
+                dedupe = f"m{i}"
+                if i and i % 10 == 0:
+                    # One submit in ten repeats an earlier id (a redelivered webhook, to
+                    # its own conversation: an id names one turn of the dispatcher).
+                    j = rng.randrange(i)
+                    dedupe, key = f"m{j}", key_of[j]
+                key_of[i] = key
                 d.submit(key, work, i, busy=busy, dedupe_id=dedupe)
                 if i % 50 == 0:
                     await asyncio.sleep(0)  # let turns start and run between submits
