@@ -397,6 +397,7 @@ class _CoreBase:
         "waits_at_grant",
         "seen_busy",
         "settles_elsewhere",
+        "settler_watches",
         "__weakref__",
     )
 
@@ -442,6 +443,8 @@ class _CoreBase:
         # view from another thread than the running loop's: a hand-off wakes a task, which
         # only the loop's thread may do).
         self.settles_elsewhere: Callable[[], bool] | None = None
+        # In the settler's ``watched`` (see _Settler): a waiter's check without its lock.
+        self.settler_watches = False
         # Hold times, observed by release once an exporter turns them on, or a lane's
         # ``warn_hold_s`` (None: off); read by exporters only when ``hold_shown``.
         self.hold_hist: Histogram | None = None
@@ -960,9 +963,14 @@ class _Settler:
         at_fork_in_child(self.after_fork)
 
     def wait_begins(self, core: _CoreBase) -> None:
-        """A thread waiter of ``core`` is in line (see the class)."""
+        """A thread waiter of ``core`` is in line (see the class). The waiter calls this
+        unless the settler runs and watches ``core`` already (``started`` and the core's
+        ``settler_watches``, read without the lock: the settler ends, and stops watching
+        a core, only under the lock and only when the core has no waiter, and this one
+        is in line before it reads them)."""
         with self._lock:
             self.watched.add(core)
+            core.settler_watches = True
             if not self.started:
                 thread = threading.Thread(target=self._run, args=(self.queue,),
                                           name="lanequeue-settle", daemon=True)
@@ -975,6 +983,8 @@ class _Settler:
     def after_fork(self) -> None:
         self._lock = threading.RLock()
         self.started = False
+        for core in list(self.watched):
+            core.settler_watches = False
         self.watched = weakref.WeakSet()
         self.queue = queue.SimpleQueue()
 
@@ -993,7 +1003,10 @@ class _Settler:
             if core._dropped:
                 pending[weakref.ref(core)] = None
             elif not core._waiting:
-                self.watched.discard(core)  # (a later waiter adds it again)
+                with self._lock:
+                    if not core._waiting:  # (a later waiter adds it again)
+                        core.settler_watches = False
+                        self.watched.discard(core)
         return False
 
     def _run(self, requests: queue.SimpleQueue[Any]) -> None:

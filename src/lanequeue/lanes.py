@@ -266,7 +266,8 @@ class _ThreadFace:
             # so a hold dropped under a taken lock still reaches this waiter; one dropped
             # before, while no settler ran, is ended here (lanequeue._core._Settler).
             watched = self._core
-            _SETTLER.wait_begins(watched)
+            if not (_SETTLER.started and watched.settler_watches):
+                _SETTLER.wait_begins(watched)
             if watched._dropped:
                 watched._settle()
             if into is not None and getattr(into, "_aborted", False):
