@@ -815,17 +815,17 @@ at_fork_in_child(_after_fork_in_child)
 
 # -- work done off the lock, by daemon threads --------------------------------------------------
 class _Daemon:
-    """A daemon thread of this process that serves one queue, started on demand
-    (:meth:`start`: idempotent, thread-safe; an interrupt that stops it before the
+    """A daemon thread of this process that serves one queue (the reporter's), started
+    on demand (:meth:`start`: idempotent, thread-safe; an interrupt that stops it before the
     thread starts leaves the next call to start it). ``queue`` is read anew by every
     caller, so that a forked child's fresh queue is seen by every core: in a child the
     parent's thread does not exist, and :meth:`after_fork` makes a new queue, and a new
     thread if the parent had started one. ``started``: True once a thread was started
     (a daemon ends only with the interpreter), read by finalizers as one attribute
     load. The lock is an RLock: a finalizer may run while ``start`` holds it (a thread's
-    start allocates), and its warning's handler may wait on a lane, which starts the
-    settler: that start begins a second thread on the same queue (harmless: each
-    request is served once), where a plain lock would hang the thread."""
+    start allocates), and its warning's handler may set a lane's ``warn_hold_s``, which
+    starts the reporter: that start begins a second thread on the same queue (harmless:
+    each report is handled once), where a plain lock would hang the thread."""
 
     __slots__ = ("name", "_target", "queue", "started", "_thread", "_lock")
 
