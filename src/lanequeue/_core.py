@@ -1011,9 +1011,10 @@ class _Settler:
 
     def _run(self, requests: queue.SimpleQueue[Any]) -> None:
         try:
-            self._serve(requests)
-        finally:  # (ended, or killed by an exception delivered to this thread)
+            self._serve(requests)  # (returns once _scan has recorded the end, under _lock)
+        except BaseException:  # killed by an exception delivered to this thread
             self.started = False
+            raise
 
     def _serve(self, requests: queue.SimpleQueue[Any]) -> None:
         pending: dict[weakref.ref[_CoreBase], None] = {}  # (one per core: refs compare so)
