@@ -1,5 +1,6 @@
-"""The README's Dispatcher section stays true: its example runs and prints what the README
-says, and its policy table lists exactly the dispatcher's busy policies."""
+"""The README's Dispatcher section stays true: it comes right after the quick start, its
+example runs and prints what the README says, and its policy table lists exactly the
+dispatcher's busy policies."""
 
 from __future__ import annotations
 
@@ -17,6 +18,23 @@ def section() -> str:
     text = README.read_text()
     start = text.index("## Dispatcher")
     return text[start:text.index("\n## ", start + 1)]
+
+
+def test_the_dispatcher_section_follows_the_quick_start() -> None:
+    headings = re.findall(r"^## (.*)$", README.read_text(), re.M)
+    at = headings.index("Quick start: the three call patterns")
+    assert headings[at + 1].startswith("Dispatcher")
+    assert headings[at + 2] == "The main job: `lanequeue replay`"
+
+
+def test_the_readme_links_to_its_own_headings() -> None:
+    """Every ``](#anchor)`` of the README names a heading of it (GitHub's anchors:
+    lower case, punctuation other than ``-`` and ``_`` left out, spaces as ``-``)."""
+    text = README.read_text()
+    anchors = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.*)$", text, re.M)}
+    links = re.findall(r"\]\(#([^)]+)\)", text)
+    assert links and all(link in anchors for link in links), set(links) - anchors
 
 
 def test_readme_dispatcher_example_prints_what_it_says() -> None:
