@@ -1,12 +1,13 @@
-"""The README's Dispatcher section stays true: it comes right after the quick start, its
-example runs and prints what the README says, and its policy table lists exactly the
-dispatcher's busy policies."""
+"""The README's Dispatcher section stays true: it comes right after the quick start, each
+of its examples shown with its output (asyncio, threads) runs and prints that output, and
+its policy table lists exactly the dispatcher's busy policies."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 from lanequeue.dispatch import BUSY_POLICIES
@@ -18,6 +19,16 @@ def section() -> str:
     text = README.read_text()
     start = text.index("## Dispatcher")
     return text[start:text.index("\n## ", start + 1)]
+
+
+def examples_with_output() -> list[tuple[str, str]]:
+    """(code, output) of every ```python block of the section that is followed by
+    "prints" and a plain block: the output the README shows for it."""
+    text = section()
+    blocks = list(re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M))
+    return [(code.group(2), shown.group(2)) for code, shown in pairwise(blocks)
+            if code.group(1) == "python" and shown.group(1) == ""
+            and text[code.end():shown.start()] == "\n\nprints\n\n"]
 
 
 def test_the_dispatcher_section_follows_the_quick_start() -> None:
@@ -37,13 +48,15 @@ def test_the_readme_links_to_its_own_headings() -> None:
     assert links and all(link in anchors for link in links), set(links) - anchors
 
 
-def test_readme_dispatcher_example_prints_what_it_says() -> None:
-    blocks = re.findall(r"```(\w*)\n(.*?)```", section(), re.S)
-    code = next(body for lang, body in blocks if lang == "python")
-    shown = blocks[[b for _, b in blocks].index(code) + 1][1]
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    assert out == shown
+def test_readme_dispatcher_examples_print_what_they_say() -> None:
+    examples = examples_with_output()
+    # The asyncio example and the ThreadDispatcher example.
+    assert len(examples) == 2
+    assert "ThreadDispatcher(" in examples[1][0]
+    for code, shown in examples:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60, check=True).stdout
+        assert out == shown
 
 
 def test_readme_policy_table_lists_every_busy_policy() -> None:
