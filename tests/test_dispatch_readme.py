@@ -1,6 +1,6 @@
 """The README's Dispatcher section stays true: it comes right after the quick start, each
-of its examples shown with its output (asyncio, threads) runs and prints that output, and
-its policy table lists exactly the dispatcher's busy policies."""
+of its examples shown with its output (asyncio, threads, a drain on a signal) runs and
+prints that output, and its policy table lists exactly the dispatcher's busy policies."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def test_the_readme_links_to_its_own_headings() -> None:
 
 def test_readme_dispatcher_examples_print_what_they_say() -> None:
     examples = examples_with_output()
-    # The asyncio example and the ThreadDispatcher example.
-    assert len(examples) == 2
-    assert "ThreadDispatcher(" in examples[1][0]
+    # The asyncio example, the ThreadDispatcher example, the drain on Ctrl-C / SIGTERM.
+    assert len(examples) == 3
+    assert "ThreadDispatcher(" in examples[1][0] and "add_signal_handler" in examples[2][0]
     for code, shown in examples:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=60, check=True).stdout
