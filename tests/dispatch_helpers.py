@@ -129,3 +129,10 @@ def run_on_loop(loop: FakeClockLoop, fn: Callable[..., Any], *args: Any, **kw: A
     if "e" in box:
         raise box["e"]
     return box["r"]
+
+
+def claim_key(prefix: str, key: str, dedupe_id: str) -> str:
+    """The Redis key of the shared dedupe window's claim of ``dedupe_id`` submitted for
+    ``key``, as README "Across processes" spells it: ``{<prefix>:d:<scope>}``, the scope
+    being the key's length, the key and the id (ids are scoped per key)."""
+    return f"{{{prefix}:d:{len(key)}:{key}:{dedupe_id}}}"

@@ -493,12 +493,19 @@ def test_a_dedupe_id_redis_cannot_take_is_refused_at_the_call(
         with pytest.raises(ValueError, match=r"argument 'dedupe_id' must be encodable as "
                            r"UTF-8 \(it contains a lone surrogate at index 1\)"):
             d.submit("k", lambda: None, dedupe_id="a\ud800")
+        # The claim names the key as well (ids are scoped per key): so is the key checked
+        # when a dedupe_id goes to the window, also on local lanes.
+        with pytest.raises(ValueError, match=r"argument 'key' must be encodable as "
+                           r"UTF-8 \(it contains a lone surrogate at index 1\)"):
+            d.submit("k\ud800", lambda: None, dedupe_id="a")
         assert d.stats.submitted == 0
+        assert d.submit("k\ud800", lambda: 2).result(5) == 2  # no id: no claim, no check
     finally:
         d.close()
     local = ThreadDispatcher(thread_queue())
     try:
         assert local.submit("k", lambda: 1, dedupe_id="a\ud800").result(5) == 1
+        assert local.submit("k\ud800", lambda: 1, dedupe_id="a").result(5) == 1
     finally:
         local.close()
 
@@ -596,22 +603,32 @@ def test_a_keyword_argument_for_fn_is_refused_saying_how_to_bind_it(
 
 
 @pytest.mark.parametrize("make", FACES)
-def test_a_dedupe_id_reused_for_another_key_is_refused_not_answered_with_its_turn(
-        make: Any) -> None:
-    """README "Idempotency": an id names one turn of the dispatcher, whatever its key.
-    The same id for another conversation within the window is refused at the call,
-    naming both keys (it got the first conversation's ticket, and its reply, silently);
-    nothing is counted deduped or submitted for it, and the same key still dedupes."""
+def test_a_dedupe_id_is_scoped_per_key_so_another_keys_turn_runs(make: Any) -> None:
+    """README "Idempotency": ids are scoped per key, as a channel's message ids are per
+    chat (a Telegram ``message_id`` is unique only within its chat). The same id for
+    another conversation within the window is another turn: it runs, with its own
+    ticket and reply (it used to get the first conversation's ticket, and its reply,
+    silently); a repeat for the same key is still answered with the original ticket."""
     async def go() -> None:
         d = make({"busy": "enqueue"})
         try:
             first = d.submit("tg:chat-a", lambda: "a", dedupe_id="42")
-            with pytest.raises(ValueError, match=r"'dedupe_id': '42' was submitted for key "
-                               r"'tg:chat-a' within dedupe_ttl_s, now for key 'tg:chat-b'"):
-                d.submit("tg:chat-b", lambda: "b", dedupe_id="42")
+            other = d.submit("tg:chat-b", lambda: "b", dedupe_id="42")
+            assert other is not first and other.dedupe_id == "42"
             assert d.submit("tg:chat-a", lambda: "a", dedupe_id="42") is first
+            assert d.submit("tg:chat-b", lambda: "b", dedupe_id="42") is other
+            # (Key "4:x" with id "y" and key "4" with id "x:y" are two ids as well: the
+            # scope's border cannot shift.)
+            x = d.submit("4:x", lambda: "x", dedupe_id="y")
+            y = d.submit("4", lambda: "y", dedupe_id="x:y")
+            assert x is not y
+            for t, want in ((first, "a"), (other, "b"), (x, "x"), (y, "y")):
+                if isinstance(d, ThreadDispatcher):
+                    assert await asyncio.to_thread(t.result, 10.0) == want
+                else:
+                    assert await asyncio.wait_for(t, 10.0) == want
             s = d.stats
-            assert (s.submitted, s.deduped) == (1, 1)
+            assert (s.submitted, s.deduped, s.done) == (4, 2, 4)
         finally:
             d.close()
 

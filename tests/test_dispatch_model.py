@@ -84,9 +84,8 @@ class DispatcherModel(RuleBasedStateMachine):
         self.duration[label] = duration
         self.take_inbox[label] = take
         try:
-            # (An id names one turn of the dispatcher, whatever its key: the model's ids
-            # are per key; the same id for another key is refused, see
-            # test_dispatch_arguments.)
+            # (Ids are scoped per key, see test_dispatch_arguments; the model's ids
+            # carry their key all the same, as README advises for ids unique per chat.)
             t = self.on_loop(self.d.submit, key, self.work, label, busy=policy,
                              priority=priority, timeout_s=timeout, run_timeout_s=run_timeout,
                              dedupe_id=None if dedupe is None else f"{key}:{dedupe}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from dispatch_helpers import claim_key
 
 from lanequeue import (
     LaneBackendError,
@@ -66,7 +67,7 @@ def test_C31_across_replicas_a_webhook_runs_once(redis_client: Any, redis_prefix
         sa, sb = a.stats, b.stats
         assert (sa.submitted, sa.done, sa.deduped) == (1, 1, 1)
         assert (sb.submitted, sb.deduped) == (0, 2)
-        key = f"{{{redis_prefix}:d:Ev1}}"
+        key = claim_key(redis_prefix, "slack:c1", "Ev1")
         assert 0 < redis_client.pttl(key) <= 300_000  # the window has a TTL
     finally:
         go.set()
@@ -117,7 +118,7 @@ def test_a_claim_is_given_back_when_the_turn_never_ran(redis_client: Any,
         a.submit("k", go.wait, WAIT)  # keeps k busy
         rejected = a.submit("k", go.wait, WAIT, dedupe_id="m1")
         assert rejected.state == "rejected"
-        assert redis_client.exists(f"{{{redis_prefix}:d:m1}}") == 0
+        assert redis_client.exists(claim_key(redis_prefix, "k", "m1")) == 0
         retry = b.submit("k", lambda: "ran on b", dedupe_id="m1")  # a genuine retry runs
         assert retry.result(WAIT) == "ran on b"
     finally:
@@ -169,7 +170,7 @@ def test_a_second_submit_of_an_id_waits_for_the_claim_in_flight(
         second.join(WAIT)
         assert got["second"] is got["first"]  # deduped against the first's ticket
         got["first"].result(WAIT)
-        other = a.submit("k3", ran.append, "other replica", dedupe_id="X")
+        other = a.submit("k1", ran.append, "other replica", dedupe_id="X")
         assert (other.state, other.reason) == ("deduped", "duplicate")
         assert ran == ["first"] and claims == ["first"]
     finally:
@@ -199,8 +200,9 @@ def test_storm_of_retried_ids_over_two_dispatchers_runs_each_at_most_once(
     def worker(seed: int) -> None:
         rng = random.Random(seed)
         for _ in range(120):
-            i = f"id{rng.randrange(150)}"
-            t = ds[rng.randrange(2)].submit(f"k{rng.randrange(6)}", fn, i, dedupe_id=i)
+            n = rng.randrange(150)
+            i = f"id{n}"  # a message of conversation k<n % 6> (ids are scoped per key)
+            t = ds[rng.randrange(2)].submit(f"k{n % 6}", fn, i, dedupe_id=i)
             if rng.random() < 0.2:
                 t.cancel()
 
@@ -218,6 +220,29 @@ def test_storm_of_retried_ids_over_two_dispatchers_runs_each_at_most_once(
     finally:
         for d in ds:
             d.close()
+
+
+def test_the_same_id_for_two_conversations_on_two_replicas_runs_both(
+    redis_client: Any, redis_prefix: str
+) -> None:
+    """Ids are scoped per key across replicas too: a Telegram ``message_id`` 42 of chat A
+    on one replica and 42 of chat B on another are two turns, and both run (the second
+    used to end ``deduped``: another replica cannot know the first one's key, and the
+    claim was the id's alone). A copy of chat A's 42 on the second replica is still a
+    duplicate."""
+    a = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    b = ThreadDispatcher(local_lanes(), dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
+    try:
+        first = a.submit("tg:chat-a", lambda: "a", dedupe_id="42")
+        other = b.submit("tg:chat-b", lambda: "b", dedupe_id="42")
+        copy = b.submit("tg:chat-a", lambda: "a again", dedupe_id="42")
+        assert (first.result(WAIT), other.result(WAIT)) == ("a", "b")
+        assert (copy.state, copy.reason) == ("deduped", "duplicate")
+        for key in ("tg:chat-a", "tg:chat-b"):
+            assert 0 < redis_client.pttl(claim_key(redis_prefix, key, "42")) <= 300_000
+    finally:
+        a.close()
+        b.close()
 
 
 def test_a_redis_failure_at_submit_is_a_backend_error() -> None:
@@ -385,7 +410,7 @@ def test_async_claim_cancelled_in_flight_is_given_back(
                        dedupe_redis=redis_client, dedupe_prefix=redis_prefix)
         t = a.submit("k", lambda: "a ran", dedupe_id="m1")
         assert t.cancel() and t.state == "cancelled"
-        key = f"{{{redis_prefix}:d:m1}}"
+        key = claim_key(redis_prefix, "k", "m1")
         deadline = time.monotonic() + WAIT
         while t._claim is CLAIMING and time.monotonic() < deadline:  # the claim answers
             await asyncio.sleep(0.005)

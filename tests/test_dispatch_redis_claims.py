@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import redis
+from dispatch_helpers import claim_key
 
 from lanequeue import (
     Dispatcher,
@@ -80,7 +81,7 @@ def test_drain_while_a_claim_is_in_flight_gives_the_claim_back(
     th.start()
     try:
         assert landed.wait(WAIT)
-        key = f"{{{redis_prefix}:d:m1}}"
+        key = claim_key(redis_prefix, "k", "m1")
         assert redis_client.exists(key) == 1  # claimed, in flight
         a.drain() if stop == "drain" else a.close()
         stopped.set()
@@ -129,14 +130,14 @@ def test_failed_claims_that_land_after_a_thaw_are_given_back(own_server: Any) ->
         own_server.thaw()
         # The retry of id0 here owns id0 now: the background give-back leaves it.
         retry = a.submit("k0", go.wait, WAIT, dedupe_id="id0")
-        keys = [f"{{p:d:id{i}}}" for i in range(1, 12)]
+        keys = [claim_key("p", f"k{i}", f"id{i}") for i in range(1, 12)]
         assert gone_within(client, keys, 4 * ST + 2.0)
         for i in range(1, 12):
             assert b.submit(f"k{i}", lambda: "ran on b", dedupe_id=f"id{i}").result(
                 WAIT) == "ran on b"
         while time.monotonic() < failed_at + 2 * ST + 0.3:  # past the last attempt
             time.sleep(0.05)
-        assert client.exists("{p:d:id0}") == 1
+        assert client.exists(claim_key("p", "k0", "id0")) == 1
         assert b.submit("k0", lambda: "b ran", dedupe_id="id0").state == "deduped"
         go.set()
         assert retry.result(WAIT) is True
@@ -165,7 +166,8 @@ def test_async_failed_claim_that_lands_after_a_thaw_is_given_back(own_server: An
             assert t.state == "failed"
         finally:
             own_server.thaw()
-        assert await asyncio.to_thread(gone_within, client, ["{p:d:m1}"], 4 * ST + 2.0)
+        assert await asyncio.to_thread(gone_within, client, [claim_key("p", "k", "m1")],
+                                       4 * ST + 2.0)
         assert await asyncio.wait_for(b.submit("k", lambda: "b ran", dedupe_id="m1"),
                                       WAIT) == "b ran"
         assert await a.wait_idle(WAIT) and await b.wait_idle(WAIT)
@@ -194,7 +196,7 @@ def test_a_turn_rejected_by_local_policy_claims_nothing(own_server: Any, case: s
     finally:
         own_server.thaw()
         go.set()
-    assert client.exists("{p:d:m1}") == 0
+    assert client.exists(claim_key("p", "k", "m1")) == 0
     a.close()
 
 
@@ -215,7 +217,7 @@ def test_async_turn_rejected_by_local_policy_claims_nothing(own_server: Any) -> 
             own_server.thaw()
         go.set()
         assert await asyncio.wait_for(first, WAIT) is True
-        assert client.exists("{p:d:m1}") == 0
+        assert client.exists(claim_key("p", "k", "m1")) == 0
 
     asyncio.run(main())
 
@@ -389,8 +391,8 @@ def test_async_give_back_of_a_cancelled_ticket_never_removes_its_retrys_claim(
         await answered(retry)
         held.release.set()
         assert await asyncio.to_thread(held.sent.wait, WAIT)
-        assert redis_client.get(a._machine.window.key("e")) is not None
-        copy = b.submit("elsewhere", handle, "e", dedupe_id="e")
+        assert redis_client.get(claim_key(redis_prefix, "conv", "e")) is not None
+        copy = b.submit("conv", handle, "e", dedupe_id="e")  # a copy on another replica
         await answered_or_ended(copy)
         assert copy.state == "deduped" and retry.state == "pending"
         gate.set()
@@ -430,8 +432,8 @@ def test_thread_give_back_of_a_cancelled_ticket_never_removes_its_retrys_claim(
     held.release.set()
     canceller.join(WAIT)
     assert held.sent.is_set() and first.state == "cancelled"
-    assert redis_client.get(a._machine.window.key("e")) is not None
-    copy = b.submit("elsewhere", str, "e", dedupe_id="e")
+    assert redis_client.get(claim_key(redis_prefix, "conv", "e")) is not None
+    copy = b.submit("conv", str, "e", dedupe_id="e")  # a copy on another replica
     assert copy.state == "deduped" and retry.state == "pending"
     gate.set()
     assert retry.result(WAIT) == "e"
@@ -481,9 +483,9 @@ def test_two_threads_submitting_one_id_make_one_claim_the_ticket_gives_back(
     assert len(claims) == 1
     window.claim = real
     assert got[0].cancel()
-    assert gone_within(redis_client, [window.key("e")], WAIT)
+    assert gone_within(redis_client, [claim_key(redis_prefix, "conv", "e")], WAIT)
     gate.set()
-    assert b.submit("k", str, "b ran", dedupe_id="e").result(WAIT) == "b ran"
+    assert b.submit("conv", str, "b ran", dedupe_id="e").result(WAIT) == "b ran"
     assert a.drain(WAIT) and b.drain(WAIT)
     a.close()
     b.close()
@@ -508,8 +510,8 @@ def test_an_id_out_of_the_local_table_runs_once_while_the_window_holds_it(
         assert d1.submit("k1", runs.append, "X#1", dedupe_id="X").result(WAIT) is None
         d1.submit("k2", runs.append, "Y", dedupe_id="Y").result(WAIT)  # X out of the table
         assert d1._machine.dedupe_size() == dedupe_max
-        assert redis_client.get(d1._machine.window.key("X")) is not None
-        copy = d2.submit("k3", runs.append, "X@d2", dedupe_id="X")
+        assert redis_client.get(claim_key(redis_prefix, "k1", "X")) is not None
+        copy = d2.submit("k1", runs.append, "X@d2", dedupe_id="X")
         repeat = d1.submit("k1", runs.append, "X#2", dedupe_id="X")
         assert (copy.state, repeat.state) == ("deduped", "deduped")
         assert [r for r in runs if r.startswith("X")] == ["X#1"]
@@ -558,7 +560,8 @@ def test_async_retry_after_a_failed_claim_that_lands_late_runs(
         with pytest.raises(LaneBackendError):
             await asyncio.wait_for(first, WAIT)
         assert await asyncio.to_thread(landed.wait, WAIT)
-        assert redis_client.get(window.key("X")) == f"{window.owner}:1".encode()
+        assert redis_client.get(claim_key(redis_prefix, "k", "X")) == (
+            f"{window.owner}:1".encode())
         retry = d.submit("k", str, "retry", dedupe_id="X")
         try:
             assert await asyncio.wait_for(retry, WAIT) == "retry"

@@ -90,8 +90,9 @@ class Dispatcher(DispatcherBase):
             ``ageing_s`` (see "Priority, precisely" in ``lanequeue.dispatch._machine``).
         dedupe_redis: a synchronous ``redis.Redis`` client: the dedupe window is then
             shared with every dispatcher using the same Redis and ``dedupe_prefix``
-            (``SET NX PX`` on ``{prefix:d:<dedupe_id>}``, one round trip per submit with a
-            new ``dedupe_id``, made in a thread of a small pool, never on the loop:
+            (``SET NX PX`` on ``{prefix:d:<len(key)>:<key>:<dedupe_id>}``, one round trip
+            per submit with a new ``dedupe_id``, made in a thread of a small pool, never on
+            the loop:
             ``submit`` returns at once). Until the window answers, the ticket and every
             later submit of its key wait (pending, ``blocked_by`` ``"dedupe"`` in
             :meth:`snapshot`), so a key's turns stay in submit order; then a repeat owned

@@ -276,8 +276,10 @@ class DispatcherBase(LoopWaitWarner):
                 checker flags them too).
             busy: this submit's busy policy (default: the dispatcher's): ``"enqueue"``,
                 ``"reject"``, ``"steer"``, ``"interrupt"``, ``"replace"``, ``"collect"``.
-            dedupe_id: an idempotency id: a repeat within ``dedupe_ttl_s`` returns the
-                same ``Ticket`` object and runs nothing. With ``dedupe_redis``, a submit
+            dedupe_id: an idempotency id, scoped per key (the same id under another
+                key is another turn, as a chat's message ids are per chat): a repeat for
+                the same key within ``dedupe_ttl_s`` returns the same ``Ticket`` object
+                and runs nothing. With ``dedupe_redis``, a submit
                 that the busy policy or ``max_pending`` rejects at once (``"reject"`` on
                 a busy key, a full line under ``"reject_new"``) ends ``rejected`` without
                 claiming the id in the shared window, and a submit that raises leaves no
@@ -336,6 +338,10 @@ class DispatcherBase(LoopWaitWarner):
             busy = check_busy(busy, f"{where} 'busy'")
         if dedupe_id is not None:
             dedupe_id = self._check_dedupe_id(dedupe_id, f"{where} 'dedupe_id'")
+            if (self._machine.window is not None and not self._utf8_keys
+                    and not key.isascii()):
+                # The shared window's claim names the key too (ids are scoped per key).
+                check_utf8(key, f"{where} 'key'")
         priority = check_priority(priority, f"{where} 'priority'")
         if timeout_s is not LANE_DEFAULT:
             timeout_s = check_timeout(timeout_s, f"{where} 'timeout_s'")

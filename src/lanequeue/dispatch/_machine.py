@@ -336,12 +336,12 @@ class Ticket:
         "id", "key", "fn", "args", "busy", "priority", "dedupe_id", "submitted_at",
         "deadline", "run_timeout_s", "state", "reason", "_value", "_error", "_event",
         "_callbacks", "_machine", "_armed", "_started", "_end_req", "_job", "_claim",
-        "_number", "_forget", "_unseen", "__weakref__",
+        "_number", "_forget", "_unseen", "_scope", "__weakref__",
     )
 
     def __init__(self, machine: Machine, tid: int, key: str, fn: Any, args: tuple[Any, ...],
-                 busy: str, priority: int, dedupe_id: str | None, now: float,
-                 deadline: float | None, run_timeout_s: float | None) -> None:
+                 busy: str, priority: int, dedupe_id: str | None, scope: str | None,
+                 now: float, deadline: float | None, run_timeout_s: float | None) -> None:
         self.id = tid
         self.key = key
         self.fn = fn
@@ -349,6 +349,7 @@ class Ticket:
         self.busy = busy
         self.priority = priority
         self.dedupe_id = dedupe_id
+        self._scope = scope  # the id's identity in the dedupe tables: dedupe_scope(key, id)
         self.submitted_at = now
         self.deadline = deadline
         self.run_timeout_s = run_timeout_s
@@ -644,6 +645,15 @@ class _Wake(_OnLoop):
 
     __eq__ = object.__eq__  # (itself only: remove_done_callback(wake))
     __hash__ = None
+
+
+def dedupe_scope(key: str, dedupe_id: str) -> str:
+    """The identity of ``dedupe_id`` submitted for ``key``: the id within its key, as one
+    string that no other (key, id) pair gives (the key's length first, so neither part's
+    characters can shift the border between them). Ids are scoped per key, as a channel's
+    message ids are per chat: the same id under two keys names two turns. This is the
+    dedupe table's key and, with a shared window, the claim's (``{P:d:<scope>}``)."""
+    return f"{len(key)}:{key}:{dedupe_id}"
 
 
 def _settle_for(fut: Any, _: Ticket) -> None:
@@ -1107,7 +1117,9 @@ class Machine:
         timeout = self.default_timeout_s if timeout_s is lane_default else timeout_s
         run_timeout = run_timeout_s
         fx = _Effects()
-        shared = self.window is not None and dedupe_id is not None
+        # The identity of a dedupe id: the id within its key (see dedupe_scope).
+        scope = None if dedupe_id is None else dedupe_scope(key, dedupe_id)
+        shared = self.window is not None and scope is not None
         offload = self.face._offload if shared else None
         ours = True
         claimed = False  # a claim of ours that no ticket uses yet (given back on exit)
@@ -1131,13 +1143,13 @@ class Machine:
                     # lock: one round trip). Another thread may claim the same id
                     # meanwhile; the table is looked at again below. (Offloaded: asked
                     # after, see _arrive.)
-                    assert dedupe_id is not None
+                    assert scope is not None
                     number = self.window.number()
                     try:
-                        ours = self.window.claim(dedupe_id, number)
+                        ours = self.window.claim(scope, number)
                     except BaseException:
                         # It may land all the same (sent, not answered).
-                        self.window.give_back_later(dedupe_id, number)
+                        self.window.give_back_later(scope, number)
                         raise
                     claimed = ours
                 with self._lock:
@@ -1145,9 +1157,9 @@ class Machine:
                         raise DispatcherDrainingError(
                             "the dispatcher is draining or closed: it takes no new turns")
                     now = self.face._now()
-                    if dedupe_id is not None:
+                    if scope is not None:
                         self._expire_dedupe(now)
-                        seen = self._dedupe.get(dedupe_id)
+                        seen = self._dedupe.get(scope)
                         if seen is not None:
                             if claimed:
                                 # Another thread's ticket of the id came first here, but
@@ -1155,26 +1167,18 @@ class Machine:
                                 # give-back must carry ours.
                                 seen[0]._number = number
                             claimed = False  # the claim is that ticket's now
-                            if seen[0].key != key:
-                                raise ValueError(
-                                    f"{type(self.face).__name__}.submit() argument "
-                                    f"'dedupe_id': {shown(dedupe_id)} was submitted for "
-                                    f"key {shown(seen[0].key)} within dedupe_ttl_s, now for "
-                                    f"key {shown(key)}: an id names one turn of the "
-                                    "dispatcher, whatever its key; make it unique across "
-                                    "conversations (e.g. f'{chat_id}:{message_id}')")
                             self._c["deduped"] += 1
                             return seen[0]
                     k = self._keys.get(key)
                     early = (self._rejects(k, policy)
                              if shared and (k is None or not k.arrivals) else None)
                     if attempt == 0 and early is None:
-                        assert dedupe_id is not None
-                        other = self._claiming.get(dedupe_id)
+                        assert scope is not None
+                        other = self._claiming.get(scope)
                         if other is None or other is waited:
                             other = None
                             # -- plain stores: the claim's place, then ours to clear --
-                            self._claiming[dedupe_id] = mine = _Signal()
+                            self._claiming[scope] = mine = _Signal()
                         else:
                             attempts.insert(0, 0)  # look again once that one is done
                         continue
@@ -1183,8 +1187,8 @@ class Machine:
                     if offload is not None and not rejected:
                         number = self.window.number()
                     t = Ticket(self, next(self._ids), key, fn, args, policy, priority,
-                               dedupe_id, now, None if timeout is None else now + timeout,
-                               run_timeout)
+                               dedupe_id, scope, now,
+                               None if timeout is None else now + timeout, run_timeout)
                     # Counted and registered with plain stores right away: an interrupt
                     # from here on finds it (see _repair).
                     self._c["submitted"] += 1
@@ -1208,8 +1212,8 @@ class Machine:
                             t._started = True  # nothing to give back
                             self._end(t, DEDUPED, "duplicate", fx)
                         else:
-                            if dedupe_id is not None:
-                                self._remember(dedupe_id, t, now, fx)
+                            if scope is not None:
+                                self._remember(scope, t, now, fx)
                             claimed = False  # the ticket's now: _end gives it back
                             self._arrive(t, now, fx)
                     break
@@ -1219,18 +1223,18 @@ class Machine:
                     # Interrupted (those two leave nothing changed): see _repair.
                     self._repair(fx)
             finally:
-                if claimed and dedupe_id is not None:
+                if claimed and scope is not None:
                     # Nothing was submitted (draining, or interrupted): the claim goes
                     # back.
-                    self.window.give_back(dedupe_id, number)
+                    self.window.give_back(scope, number)
             raise
         finally:
             try:
                 if mine is not None:  # our claim is done: the next one of the id may go
-                    assert dedupe_id is not None
+                    assert scope is not None
                     with self._lock:
-                        if self._claiming.get(dedupe_id) is mine:
-                            del self._claiming[dedupe_id]
+                        if self._claiming.get(scope) is mine:
+                            del self._claiming[scope]
                     mine.set()
             finally:
                 try:
@@ -1284,9 +1288,9 @@ class Machine:
     def _claimed(self, t: Ticket, ours: Any) -> None:
         """The shared window answered ``t``'s claim (offloaded): True, False, or the
         error it raised. The key's arrivals are placed up to the next claim in flight."""
-        if isinstance(ours, BaseException) and t.dedupe_id is not None:
+        if isinstance(ours, BaseException) and t._scope is not None:
             # A failed claim may land all the same (sent, not answered).
-            self.window.give_back_later(t.dedupe_id, t._number)
+            self.window.give_back_later(t._scope, t._number)
         self._step(self._claimed_locked, t, ours)
 
     def _claimed_locked(self, fx: _Effects, t: Ticket, ours: Any) -> None:
@@ -1297,14 +1301,14 @@ class Machine:
             # back. Its value is its own, so a retry's claim of the id is never taken
             # with it. (After an error the claim may land later: give_back_later, in
             # _claimed, sees to it and keeps it recorded as returned meanwhile.)
-            if t.dedupe_id is None or isinstance(ours, BaseException):
+            if t._scope is None or isinstance(ours, BaseException):
                 pass
             elif ours is not False:
                 t._forget = True
                 fx.ended.append(t)  # (told again: only the give-back is left)
             elif self.window is not None:
                 # Never held: nothing to give back, nor to remember as returned.
-                self.window.forget_returned(t.dedupe_id, t._number)
+                self.window.forget_returned(t._scope, t._number)
         else:
             self._settle(t.key, fx)
 
@@ -1322,8 +1326,8 @@ class Machine:
             t = arrivals.popleft()
             claim = t._claim
             if claim is False:
-                if t.dedupe_id is not None and self._dedupe.get(t.dedupe_id, (None,))[0] is t:
-                    del self._dedupe[t.dedupe_id]
+                if t._scope is not None and self._dedupe.get(t._scope, (None,))[0] is t:
+                    del self._dedupe[t._scope]
                 t._started = True  # nothing to give back
                 self._end(t, DEDUPED, "duplicate", fx)
             elif isinstance(claim, BaseException):
@@ -1843,16 +1847,16 @@ class Machine:
             unseen.key = t.key
             unseen.tid = t.id
             unseen.pid = os.getpid()
-        if not t._started and t.dedupe_id is not None:
+        if not t._started and t._scope is not None:
             # A turn that never ran is forgotten, so a genuine retry runs.
-            seen = self._dedupe.get(t.dedupe_id)
+            seen = self._dedupe.get(t._scope)
             mine = seen is not None and seen[0] is t
             if self.window is not None:
                 # Its claim (its own value: no other ticket runs under it) is returned,
                 # also when the table no longer has it (dedupe_max): a retry's claim may
                 # replace it in Redis, the give-back being on its way. Recorded in the
                 # commit.
-                returned, until = self.window.returning(t.dedupe_id)
+                returned, until = self.window.returning(t._scope)
         # -- commit: plain stores, then one builtin --
         if t.state == RUNNING:
             self._c["running"] -= 1
@@ -1870,7 +1874,7 @@ class Machine:
         if t.id in self._live:
             del self._live[t.id]
         if mine:
-            del self._dedupe[t.dedupe_id]  # type: ignore[arg-type]
+            del self._dedupe[t._scope]  # type: ignore[arg-type]
         if returned is not None:
             returned[t._number] = until
             # (A claim in flight is given back when it answers: _claimed; a claim that
@@ -2324,7 +2328,7 @@ class Machine:
             assert offload is not None
             while fx.n_claims < len(fx.claims):
                 t = fx.claims[fx.n_claims]
-                offload(functools.partial(window.claim, t.dedupe_id, t._number),
+                offload(functools.partial(window.claim, t._scope, t._number),
                         functools.partial(self._claimed, t))
                 fx.n_claims += 1
         if fx.dropped and self.on_drop is not None:
@@ -2343,11 +2347,11 @@ class Machine:
         """Tell an ended ticket's end: give its claim back, wake its waiters, call its
         callbacks (each is dropped once it returned; see _after)."""
         if t._forget:
-            assert t.dedupe_id is not None
+            assert t._scope is not None
             if self.face._offload is None:
-                self.window.give_back(t.dedupe_id, t._number)
+                self.window.give_back(t._scope, t._number)
             else:
-                self.face._offload(functools.partial(self.window.give_back, t.dedupe_id,
+                self.face._offload(functools.partial(self.window.give_back, t._scope,
                                                     t._number), _ignore)
             t._forget = False
         with self._lock:

@@ -1,7 +1,10 @@
 """The dedupe window shared by dispatchers of several processes, on Redis.
 
-Each ``dedupe_id`` claims the key ``{P:d:<dedupe_id>}`` (``P`` the prefix, by default the
-Redis lanes' ``"lanequeue"``; one hash tag per id, so ids spread over a cluster) with
+Each ``dedupe_id`` claims the key ``{P:d:<scope>}`` (``P`` the prefix, by default the
+Redis lanes' ``"lanequeue"``; the scope is the id within its key,
+``<len(key)>:<key>:<dedupe_id>``, see :func:`lanequeue.dispatch._machine.dedupe_scope`,
+so the same id of two conversations is two claims; one hash tag per id, so ids spread
+over a cluster; "id" below means this scoped id) with
 ``SET key value NX PX ttl``: the first dispatcher to claim it owns it for
 ``dedupe_ttl_s``; every other dispatcher that receives the same id within the window
 answers with a ticket that has already ended as ``deduped``. Each claim carries a value
