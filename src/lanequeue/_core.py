@@ -1348,9 +1348,12 @@ class SessionCore(_CoreBase):
         observe = False
         if waiter is not None and self.waits_at_grant:
             # The wait this hand-off ends: one append, as hold times (see
-            # ``waits_at_grant``); its commit counts ``waited``.
+            # ``waits_at_grant``; Histogram.add, inline); its commit counts ``waited``.
             observe = True
-            self.wait_hist.add(now - waiter.since)
+            waits = self.wait_hist
+            waits.append(now - waiter.since)
+            if len(waits) >= HELD_BATCH:
+                waits.fold()
         # -- commit: plain stores only, then one last call --
         if dropped is not None:
             del self._dropped[0]
@@ -2126,8 +2129,11 @@ class CountingCore(_CoreBase):
             if len(line) == 1:
                 fresh = OrderedDict()
             observe = self.waits_at_grant
-            if observe:  # the wait it ends (as in SessionCore.release)
-                self.wait_hist.add(now - waiter.since)
+            if observe:  # the wait it ends (as in SessionCore._end: Histogram.add, inline)
+                waits = self.wait_hist
+                waits.append(now - waiter.since)
+                if len(waits) >= HELD_BATCH:
+                    waits.fold()
         # -- commit: plain stores only, then the wake-up --
         if dropped is not None:
             del self._dropped[0]

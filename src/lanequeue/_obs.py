@@ -72,7 +72,7 @@ class Histogram(list[float]):
     def add(self, value: float) -> None:
         """Append ``value`` (seconds, >= 0) to the values not bucketed yet, folding them
         once there are :data:`HELD_BATCH` (the batched :meth:`observe`; the thread holds'
-        fast steps inline these lines for speed)."""
+        fast steps and the cores' FIFO hand-offs inline these lines for speed)."""
         self.append(value)
         if len(self) >= HELD_BATCH:
             self.fold()
