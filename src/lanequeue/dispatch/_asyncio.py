@@ -236,7 +236,7 @@ class Dispatcher(DispatcherBase):
         # after that, e.g. fn cancelling its own task and returning, ended nothing; with
         # the dispatcher idle by then, no watch task is left to tell a shutdown by.)
         if (task.cancelled() and not job.abandoned and job.end_req is None
-                and not job.reported and self._shutting_down()):
+                and not job.reported and (self._watch_cancelled() or self._shutting_down())):
             self._loop_shut_down()  # cancelled by nobody here: the loop's shutdown
         if not job.reported and job.runner in (None, task):
             # Cancelled before its first step (an abandoned job, or the loop shutting
@@ -313,6 +313,17 @@ class Dispatcher(DispatcherBase):
         cancelling = getattr(watch, "cancelling", None)
         return not callable(cancelling) or bool(cancelling())
 
+    def _watch_cancelled(self) -> bool:
+        """Whether the watch task was cancelled: the loop's shutdown, told on every
+        Python. ``Task.cancel()`` on a task that waits cancels the future it waits for at
+        once, and a shutdown cancels every task before any of them runs again: so a
+        turn's task that handles its cancellation before the watch task has handled its
+        own (their order is the loop's) already finds the watch's future cancelled. (On
+        3.10, with no ``Task.cancelling()``, this is how a running turn tells the
+        shutdown.) False when no watch waits, or it has not started its wait yet."""
+        end = self._watch_end
+        return end is not None and end.cancelled()
+
     async def _watch(self, end: asyncio.Future[None]) -> None:
         """Wait until the dispatcher is idle (``idle`` ends the wait). Cancelled first,
         the loop shuts down (``asyncio.run`` cancels every task when its main coroutine
@@ -377,8 +388,8 @@ class Dispatcher(DispatcherBase):
         except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
             ok, value = False, exc
             if (isinstance(exc, asyncio.CancelledError) and not job.abandoned
-                    and job.end_req is None and _cancelled_from_outside()
-                    and self._shutting_down()):
+                    and job.end_req is None and (self._watch_cancelled() or (
+                        _cancelled_from_outside() and self._shutting_down()))):
                 # Nobody here cancelled the task (that leaves end_req or abandoned),
                 # and every task of the loop is being cancelled: its shutdown.
                 self._loop_shut_down()
