@@ -734,7 +734,12 @@ def test_reports_waiting_are_bounded_and_the_missed_ones_counted(
     # report was taken before: 20 - 5)
     lines = ends.wait_for(6)
     assert [line.split()[3] for line in lines[1:]] == ["'k0'", "'k1'", "'k2'", "'k3'", "'k4'"]
-    missed = [r.getMessage() for r in caplog.records if "were not logged" in r.getMessage()]
+    # The count comes after the last of them, from the reporter thread: wait for it.
+    deadline = time.monotonic() + 10
+    while not (missed := [r.getMessage() for r in caplog.records
+                          if "were not logged" in r.getMessage()]):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
     assert [int(m.split()[0]) for m in missed] == [15]
 
 
