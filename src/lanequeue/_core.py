@@ -73,9 +73,12 @@ entered or left by the interrupted call may stay held, and it is visible in
 Where CPython delivers such an exception: only where the interpreter checks its "eval
 breaker": at the entry of a Python function (``RESUME``), on a backward jump (a loop),
 and right after a call returns (the ``CALL`` instructions), plus inside C functions that
-wait and check for signals (a blocking ``lock.acquire``, ``time.sleep``). A plain store
-(``x.a = v``, ``d[k] = v``, ``del d[k]`` on a dict of ``str`` or of waiters, integer
-arithmetic, a comparison) never checks it. Two consequences shape every critical
+wait and check for signals (a blocking ``lock.acquire``, ``time.sleep``). Python 3.10
+checks it at one more place: a conditional jump that is taken (``POP_JUMP_IF_FALSE``,
+``POP_JUMP_IF_TRUE``: an ``if`` whose body is skipped, a loop's test; not ``and``/``or``
+inside an expression), so a run of stores meant to be uninterrupted has no ``if`` either.
+A plain store (``x.a = v``, ``d[k] = v``, ``del d[k]`` on a dict of ``str`` or of waiters,
+integer arithmetic, a comparison) never checks it. Two consequences shape every critical
 section below:
 
 - The lock (an ``RLock``) is taken either by ``with self._lock:`` or, on the hot paths

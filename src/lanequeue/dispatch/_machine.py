@@ -87,8 +87,9 @@ interrupted call itself raises the exception. How:
   every live ticket (``_live``: registered by a plain store as it is made) that is pending
   but in no line, arrival list or job, and forms each free key's next job and fills the
   gate. A ticket is counted in ``submitted`` and registered by plain stores right after it
-  is made, and :meth:`_end` does its one lookup first, then plain stores, then
-  ``fx.ended.append`` (its end will be told).
+  is made, and :meth:`_end` does its one lookup first, then plain stores with no branch
+  between them (on Python 3.10 a taken conditional jump checks for an interrupt too),
+  then ``fx.ended.append`` (its end will be told).
 - The effects run in a ``finally``, and once more if ``_after`` was interrupted (``fx.open``
   is still True): each effect is marked done only once it returned, so an interrupted run
   leaves the rest to the second. A repeated effect changes nothing: a launch is refused
@@ -713,6 +714,12 @@ class _Unretrieved:
             pass
 
 
+#: What :meth:`Machine._end` arms for a ticket that carries no log (its commit has no
+#: branch): inert for good, as it never belongs to this process (``pid``).
+_INERT = _Unretrieved()
+_INERT.pid = -1
+
+
 class Notice:
     """A condition threads wait on, whose lock an interrupt cannot leave held:
     ``threading.Condition`` is entered through its Python-level ``__enter__`` (an
@@ -1095,6 +1102,8 @@ class Machine:
         self._claiming: dict[str, _Signal] = {}
         # Every ticket not ended yet, by id (see _repair).
         self._live: dict[int, Ticket] = {}
+        # Where the commit of _end (which has no branch) deletes or stores what it skips.
+        self._spare: dict[Any, Any] = {}
         # Start deadlines of pending tickets: (deadline, id, ticket), one timer for the top.
         self._deadlines: list[tuple[float, int, Ticket]] = []
         self._deadline_timer: Timer | None = None
@@ -1857,30 +1866,40 @@ class Machine:
                 # replace it in Redis, the give-back being on its way. Recorded in the
                 # commit.
                 returned, until = self.window.returning(t._scope)
+        # The commit has no branch: on Python 3.10 a conditional jump that is taken checks
+        # for a pending signal too (see "Interrupts"). What it leaves out is chosen here:
+        # a delete or a store it skips goes to the spare dict instead.
+        running = t.state == RUNNING
+        spare = self._spare
+        spare.clear()  # (what an interrupted commit left there)
+        spare[t.id] = spare[t._scope] = None
+        live = self._live if t.id in self._live else spare
+        table = self._dedupe if mine else spare
+        forget = False
+        if returned is None:
+            returned = spare
+        else:
+            # (A claim in flight is given back when it answers: _claimed; a claim that
+            # failed, by the window's give_back_later, which keeps the record until its
+            # last attempt, as the claim may still land.)
+            forget = t._claim is not CLAIMING and not isinstance(t._claim, BaseException)
+        # (the inert stand-in of a ticket with no log to arm: it stays inert)
+        armed, arming = (_INERT, None) if unseen is None else (unseen, error)
         # -- commit: plain stores, then one builtin --
-        if t.state == RUNNING:
-            self._c["running"] -= 1
+        self._c["running"] -= running
         t.state = state
         t.reason = reason
         t._value = value
         t._error = error
-        if unseen is not None:
-            unseen.exc = error
-            t._unseen = unseen
+        armed.exc = arming
+        t._unseen = unseen
         t._job = None
         self._c[state] += 1
-        if state == DEDUPED:
-            self._c["submitted"] -= 1  # a duplicate is counted in deduped only
-        if t.id in self._live:
-            del self._live[t.id]
-        if mine:
-            del self._dedupe[t._scope]  # type: ignore[arg-type]
-        if returned is not None:
-            returned[t._number] = until
-            # (A claim in flight is given back when it answers: _claimed; a claim that
-            # failed, by the window's give_back_later, which keeps the record until its
-            # last attempt, as the claim may still land.)
-            t._forget = t._claim is not CLAIMING and not isinstance(t._claim, BaseException)
+        self._c["submitted"] -= state == DEDUPED  # a duplicate is counted in deduped only
+        del live[t.id]
+        del table[t._scope]  # type: ignore[arg-type]
+        returned[t._number] = until
+        t._forget = forget
         fx.ended.append(t)
         self._disarm(t)
         return True
