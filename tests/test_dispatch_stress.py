@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 
 import pytest
-from conftest import FakeClockLoop
+from conftest import FakeClockLoop, asyncio_wait_takes_objects
 
 from lanequeue import AsyncLaneQueue, Dispatcher, Ticket, Turn, current_turn
 from lanequeue.dispatch._machine import Job, _Key
@@ -227,6 +227,7 @@ async def _awaited(ticket: Ticket) -> object:
     return await ticket
 
 
+@asyncio_wait_takes_objects
 @pytest.mark.timeout(30)
 def test_asyncio_wait_takes_tickets_and_leaves_no_callback() -> None:
     """``asyncio.wait`` takes tickets, as ``gather`` and ``wait_for`` do (it used to
@@ -256,6 +257,7 @@ def test_asyncio_wait_takes_tickets_and_leaves_no_callback() -> None:
     asyncio.run(main())
 
 
+@asyncio_wait_takes_objects
 @pytest.mark.timeout(30)
 def test_asyncio_wait_and_as_completed_wake_for_a_thread_dispatchers_tickets() -> None:
     """A ThreadDispatcher's ticket ends in a worker thread: asyncio's own callbacks on it
@@ -333,6 +335,7 @@ def test_an_await_of_a_ticket_closed_unfinished_takes_no_lock() -> None:
     asyncio.run(main())
 
 
+@asyncio_wait_takes_objects
 @pytest.mark.timeout(30)
 def test_remove_done_callback_edges() -> None:
     """A private asyncio callback added with no loop running (not wrapped) is removed

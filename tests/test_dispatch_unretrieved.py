@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from conftest import asyncio_wait_takes_objects
 
 from lanequeue import (
     Dispatcher,
@@ -330,6 +331,7 @@ def test_async_an_await_cancelled_before_the_end_takes_nothing(
     collect_and_check(caplog_errors, 1)
 
 
+@asyncio_wait_takes_objects
 @pytest.mark.parametrize("read", [False, True])
 def test_async_asyncio_wait_is_not_a_taking(
         caplog_errors: pytest.LogCaptureFixture, read: bool) -> None:
@@ -391,6 +393,7 @@ def test_an_abandoned_asyncio_wait_collected_inside_a_dispatcher_lock_does_not_d
     threads._machine._lock.release()
 
 
+@asyncio_wait_takes_objects
 @pytest.mark.timeout(30)
 def test_asyncio_wait_first_exception_returns_at_the_first_failure_and_takes_nothing(
     caplog_errors: pytest.LogCaptureFixture,
