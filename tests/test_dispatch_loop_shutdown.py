@@ -261,3 +261,74 @@ def test_a_dispatcher_used_by_a_second_asyncio_run_says_why_and_what_to_do() -> 
     with pytest.raises(RuntimeError, match=r"bound to another event loop \(closed now\), "
                        r"the first that called submit.*one per asyncio\.run"):
         asyncio.run(once())
+
+
+@pytest.mark.timeout(30)
+def test_a_shutdown_before_the_watch_task_ran_ends_a_ticket_that_has_no_task() -> None:
+    """The loop shuts down before the dispatcher's watch task ran its first step (the
+    submit came from a callback in the loop's last pass), and the ticket has no task of
+    its own (it waits in a collect window): its coroutine never ran, so it could not see
+    the shutdown, and the ticket stayed pending for good (a thread in ``result()`` timed
+    out). The watch task's end tells it now, cancelled before its first step as well."""
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        d = box["d"] = Dispatcher(_queue(), busy="collect", debounce_s=10.0)
+        asyncio.get_running_loop().call_soon(
+            lambda: box.setdefault("t", d.submit("conv", _reply, "a")))
+
+    asyncio.run(main())
+    _check_ended(box["d"], [box["t"]])
+
+
+async def _saving(log: list[str], tag: str, how: str) -> str:
+    """A turn that catches its cancellation and returns (``swallow``) or raises another
+    error (``convert``): a turn that saves its work when cancelled."""
+    log.append(tag)
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        if how == "swallow":
+            return "saved"
+        raise RuntimeError("cancelled while saving") from None
+    return tag
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("factory", ["plain", "eager"])
+@pytest.mark.parametrize("how", ["swallow", "convert"])
+def test_a_turn_that_catches_the_shutdowns_cancel_ends_as_the_shutdown_says(
+        how: str, factory: str) -> None:
+    """The running turn's task is cancelled before the watch task (asyncio.run's order is
+    a set's) and its fn catches the cancellation, then returns or raises another error:
+    its ticket ended ``done`` or ``failed`` (about half of the runs), the key's next turn
+    was launched, and with an eager task factory its fn ran during the shutdown. Now the
+    turn tells the shutdown by the watch's cancelled wait: ``cancelled``, "loop shut
+    down", and the next turn never starts."""
+    if factory == "eager" and not hasattr(asyncio, "eager_task_factory"):
+        pytest.skip("asyncio.eager_task_factory is Python 3.12+")
+    started: list[str] = []
+    loop = asyncio.new_event_loop()
+    if factory == "eager":
+        loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        async def setup() -> tuple[Dispatcher, list[Any]]:
+            d = Dispatcher(_queue())
+            ts = [d.submit("conv", _saving, started, tag, how) for tag in ("t1", "t2")]
+            while not ts[0].running():
+                await asyncio.sleep(0)
+            return d, ts
+
+        d, tickets = loop.run_until_complete(setup())
+        tasks = list(asyncio.all_tasks(loop))
+        watch = [t for t in tasks if t.get_name() == "lanequeue-dispatch-watch"]
+        turns = [t for t in tasks if t not in watch]
+        assert len(watch) == 1 and len(turns) == 1
+        for task in turns + watch:  # the turn's task first
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        assert not [t for t in asyncio.all_tasks(loop) if not t.done()]
+        assert started == ["t1"]  # t2's fn never ran
+    finally:
+        loop.close()
+    _check_ended(d, tickets)

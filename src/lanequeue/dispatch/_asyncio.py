@@ -296,8 +296,17 @@ class Dispatcher(DispatcherBase):
         if self._watch_end is None and not self._shut:
             assert self._loop is not None
             end = self._watch_end = self._loop.create_future()
-            self._watch_task = self._loop.create_task(
+            task = self._watch_task = self._loop.create_task(
                 self._watch(end), name="lanequeue-dispatch-watch")
+            # Also when it is cancelled before its first step (its coroutine never runs,
+            # so _watch cannot tell): a shutdown right after the submit that made it.
+            task.add_done_callback(self._watch_done)
+
+    def _watch_done(self, task: asyncio.Task[None]) -> None:
+        """The watch task ended: cancelled, the loop shuts down (nothing else cancels
+        it); ended by :meth:`_idle`, nothing to do."""
+        if task.cancelled():
+            self._loop_shut_down()
 
     def _shutting_down(self) -> bool:
         """Whether a task of this dispatcher that was cancelled from outside is the
@@ -388,11 +397,17 @@ class Dispatcher(DispatcherBase):
         except BaseException as exc:  # fn's error, a lane timeout, or a cancellation
             ok, value = False, exc
             if (isinstance(exc, asyncio.CancelledError) and not job.abandoned
-                    and job.end_req is None and (self._watch_cancelled() or (
-                        _cancelled_from_outside() and self._shutting_down()))):
+                    and job.end_req is None and _cancelled_from_outside()
+                    and self._shutting_down()):
                 # Nobody here cancelled the task (that leaves end_req or abandoned),
                 # and every task of the loop is being cancelled: its shutdown.
                 self._loop_shut_down()
+        if self._watch_cancelled():
+            # The loop shuts down, whatever the turn made of its cancellation (fn may
+            # have caught it and returned, or raised another error): the ticket ends
+            # as the watch task would end it, and the key's next turn is not launched
+            # (an eager task factory would run its fn at once).
+            self._loop_shut_down()
         try:
             machine.finish(job, ok, value)
         finally:
