@@ -249,8 +249,9 @@ def test_a_redis_failure_at_submit_is_a_backend_error() -> None:
     dead = redis.Redis(port=1, socket_connect_timeout=0.2)  # nothing listens there
     d = ThreadDispatcher(local_lanes(), dedupe_redis=dead)
     try:
-        with pytest.raises(LaneBackendError):
-            d.submit("k", lambda: None, dedupe_id="x")
+        with pytest.raises(LaneBackendError, match=r"^dedupe window on Redis: claiming 'x' "
+                           r"of key 'k:X' failed \("):  # (the id and its key, not the scope)
+            d.submit("k:X", lambda: None, dedupe_id="x")
         assert d.stats.submitted == 0
         assert d.submit("k", lambda: "no id, no Redis").result(WAIT) == "no id, no Redis"
     finally:

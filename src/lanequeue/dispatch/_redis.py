@@ -49,8 +49,9 @@ import time
 import uuid
 from typing import Any
 
-from .._errors import LaneBackendError, shown, told
+from .._errors import LaneBackendError, told
 from .._validate import check_key
+from ._machine import shown_scope
 from ._workers import Service
 
 __all__ = ["RedisDedupeWindow"]
@@ -245,7 +246,7 @@ class RedisDedupeWindow:
                                    [self.ttl_ms, number, returned]) == 1)
         except Exception as exc:
             raise LaneBackendError(
-                f"dedupe window on Redis: claiming {shown(dedupe_id)} failed "
+                f"dedupe window on Redis: claiming {shown_scope(dedupe_id)} failed "
                 f"({told(exc)})") from exc
 
     def give_back(self, dedupe_id: str, number: int) -> None:
@@ -259,7 +260,7 @@ class RedisDedupeWindow:
             self.forget_returned(dedupe_id, number)
         except Exception as exc:
             log.warning("dedupe window on Redis: could not give back %s (%s); it "
-                        "lasts until its TTL", shown(dedupe_id), told(exc))
+                        "lasts until its TTL", shown_scope(dedupe_id), told(exc))
 
     def give_back_later(self, dedupe_id: str, number: int) -> None:
         """After claim ``number`` of ``dedupe_id`` failed (it may land later): give it
@@ -287,7 +288,7 @@ class RedisDedupeWindow:
         except Exception as exc:
             (log.warning if left == 0 else log.debug)(
                 "dedupe window on Redis: could not give back %s after a failed claim "
-                "(%s)%s", shown(claim[0]), told(exc),
+                "(%s)%s", shown_scope(claim[0]), told(exc),
                 "; if the claim landed, it lasts until its TTL" if left == 0 else "")
         if left > 0:
             self._later[claim] = left
