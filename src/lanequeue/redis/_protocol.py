@@ -80,7 +80,7 @@ from ._hold import ENDED, HELD, PENDING, RELEASING, RedisHoldBase
 from ._keys import LAYOUT, plain_key, version_key
 from ._kinds import Call, Kind
 from ._lease import Kept, Watched, watchdog
-from ._presence import Epoch, Presence, presence_for
+from ._presence import PONG_TIMEOUT_S, Epoch, Presence, presence_for
 from ._wake import Woken, owner_id
 from ._wire import StaleReply, wrap
 
@@ -1807,7 +1807,8 @@ def _loss_cause(hold: RedisHoldBase) -> str:
         return "it ran out before a renewal was confirmed (a renewal failed or came too late)"
     p = hold._presence
     if p is not None and p.dead:
-        return ("this process's presence connection to the server died, so the server "
-                "may give the key to a waiter at once")
+        return ("this process's presence connection to the server died (it failed, or a "
+                f"ping went unanswered for {PONG_TIMEOUT_S:g} s), so the server may give the "
+                "key to a waiter at once")
     return ("the server no longer had it (its lease ran out there, or the key was removed "
             "from Redis)")
