@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -92,6 +93,32 @@ def test_ctrl_c_under_asyncio_run_ends_every_ticket() -> None:
     _check_ended(holder["d"], tickets)
 
 
+def _shut_down_in_order(loop: asyncio.AbstractEventLoop,
+                        submit: Callable[[Dispatcher], list[Any]],
+                        watch_first: bool) -> tuple[Dispatcher, list[Any]]:
+    """asyncio.run's shutdown, step by step, in a chosen order: a Dispatcher on ``loop``
+    gets ``submit``'s tickets and runs the first; then every task of the loop is
+    cancelled (the dispatcher's watch task first, or the running turn's), the loop runs
+    until they are done, and no task is left pending (no turn started after it)."""
+    async def setup() -> tuple[Dispatcher, list[Any]]:
+        d = Dispatcher(_queue())
+        ts = submit(d)
+        while not ts[0].running():
+            await asyncio.sleep(0)
+        return d, ts
+
+    d, tickets = loop.run_until_complete(setup())
+    tasks = list(asyncio.all_tasks(loop))
+    watch = [t for t in tasks if t.get_name() == "lanequeue-dispatch-watch"]
+    turns = [t for t in tasks if t not in watch]
+    assert len(watch) == 1 and len(turns) == 1
+    for task in (watch + turns if watch_first else turns + watch):
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    assert not [t for t in asyncio.all_tasks(loop) if not t.done()]  # none started
+    return d, tickets
+
+
 @pytest.mark.parametrize("first", ["turn", "watch", "turn_as_on_3.10"])
 def test_loop_shutdown_in_either_order_starts_nothing_and_ends_everything(
         first: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,22 +137,9 @@ def test_loop_shutdown_in_either_order_starts_nothing_and_ends_everything(
         monkeypatch.setattr(face, "_cancelled_from_outside", lambda: False)
     loop = asyncio.new_event_loop()
     try:
-        async def setup() -> tuple[Dispatcher, list[Any]]:
-            d = Dispatcher(_queue())
-            ts = [d.submit("conv", _reply, i) for i in range(3)]
-            while not ts[0].running():
-                await asyncio.sleep(0)
-            return d, ts
-
-        d, tickets = loop.run_until_complete(setup())
-        tasks = list(asyncio.all_tasks(loop))
-        watch = [t for t in tasks if t.get_name() == "lanequeue-dispatch-watch"]
-        turns = [t for t in tasks if t not in watch]
-        assert len(watch) == 1 and len(turns) == 1
-        for task in (watch + turns if first == "watch" else turns + watch):
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        assert not [t for t in asyncio.all_tasks(loop) if not t.done()]  # none started
+        d, tickets = _shut_down_in_order(
+            loop, lambda d: [d.submit("conv", _reply, i) for i in range(3)],
+            watch_first=first == "watch")
         assert d.snapshot()["keys"] == {} and d._machine.is_idle()
     finally:
         loop.close()
@@ -312,22 +326,9 @@ def test_a_turn_that_catches_the_shutdowns_cancel_ends_as_the_shutdown_says(
     if factory == "eager":
         loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
     try:
-        async def setup() -> tuple[Dispatcher, list[Any]]:
-            d = Dispatcher(_queue())
-            ts = [d.submit("conv", _saving, started, tag, how) for tag in ("t1", "t2")]
-            while not ts[0].running():
-                await asyncio.sleep(0)
-            return d, ts
-
-        d, tickets = loop.run_until_complete(setup())
-        tasks = list(asyncio.all_tasks(loop))
-        watch = [t for t in tasks if t.get_name() == "lanequeue-dispatch-watch"]
-        turns = [t for t in tasks if t not in watch]
-        assert len(watch) == 1 and len(turns) == 1
-        for task in turns + watch:  # the turn's task first
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-        assert not [t for t in asyncio.all_tasks(loop) if not t.done()]
+        d, tickets = _shut_down_in_order(
+            loop, lambda d: [d.submit("conv", _saving, started, tag, how)
+                             for tag in ("t1", "t2")], watch_first=False)
         assert started == ["t1"]  # t2's fn never ran
     finally:
         loop.close()
