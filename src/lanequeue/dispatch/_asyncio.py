@@ -236,7 +236,7 @@ class Dispatcher(DispatcherBase):
         # after that, e.g. fn cancelling its own task and returning, ended nothing; with
         # the dispatcher idle by then, no watch task is left to tell a shutdown by.)
         if (task.cancelled() and not job.abandoned and job.end_req is None
-                and not job.reported and (self._watch_cancelled() or self._shutting_down())):
+                and not job.reported and self._shutting_down()):
             self._loop_shut_down()  # cancelled by nobody here: the loop's shutdown
         if not job.reported and job.runner in (None, task):
             # Cancelled before its first step (an abandoned job, or the loop shutting

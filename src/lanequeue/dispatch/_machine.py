@@ -657,16 +657,6 @@ def dedupe_scope(key: str, dedupe_id: str) -> str:
     return f"{len(key)}:{key}:{dedupe_id}"
 
 
-def shown_scope(scope: str) -> str:
-    """``scope`` (from :func:`dedupe_scope`) for messages: the id and the key, each as
-    :func:`~lanequeue._errors.shown` shows it; any other string as it is shown."""
-    size, colon, rest = scope.partition(":")
-    if colon and size.isdigit() and len(rest) > int(size) and rest[int(size)] == ":":
-        n = int(size)
-        return f"{shown(rest[n + 1:])} of key {shown(rest[:n])}"
-    return shown(scope)
-
-
 def _settle_for(fut: Any, _: Ticket) -> None:
     _settle(fut)
 

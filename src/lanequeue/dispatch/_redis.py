@@ -49,14 +49,24 @@ import time
 import uuid
 from typing import Any
 
-from .._errors import LaneBackendError, told
+from .._errors import LaneBackendError, shown, told
 from .._validate import check_key
-from ._machine import shown_scope
+from ..redis._status import _take_len
 from ._workers import Service
 
 __all__ = ["RedisDedupeWindow"]
 
 log = logging.getLogger("lanequeue")
+
+
+def shown_scope(scope: str) -> str:
+    """A claim's scope (``dedupe_scope(key, id)``: the key as ``<len>:<key>``, then
+    ``:<id>``, as the lanes' Redis keys spell a name) for messages: the id and its key;
+    any other string as it is."""
+    head = _take_len(scope, 0)
+    if head is None or scope[head[1]:head[1] + 1] != ":":
+        return shown(scope)
+    return f"{shown(scope[head[1] + 1:])} of key {shown(head[0])}"
 
 # KEYS[1]: the id's key; ARGV[1]: the owner's prefix ("<owner>:"); ARGV[2]: the window in
 # ms; ARGV[3]: the claim's number n; ARGV[4]: the numbers of the owner's returned claims of
