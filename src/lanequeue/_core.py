@@ -229,7 +229,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from ._errors import LaneClearedError, LaneDrainingError, shown
 from ._obs import HELD_BATCH, HOLD_BUCKETS, WAIT_BUCKETS, Histogram, HistogramSnapshot
@@ -247,6 +247,8 @@ __all__ = [
     "SessionHoldSteps",
     "Waiter",
 ]
+
+_R = TypeVar("_R")  # what a view reads (see _CoreBase._read_evicted)
 
 log = logging.getLogger("lanequeue")
 
@@ -677,37 +679,53 @@ class _CoreBase:
         """The counters, the wait histogram (its first bucket includes the immediate
         grants: ``acquired - waited``), the hold histogram (None: off) and the live
         per-key entries (None: a counting core), read together in one hold of the lock,
-        after the expired entries are evicted (so ``evicted`` counts every entry the
-        live count no longer has; evicted beforehand, a bounded number per hold of the
-        lock: see ``SessionCore._evict_expired``)."""
-        self._settle()
-        self._evict_expired()
-        with self._lock:
-            live = self._live_entries()
-            hold = self.hold_hist
-            return (
-                self._stats(self.holders()),
-                self.wait_hist.snapshot(self._token - self.waited),
-                None if hold is None or not self.hold_shown else hold.snapshot(),
-                live,
-            )
+        the hold that evicts the last expired entries (so ``evicted`` counts every entry
+        the live count no longer has: see :meth:`_read_evicted`)."""
+        return self._read_evicted(self._metrics_now)
+
+    def _metrics_now(
+        self,
+    ) -> tuple[LaneStats, HistogramSnapshot, HistogramSnapshot | None, int | None]:
+        # (lock held: metrics_read)
+        hold = self.hold_hist
+        return (
+            self._stats(self.holders()),
+            self.wait_hist.snapshot(self._token - self.waited),
+            None if hold is None or not self.hold_shown else hold.snapshot(),
+            self._live_count(),
+        )
 
     def view(self) -> tuple[LaneStats, int | None]:
         """The counters and the live per-key entries (None: a counting core), read
         together as :meth:`metrics_read` reads them (for ``status()``)."""
+        return self._read_evicted(self._view_now)
+
+    def _view_now(self) -> tuple[LaneStats, int | None]:
+        # (lock held: view)
+        return self._stats(self.holders()), self._live_count()
+
+    def _read_evicted(self, read: Callable[[], _R]) -> _R:
+        """(lock not held) What ``read()`` returns, called under the lock once the
+        dropped holds are settled and every expired per-key entry is evicted: the
+        eviction runs :data:`EVICT_STEPS` entries per hold of the lock (so callers of
+        other keys wait for one such hold at most), and ``read`` runs in the hold of the
+        last pass, the one that found nothing more due. Every view of the registry reads
+        through here."""
         self._settle()
-        self._evict_expired()
-        with self._lock:
-            live = self._live_entries()
-            return self._stats(self.holders()), live
+        lock = self._lock
+        while True:
+            with lock:
+                if not self._evict_pass():
+                    return read()
 
-    def _evict_expired(self) -> int:
-        """(lock not held) Evict the expired per-key entries; a counting core has none."""
-        return 0
+    def _evict_pass(self) -> bool:
+        """(lock held) One pass of :meth:`_read_evicted`'s eviction; True when more may
+        be due. A counting core has no entries to evict."""
+        return False
 
-    def _live_entries(self) -> int | None:
-        """(lock held) The live per-key entries, after evicting the expired ones; None
-        on a counting core, which has none."""
+    def _live_count(self) -> int | None:
+        """(lock held) The live per-key entries; None on a counting core, which has
+        none."""
         return None
 
     def end_waiters(self, key: str | None, cleared: bool, only: Waiter | None = None) -> int:
@@ -1451,11 +1469,14 @@ class SessionCore(_CoreBase):
             self._high = len(new_entries)
         return not steps
 
-    def _evict_expired(self) -> int:
-        """(lock not held) Evict every expired IDLE entry and the oldest IDLE entries
-        over ``max_sessions`` (after a burst of held keys), :data:`EVICT_STEPS` steps per
-        hold of the lock, so that callers of other keys wait for one such hold at most;
-        returns how many went."""
+    def _evict_pass(self) -> bool:
+        return self._evict(self._clock(), room=False)
+
+    def cleanup_idle(self) -> int:
+        """Evict expired idle entries, and idle entries over ``max_sessions``, now, as
+        :meth:`_read_evicted` does (:data:`EVICT_STEPS` per hold of the lock); return how
+        many this call evicted."""
+        self._settle()
         lock = self._lock
         n = 0
         more = True
@@ -1466,24 +1487,13 @@ class SessionCore(_CoreBase):
                 n += self.evicted - before
         return n
 
-    def cleanup_idle(self) -> int:
-        """Evict expired idle entries, and idle entries over ``max_sessions``, now;
-        return how many went."""
-        self._settle()
-        return self._evict_expired()
-
     # -- views ---------------------------------------------------------------------------
 
     def session_count(self) -> int:
         """Live entries (held or idle), after dropping the expired ones."""
-        self._settle()
-        self._evict_expired()
-        with self._lock:
-            return self._live_entries()
+        return self._read_evicted(self._live_count)
 
-    def _live_entries(self) -> int:
-        # (the view evicted beforehand: what expired since, within one hold's steps)
-        self._evict(self._clock(), room=False)
+    def _live_count(self) -> int:
         return len(self._entries)
 
     def holders(self) -> int:
@@ -1508,11 +1518,11 @@ class SessionCore(_CoreBase):
             return len(entry.line) if entry is not None and entry.line else 0
 
     def stats(self) -> LaneStats:
-        self._settle()
-        self._evict_expired()  # as every view: see metrics_read
-        with self._lock:
-            self._evict(self._clock(), room=False)
-            return self._stats(self._held)
+        return self._read_evicted(self._held_stats)
+
+    def _held_stats(self) -> LaneStats:
+        # (lock held: stats)
+        return self._stats(self._held)
 
 
 class SessionHoldSteps:
