@@ -147,17 +147,25 @@ class Observer:
             return None
         size = self._registry_size()  # takes the lane's lock: never call it under ours
         with self._lock:
-            if self.registry_peak is None or size > self.registry_peak:
-                self.registry_peak = size
+            self._fold_registry(size)
         return size
+
+    def _fold_registry(self, size: int) -> None:
+        # (under ``_lock``)
+        if self.registry_peak is None or size > self.registry_peak:
+            self.registry_peak = size
 
     def work_started(self, rid: int) -> float:
         """Request ``rid`` holds every lane and starts working now; returns that instant,
         seconds since the epoch (``start_s[rid]``): its work ends at this plus its work
-        time, however long the bookkeeping after it takes."""
+        time, however long the bookkeeping after it takes. The registry is sampled right
+        after that instant (before ``_lock`` is taken: the probe takes the lane's lock),
+        and folded in the same hold of ``_lock`` as the start."""
         key = self._keys[rid]
+        t = self._clock() - self._epoch
+        probe = self._registry_size
+        size = None if probe is None else probe()
         with self._lock:
-            t = self._clock() - self._epoch
             occ = self._occupancy.get(key, 0) + 1
             self._occupancy[key] = occ
             if occ > self.max_key_concurrency:
@@ -167,7 +175,8 @@ class Observer:
                 self.peak_global = self._running
             self.start_s[rid] = t
             self.start_order.append(rid)
-        self.sample_registry()
+            if size is not None:
+                self._fold_registry(size)
         return t
 
     def work_ended(self, rid: int) -> None:
