@@ -59,7 +59,7 @@ from lanequeue.replay.runner import ReplayConfig, make_plan, simulate_trace  # n
 from lanequeue.replay.runtimes import aio as aio_runtime  # noqa: E402
 from lanequeue.replay.runtimes import get_runtime  # noqa: E402
 from lanequeue.replay.runtimes import threads as thread_runtime  # noqa: E402
-from lanequeue.replay.runtimes.base import ReplayPlan  # noqa: E402
+from lanequeue.replay.runtimes.base import ReplayPlan, settle_heap  # noqa: E402
 from lanequeue.replay.trace import Trace  # noqa: E402
 
 RATIO_LIMIT = 1.05
@@ -159,8 +159,9 @@ def reference_once(runtime: str, trace: Trace, speed: float, ideal_1x_s: float) 
     if runtime == "asyncio":
         async def drive() -> tuple[Observer, list[Any]]:
             clock = asyncio.get_running_loop().time
-            epoch = clock() + lead_s
             queue = _AsyncReference(cap)
+            settle_heap()  # as the runtimes do
+            epoch = clock() + lead_s
             observer = Observer(plan.keys, epoch_s=epoch, clock=clock,
                                 registry_size=lambda: len(queue.locks))
             drove = await aio_runtime.drive_tasks(plan, queue, observer,  # type: ignore[arg-type]
@@ -174,8 +175,9 @@ def reference_once(runtime: str, trace: Trace, speed: float, ideal_1x_s: float) 
             observer, errors = asyncio.run(drive())
     else:
         clock = time.monotonic
-        epoch = clock() + lead_s
         queue = _ThreadReference(cap)
+        settle_heap()  # as the runtimes do
+        epoch = clock() + lead_s
         observer = Observer(plan.keys, epoch_s=epoch, clock=clock,
                             registry_size=lambda: len(queue.locks))
         errors = thread_runtime.drive_threads(

@@ -305,3 +305,37 @@ def test_gate_wait_for_the_predecessor_gives_up_after_max_wait() -> None:
     with pytest.raises(TimeoutError, match=r"request 1 waited over 0\.05 s"):
         gate.wait_turn(1)
     gate.finished(0)  # a late pass wakes nobody and raises nothing
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("runtime", ["threads", "asyncio"])
+def test_the_set_up_is_collected_once_between_building_and_the_first_arrival(
+    runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # settle_heap's place: after the lanes are built, before the epoch (so before any
+    # request is driven), once per run.
+    from lanequeue.replay import ReplayConfig, make_plan, read_trace
+    from lanequeue.replay.runtimes import get_runtime
+    from lanequeue.replay.runtimes import threads as threads_mod
+
+    module: Any = threads_mod if runtime == "threads" else aio_mod
+    build_name = "build_thread_queue" if runtime == "threads" else "build_async_queue"
+    drive_name = "drive_threads" if runtime == "threads" else "drive_tasks"
+    seen: list[str] = []
+    build, drive = getattr(module, build_name), getattr(module, drive_name)
+
+    def built(plan: Any) -> Any:
+        seen.append("build")
+        return build(plan)
+
+    def driven(*args: Any, **kw: Any) -> Any:
+        seen.append("drive")
+        return drive(*args, **kw)
+
+    monkeypatch.setattr(module, build_name, built)
+    monkeypatch.setattr(module, drive_name, driven)
+    monkeypatch.setattr(module, "settle_heap", lambda: seen.append("collect"))
+    plan = make_plan(read_trace().head(50), ReplayConfig(speed=5000, runtime=runtime))
+    record = get_runtime(runtime).run(plan)
+    assert not record.errors
+    assert seen == ["build", "collect", "drive"]

@@ -78,6 +78,7 @@ from lanequeue.replay.runtimes.base import (
     elapsed_s,
     observed_record,
     registry_probe,
+    settle_heap,
 )
 
 __all__ = ["AsyncioRuntime", "TaskDrive", "build_async_queue", "drive_tasks"]
@@ -181,6 +182,7 @@ class AsyncioRuntime(InProcessRuntime):
         queue = build_async_queue(plan)
         registry = registry_probe(queue, plan.lanes)
         clock = asyncio.get_running_loop().time  # the clock of the loop's timers
+        settle_heap()  # the set-up's garbage, collected before the epoch
         epoch = clock() + self._lead_s
         observer = Observer(plan.keys, epoch_s=epoch, clock=clock, registry_size=registry)
         drive = await drive_tasks(

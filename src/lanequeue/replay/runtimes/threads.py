@@ -47,6 +47,7 @@ from lanequeue.replay.runtimes.base import (
     elapsed_s,
     observed_record,
     registry_probe,
+    settle_heap,
 )
 
 __all__ = [
@@ -312,6 +313,7 @@ class ThreadRuntime(InProcessRuntime):
         queue = build_thread_queue(plan)
         gate = arrival_gate(queue, plan.lanes[0], plan.keys)
         clock = time.monotonic
+        settle_heap()  # the set-up's garbage, collected before the epoch
         epoch = clock() + self._lead_s
         observer = Observer(
             plan.keys, epoch_s=epoch, clock=clock, registry_size=registry_probe(queue, plan.lanes)
