@@ -13,8 +13,11 @@ name                                type       meaning
 ``lanequeue_wait_seconds``          histogram  wait of every acquisition: an immediate
                                                grant counts 0, a wait its length, also
                                                when it timed out, was cancelled or
-                                               cleared. Label ``reason``: ``key_busy``
-                                               (session lane) or ``lane_full`` (counting)
+                                               cleared. Label ``reason``: what a wait
+                                               on the lane waits for, ``key_busy``
+                                               (session lane) or ``lane_full``
+                                               (counting); it follows ``kind``, so the
+                                               0 s of an immediate grant carry it too
 ``lanequeue_hold_seconds``          histogram  hold times, observed at release from the
                                                moment an exporter is attached
 ``lanequeue_holders``               gauge      permits held now
@@ -128,7 +131,8 @@ _DISPATCH_GAUGES = (
      "Seconds the oldest pending ticket has waited so far (0: none)."),
 )
 _WAIT_HELP = ("Wait of each acquisition in seconds (0 for an immediate grant); reason: "
-              "key_busy (session lane) or lane_full (counting lane).")
+              "what a wait on the lane waits for, key_busy (session lane) or lane_full "
+              "(counting lane), on every observation of the lane.")
 _HOLD_HELP = "Hold times in seconds, observed at release."
 
 
