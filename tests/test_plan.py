@@ -645,11 +645,19 @@ def test_cli_plan_refuses_a_bad_setting_at_once(
 def test_cli_plan_names_the_range_of_a_refused_setting(
     no_work: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert run_cli(["plan", "--verify", "--p99-wait-s", "2", "--speed", "nan"], capsys) == (
-        2,
+    # As argparse's own refusals: the usage line, then the error naming the option.
+    code, err = run_cli(["plan", "--verify", "--p99-wait-s", "2", "--speed", "nan"], capsys)
+    assert code == 2 and err.startswith("usage: lanequeue plan [-h] --p99-wait-s S")
+    assert err.splitlines()[-1] == (
         "lanequeue plan: error: argument --speed: speed must be a number from 1e-06 to "
-        "1e+06, got nan\n",
+        "1e+06, got nan"
     )
+    for argv in (["plan", "--p99-wait-s", "2", "--min-global", "0"],  # range (the check)
+                 ["plan", "--p99-wait-s", "2", "--min-global", "1.5"]):  # type (argparse)
+        code, err = run_cli(argv, capsys)
+        assert code == 2 and err.startswith("usage: lanequeue plan"), argv
+        assert err.splitlines()[-1].startswith(
+            "lanequeue plan: error: argument --min-global: "), argv
     # 1e400 seconds is refused (a goal must stay a finite float in --json), not overflowed,
     # and shown as it was typed.
     code, err = run_cli(["plan", "--p99-wait-s", "1e400"], capsys)
@@ -939,7 +947,9 @@ def test_readme_max_global_hint_and_error_example_are_what_is_printed(
     assert "(without the limit, 53 is recommended)" in text
     assert plan_capacity(trace, PlanGoal(2)).recommended_global == 53
     example = text.split("a message naming the option, e.g. `", 1)[1].split("`", 1)[0]
-    assert run_cli(["replay", "--speed", "nan"], capsys) == (2, example + "\n")
+    code, err = run_cli(["replay", "--speed", "nan"], capsys)
+    assert code == 2 and err.startswith("usage: lanequeue replay [-h]")
+    assert err.splitlines()[-1] == example
 
 
 @pytest.mark.timeout(30)

@@ -37,7 +37,7 @@ import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -231,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="no progress bar (it is shown only on a terminal, with tqdm)",
     )
     _add_max_bad_lines(rp, "replaying")
-    rp.set_defaults(options=_option_names(rp), usage_error=rp.error)
+    rp.set_defaults(options=_option_names(rp), usage_error=rp.error,
+                    usage_text=rp.format_usage)
     _take_negative_values(rp)
     _add_plan_parser(sub)
     _add_status_parser(sub)
@@ -276,6 +277,20 @@ def _take_negative_values(parser: argparse.ArgumentParser) -> None:
 def _option_names(parser: argparse.ArgumentParser) -> dict[str, str]:
     """Each option's setting name (its ``dest``, the name the checks use) -> the option."""
     return {a.dest: "/".join(a.option_strings) for a in parser._actions if a.option_strings}
+
+
+def _failing(command: str, args: argparse.Namespace, err: TextIO) -> Callable[..., int]:
+    """The ``fail(message, usage=False)`` of a command: it prints ``lanequeue <command>:
+    error: <message>`` on ``err`` and returns 2; a bad argument (``usage=True``) gets the
+    command's usage line first, as argparse's own refusals do."""
+
+    def fail(message: str, usage: bool = False) -> int:
+        if usage:
+            err.write(args.usage_text())
+        print(f"lanequeue {command}: error: {message}", file=err)
+        return 2
+
+    return fail
 
 
 def _refused(exc: Exception, args: argparse.Namespace) -> str:
@@ -521,7 +536,8 @@ def _add_plan_parser(sub: Any) -> None:
         "of 50,000 requests or more, else 1)",
     )
     _add_max_bad_lines(pp, "planning from")
-    pp.set_defaults(options=_option_names(pp), usage_error=pp.error)
+    pp.set_defaults(options=_option_names(pp), usage_error=pp.error,
+                    usage_text=pp.format_usage)
     _take_negative_values(pp)
 
 
@@ -704,22 +720,20 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.replay.busy import busy_table, ideal_waits, run_busy
     from lanequeue.replay.trace import service_times_us
 
-    def fail(message: str) -> int:
-        print(f"lanequeue replay: error: {message}", file=err)
-        return 2
+    fail = _failing("replay", args, err)
 
     try:
         config = _replay_config(args)
     except ValueError as exc:
-        return fail(_refused(exc, args))
+        return fail(_refused(exc, args), usage=True)
     policies = config.busy_policies  # checked by ReplayConfig, with what busy excludes
     for option, path in (("--json", args.json_path), ("--plot", args.plot_path)):
         if path is not None:
             return fail(_not_allowed(option, "--busy", "a busy replay prints a table only: "
-                                     f"{path} would not be written"))
+                                     f"{path} would not be written"), usage=True)
     if args.metrics_port is not None:
         return fail(_not_allowed("--metrics-port", "--busy", "a busy replay serves no "
-                                 "metrics"))
+                                 "metrics"), usage=True)
     try:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
@@ -731,7 +745,7 @@ def _replay_busy(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         service_times_us(trace, config.tpot_ms)
     except ValueError as exc:
-        return fail(_refused(exc, args))
+        return fail(_refused(exc, args), usage=True)
     results = []
     for p in policies:
         results.append(run_busy(trace, p, speed=config.speed, tpot_ms=config.tpot_ms,
@@ -778,27 +792,25 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from lanequeue.replay.runtimes.redis_processes import BackendError, check_backend
     from lanequeue.replay.trace import service_times_us
 
-    def fail(message: str) -> int:
-        print(f"lanequeue replay: error: {message}", file=err)
-        return 2
+    fail = _failing("replay", args, err)
 
     # Check everything that can fail before spending a minute on the replay.
     try:
         config = _replay_config(args)
     except ValueError as exc:
-        return fail(_refused(exc, args))
+        return fail(_refused(exc, args), usage=True)
     refused = _output_refused(args)
     if refused:
-        return fail(refused)
+        return fail(refused, usage=True)
     if args.metrics_port is not None:
         if not 0 <= args.metrics_port <= 65535:
             typed = getattr(args, "typed", {}).get("metrics_port") or str(args.metrics_port)
             return fail(_refusal("argument --metrics-port: must be a port number from 0 to "
-                                 "65535", typed))
+                                 "65535", typed), usage=True)
         if args.backend is not None:
             return fail(_not_allowed("--metrics-port", "--backend", "it serves in-process "
                                      "lanes; the lanes of --backend live in the worker "
-                                     "processes"))
+                                     "processes"), usage=True)
         if importlib.util.find_spec("prometheus_client") is None:
             return fail("--metrics-port needs prometheus_client, which is not installed; "
                         f"install it with: {install_hint('prometheus')}")
@@ -818,7 +830,7 @@ def _replay(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
         service_times_us(trace, config.tpot_ms)  # a generic trace's tokens need tpot_ms
     except ValueError as exc:
-        return fail(_refused(exc, args))
+        return fail(_refused(exc, args), usage=True)
 
     queues: list[Any] = []  # the in-process queue, once the runtime has built it
     on_queue = queues.append if args.backend is None else None
@@ -883,9 +895,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     )
     from lanequeue.replay.trace import TraceError, read_trace
 
-    def fail(message: str) -> int:
-        print(f"lanequeue plan: error: {message}", file=err)
-        return 2
+    fail = _failing("plan", args, err)
 
     # Every setting is checked before the trace is read (and --speed before a simulation).
     try:
@@ -898,11 +908,11 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             speed=args.speed,
         )
     except ValueError as exc:
-        return fail(_refused(exc, args))
+        return fail(_refused(exc, args), usage=True)
 
     refused = _output_refused(args)
     if refused:
-        return fail(refused)
+        return fail(refused, usage=True)
     try:
         trace = read_trace(args.trace, trace_format="auto")
     except (ValueError, TraceError) as exc:
@@ -920,7 +930,7 @@ def _plan(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             jobs=args.jobs,
         )
     except ValueError as exc:
-        return fail(_refused(exc, args))
+        return fail(_refused(exc, args), usage=True)
     print(plan.text(), file=out)
     if args.json_path is not None:
         plan.write_json(args.json_path)
