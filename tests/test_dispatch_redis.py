@@ -57,8 +57,11 @@ def test_C31_across_replicas_a_webhook_runs_once(redis_client: Any, redis_prefix
         dup = b.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1")
         # The other replica owns Ev1: this one runs nothing and says so at once.
         assert (dup.state, dup.reason) == ("deduped", "duplicate")
-        with pytest.raises(TurnDedupedError):
+        with pytest.raises(TurnDedupedError) as raised:
             dup.result(0)
+        assert raised.value.reason == "duplicate"  # the word; the message says what it means
+        assert str(raised.value) == (f"turn {dup.id} of key 'slack:c1' deduped: another "
+                                     "dispatcher sharing the dedupe window owns its dedupe_id")
         assert b.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1") is not dup
         assert a.submit("slack:c1", handle, "Ev1", dedupe_id="Ev1") is first  # local repeat
         go.set()

@@ -182,6 +182,13 @@ class LaneClearedError(LaneError):
 # -- the dispatcher's errors (lanequeue.Dispatcher, lanequeue.ThreadDispatcher) -----------
 
 
+#: How a reason reads in a TurnError's message where its one word would only repeat the
+#: state ("deduped: duplicate").
+_REASONS_SAID = {
+    "duplicate": "another dispatcher sharing the dedupe window owns its dedupe_id",
+}
+
+
 class TurnError(LaneError):
     """A dispatcher turn ended in a state other than ``done`` or ``failed``.
 
@@ -202,7 +209,8 @@ class TurnError(LaneError):
         self.key = key
         self.reason = reason
         self.ticket_id = ticket_id
-        super().__init__(f"turn {ticket_id} of key {shown(key)} {state}: {reason}")
+        said = _REASONS_SAID.get(reason, reason)
+        super().__init__(f"turn {ticket_id} of key {shown(key)} {state}: {said}")
 
     def __reduce__(self) -> tuple[type[TurnError], tuple[str, str, str, int]]:
         return (type(self), (self.state, self.key, self.reason, self.ticket_id))
