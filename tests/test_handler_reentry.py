@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -217,3 +218,74 @@ def test_a_handler_that_raises_does_not_end_a_wait(
         assert got == ["granted"]
     finally:
         logging.getLogger("lanequeue").removeHandler(broken)
+
+
+class _HookedOrder(OrderedDict):  # type: ignore[type-arg]
+    """A session core's eviction order that runs ``hook`` once, when the eviction reads
+    it through ``method`` (``items``: a step of a pass; ``keys``: the rebuild's copy), as
+    the collector may at that read's allocation."""
+
+    hook: Any = None
+    method = "items"
+
+    def _maybe(self, name: str) -> None:
+        hook = type(self).hook
+        if hook is not None and name == type(self).method:
+            type(self).hook = None
+            hook()
+
+    def items(self) -> Any:
+        self._maybe("items")
+        return super().items()
+
+    def keys(self) -> Any:
+        self._maybe("keys")
+        return super().keys()
+
+
+@pytest.mark.parametrize("where", ["items", "keys"])
+def test_a_view_a_dropped_holds_warning_calls_inside_an_eviction_pass_evicts_nothing_there(
+    where: str, quiet_lanequeue: None,
+) -> None:
+    """A hold dropped while held, finalized inside an eviction pass (a view's, under the
+    core's lock), warns; the warning's handler calls ``session_count``. That view ran
+    eviction passes of its own inside the outer one, which holds the tables in its
+    locals: the entries both evicted were counted twice in ``evicted``, and when the
+    nested view came during the outer pass's rebuild (between its copies of the two
+    tables), 64 entries evicted by the nested view came back with the copy, missing from
+    the eviction order: never evicted again, counted live for good. Now the nested view
+    counts the registry as it is and evicts nothing. Driven: the outer pass's read of
+    the order (``items``: its first step; ``keys``: the rebuild's copy) runs the
+    finalizer."""
+    clock = FakeClock()
+    lane = SessionLane("evict", max_sessions=100_000, idle_timeout_s=10.0, clock=clock,
+                       warn_after_s=None)
+    core: Any = lane._core
+    made = 5000  # over 4 x the rebuild's minimum: the tables are rebuilt as they empty
+    for i in range(made):
+        with lane.acquire(f"k{i}"):
+            pass
+    box: dict[str, Any] = {"dropped": lane.acquire("dropped")}
+    box["dropped"].__enter__()
+    clock.advance(11.0)  # every idle entry has expired
+    views: list[int] = []
+
+    def finalize_inside() -> None:  # the collector, at the pass's read
+        del box["dropped"]  # its finalizer runs now, inside the outer pass
+
+    _HookedOrder.method = where
+    _HookedOrder.hook = finalize_inside
+    core._order = _HookedOrder(core._order)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda *a, **k: views.append(lane.session_count)
+        outer = lane.session_count
+    assert _HookedOrder.hook is None  # the read came
+    assert len(views) == 1 and views[0] > 1  # the nested view counted, evicting nothing
+    assert outer == 1  # 'dropped', still held: left to the next operation
+    assert lane.stats.evicted == made
+    assert lane.active_count == 0  # an operation: it ends the dropped hold
+    clock.advance(11.0)
+    assert lane.session_count == 0
+    assert not core._entries and not core._order
+    assert lane.stats.evicted == made + 1  # each entry once

@@ -710,12 +710,21 @@ class _CoreBase:
         eviction runs :data:`EVICT_STEPS` entries per hold of the lock (so callers of
         other keys wait for one such hold at most), and ``read`` runs in the hold of the
         last pass, the one that found nothing more due. Every view of the registry reads
-        through here."""
+        through here.
+
+        Inside the core already (this thread holds the lock: a finalizer ran at an
+        allocation of an operation, an eviction pass say, and its warning's handler
+        called a view; the RLock lets it in), the view reads the registry as it is and
+        evicts nothing, as :meth:`_drain` leaves the dropped holds: a pass here would
+        evict, and maybe rebuild, the tables under the outer operation, which holds them
+        in its locals (an eviction pass copying them for its rebuild brought back entries
+        that were no longer in the eviction order, for good)."""
         self._settle()
         lock = self._lock
+        inside = lock._is_owned()  # type: ignore[attr-defined]
         while True:
             with lock:
-                if not self._evict_pass():
+                if inside or not self._evict_pass():
                     return read()
 
     def _evict_pass(self) -> bool:
@@ -1475,11 +1484,12 @@ class SessionCore(_CoreBase):
     def cleanup_idle(self) -> int:
         """Evict expired idle entries, and idle entries over ``max_sessions``, now, as
         :meth:`_read_evicted` does (:data:`EVICT_STEPS` per hold of the lock); return how
-        many this call evicted."""
+        many this call evicted (none when this thread is inside the core already: see
+        :meth:`_read_evicted`)."""
         self._settle()
         lock = self._lock
         n = 0
-        more = True
+        more = not lock._is_owned()  # type: ignore[attr-defined]
         while more:
             with lock:
                 before = self.evicted
