@@ -41,6 +41,9 @@ class _CountingLock:
             self.per_hold.append(self.core.evicted - self.at)
         self.inner.release()
 
+    def _is_owned(self) -> bool:  # (the views ask it: see _CoreBase._read_evicted)
+        return bool(self.inner._is_owned())
+
     def __enter__(self) -> bool:
         return self.acquire()
 

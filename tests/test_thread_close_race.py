@@ -35,6 +35,9 @@ class _CloseBeforeJoining:
     def release(self) -> None:
         self.inner.release()
 
+    def _is_owned(self) -> bool:  # (the views ask it: see _CoreBase._read_evicted)
+        return bool(self.inner._is_owned())
+
     def __enter__(self) -> bool:
         return bool(self.inner.acquire())
 
