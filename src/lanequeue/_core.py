@@ -1185,6 +1185,18 @@ _COMPACT_MIN = 1024
 EVICT_STEPS = 64
 
 
+class _Nowhere:
+    """Where :meth:`SessionCore.take` records a grant that has no waiter, hold or list
+    to go to (its commit makes the same call either way)."""
+
+    __slots__ = ("token",)
+
+
+_NOWHERE = _Nowhere()
+_NO_CUT = slice(0, 0)  # ``del dropped[cut]``: nothing (made once: no allocation in a commit)
+_CUT_FIRST = slice(0, 1)  # the front record
+
+
 class _Entry:
     """A key's entry: its holder's token (0 while IDLE), since when it is held or idle
     (clock seconds), and its line of waiters (None when nobody waits)."""
@@ -1301,19 +1313,30 @@ class SessionCore(_CoreBase):
                 self._evict(now, room=True)
             entries = self._entries  # read after _evict: it may rebuild the tables
             size = len(entries) + 1
-            # -- commit: plain stores only --
-            self._token = token = self._token + 1
+            high = size if size > self._high else self._high
+            token = self._token + 1
+            # Where the grant is recorded, chosen before the commit, which has no branch
+            # (CPython 3.10 also delivers an interrupt at a taken jump): the waiter's
+            # token, the hold's, or the end of an acquire_all's list, through one
+            # builtin call, the commit's last.
+            record: Callable[[Any, Any, int], None]
+            into: Any
+            slot: Any
+            if waiter is not None:
+                record, into, slot = setattr, waiter, "token"
+            elif hold is not None:  # recorded in the commit (see "Interrupts")
+                record, into, slot = setattr, hold, "_token"
+            elif taken is not None:
+                record, into, slot = list.insert, taken, len(taken)
+            else:
+                record, into, slot = setattr, _NOWHERE, "token"
+            # -- commit: plain stores only, then one last builtin --
+            self._token = token
             new.token = token
             entries[key] = self._order[key] = new
             self._held += 1
-            if size > self._high:
-                self._high = size
-            if waiter is not None:
-                waiter.token = token
-            elif hold is not None:  # recorded in the commit (see "Interrupts")
-                hold._token = token
-            elif taken is not None:
-                taken.append(token)  # (its one last builtin)
+            self._high = high
+            record(into, slot, token)
             return token
         finally:
             try:
@@ -1384,10 +1407,12 @@ class SessionCore(_CoreBase):
             waits.append(now - waiter.since)
             if len(waits) >= HELD_BATCH:
                 waits.fold()
-        # -- commit: plain stores only, then one last call --
-        if dropped is not None:
-            del self._dropped[0]
+        # Decided before the commit, which has no branch (see take): the dropped hold's
+        # record goes (a cut of one, or of none), and the line left after the hand-off.
+        cut = _NO_CUT if dropped is None else _CUT_FIRST
         if waiter is None or line is None:
+            # -- commit: plain stores only, then one last builtin --
+            del self._dropped[cut]
             entry.token = 0
             entry.since = now
             entry.line = None
@@ -1401,16 +1426,18 @@ class SessionCore(_CoreBase):
             return
         # Hand-off: the entry stays HELD; no instant exists in which it is free,
         # so no newcomer can overtake the line.
+        left = line if len(line) > 1 else None  # (the waiter is still in it)
+        waited = self.waited + observe
+        # -- commit: plain stores only, then one last call --
+        del self._dropped[cut]
         del line[waiter]
         self._waiting -= 1
         self._token = granted = self._token + 1
         waiter.token = granted
         entry.token = granted
         entry.since = now
-        if not line:
-            entry.line = None
-        if observe:
-            self.waited += 1
+        entry.line = left
+        self.waited = waited
         waiter.wake(None)  # last: the grant is recorded whether or not this returns
 
     def _line_of(self, key: str, waiter: Waiter) -> OrderedDict[Waiter, str] | None:
