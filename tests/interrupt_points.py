@@ -16,7 +16,23 @@ kinds of points (``points``):
 - ``"backward jump"``: at a backward jump (a loop checks for a pending signal there);
 - ``"return"``: at a return (as if raised at the caller's check after the call);
 - ``"c_return"``: after a builtin called from the frame returns (its ``CALL`` checks);
-- ``"line"``: at the start of each line.
+- ``"line"``: at the start of each line;
+- ``"taken jump"`` (Python 3.10 only): a jump to a later instruction that checks (see
+  below);
+- ``"handler entry"`` (Python 3.10 only): the first instruction of an exception handler
+  (``except``, ``finally``, a ``with``'s exit) entered by an exception.
+
+Python 3.10 (no ``RESUME``) checks at the top of its evaluation loop, which it reaches
+at a frame's start or resumption (not ``gen.throw()``'s), after each ``CALL_*`` that
+returned, at ``JUMP_ABSOLUTE``, at a ``POP_JUMP_IF_FALSE``/``POP_JUMP_IF_TRUE`` that is
+taken (not ``JUMP_IF_*_OR_POP``), and on entering an exception handler; and it skips the
+check when the next instruction is ``SETUP_FINALLY``, ``SETUP_WITH``,
+``BEFORE_ASYNC_WITH`` or ``YIELD_FROM``. There the kinds mean: ``"entry"`` a frame's
+start or resumption that checks; ``"backward jump"`` a jump that checks with an earlier
+target (a ``JUMP_ABSOLUTE``, or a conditional jump when taken), and it brings
+``"taken jump"``, the same with a later target (one mechanism: a test asking for the
+checks of jumps gets them all); ``"return"`` a normal return to a caller's ``CALL_*``
+that checks; ``"c_return"`` a builtin's return to a ``CALL_*`` that checks.
 
 :data:`DELIVERY` is where CPython itself can deliver an asynchronous exception (a signal
 handler's, ``PyThreadState_SetAsyncExc``'s: at the eval breaker's checks).
@@ -38,12 +54,19 @@ from typing import Any
 
 import lanequeue
 
-DELIVERY = frozenset({"call", "backward jump", "return", "c_return"})
+#: Python 3.10's evaluation loop: see the module docstring (``_PyEval_EvalFrameDefault``
+#: of CPython 3.10, ``CHECK_EVAL_BREAKER`` and the check at the top of ``main_loop``).
+_PY310 = sys.version_info < (3, 11)
+
+DELIVERY = frozenset({"call", "backward jump", "return", "c_return"}
+                     | ({"taken jump", "handler entry"} if _PY310 else set()))
 EVERY_INSTRUCTION = frozenset({"call", "opcode", "return", "c_return"})
 
 PKG = str(Path(lanequeue.__file__).resolve().parent)
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
-_OPCODES = frozenset({"opcode", "backward jump"})
+_OPCODES = frozenset({"opcode", "backward jump"}
+                     | ({"taken jump", "handler entry", "entry", "return"} if _PY310
+                        else set()))
 _LOCAL = _OPCODES | {"return", "line"}  # the kinds a frame's local trace function sees
 
 
@@ -66,6 +89,80 @@ def _signal_checks(code: CodeType) -> frozenset[int] | None:
         return None
     return frozenset(i.offset for i in dis.get_instructions(code)
                      if i.opname == "RESUME" and (i.arg or 0) < 2)
+
+
+def _ops(*names: str) -> frozenset[int]:
+    return frozenset(dis.opmap[n] for n in names if n in dis.opmap)
+
+
+#: 3.10: the instructions before which the top of the loop does not check.
+_NO_CHECK_BEFORE = _ops("SETUP_FINALLY", "SETUP_WITH", "BEFORE_ASYNC_WITH", "YIELD_FROM")
+_CALLS = _ops("CALL_FUNCTION", "CALL_METHOD", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX")
+_COND_JUMPS = _ops("POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE")
+_ABS_JUMPS = _ops("JUMP_ABSOLUTE")
+_HANDLERS = _ops("SETUP_FINALLY", "SETUP_WITH", "SETUP_ASYNC_WITH")
+
+
+class _Code310:
+    """3.10: what the model needs of one code object. Offsets are those ``f_lasti`` shows
+    while an instruction runs: with ``EXTENDED_ARG`` prefixes, the first prefix's (the
+    tracer's opcode event comes there; the prefixed instruction has none)."""
+
+    def __init__(self, code: CodeType) -> None:
+        raw = code.co_code
+        self.raw = raw
+        self.checks_at = frozenset(o for o in range(0, len(raw), 2)
+                                   if raw[o] not in _NO_CHECK_BEFORE)
+        self.cond: dict[int, tuple[int, int]] = {}  # at -> (target, fall-through)
+        self.absolute: dict[int, int] = {}  # at -> target
+        self.after_call: dict[int, int] = {}  # a CALL_* at -> offset after it
+        self.handlers: set[int] = set()
+        start: int | None = None
+        for ins in dis.get_instructions(code):
+            if start is None:
+                start = ins.offset
+            if ins.opname == "EXTENDED_ARG":
+                continue
+            end = ins.offset + 2
+            if ins.opcode in _COND_JUMPS:
+                self.cond[start] = (ins.argval, end)
+            elif ins.opcode in _ABS_JUMPS:
+                self.absolute[start] = ins.argval
+            elif ins.opcode in _CALLS:
+                self.after_call[start] = end
+            elif ins.opcode in _HANDLERS:
+                self.handlers.add(ins.argval)
+            start = None
+
+    def checks_before(self, at: int) -> bool:
+        return at >= len(self.raw) or at in self.checks_at
+
+
+@functools.cache
+def _code310(code: CodeType) -> _Code310:
+    return _Code310(code)
+
+
+def _checked_return_310(frame: FrameType | None) -> bool:
+    """3.10: whether a frame whose callee (or builtin) returns now checks right after:
+    it is at a ``CALL_*`` not followed by an instruction that skips the check."""
+    if frame is None:
+        return False
+    info = _code310(frame.f_code)
+    after = info.after_call.get(frame.f_lasti)
+    return after is not None and info.checks_before(after)
+
+
+_RETURNS = _ops("RETURN_VALUE", "YIELD_VALUE")
+_YIELD_FROM = dis.opmap.get("YIELD_FROM")
+
+
+def _returned_310(frame: FrameType) -> bool:
+    """3.10, at a "return" event: whether the frame returns or yields (else an exception
+    leaves it, and its caller goes to its handlers without a check)."""
+    raw, at = frame.f_code.co_code, frame.f_lasti
+    return 0 <= at < len(raw) and (raw[at] in _RETURNS
+                                   or (at + 2 < len(raw) and raw[at + 2] == _YIELD_FROM))
 
 
 def library(files: Collection[str] | None = None, *,
@@ -124,6 +221,13 @@ class Injector:
         self.stopped = False
         self.unraisable: list[Any] = []
         self._depth = 0  # scope frames running
+        # 3.10, by id(frame) (reset at each "call" event of the frame): the frames resumed
+        # whose entry point waits for their first instruction, the offset of each
+        # frame's previous instruction, the frames an exception is leaving (its
+        # "exception" event not followed by an instruction).
+        self._resuming: dict[int, int] = {}
+        self._prev: dict[int, int] = {}
+        self._raising: set[int] = set()
         self._kinds: dict[CodeType, frozenset[str]] = {}
         self._locals: dict[tuple[frozenset[str], bool], Callable[..., Any]] = {}
         # One object per callback, kept alive here: the interpreter drops its own
@@ -140,6 +244,8 @@ class Injector:
             else:
                 kinds = frozenset(self.points(code) if callable(self.points)
                                   else self.points)
+                if _PY310 and "backward jump" in kinds:
+                    kinds |= {"taken jump"}  # one mechanism on 3.10 (see the module)
             self._kinds[code] = kinds
         return kinds
 
@@ -183,13 +289,32 @@ class Injector:
         elif not opens:
             return None
         local = self._local(kinds, opens) if opens or kinds & _LOCAL else None
+        if _PY310:
+            self._prev.pop(id(frame), None)
+            self._resuming.pop(id(frame), None)
+            self._raising.discard(id(frame))
         if opens or "call" in kinds:
             self._point(frame, "call")
         elif "entry" in kinds:
-            checks = _signal_checks(code)
-            if checks is None or frame.f_lasti in checks:
-                self._point(frame, "entry")
+            if _PY310:
+                self._entry310(frame)
+            else:
+                checks = _signal_checks(code)
+                if checks is None or frame.f_lasti in checks:
+                    self._point(frame, "entry")
         return local
+
+    def _entry310(self, frame: FrameType) -> None:
+        """3.10: the top of the loop checks as a frame starts or resumes, unless its next
+        instruction is one of _NO_CHECK_BEFORE. A ``gen.throw()`` goes to the handlers
+        unchecked: a resumption's point waits for its first instruction (a throw's first
+        event is "exception" instead)."""
+        at = frame.f_lasti + 2 if frame.f_lasti >= 0 else 0
+        if _code310(frame.f_code).checks_before(at):
+            if frame.f_lasti < 0:
+                self._point(frame, "entry")
+            else:
+                self._resuming[id(frame)] = at
 
     def _local(self, kinds: frozenset[str], opens: bool) -> Callable[..., Any]:
         """The local trace function of the frames with these kinds of points (``opens``:
@@ -200,6 +325,8 @@ class Injector:
         every, back = "opcode" in kinds, "backward jump" in kinds
         returns, lines = "return" in kinds, "line" in kinds
         point = self._point
+        if _PY310 and not every:
+            return self._local310(kinds, opens)
 
         def local(frame: FrameType, event: str, arg: Any) -> Any:
             if event == "opcode":
@@ -224,8 +351,70 @@ class Injector:
         self._locals[(kinds, opens)] = local
         return local
 
+    def _local310(self, kinds: frozenset[str], opens: bool) -> Callable[..., Any]:
+        """:meth:`_local` on Python 3.10 (see the module docstring)."""
+        back, taken = "backward jump" in kinds, "taken jump" in kinds
+        handlers, entry = "handler entry" in kinds, "entry" in kinds
+        returns, lines = "return" in kinds, "line" in kinds
+        point = self._point
+        resuming, prev, raising = self._resuming, self._prev, self._raising
+
+        def jump(frame: FrameType, at: int, target: int, info: _Code310) -> None:
+            if info.checks_before(target):
+                if target <= at:
+                    if back:
+                        point(frame, "backward jump")
+                elif taken:
+                    point(frame, "taken jump")
+
+        def local(frame: FrameType, event: str, arg: Any) -> Any:
+            if event == "opcode":
+                at, key = frame.f_lasti, id(frame)
+                info = _code310(frame.f_code)
+                before = prev.get(key)
+                prev[key] = at
+                raising.discard(key)
+                if entry and key in resuming and resuming.pop(key) == at:
+                    point(frame, "entry")
+                if before is not None:
+                    cond = info.cond.get(before)
+                    if cond is not None and at == cond[0] != cond[1]:
+                        jump(frame, before, at, info)  # taken: checked before ``at``
+                if handlers and at in info.handlers and before not in info.cond \
+                        and info.checks_before(at):
+                    point(frame, "handler entry")
+                target = info.absolute.get(at)
+                if target is not None:
+                    jump(frame, at, target, info)  # (nothing to run before its check)
+            elif event == "exception":
+                resuming.pop(id(frame), None)  # a throw: no check at its resumption
+                raising.add(id(frame))
+            elif event == "return":
+                resuming.pop(id(frame), None)
+                prev.pop(id(frame), None)
+                returned = id(frame) not in raising and _returned_310(frame)
+                raising.discard(id(frame))
+                if not opens:
+                    if returns and returned and _checked_return_310(frame.f_back):
+                        point(frame, "return")
+                else:
+                    try:
+                        if self.scope_return:
+                            point(frame, "return")
+                    finally:
+                        self._depth -= 1
+            elif event == "line" and lines:
+                point(frame, f"line {frame.f_lineno}")
+            return local
+
+        self._locals[(kinds, opens)] = local
+        return local
+
     def _profile(self, frame: FrameType, event: str, arg: Any) -> None:
         if event == "c_return" and "c_return" in self._kinds_of(frame.f_code):
+            if _PY310 and "opcode" not in self._kinds_of(frame.f_code) \
+                    and not _checked_return_310(frame):
+                return
             self._point(frame, f"after {getattr(arg, '__qualname__', arg)}()")
 
     def install(self) -> None:
@@ -250,6 +439,9 @@ class Injector:
             sys.setprofile(old_profile)
             sys.unraisablehook = old_hook
             self._depth = 0  # (a scope frame the injection ended never returned here)
+            self._resuming.clear()
+            self._prev.clear()
+            self._raising.clear()
 
     @contextmanager
     def pause(self) -> Iterator[None]:
