@@ -316,6 +316,20 @@ class Injector:
             else:
                 self._resuming[id(frame)] = at
 
+    def _returning(self, frame: FrameType, opens: bool, delivers: bool) -> None:
+        """A "return" event of a local trace function (either Python's): a point when
+        ``delivers`` (a plain frame), or the scope's return (a scope frame, whose depth
+        goes down whatever its point does)."""
+        if not opens:
+            if delivers:
+                self._point(frame, "return")
+        else:
+            try:
+                if self.scope_return:
+                    self._point(frame, "return")
+            finally:
+                self._depth -= 1
+
     def _local(self, kinds: frozenset[str], opens: bool) -> Callable[..., Any]:
         """The local trace function of the frames with these kinds of points (``opens``:
         of a scope frame)."""
@@ -335,15 +349,7 @@ class Injector:
                 elif back and frame.f_lasti in _backward_jumps(frame.f_code):
                     point(frame, "backward jump")
             elif event == "return":
-                if not opens:
-                    if returns:
-                        point(frame, "return")
-                else:
-                    try:
-                        if self.scope_return:
-                            point(frame, "return")
-                    finally:
-                        self._depth -= 1
+                self._returning(frame, opens, returns)
             elif event == "line" and lines:
                 point(frame, f"line {frame.f_lineno}")
             return local
@@ -394,15 +400,8 @@ class Injector:
                 prev.pop(id(frame), None)
                 returned = id(frame) not in raising and _returned_310(frame)
                 raising.discard(id(frame))
-                if not opens:
-                    if returns and returned and _checked_return_310(frame.f_back):
-                        point(frame, "return")
-                else:
-                    try:
-                        if self.scope_return:
-                            point(frame, "return")
-                    finally:
-                        self._depth -= 1
+                self._returning(frame, opens, not opens and returns and returned
+                                and _checked_return_310(frame.f_back))
             elif event == "line" and lines:
                 point(frame, f"line {frame.f_lineno}")
             return local
